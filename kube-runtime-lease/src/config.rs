@@ -1,0 +1,405 @@
+//! [`LeaseConfig`]: the validated settings of one election.
+
+use std::time::Duration;
+
+/// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
+pub(crate) const JITTER_FACTOR: f64 = 1.2;
+
+/// Settings of a leader election on one `coordination.k8s.io/v1` Lease.
+///
+/// The defaults are client-go's (and controller-runtime's and
+/// kube-controller-manager's): a 15 s lease duration, a 10 s renew deadline and
+/// a 2 s retry period. [`LeaseConfig::validate`] checks the same rules as
+/// client-go's `NewLeaderElector`, plus what the API server would reject, and
+/// it is called before any API call is made.
+///
+/// # Choosing timings
+/// - `lease_duration` is how long the other candidates wait, after they last
+///   saw the Lease change, before they take it over. It bounds the downtime
+///   after a crash, and it is written to the Lease in whole seconds.
+/// - `renew_deadline` is how long the leader keeps trying to renew before it
+///   gives up and stops its guarded work. The gap `lease_duration -
+///   renew_deadline` is the safety margin that absorbs clock *rate* differences
+///   between nodes and the time it takes to stop the guarded work.
+/// - `retry_period` is the renewal cadence of the leader and the polling
+///   cadence of candidates (jittered by a factor of 1.2 when acquiring).
+///
+/// ```
+/// use std::time::Duration;
+/// use kube_runtime_lease::LeaseConfig;
+///
+/// let config = LeaseConfig::new("default", "my-controller", "pod-a_1f3x")
+///     .lease_duration(Duration::from_secs(15))
+///     .renew_deadline(Duration::from_secs(10))
+///     .retry_period(Duration::from_secs(2));
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseConfig {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
+    pub(crate) identity: String,
+    pub(crate) lease_duration: Duration,
+    pub(crate) renew_deadline: Duration,
+    pub(crate) retry_period: Duration,
+    pub(crate) release_on_drop: bool,
+    pub(crate) release_timeout: Duration,
+    pub(crate) watch: bool,
+}
+
+impl LeaseConfig {
+    /// Settings for the Lease `namespace/name`, campaigning as `identity`, with
+    /// client-go's default timings.
+    ///
+    /// `identity` must be unique among the candidates: two candidates with the
+    /// same identity both believe they lead. [`unique_identity`] builds one.
+    #[must_use]
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>, identity: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            release_on_drop: true,
+            release_timeout: Duration::from_secs(5),
+            watch: true,
+        }
+    }
+
+    /// How long others wait, after they last saw the Lease change, before they
+    /// may take it over (default 15 s). Whole seconds, at least 1 s.
+    #[must_use]
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
+
+    /// How long the leader keeps retrying a renewal before it gives up
+    /// (default 10 s). Counted from the instant before the last successful
+    /// renewal was sent.
+    #[must_use]
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.renew_deadline = deadline;
+        self
+    }
+
+    /// The renewal cadence of the leader and the retry cadence of candidates
+    /// (default 2 s).
+    #[must_use]
+    pub fn retry_period(mut self, period: Duration) -> Self {
+        self.retry_period = period;
+        self
+    }
+
+    /// Whether the leader releases the Lease when leadership is given up
+    /// voluntarily: every guard dropped, or the guarded stream ended (default
+    /// `true`, like client-go's `ReleaseOnCancel`). A released Lease is taken
+    /// over by a standby at once instead of after `lease_duration`.
+    #[must_use]
+    pub fn release_on_drop(mut self, release: bool) -> Self {
+        self.release_on_drop = release;
+        self
+    }
+
+    /// The bound on the whole release (fetch and write) (default 5 s).
+    #[must_use]
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.release_timeout = timeout;
+        self
+    }
+
+    /// Whether candidates also watch the Lease (default `true`), so that a
+    /// release is acted on within one watch event and a leader learns of a
+    /// takeover at once. Without `watch`/`list` permission on Leases the
+    /// elector falls back to polling with one warning; set this to `false` to
+    /// poll from the start.
+    #[must_use]
+    pub fn watch(mut self, watch: bool) -> Self {
+        self.watch = watch;
+        self
+    }
+
+    /// The namespace of the Lease.
+    pub fn namespace_name(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The name of the Lease.
+    pub fn lease_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The identity this candidate campaigns as.
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The lease duration in the API's whole seconds.
+    pub(crate) fn lease_duration_seconds(&self) -> i32 {
+        // validate() guarantees this fits.
+        i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
+    }
+
+    /// Checks every rule, in client-go's order, then the API server's.
+    ///
+    /// # Errors
+    /// The first rule broken, as a [`ConfigError`] naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.lease_duration <= self.renew_deadline {
+            return Err(ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
+        }
+        if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
+            return Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod);
+        }
+        for (field, value) in [
+            (Field::LeaseDuration, self.lease_duration),
+            (Field::RenewDeadline, self.renew_deadline),
+            (Field::RetryPeriod, self.retry_period),
+            (Field::ReleaseTimeout, self.release_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::NotPositive(field));
+            }
+        }
+        if self.identity.is_empty() {
+            return Err(ConfigError::EmptyIdentity);
+        }
+        if self.lease_duration.subsec_nanos() != 0 {
+            return Err(ConfigError::LeaseDurationNotWholeSeconds(self.lease_duration));
+        }
+        if i32::try_from(self.lease_duration.as_secs()).is_err() {
+            return Err(ConfigError::LeaseDurationTooLong(self.lease_duration));
+        }
+        if let Some(rule) = dns1123_label(&self.namespace) {
+            return Err(ConfigError::InvalidNamespace { value: self.namespace.clone(), rule });
+        }
+        if let Some(rule) = dns1123_subdomain(&self.name) {
+            return Err(ConfigError::InvalidName { value: self.name.clone(), rule });
+        }
+        Ok(())
+    }
+}
+
+/// A setting of [`LeaseConfig`], as named in [`ConfigError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Field {
+    /// [`LeaseConfig::lease_duration`].
+    LeaseDuration,
+    /// [`LeaseConfig::renew_deadline`].
+    RenewDeadline,
+    /// [`LeaseConfig::retry_period`].
+    RetryPeriod,
+    /// [`LeaseConfig::release_timeout`].
+    ReleaseTimeout,
+}
+
+impl std::fmt::Display for Field {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Field::LeaseDuration => "leaseDuration",
+            Field::RenewDeadline => "renewDeadline",
+            Field::RetryPeriod => "retryPeriod",
+            Field::ReleaseTimeout => "releaseTimeout",
+        })
+    }
+}
+
+/// An invalid [`LeaseConfig`]: the field and the rule it breaks.
+///
+/// The first three messages are client-go's, word for word.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `lease_duration <= renew_deadline`.
+    #[error("leaseDuration must be greater than renewDeadline")]
+    LeaseDurationNotGreaterThanRenewDeadline,
+    /// `renew_deadline <= retry_period * 1.2`.
+    #[error("renewDeadline must be greater than retryPeriod*JitterFactor")]
+    RenewDeadlineNotGreaterThanJitteredRetryPeriod,
+    /// A duration is zero.
+    #[error("{0} must be greater than zero")]
+    NotPositive(Field),
+    /// The identity is empty.
+    #[error("Lock identity is empty")]
+    EmptyIdentity,
+    /// The lease duration is not whole seconds (the API's `leaseDurationSeconds` is an integer).
+    #[error("leaseDuration must be whole seconds, got {0:?}")]
+    LeaseDurationNotWholeSeconds(Duration),
+    /// The lease duration does not fit the API's `int32` `leaseDurationSeconds`.
+    #[error("leaseDuration must fit in int32 seconds, got {0:?}")]
+    LeaseDurationTooLong(Duration),
+    /// The namespace is not a DNS-1123 label.
+    #[error("namespace {value:?} is not a valid DNS-1123 label: {rule}")]
+    InvalidNamespace {
+        /// The namespace given.
+        value: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+    /// The Lease name is not a DNS-1123 subdomain.
+    #[error("lease name {value:?} is not a valid DNS-1123 subdomain: {rule}")]
+    InvalidName {
+        /// The name given.
+        value: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+}
+
+fn is_label_char(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
+}
+
+/// `None` when `s` is a DNS-1123 label (RFC 1123, as Kubernetes checks namespaces).
+pub(crate) fn dns1123_label(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        return Some("must not be empty");
+    }
+    if s.len() > 63 {
+        return Some("must be no more than 63 characters");
+    }
+    let b = s.as_bytes();
+    if !b.iter().copied().all(is_label_char) {
+        return Some("must consist of lower case alphanumeric characters or '-'");
+    }
+    if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
+        return Some("must start and end with an alphanumeric character");
+    }
+    None
+}
+
+/// `None` when `s` is a DNS-1123 subdomain (as Kubernetes checks object names).
+pub(crate) fn dns1123_subdomain(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        return Some("must not be empty");
+    }
+    if s.len() > 253 {
+        return Some("must be no more than 253 characters");
+    }
+    for part in s.split('.') {
+        let b = part.as_bytes();
+        if b.is_empty() {
+            return Some("must not contain empty dot-separated parts");
+        }
+        if !b.iter().copied().all(is_label_char) {
+            return Some("must consist of lower case alphanumeric characters, '-' or '.'");
+        }
+        if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
+            return Some("must start and end with an alphanumeric character");
+        }
+    }
+    None
+}
+
+/// A candidate identity that is unique per process: the pod name with a random
+/// suffix, `<pod>_<suffix>`.
+///
+/// The pod name comes from `POD_NAME` (set it from the downward API,
+/// `fieldRef: metadata.name`), else `HOSTNAME`, else `"unknown"`. The suffix
+/// keeps two processes in one pod, or a restarted container whose previous
+/// instance still holds the Lease, from sharing an identity, which would let
+/// both believe they lead.
+#[must_use]
+pub fn unique_identity() -> String {
+    let pod = std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| "unknown".to_owned());
+    let suffix: String = std::iter::repeat_with(fastrand::lowercase).take(8).collect();
+    format!("{pod}_{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> LeaseConfig {
+        LeaseConfig::new("default", "lease", "me")
+    }
+
+    #[test]
+    fn defaults_are_client_go_defaults_and_valid() {
+        let c = cfg();
+        assert_eq!(c.lease_duration, Duration::from_secs(15));
+        assert_eq!(c.renew_deadline, Duration::from_secs(10));
+        assert_eq!(c.retry_period, Duration::from_secs(2));
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.lease_duration_seconds(), 15);
+    }
+
+    #[test]
+    fn client_go_rules_are_checked_in_order_with_client_go_wording() {
+        let s = Duration::from_secs;
+        let e = cfg().lease_duration(s(10)).validate().unwrap_err();
+        assert_eq!(e, ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
+        assert_eq!(e.to_string(), "leaseDuration must be greater than renewDeadline");
+        // 12 s renew deadline vs 10 s * 1.2 = 12 s: not greater.
+        let e = cfg().lease_duration(s(20)).renew_deadline(s(12)).retry_period(s(10)).validate();
+        assert_eq!(e, Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod));
+        assert_eq!(
+            e.unwrap_err().to_string(),
+            "renewDeadline must be greater than retryPeriod*JitterFactor"
+        );
+        let ok = cfg().lease_duration(s(20)).renew_deadline(Duration::from_millis(12_001)).retry_period(s(10));
+        assert_eq!(ok.validate(), Ok(()));
+        let e = cfg().retry_period(Duration::ZERO).validate().unwrap_err();
+        assert_eq!(e, ConfigError::NotPositive(Field::RetryPeriod));
+        assert_eq!(e.to_string(), "retryPeriod must be greater than zero");
+        let e = cfg().release_timeout(Duration::ZERO).validate().unwrap_err();
+        assert_eq!(e, ConfigError::NotPositive(Field::ReleaseTimeout));
+        let e = LeaseConfig::new("default", "lease", "").validate().unwrap_err();
+        assert_eq!(e.to_string(), "Lock identity is empty");
+    }
+
+    #[test]
+    fn lease_duration_must_be_whole_seconds_that_fit_int32() {
+        let e = cfg().lease_duration(Duration::from_millis(15_500)).validate();
+        assert_eq!(e, Err(ConfigError::LeaseDurationNotWholeSeconds(Duration::from_millis(15_500))));
+        let huge = Duration::from_secs(u64::from(u32::MAX));
+        let e = cfg().lease_duration(huge).validate();
+        assert_eq!(e, Err(ConfigError::LeaseDurationTooLong(huge)));
+        let max = Duration::from_secs(i32::MAX as u64);
+        let c = cfg().lease_duration(max);
+        assert_eq!(c.validate(), Ok(()));
+        assert_eq!(c.lease_duration_seconds(), i32::MAX);
+        // Durations that do not even fit a u64 of nanoseconds are still handled.
+        let e = cfg().lease_duration(Duration::MAX).validate();
+        assert!(matches!(e, Err(ConfigError::LeaseDurationNotWholeSeconds(_))), "{e:?}");
+    }
+
+    #[test]
+    fn names_follow_dns1123() {
+        for bad in ["", "Default", "-a", "a-", "a.b", "a_b", &"a".repeat(64)] {
+            let e = LeaseConfig::new(bad, "lease", "me").validate();
+            assert!(matches!(e, Err(ConfigError::InvalidNamespace { .. })), "{bad:?}: {e:?}");
+        }
+        for good in ["a", "kube-system", "0ab", &"a".repeat(63)] {
+            assert_eq!(LeaseConfig::new(good, "lease", "me").validate(), Ok(()), "{good:?}");
+        }
+        for bad in ["", "A", "a..b", ".a", "a.", "-a.b", "a.b-", "a/b", &"a".repeat(254)] {
+            let e = LeaseConfig::new("ns", bad, "me").validate();
+            assert!(matches!(e, Err(ConfigError::InvalidName { .. })), "{bad:?}: {e:?}");
+        }
+        for good in ["a", "my-controller", "kube-controller-manager", "a.b.c", "1.2-3"] {
+            assert_eq!(LeaseConfig::new("ns", good, "me").validate(), Ok(()), "{good:?}");
+        }
+        let e = LeaseConfig::new("ns", "Bad", "me").validate().unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "lease name \"Bad\" is not a valid DNS-1123 subdomain: must consist of lower case alphanumeric characters, '-' or '.'"
+        );
+    }
+
+    #[test]
+    fn unique_identity_differs_per_call_and_keeps_the_pod_name() {
+        let a = unique_identity();
+        let b = unique_identity();
+        assert_ne!(a, b);
+        let (pod, suffix) = a.rsplit_once('_').unwrap();
+        assert!(!pod.is_empty());
+        assert_eq!(suffix.len(), 8);
+    }
+}

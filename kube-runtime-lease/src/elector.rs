@@ -1,0 +1,928 @@
+//! [`LeaderElector`]: the election loop (acquire, renew, release, observe) and
+//! the handle that shares it.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex, MutexGuard},
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::{
+    FutureExt, StreamExt,
+    channel::oneshot,
+    future::Shared,
+    stream::BoxStream,
+};
+use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
+use kube_client::{Api, Client, api::PostParams};
+use kube_runtime::{WatchStreamExt, watcher};
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+    time::{Instant, sleep_until},
+};
+use tracing::{Instrument, debug, error, info, warn};
+
+use crate::{
+    config::{ConfigError, JITTER_FACTOR, LeaseConfig},
+    error::{Error, Result},
+    guard::{LeaseGuard, Lost, Term},
+    metrics::Metrics,
+    record::{self, Observed, Verdict},
+};
+
+/// What this candidate knows of the election, as of its last observation.
+///
+/// Read it with [`LeaderElector::status`], or follow every change with
+/// [`LeaderElector::subscribe`] (client-go's `OnNewLeader`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaderStatus {
+    /// Whether this candidate leads now.
+    pub is_leader: bool,
+    /// The holder named by the last observed record, `None` when the Lease
+    /// is free, missing or not yet observed.
+    pub holder: Option<String>,
+    /// The Lease's `leaseTransitions` in the last observed record.
+    pub transitions: Option<i32>,
+}
+
+/// Why a [`LeaderElector::health_check`] failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HealthError {
+    /// This candidate believes it leads, but its last successful renewal is
+    /// older than the lease duration plus the tolerance: its election task is
+    /// stuck, and another candidate may already lead.
+    #[error("leader election: last successful renewal was {since:?} ago, more than lease duration + tolerance ({limit:?})")]
+    RenewalOverdue {
+        /// Time since the instant before the last successful renewal was sent.
+        since: Duration,
+        /// The lease duration plus the tolerance.
+        limit: Duration,
+    },
+}
+
+/// A candidate in the election for one Lease: a cheap, cloneable handle.
+///
+/// One elector runs one background task per Lease, however many streams,
+/// controllers and guards share it: one renewal loop and one set of API calls.
+/// Leadership is campaigned for only while somebody wants it (a pending
+/// [`acquire`](Self::acquire), a guarded stream, or a live [`LeaseGuard`]);
+/// when the last of them is gone the Lease is released.
+///
+/// # Protocol
+/// client-go's `leaderelection` protocol on a `coordination.k8s.io/v1` Lease,
+/// so that Go and Rust candidates honour each other:
+/// - expiry is judged only from how long this candidate has seen the record
+///   unchanged, on its own monotonic clock, for the record's
+///   `leaseDurationSeconds` (never from `renewTime`);
+/// - writes are `replace` calls carrying the resourceVersion read, so a lost
+///   race is a 409 and never a silent overwrite; `strategy` and
+///   `preferredHolder` are never cleared;
+/// - the leader renews every retry period with one request (no read while its
+///   cached record is valid) and gives up when no renewal succeeded within the
+///   renew deadline, counted from the instant before the request was sent;
+///   every request is bounded by the time left;
+/// - candidates also watch the Lease, so that a released Lease is taken
+///   within one event and one write, and an expired one on a timer at the
+///   exact instant it expires (see [`LeaseConfig::watch`]).
+#[derive(Clone)]
+pub struct LeaderElector {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    config: LeaseConfig,
+    api: Api<Lease>,
+    wake: Arc<Notify>,
+    state: Mutex<State>,
+    status: watch::Sender<LeaderStatus>,
+    shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
+    shutdown_rx: Shared<oneshot::Receiver<()>>,
+    metrics: Metrics,
+}
+
+#[derive(Default)]
+struct State {
+    waiters: Vec<oneshot::Sender<LeaseGuard>>,
+    term: Option<Arc<Term>>,
+    running: bool,
+    task: Option<JoinHandle<Result<()>>>,
+    shutdown: bool,
+}
+
+impl std::fmt::Debug for LeaderElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElector")
+            .field("config", &self.inner.config)
+            .field("status", &*self.inner.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaderElector {
+    /// A candidate for the Lease described by `config`, using `client`.
+    ///
+    /// Makes no API call: the election starts when leadership is first wanted
+    /// ([`acquire`](Self::acquire) or a guarded stream is polled).
+    ///
+    /// # Errors
+    /// The first rule `config` breaks (see [`LeaseConfig::validate`]).
+    pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let api = Api::namespaced(client, &config.namespace);
+        let (shutdown_tx, shutdown_rx) = oneshot::channel();
+        Ok(LeaderElector {
+            inner: Arc::new(Inner {
+                metrics: Metrics::new(&config),
+                config,
+                api,
+                wake: Arc::new(Notify::new()),
+                state: Mutex::new(State::default()),
+                status: watch::Sender::new(LeaderStatus::default()),
+                shutdown_tx: Mutex::new(Some(shutdown_tx)),
+                shutdown_rx: shutdown_rx.shared(),
+            }),
+        })
+    }
+
+    /// The configuration of this candidate.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.inner.config
+    }
+
+    /// Waits until this candidate leads, then returns a guard for the term.
+    ///
+    /// Every caller waiting at the same time gets a guard of the same term.
+    /// If this candidate already leads, the guard is returned at once.
+    ///
+    /// # Errors
+    /// [`Error::Shutdown`] once [`shutdown`](Self::shutdown) has been called.
+    /// API failures are never returned: they are logged and retried with
+    /// backoff (an unreachable API server means waiting, never leading).
+    ///
+    /// # Cancellation safety
+    /// Dropping the future withdraws the request; if it was the only one, the
+    /// elector stops campaigning.
+    pub fn acquire(&self) -> Acquire {
+        Acquire { inner: self.inner.clone(), rx: None }
+    }
+
+    /// What this candidate knows of the election now.
+    pub fn status(&self) -> LeaderStatus {
+        self.inner.status.borrow().clone()
+    }
+
+    /// Follows [`status`](Self::status): the receiver sees every change of
+    /// leader observed by this candidate (client-go's `OnNewLeader`).
+    pub fn subscribe(&self) -> watch::Receiver<LeaderStatus> {
+        self.inner.status.subscribe()
+    }
+
+    /// Whether this candidate leads now.
+    pub fn is_leader(&self) -> bool {
+        self.inner.status.borrow().is_leader
+    }
+
+    /// client-go's healthz watchdog: fails when this candidate believes it
+    /// leads but its last successful renewal is older than the lease duration
+    /// plus `tolerance` (client-go's default tolerance is 20 s). Healthy
+    /// otherwise, including when it does not lead. Suited to a liveness probe:
+    /// restarting a stuck leader lets another take over.
+    ///
+    /// # Errors
+    /// [`HealthError::RenewalOverdue`] as above.
+    pub fn health_check(&self, tolerance: Duration) -> Result<(), HealthError> {
+        let term = self.inner.lock().term.clone();
+        let Some(term) = term else { return Ok(()) };
+        if term.lost().is_some() {
+            return Ok(());
+        }
+        let since = term.last_renewal().elapsed();
+        let limit = self.inner.config.lease_duration + tolerance;
+        if since > limit {
+            return Err(HealthError::RenewalOverdue { since, limit });
+        }
+        Ok(())
+    }
+
+    /// A `Send + Sync + 'static` future that resolves once
+    /// [`shutdown`](Self::shutdown) has been called: give it to
+    /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on)
+    /// so that reconciles in flight finish before the Lease is released.
+    pub fn shutdown_requested(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
+        self.inner.shutdown_rx.clone().map(|_| ())
+    }
+
+    /// Leaves the election for good and hands leadership over.
+    ///
+    /// In order, each step bounded so that the whole sequence fits a pod's
+    /// termination grace period:
+    /// 1. stop campaigning: pending [`acquire`](Self::acquire) calls fail with
+    ///    [`Error::Shutdown`] and [`shutdown_requested`](Self::shutdown_requested)
+    ///    resolves, so that controllers stop taking new work and let
+    ///    reconciles in flight finish;
+    /// 2. wait up to `grace` for every guard of the current term to be
+    ///    dropped (guarded streams end when their controller finishes);
+    /// 3. end the term with [`Lost::Released`], which drops what is still
+    ///    guarded (aborting reconciles still in flight);
+    /// 4. release the Lease (bounded by [`LeaseConfig::release_timeout`]) so
+    ///    that a standby takes over at once, if no guard is left;
+    /// 5. wait for the background task to end.
+    ///
+    /// Worst case: `grace + release_timeout`, plus the time left on a renewal
+    /// in flight (at most the renew deadline).
+    ///
+    /// # Errors
+    /// The release's failure, if it failed. Leadership has ended either way;
+    /// an unreleased Lease expires after its lease duration.
+    pub async fn shutdown(&self, grace: Duration) -> Result<()> {
+        let (task, term) = {
+            let mut state = self.inner.lock();
+            state.shutdown = true;
+            state.waiters.clear();
+            (state.task.take(), state.term.clone())
+        };
+        if let Some(tx) = self.inner.shutdown_tx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+            let _ = tx.send(());
+        }
+        info!(lease = %self.inner.config.name, "leader election shutting down");
+        if let Some(term) = &term {
+            term.guards_dropped(Instant::now() + grace).await;
+            term.lose(Lost::Released);
+        }
+        self.inner.wake.notify_one();
+        let Some(task) = task else { return Ok(()) };
+        match task.await {
+            Ok(result) => result,
+            Err(e) => {
+                error!(error = %e, "leader election task failed");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+/// Future returned by [`LeaderElector::acquire`]: resolves to a [`LeaseGuard`]
+/// once this candidate leads.
+#[must_use = "futures do nothing unless polled"]
+pub struct Acquire {
+    inner: Arc<Inner>,
+    rx: Option<oneshot::Receiver<LeaseGuard>>,
+}
+
+impl std::fmt::Debug for Acquire {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Acquire").field("registered", &self.rx.is_some()).finish()
+    }
+}
+
+impl Future for Acquire {
+    type Output = Result<LeaseGuard>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let rx = match &mut this.rx {
+            Some(rx) => rx,
+            None => {
+                let mut state = this.inner.lock();
+                if state.shutdown {
+                    return Poll::Ready(Err(Error::Shutdown));
+                }
+                if let Some(guard) = state.term.as_ref().and_then(|t| t.guard(this.inner.wake.clone())) {
+                    return Poll::Ready(Ok(guard));
+                }
+                let (tx, rx) = oneshot::channel();
+                state.waiters.push(tx);
+                if !state.running {
+                    state.running = true;
+                    let previous = state.task.take();
+                    let span = this.inner.span();
+                    state.task = Some(tokio::spawn(run(this.inner.clone(), previous).instrument(span)));
+                }
+                drop(state);
+                // A running task re-counts who wants leadership.
+                this.inner.wake.notify_one();
+                this.rx.insert(rx)
+            }
+        };
+        match Pin::new(rx).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Ok(guard)) => {
+                this.rx = None;
+                Poll::Ready(Ok(guard))
+            }
+            Poll::Ready(Err(oneshot::Canceled)) => {
+                this.rx = None;
+                Poll::Ready(Err(Error::Shutdown))
+            }
+        }
+    }
+}
+
+impl Drop for Acquire {
+    fn drop(&mut self) {
+        if self.rx.take().is_some() {
+            self.inner.wake.notify_one();
+        }
+    }
+}
+
+impl Inner {
+    fn span(&self) -> tracing::Span {
+        tracing::info_span!(
+            parent: None,
+            "leader_election",
+            lease.namespace = %self.config.namespace,
+            lease.name = %self.config.name,
+            identity = %self.config.identity,
+        )
+    }
+
+    async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
+        let name = &self.config.name;
+        bounded("update", bound, self.api.replace(name, &PostParams::default(), lease), Error::ReplaceLease).await
+    }
+
+    fn jittered_retry(&self) -> Duration {
+        self.config.retry_period.mul_f64(1.0 + fastrand::f64() * JITTER_FACTOR)
+    }
+
+    fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
+        self.status.send_if_modified(|s| {
+            let before = s.clone();
+            f(s);
+            if *s != before && s.holder != before.holder {
+                info!(holder = s.holder.as_deref().unwrap_or(""), "new leader observed");
+            }
+            *s != before
+        });
+    }
+}
+
+async fn run(inner: Arc<Inner>, previous: Option<JoinHandle<Result<()>>>) -> Result<()> {
+    if let Some(previous) = previous {
+        // Let the previous task finish its release before campaigning again.
+        let _ = previous.await;
+    }
+    let watch = inner.config.watch.then(|| {
+        let wc = watcher::Config::default().fields(&format!("metadata.name={}", inner.config.name));
+        watcher(inner.api.clone(), wc).default_backoff().boxed()
+    });
+    let mut task = Task {
+        inner,
+        obs: Obs::Unknown,
+        watch,
+        synced: false,
+        init_seen: false,
+        watch_warned: false,
+        cached: None,
+        exited: false,
+    };
+    debug!("election task started");
+    loop {
+        let Some((lease, sent)) = task.campaign().await else {
+            return Ok(());
+        };
+        if let Some(result) = task.lead(lease, sent).await {
+            return result;
+        }
+    }
+}
+
+/// What this candidate last saw of the Lease.
+#[derive(Clone, Debug)]
+enum Obs {
+    /// Nothing trustworthy: read before acting.
+    Unknown,
+    /// The Lease does not exist.
+    Missing,
+    /// The last record seen, and the whole object (for its metadata).
+    Known { observed: Observed, object: Box<Lease> },
+}
+
+enum Attempt {
+    Acquired(Box<Lease>, Instant),
+    WaitUntil(Instant),
+    RetryNow,
+}
+
+type WatchStream = BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
+
+struct Task {
+    inner: Arc<Inner>,
+    obs: Obs,
+    watch: Option<WatchStream>,
+    /// The watch has delivered a complete state and failed not since.
+    synced: bool,
+    init_seen: bool,
+    watch_warned: bool,
+    /// While leading: the object as we last wrote or verified it.
+    cached: Option<Box<Lease>>,
+    exited: bool,
+}
+
+impl Drop for Task {
+    fn drop(&mut self) {
+        if self.exited {
+            return;
+        }
+        // Aborted, panicked, or its runtime shut down: end the term so that no
+        // guard outlives its renewals, and fail the waiters.
+        let mut state = self.inner.lock();
+        if let Some(term) = state.term.take() {
+            term.lose(Lost::ElectorStopped);
+        }
+        state.waiters.clear();
+        state.running = false;
+        drop(state);
+        self.inner.update_status(|s| s.is_leader = false);
+        self.inner.metrics.leading(false);
+    }
+}
+
+async fn next_event(watch: &mut Option<WatchStream>) -> Option<watcher::Result<watcher::Event<Lease>>> {
+    match watch {
+        Some(w) => w.next().await,
+        None => futures::future::pending().await,
+    }
+}
+
+async fn bounded<T>(
+    verb: &'static str,
+    bound: Duration,
+    fut: impl Future<Output = kube_client::Result<T>>,
+    wrap: fn(kube_client::Error) -> Error,
+) -> Result<T> {
+    match tokio::time::timeout(bound, fut).await {
+        Err(_) => Err(Error::Timeout { verb, after: bound }),
+        Ok(Err(kube_client::Error::Api(s))) if s.code == 409 => Err(Error::Conflict),
+        Ok(r) => r.map_err(wrap),
+    }
+}
+
+impl Task {
+    fn config(&self) -> &LeaseConfig {
+        &self.inner.config
+    }
+
+    /// Re-counts who wants leadership; decides (under the lock) to exit when
+    /// nobody does or the elector was shut down.
+    fn should_exit(&mut self) -> bool {
+        let mut state = self.inner.lock();
+        state.waiters.retain(|tx| !tx.is_canceled());
+        let live = state.term.as_ref().filter(|t| t.lost().is_none()).map_or(0, |t| t.live_guards());
+        if live == 0 && (state.shutdown || state.waiters.is_empty()) {
+            if !state.shutdown {
+                state.running = false;
+            }
+            self.exited = true;
+            return true;
+        }
+        false
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.inner.lock().shutdown
+    }
+
+    async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
+        let name = self.config().name.clone();
+        let result = bounded("get", bound, self.inner.api.get_opt(&name), Error::GetLease).await;
+        match &result {
+            Ok(Some(lease)) => {
+                self.observe(lease.clone(), Instant::now());
+            }
+            Ok(None) => {
+                self.observe_missing();
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+
+    /// Records a Lease seen at `at`; returns whether the record changed.
+    fn observe(&mut self, lease: Lease, at: Instant) -> bool {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let rv = lease.metadata.resource_version.clone();
+        let (previous, changed) = match std::mem::replace(&mut self.obs, Obs::Unknown) {
+            Obs::Known { observed, .. } => {
+                let changed = observed.spec != spec;
+                (Some(observed), changed)
+            }
+            _ => (None, true),
+        };
+        self.inner.update_status(|s| {
+            s.holder = record::holder(&spec).map(str::to_owned);
+            s.transitions = spec.lease_transitions;
+        });
+        let observed = Observed::observe(previous, spec, rv, at);
+        self.obs = Obs::Known { observed, object: Box::new(lease) };
+        changed
+    }
+
+    fn observe_missing(&mut self) -> bool {
+        let changed = !matches!(self.obs, Obs::Missing);
+        self.obs = Obs::Missing;
+        self.inner.update_status(|s| {
+            s.holder = None;
+            s.transitions = None;
+        });
+        changed
+    }
+
+    /// Handles one watch event; returns whether the election should be re-evaluated.
+    fn handle_watch(&mut self, event: Option<watcher::Result<watcher::Event<Lease>>>) -> bool {
+        let now = Instant::now();
+        match event {
+            None => {
+                warn!("lease watch ended; polling every retry period instead");
+                self.watch = None;
+                self.synced = false;
+                true
+            }
+            Some(Ok(watcher::Event::Init)) => {
+                self.init_seen = false;
+                false
+            }
+            Some(Ok(watcher::Event::InitApply(lease))) => {
+                self.init_seen = true;
+                self.observe(lease, now)
+            }
+            Some(Ok(watcher::Event::Apply(lease))) => self.observe(lease, now),
+            Some(Ok(watcher::Event::Delete(_))) => self.observe_missing(),
+            Some(Ok(watcher::Event::InitDone)) => {
+                if self.watch_warned {
+                    info!("lease watch recovered");
+                }
+                self.watch_warned = false;
+                let changed = !self.init_seen && self.observe_missing();
+                let was_synced = std::mem::replace(&mut self.synced, true);
+                changed || !was_synced
+            }
+            Some(Err(e)) => {
+                let forbidden = matches!(&e, watcher::Error::InitialListFailed(kube_client::Error::Api(s))
+                    | watcher::Error::WatchStartFailed(kube_client::Error::Api(s)) if s.code == 403 || s.code == 401);
+                self.synced = false;
+                if forbidden {
+                    warn!(
+                        error = %e,
+                        "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
+                         falling back to polling every retry period"
+                    );
+                    self.watch = None;
+                } else if !self.watch_warned {
+                    warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
+                    self.watch_warned = true;
+                }
+                true
+            }
+        }
+    }
+
+    fn log_error(&self, what: &str, e: &Error) {
+        if let Some(verb) = e.forbidden_verb() {
+            error!(
+                error = %crate::error::Chain(e),
+                "forbidden to {verb} lease {}/{}: RBAC needs verbs get, create, update on resource `leases` in API group `coordination.k8s.io` (and list, watch for watch-driven election); `{verb}` is missing",
+                self.config().namespace,
+                self.config().name,
+            );
+        } else {
+            warn!(error = %crate::error::Chain(e), "{what} failed");
+        }
+    }
+
+    /// Campaigns until this candidate leads (`Some`) or nobody wants it (`None`).
+    async fn campaign(&mut self) -> Option<(Box<Lease>, Instant)> {
+        let mut backoff = None;
+        loop {
+            if self.should_exit() {
+                return None;
+            }
+            let wait = match self.try_acquire().await {
+                Ok(Attempt::Acquired(lease, sent)) => return Some((lease, sent)),
+                Ok(Attempt::WaitUntil(until)) => {
+                    backoff = None;
+                    Some(if self.synced { until } else { until.min(Instant::now() + self.inner.jittered_retry()) })
+                }
+                Ok(Attempt::RetryNow) => None,
+                Err(e) => {
+                    self.log_error("acquiring the lease", &e);
+                    let delay = backoff
+                        .get_or_insert_with(|| {
+                            ExponentialBuilder::new()
+                                .with_min_delay(self.config().retry_period)
+                                .with_max_delay(self.config().lease_duration)
+                                .with_jitter()
+                                .without_max_times()
+                                .build()
+                        })
+                        .next()
+                        .unwrap_or(self.config().lease_duration);
+                    Some(Instant::now() + delay)
+                }
+            };
+            if let Some(until) = wait {
+                self.idle_until(until).await;
+            }
+        }
+    }
+
+    /// Waits until `until`, a change of demand, or a watch event that changes the record.
+    async fn idle_until(&mut self, until: Instant) {
+        let wake = self.inner.wake.clone();
+        loop {
+            tokio::select! {
+                biased;
+                () = wake.notified() => return,
+                event = next_event(&mut self.watch) => {
+                    if self.handle_watch(event) {
+                        return;
+                    }
+                }
+                () = sleep_until(until) => return,
+            }
+        }
+    }
+
+    async fn try_acquire(&mut self) -> Result<Attempt> {
+        let renew_deadline = self.config().renew_deadline;
+        if !self.synced || matches!(self.obs, Obs::Unknown) {
+            self.get(renew_deadline).await?;
+        }
+        let now = Instant::now();
+        let cfg = &self.inner.config;
+        match &self.obs {
+            Obs::Unknown => Ok(Attempt::RetryNow),
+            Obs::Missing => {
+                let lease = Lease {
+                    metadata: kube_client::core::ObjectMeta {
+                        name: Some(cfg.name.clone()),
+                        namespace: Some(cfg.namespace.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(record::acquired(None, &cfg.identity, cfg.lease_duration_seconds(), Timestamp::now())),
+                };
+                let sent = Instant::now();
+                let result =
+                    bounded("create", renew_deadline, self.inner.api.create(&PostParams::default(), &lease), Error::CreateLease)
+                        .await;
+                match result {
+                    Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent)),
+                    Err(Error::Conflict) => {
+                        debug!("lost the race to create the lease");
+                        self.obs = Obs::Unknown;
+                        Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Obs::Known { observed, object } => match record::verdict(observed, &cfg.identity, cfg.lease_duration, now) {
+                Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
+                Verdict::Take => {
+                    let mut lease = (**object).clone();
+                    lease.spec = Some(record::acquired(
+                        Some(&observed.spec),
+                        &cfg.identity,
+                        cfg.lease_duration_seconds(),
+                        Timestamp::now(),
+                    ));
+                    lease.metadata.resource_version.clone_from(&observed.resource_version);
+                    let sent = Instant::now();
+                    match self.inner.replace(&lease, renew_deadline).await {
+                        Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent)),
+                        Err(Error::Conflict) => {
+                            debug!("lost the race to take the lease");
+                            self.obs = Obs::Unknown;
+                            Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
+                        }
+                        Err(e) if e.status() == Some(404) => {
+                            self.obs = Obs::Missing;
+                            Ok(Attempt::RetryNow)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            },
+        }
+    }
+
+    /// Leads one term. `Some(result)` when the task should exit (with the
+    /// release's result), `None` to campaign again.
+    async fn lead(&mut self, lease: Box<Lease>, sent: Instant) -> Option<Result<()>> {
+        let cfg = self.inner.config.clone();
+        let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+        let term = Arc::new(Term::new(i64::from(transitions), sent, cfg.renew_deadline));
+        self.observe((*lease).clone(), sent);
+        self.cached = Some(lease);
+        {
+            let mut state = self.inner.lock();
+            state.term = Some(term.clone());
+            for tx in state.waiters.drain(..) {
+                if let Some(guard) = term.guard(self.inner.wake.clone()) {
+                    let _ = tx.send(guard);
+                }
+            }
+        }
+        self.inner.update_status(|s| s.is_leader = true);
+        self.inner.metrics.leading(true);
+        self.inner.metrics.renewal("success", sent.elapsed(), sent);
+        info!(transitions, "acquired lease, now leading");
+
+        let wake = self.inner.wake.clone();
+        let mut next_tick = sent + cfg.retry_period;
+        let mut exiting = false;
+        let reason = loop {
+            if let Some(lost) = term.lost() {
+                // Ended from outside: by `shutdown` once its grace ran out.
+                if self.shutting_down() {
+                    self.exited = true;
+                    exiting = true;
+                }
+                break lost;
+            }
+            if let Some(preferred) = self.cached.as_ref().and_then(|l| l.spec.as_ref()).and_then(record::preferred_holder)
+                && preferred != cfg.identity
+            {
+                break Lost::SteppedDown { preferred_holder: preferred.to_owned() };
+            }
+            if self.should_exit() {
+                exiting = true;
+                break Lost::Released;
+            }
+            tokio::select! {
+                biased;
+                () = wake.notified() => {}
+                () = sleep_until(term.deadline()) => break Lost::RenewDeadlineExceeded,
+                event = next_event(&mut self.watch) => {
+                    if self.handle_watch(event) && self.foreign_record_observed() {
+                        if let Err(lost) = self.verify(&term).await {
+                            break lost;
+                        }
+                    }
+                }
+                () = sleep_until(next_tick) => {
+                    let now = Instant::now();
+                    while next_tick <= now {
+                        next_tick += cfg.retry_period;
+                    }
+                    if let Err(lost) = self.renew(&term).await {
+                        break lost;
+                    }
+                }
+            }
+        };
+        term.lose(reason.clone());
+        {
+            let mut state = self.inner.lock();
+            if state.term.as_ref().is_some_and(|t| Arc::ptr_eq(t, &term)) {
+                state.term = None;
+            }
+        }
+        self.inner.update_status(|s| s.is_leader = false);
+        self.inner.metrics.leading(false);
+        match &reason {
+            Lost::Released | Lost::SteppedDown { .. } => info!(reason = %reason, "leadership ended"),
+            _ => warn!(reason = %reason, "leadership lost"),
+        }
+        let release = match reason {
+            Lost::Released => cfg.release_on_drop,
+            Lost::SteppedDown { .. } => true,
+            _ => false,
+        };
+        let result = if release { self.release_after_guards(&term).await } else { Ok(()) };
+        self.cached = None;
+        self.obs = Obs::Unknown;
+        exiting.then_some(result)
+    }
+
+    fn foreign_record_observed(&self) -> bool {
+        match &self.obs {
+            Obs::Missing => true,
+            Obs::Known { observed, .. } => record::holder(&observed.spec) != Some(self.config().identity.as_str()),
+            Obs::Unknown => false,
+        }
+    }
+
+    /// The watch showed a record not ours: confirm with a read before
+    /// stepping down (the event may be older than our last write).
+    async fn verify(&mut self, term: &Term) -> Result<(), Lost> {
+        let left = term.deadline().saturating_duration_since(Instant::now());
+        match self.get(left).await {
+            Ok(None) => Err(Lost::Deleted),
+            Ok(Some(lease)) => self.check_still_ours(lease),
+            Err(e) => {
+                self.log_error("verifying the lease", &e);
+                Ok(())
+            }
+        }
+    }
+
+    fn check_still_ours(&mut self, lease: Lease) -> Result<(), Lost> {
+        let spec = lease.spec.clone().unwrap_or_default();
+        match record::holder(&spec) {
+            Some(h) if h == self.config().identity => {
+                self.cached = Some(Box::new(lease));
+                Ok(())
+            }
+            other => Err(Lost::TakenOver { holder: other.unwrap_or_default().to_owned() }),
+        }
+    }
+
+    /// One renewal: the fast path (one `replace` with the cached
+    /// resourceVersion), falling to a read and a retry on conflict.
+    async fn renew(&mut self, term: &Term) -> Result<(), Lost> {
+        let cfg = self.inner.config.clone();
+        for attempt in 0..2 {
+            let sent = Instant::now();
+            let deadline = term.deadline();
+            if sent >= deadline {
+                return Err(Lost::RenewDeadlineExceeded);
+            }
+            let Some(cached) = &self.cached else { return Err(Lost::ElectorStopped) };
+            let mut lease = (**cached).clone();
+            lease.spec = Some(record::acquired(
+                lease.spec.as_ref(),
+                &cfg.identity,
+                cfg.lease_duration_seconds(),
+                Timestamp::now(),
+            ));
+            match self.inner.replace(&lease, deadline - sent).await {
+                Ok(lease) => {
+                    term.renewed(sent, cfg.renew_deadline);
+                    self.inner.metrics.renewal("success", sent.elapsed(), sent);
+                    debug!("renewed lease");
+                    self.observe(lease.clone(), sent);
+                    self.cached = Some(Box::new(lease));
+                    return Ok(());
+                }
+                Err(e) if e.status() == Some(404) => {
+                    self.inner.metrics.renewal("not_found", sent.elapsed(), sent);
+                    return Err(Lost::Deleted);
+                }
+                Err(Error::Conflict) if attempt == 0 => {
+                    self.inner.metrics.renewal("conflict", sent.elapsed(), sent);
+                    debug!("renewal conflicted; re-reading the lease");
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self.get(left).await {
+                        Ok(None) => return Err(Lost::Deleted),
+                        Ok(Some(lease)) => self.check_still_ours(lease)?,
+                        Err(e) => {
+                            self.log_error("re-reading the lease", &e);
+                            return Ok(());
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.inner.metrics.renewal("error", sent.elapsed(), sent);
+                    self.log_error("renewing the lease", &e);
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases once every guard of `term` is gone (bounded by the release timeout).
+    async fn release_after_guards(&mut self, term: &Term) -> Result<()> {
+        let until = Instant::now() + self.config().release_timeout;
+        if !term.guards_dropped(until).await {
+            warn!("guarded work still running after the release timeout; not releasing, the lease will expire instead");
+            return Ok(());
+        }
+        let result = self.release(until).await;
+        if let Err(e) = &result {
+            self.log_error("releasing the lease", e);
+        }
+        result
+    }
+
+    /// Fetches the Lease and, if it is still ours, writes it free.
+    async fn release(&mut self, until: Instant) -> Result<()> {
+        let left = until.saturating_duration_since(Instant::now());
+        let Some(lease) = self.get(left).await? else { return Ok(()) };
+        let spec = lease.spec.clone().unwrap_or_default();
+        if record::holder(&spec) != Some(self.config().identity.as_str()) {
+            info!(holder = record::holder(&spec).unwrap_or(""), "not releasing: the lease is no longer ours");
+            return Ok(());
+        }
+        let mut next = lease;
+        next.spec = Some(record::released(&spec, Timestamp::now()));
+        let left = until.saturating_duration_since(Instant::now());
+        let released = self.inner.replace(&next, left).await?;
+        self.observe(released, Instant::now());
+        info!("released lease");
+        Ok(())
+    }
+}

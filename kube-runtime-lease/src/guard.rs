@@ -1,0 +1,270 @@
+//! [`LeaseGuard`]: proof of leadership for one term, and [`Lost`]: why it ended.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
+    time::Duration,
+};
+
+use futures::channel::oneshot;
+use tokio::{sync::Notify, time::Instant};
+
+/// Why leadership ended. The output of [`LeaseGuard`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Lost {
+    /// No renewal succeeded within the renew deadline (counted from the
+    /// instant before the last successful renewal was sent).
+    #[error("leadership lost: the lease was not renewed within the renew deadline")]
+    RenewDeadlineExceeded,
+    /// Another candidate holds the Lease.
+    #[error("leadership lost: the lease was taken over by {holder:?}")]
+    TakenOver {
+        /// The new holder (`""` when the Lease was released by someone else).
+        holder: String,
+    },
+    /// The Lease object was deleted.
+    #[error("leadership lost: the lease was deleted")]
+    Deleted,
+    /// The Lease's `preferredHolder` names another candidate, so this one
+    /// stepped down (Coordinated Leader Election).
+    #[error("leadership given up: stepped down for the preferred holder {preferred_holder:?}")]
+    SteppedDown {
+        /// The preferred holder.
+        preferred_holder: String,
+    },
+    /// Leadership was given up on purpose, through
+    /// [`LeaderElector::shutdown`](crate::LeaderElector::shutdown).
+    #[error("leadership given up: the elector was shut down")]
+    Released,
+    /// The elector's background task ended without releasing, because its
+    /// runtime shut down or it panicked.
+    #[error("leadership lost: the elector task stopped")]
+    ElectorStopped,
+}
+
+/// One term of leadership, shared by every guard of the term and the elector task.
+pub(crate) struct Term {
+    /// `leaseTransitions` when this term began: the fencing token.
+    pub(crate) transitions: i64,
+    inner: Mutex<TermInner>,
+    /// Guards of this term not yet dropped.
+    live: AtomicUsize,
+    /// Notified whenever a guard of this term is dropped.
+    dropped: Notify,
+}
+
+struct TermInner {
+    lost: Option<Lost>,
+    /// The renew deadline: the instant before the last successful write was sent, plus the renew deadline.
+    deadline: Instant,
+    last_renewal: Instant,
+    senders: Vec<oneshot::Sender<Lost>>,
+}
+
+impl Term {
+    pub(crate) fn new(transitions: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
+        Term {
+            transitions,
+            inner: Mutex::new(TermInner {
+                lost: None,
+                deadline: sent_at + renew_deadline,
+                last_renewal: sent_at,
+                senders: Vec::new(),
+            }),
+            live: AtomicUsize::new(0),
+            dropped: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TermInner> {
+        // A panic while holding this lock leaves consistent data: recover it.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A successful renewal, sent at `sent_at`.
+    pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) {
+        let mut inner = self.lock();
+        inner.deadline = sent_at + renew_deadline;
+        inner.last_renewal = sent_at;
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.lock().deadline
+    }
+
+    pub(crate) fn last_renewal(&self) -> Instant {
+        self.lock().last_renewal
+    }
+
+    pub(crate) fn lost(&self) -> Option<Lost> {
+        self.lock().lost.clone()
+    }
+
+    pub(crate) fn live_guards(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Waits until every guard of this term has been dropped, or `until`;
+    /// returns whether they all were.
+    pub(crate) async fn guards_dropped(&self, until: Instant) -> bool {
+        loop {
+            let mut notified = std::pin::pin!(self.dropped.notified());
+            notified.as_mut().enable();
+            if self.live_guards() == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(until, notified).await.is_err() {
+                return self.live_guards() == 0;
+            }
+        }
+    }
+
+    /// Ends the term: every guard resolves to `reason`. Idempotent: the first reason wins.
+    pub(crate) fn lose(&self, reason: Lost) {
+        let senders = {
+            let mut inner = self.lock();
+            if inner.lost.is_some() {
+                return;
+            }
+            inner.lost = Some(reason.clone());
+            std::mem::take(&mut inner.senders)
+        };
+        for tx in senders {
+            // A guard dropped in the meantime does not need telling.
+            let _ = tx.send(reason.clone());
+        }
+    }
+
+    /// A new guard of this term, or `None` if the term already ended.
+    pub(crate) fn guard(self: &Arc<Self>, wake: Arc<Notify>) -> Option<LeaseGuard> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut inner = self.lock();
+            if inner.lost.is_some() {
+                return None;
+            }
+            inner.senders.push(tx);
+            self.live.fetch_add(1, Ordering::AcqRel);
+        }
+        Some(LeaseGuard { term: self.clone(), wake, rx, done: None })
+    }
+}
+
+/// Proof of leadership for one term: a future that resolves to [`Lost`] when
+/// the term ends.
+///
+/// Obtained from [`LeaderElector::acquire`](crate::LeaderElector::acquire).
+/// The lease is renewed by the elector's own background task, however often
+/// (or seldom) this guard or the work it guards is polled. The guard is
+/// `Send + Sync + 'static`, so [`LeaseGuard::lost_signal`] can feed
+/// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
+///
+/// Dropping the guard says "I no longer need leadership": when the last guard
+/// of the term is dropped and nobody else waits to acquire, the elector stops
+/// renewing and releases the Lease (unless
+/// [`release_on_drop`](crate::LeaseConfig::release_on_drop) is off).
+///
+/// # Fencing
+/// Leases are best effort: a process that is paused (GC, SIGSTOP, a frozen VM)
+/// can resume after its term ended and act before it notices. To narrow that
+/// window, call [`LeaseGuard::is_valid`] right before a side effect, and write
+/// [`LeaseGuard::fencing_token`] alongside your changes so that readers can
+/// reject writes from an older term. Neither closes the window completely: a
+/// pause between the check and the side effect is still possible.
+#[must_use = "leadership ends when the guard is dropped"]
+pub struct LeaseGuard {
+    term: Arc<Term>,
+    wake: Arc<Notify>,
+    rx: oneshot::Receiver<Lost>,
+    done: Option<Lost>,
+}
+
+impl LeaseGuard {
+    /// Whether this term still holds: not ended, and the renew deadline not
+    /// passed. A cheap synchronous check to make right before a side effect.
+    pub fn is_valid(&self) -> bool {
+        let inner = self.term.lock();
+        inner.lost.is_none() && Instant::now() < inner.deadline
+    }
+
+    /// The time left before the renew deadline (zero once the term ended):
+    /// how long this term is certain to last without another successful renewal.
+    pub fn time_left(&self) -> Duration {
+        let inner = self.term.lock();
+        if inner.lost.is_some() {
+            return Duration::ZERO;
+        }
+        inner.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// The fencing token of this term: the Lease's `leaseTransitions` when the
+    /// term began. It grows with every change of holder, so a write tagged with
+    /// a smaller token than one already seen comes from an older term.
+    pub fn fencing_token(&self) -> i64 {
+        self.term.transitions
+    }
+
+    /// Why the term ended, or `None` while it holds.
+    pub fn lost(&self) -> Option<Lost> {
+        self.term.lost()
+    }
+
+    /// A `Send + Sync + 'static` future that resolves when this term ends,
+    /// without holding the guard: for
+    /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
+    pub fn lost_signal(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
+        let (tx, rx) = oneshot::channel::<Lost>();
+        {
+            let mut inner = self.term.lock();
+            if inner.lost.is_none() {
+                inner.senders.push(tx);
+            }
+            // Else `tx` is dropped here and `rx` resolves at once.
+        }
+        async move {
+            let _ = rx.await;
+        }
+    }
+}
+
+impl std::fmt::Debug for LeaseGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseGuard")
+            .field("fencing_token", &self.term.transitions)
+            .field("lost", &self.term.lost())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Future for LeaseGuard {
+    type Output = Lost;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Lost> {
+        if let Some(lost) = &self.done {
+            return Poll::Ready(lost.clone());
+        }
+        let lost = match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Ok(lost)) => lost,
+            // The term dropped its senders without a reason: only when the
+            // elector task is gone.
+            Poll::Ready(Err(oneshot::Canceled)) => self.term.lost().unwrap_or(Lost::ElectorStopped),
+        };
+        self.done = Some(lost.clone());
+        Poll::Ready(lost)
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        self.term.live.fetch_sub(1, Ordering::AcqRel);
+        self.term.dropped.notify_waiters();
+        self.wake.notify_one();
+    }
+}
