@@ -1,0 +1,163 @@
+// Command goelect is a client-go leader-election candidate on a
+// coordination.k8s.io/v1 Lease, used by the Rust tests to check that
+// kube-runtime-lease and client-go honour each other's leases.
+//
+// It prints one line per event on stdout (each line is one write, unbuffered):
+//
+//	READY <monotonic_nanos>
+//	EVENT started-leading <monotonic_nanos> <identity>
+//	EVENT stopped-leading <monotonic_nanos> <identity>
+//	EVENT new-leader <monotonic_nanos> <leader-identity-or-empty>
+//
+// monotonic_nanos is CLOCK_MONOTONIC in nanoseconds. When the identity is
+// empty the line ends with a single space after the nanos; parse with a
+// whitespace split and treat the fourth field as optional.
+//
+// client-go calls OnStoppedLeading whenever Run returns, also when this
+// candidate never led. On SIGTERM/SIGINT (or stdin EOF with
+// --exit-on-stdin-eof) the context is cancelled, the lease is released when
+// --release-on-cancel is true, and the process exits 0 after
+// stopped-leading. When leadership is lost without a cancel, it exits 1, or
+// campaigns again with --rejoin.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/klog/v2"
+)
+
+var outMu sync.Mutex
+
+func monoNanos() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	return ts.Nano()
+}
+
+// emit writes one line to stdout in a single write (os.Stdout is unbuffered).
+func emit(line string) {
+	outMu.Lock()
+	defer outMu.Unlock()
+	_, _ = os.Stdout.WriteString(line + "\n")
+}
+
+func event(kind, identity string) {
+	emit(fmt.Sprintf("EVENT %s %d %s", kind, monoNanos(), identity))
+}
+
+func main() {
+	klog.InitFlags(nil)
+	kubeconfig := flag.String("kubeconfig", "", "path to a kubeconfig file (required)")
+	namespace := flag.String("namespace", "default", "namespace of the Lease")
+	name := flag.String("name", "", "name of the Lease (required)")
+	identity := flag.String("identity", "", "holder identity of this candidate (default: hostname_pid)")
+	leaseDuration := flag.Duration("lease-duration", 15*time.Second, "LeaseDuration")
+	renewDeadline := flag.Duration("renew-deadline", 10*time.Second, "RenewDeadline")
+	retryPeriod := flag.Duration("retry-period", 2*time.Second, "RetryPeriod")
+	releaseOnCancel := flag.Bool("release-on-cancel", true, "release the lease when cancelled (SIGTERM/SIGINT)")
+	rejoin := flag.Bool("rejoin", false, "campaign again after losing leadership instead of exiting 1")
+	exitOnStdinEOF := flag.Bool("exit-on-stdin-eof", false, "treat EOF on stdin like SIGTERM (parent-death watchdog)")
+	qps := flag.Float64("qps", 50, "client QPS")
+	flag.Parse()
+
+	if *kubeconfig == "" || *name == "" {
+		fmt.Fprintln(os.Stderr, "goelect: --kubeconfig and --name are required")
+		os.Exit(2)
+	}
+	if *identity == "" {
+		host, _ := os.Hostname()
+		*identity = fmt.Sprintf("%s_%d", host, os.Getpid())
+	}
+
+	cfg, err := clientcmd.BuildConfigFromFlags("", *kubeconfig)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "goelect: loading kubeconfig: %v\n", err)
+		os.Exit(2)
+	}
+	cfg.QPS = float32(*qps)
+	cfg.Burst = int(*qps * 2)
+	cfg.UserAgent = "goelect/" + *identity
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "goelect: creating client: %v\n", err)
+		os.Exit(2)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-sigs
+		cancel()
+		// A second signal forces the exit.
+		<-sigs
+		os.Exit(130)
+	}()
+	if *exitOnStdinEOF {
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			cancel()
+		}()
+	}
+
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta: metav1.ObjectMeta{Namespace: *namespace, Name: *name},
+		Client:    client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{
+			Identity: *identity,
+		},
+	}
+	id := *identity
+	lec := leaderelection.LeaderElectionConfig{
+		Lock:            lock,
+		LeaseDuration:   *leaseDuration,
+		RenewDeadline:   *renewDeadline,
+		RetryPeriod:     *retryPeriod,
+		ReleaseOnCancel: *releaseOnCancel,
+		Name:            *name,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) { event("started-leading", id) },
+			OnStoppedLeading: func() { event("stopped-leading", id) },
+			OnNewLeader:      func(leader string) { event("new-leader", leader) },
+		},
+	}
+	elector, err := leaderelection.NewLeaderElector(lec)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "goelect: invalid leader election config: %v\n", err)
+		os.Exit(2)
+	}
+
+	emit(fmt.Sprintf("READY %d", monoNanos()))
+	for {
+		elector.Run(ctx)
+		if ctx.Err() != nil {
+			os.Exit(0)
+		}
+		if !*rejoin {
+			os.Exit(1)
+		}
+		// A fresh elector so that its observed state starts clean.
+		if elector, err = leaderelection.NewLeaderElector(lec); err != nil {
+			fmt.Fprintf(os.Stderr, "goelect: %v\n", err)
+			os.Exit(2)
+		}
+	}
+}
