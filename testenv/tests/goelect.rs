@@ -66,11 +66,9 @@ impl Candidate {
             BufReader::new(child.stdout.take().context("stdout")?).lines();
         let (tx, events) = mpsc::channel();
         std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                if let Some(ev) = parse(&line) {
-                    if tx.send(ev).is_err() {
-                        break;
-                    }
+            for ev in lines.map_while(Result::ok).filter_map(|l| parse(&l)) {
+                if tx.send(ev).is_err() {
+                    break;
                 }
             }
         });
