@@ -54,7 +54,11 @@ impl LeaseConfig {
     /// `identity` must be unique among the candidates: two candidates with the
     /// same identity both believe they lead. [`unique_identity`] builds one.
     #[must_use]
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>, identity: impl Into<String>) -> Self {
+    pub fn new(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        identity: impl Into<String>,
+    ) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -167,16 +171,24 @@ impl LeaseConfig {
             return Err(ConfigError::EmptyIdentity);
         }
         if self.lease_duration.subsec_nanos() != 0 {
-            return Err(ConfigError::LeaseDurationNotWholeSeconds(self.lease_duration));
+            return Err(ConfigError::LeaseDurationNotWholeSeconds(
+                self.lease_duration,
+            ));
         }
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
             return Err(ConfigError::LeaseDurationTooLong(self.lease_duration));
         }
         if let Some(rule) = dns1123_label(&self.namespace) {
-            return Err(ConfigError::InvalidNamespace { value: self.namespace.clone(), rule });
+            return Err(ConfigError::InvalidNamespace {
+                value: self.namespace.clone(),
+                rule,
+            });
         }
         if let Some(rule) = dns1123_subdomain(&self.name) {
-            return Err(ConfigError::InvalidName { value: self.name.clone(), rule });
+            return Err(ConfigError::InvalidName {
+                value: self.name.clone(),
+                rule,
+            });
         }
         Ok(())
     }
@@ -308,7 +320,9 @@ pub fn unique_identity() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned());
-    let suffix: String = std::iter::repeat_with(fastrand::lowercase).take(8).collect();
+    let suffix: String = std::iter::repeat_with(fastrand::lowercase)
+        .take(8)
+        .collect();
     format!("{pod}_{suffix}")
 }
 
@@ -335,29 +349,54 @@ mod tests {
         let s = Duration::from_secs;
         let e = cfg().lease_duration(s(10)).validate().unwrap_err();
         assert_eq!(e, ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
-        assert_eq!(e.to_string(), "leaseDuration must be greater than renewDeadline");
+        assert_eq!(
+            e.to_string(),
+            "leaseDuration must be greater than renewDeadline"
+        );
         // 12 s renew deadline vs 10 s * 1.2 = 12 s: not greater.
-        let e = cfg().lease_duration(s(20)).renew_deadline(s(12)).retry_period(s(10)).validate();
-        assert_eq!(e, Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod));
+        let e = cfg()
+            .lease_duration(s(20))
+            .renew_deadline(s(12))
+            .retry_period(s(10))
+            .validate();
+        assert_eq!(
+            e,
+            Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod)
+        );
         assert_eq!(
             e.unwrap_err().to_string(),
             "renewDeadline must be greater than retryPeriod*JitterFactor"
         );
-        let ok = cfg().lease_duration(s(20)).renew_deadline(Duration::from_millis(12_001)).retry_period(s(10));
+        let ok = cfg()
+            .lease_duration(s(20))
+            .renew_deadline(Duration::from_millis(12_001))
+            .retry_period(s(10));
         assert_eq!(ok.validate(), Ok(()));
         let e = cfg().retry_period(Duration::ZERO).validate().unwrap_err();
         assert_eq!(e, ConfigError::NotPositive(Field::RetryPeriod));
         assert_eq!(e.to_string(), "retryPeriod must be greater than zero");
-        let e = cfg().release_timeout(Duration::ZERO).validate().unwrap_err();
+        let e = cfg()
+            .release_timeout(Duration::ZERO)
+            .validate()
+            .unwrap_err();
         assert_eq!(e, ConfigError::NotPositive(Field::ReleaseTimeout));
-        let e = LeaseConfig::new("default", "lease", "").validate().unwrap_err();
+        let e = LeaseConfig::new("default", "lease", "")
+            .validate()
+            .unwrap_err();
         assert_eq!(e.to_string(), "Lock identity is empty");
     }
 
     #[test]
     fn lease_duration_must_be_whole_seconds_that_fit_int32() {
-        let e = cfg().lease_duration(Duration::from_millis(15_500)).validate();
-        assert_eq!(e, Err(ConfigError::LeaseDurationNotWholeSeconds(Duration::from_millis(15_500))));
+        let e = cfg()
+            .lease_duration(Duration::from_millis(15_500))
+            .validate();
+        assert_eq!(
+            e,
+            Err(ConfigError::LeaseDurationNotWholeSeconds(
+                Duration::from_millis(15_500)
+            ))
+        );
         let huge = Duration::from_secs(u64::from(u32::MAX));
         let e = cfg().lease_duration(huge).validate();
         assert_eq!(e, Err(ConfigError::LeaseDurationTooLong(huge)));
@@ -367,24 +406,57 @@ mod tests {
         assert_eq!(c.lease_duration_seconds(), i32::MAX);
         // Durations that do not even fit a u64 of nanoseconds are still handled.
         let e = cfg().lease_duration(Duration::MAX).validate();
-        assert!(matches!(e, Err(ConfigError::LeaseDurationNotWholeSeconds(_))), "{e:?}");
+        assert!(
+            matches!(e, Err(ConfigError::LeaseDurationNotWholeSeconds(_))),
+            "{e:?}"
+        );
     }
 
     #[test]
     fn names_follow_dns1123() {
         for bad in ["", "Default", "-a", "a-", "a.b", "a_b", &"a".repeat(64)] {
             let e = LeaseConfig::new(bad, "lease", "me").validate();
-            assert!(matches!(e, Err(ConfigError::InvalidNamespace { .. })), "{bad:?}: {e:?}");
+            assert!(
+                matches!(e, Err(ConfigError::InvalidNamespace { .. })),
+                "{bad:?}: {e:?}"
+            );
         }
         for good in ["a", "kube-system", "0ab", &"a".repeat(63)] {
-            assert_eq!(LeaseConfig::new(good, "lease", "me").validate(), Ok(()), "{good:?}");
+            assert_eq!(
+                LeaseConfig::new(good, "lease", "me").validate(),
+                Ok(()),
+                "{good:?}"
+            );
         }
-        for bad in ["", "A", "a..b", ".a", "a.", "-a.b", "a.b-", "a/b", &"a".repeat(254)] {
+        for bad in [
+            "",
+            "A",
+            "a..b",
+            ".a",
+            "a.",
+            "-a.b",
+            "a.b-",
+            "a/b",
+            &"a".repeat(254),
+        ] {
             let e = LeaseConfig::new("ns", bad, "me").validate();
-            assert!(matches!(e, Err(ConfigError::InvalidName { .. })), "{bad:?}: {e:?}");
+            assert!(
+                matches!(e, Err(ConfigError::InvalidName { .. })),
+                "{bad:?}: {e:?}"
+            );
         }
-        for good in ["a", "my-controller", "kube-controller-manager", "a.b.c", "1.2-3"] {
-            assert_eq!(LeaseConfig::new("ns", good, "me").validate(), Ok(()), "{good:?}");
+        for good in [
+            "a",
+            "my-controller",
+            "kube-controller-manager",
+            "a.b.c",
+            "1.2-3",
+        ] {
+            assert_eq!(
+                LeaseConfig::new("ns", good, "me").validate(),
+                Ok(()),
+                "{good:?}"
+            );
         }
         let e = LeaseConfig::new("ns", "Bad", "me").validate().unwrap_err();
         assert_eq!(

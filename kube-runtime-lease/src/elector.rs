@@ -10,12 +10,7 @@ use std::{
 };
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures::{
-    FutureExt, StreamExt,
-    channel::oneshot,
-    future::Shared,
-    stream::BoxStream,
-};
+use futures::{FutureExt, StreamExt, channel::oneshot, future::Shared, stream::BoxStream};
 use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
 use kube_client::{Api, Client, api::PostParams};
 use kube_runtime::{WatchStreamExt, watcher};
@@ -57,7 +52,9 @@ pub enum HealthError {
     /// This candidate believes it leads, but its last successful renewal is
     /// older than the lease duration plus the tolerance: its election task is
     /// stuck, and another candidate may already lead.
-    #[error("leader election: last successful renewal was {since:?} ago, more than lease duration + tolerance ({limit:?})")]
+    #[error(
+        "leader election: last successful renewal was {since:?} ago, more than lease duration + tolerance ({limit:?})"
+    )]
     RenewalOverdue {
         /// Time since the instant before the last successful renewal was sent.
         since: Duration,
@@ -112,6 +109,9 @@ struct State {
     term: Option<Arc<Term>>,
     running: bool,
     task: Option<JoinHandle<Result<()>>>,
+    /// The `uid` of the Lease object of our last term: a record naming us on
+    /// any other object was not written in a term of ours.
+    term_uid: Option<String>,
     shutdown: bool,
 }
 
@@ -169,7 +169,10 @@ impl LeaderElector {
     /// Dropping the future withdraws the request; if it was the only one, the
     /// elector stops campaigning.
     pub fn acquire(&self) -> Acquire {
-        Acquire { inner: self.inner.clone(), rx: None }
+        Acquire {
+            inner: self.inner.clone(),
+            rx: None,
+        }
     }
 
     /// What this candidate knows of the election now.
@@ -247,7 +250,13 @@ impl LeaderElector {
             state.waiters.clear();
             (state.task.take(), state.term.clone())
         };
-        if let Some(tx) = self.inner.shutdown_tx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
+        if let Some(tx) = self
+            .inner
+            .shutdown_tx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
             let _ = tx.send(());
         }
         info!(lease = %self.inner.config.name, "leader election shutting down");
@@ -269,7 +278,9 @@ impl LeaderElector {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 /// Future returned by [`LeaderElector::acquire`]: resolves to a [`LeaseGuard`]
@@ -282,7 +293,9 @@ pub struct Acquire {
 
 impl std::fmt::Debug for Acquire {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Acquire").field("registered", &self.rx.is_some()).finish()
+        f.debug_struct("Acquire")
+            .field("registered", &self.rx.is_some())
+            .finish()
     }
 }
 
@@ -298,7 +311,11 @@ impl Future for Acquire {
                 if state.shutdown {
                     return Poll::Ready(Err(Error::Shutdown));
                 }
-                if let Some(guard) = state.term.as_ref().and_then(|t| t.guard(this.inner.wake.clone())) {
+                if let Some(guard) = state
+                    .term
+                    .as_ref()
+                    .and_then(|t| t.guard(this.inner.wake.clone()))
+                {
                     return Poll::Ready(Ok(guard));
                 }
                 let (tx, rx) = oneshot::channel();
@@ -307,7 +324,9 @@ impl Future for Acquire {
                     state.running = true;
                     let previous = state.task.take();
                     let span = this.inner.span();
-                    state.task = Some(tokio::spawn(run(this.inner.clone(), previous).instrument(span)));
+                    state.task = Some(tokio::spawn(
+                        run(this.inner.clone(), previous).instrument(span),
+                    ));
                 }
                 drop(state);
                 // A running task re-counts who wants leadership.
@@ -350,11 +369,19 @@ impl Inner {
 
     async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
         let name = &self.config.name;
-        bounded("update", bound, self.api.replace(name, &PostParams::default(), lease), Error::ReplaceLease).await
+        bounded(
+            "update",
+            bound,
+            self.api.replace(name, &PostParams::default(), lease),
+            Error::ReplaceLease,
+        )
+        .await
     }
 
     fn jittered_retry(&self) -> Duration {
-        self.config.retry_period.mul_f64(1.0 + fastrand::f64() * JITTER_FACTOR)
+        self.config
+            .retry_period
+            .mul_f64(1.0 + fastrand::f64() * JITTER_FACTOR)
     }
 
     fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
@@ -362,7 +389,10 @@ impl Inner {
             let before = s.clone();
             f(s);
             if *s != before && s.holder != before.holder {
-                info!(holder = s.holder.as_deref().unwrap_or(""), "new leader observed");
+                info!(
+                    holder = s.holder.as_deref().unwrap_or(""),
+                    "new leader observed"
+                );
             }
             *s != before
         });
@@ -381,6 +411,7 @@ async fn run(inner: Arc<Inner>, previous: Option<JoinHandle<Result<()>>>) -> Res
     let mut task = Task {
         inner,
         obs: Obs::Unknown,
+        stale: true,
         watch,
         synced: false,
         init_seen: false,
@@ -390,10 +421,10 @@ async fn run(inner: Arc<Inner>, previous: Option<JoinHandle<Result<()>>>) -> Res
     };
     debug!("election task started");
     loop {
-        let Some((lease, sent)) = task.campaign().await else {
+        let Some((lease, sent, created)) = task.campaign().await else {
             return Ok(());
         };
-        if let Some(result) = task.lead(lease, sent).await {
+        if let Some(result) = task.lead(lease, sent, created).await {
             return result;
         }
     }
@@ -407,11 +438,16 @@ enum Obs {
     /// The Lease does not exist.
     Missing,
     /// The last record seen, and the whole object (for its metadata).
-    Known { observed: Observed, object: Box<Lease> },
+    Known {
+        observed: Observed,
+        object: Box<Lease>,
+    },
 }
 
 enum Attempt {
-    Acquired(Box<Lease>, Instant),
+    /// Won: the object written, the instant before the write was sent, and
+    /// whether the write created the Lease.
+    Acquired(Box<Lease>, Instant, bool),
     WaitUntil(Instant),
     RetryNow,
 }
@@ -421,6 +457,9 @@ type WatchStream = BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
 struct Task {
     inner: Arc<Inner>,
     obs: Obs,
+    /// The observation may be outdated (after a conflict, or carried over
+    /// from an earlier task): read before acting on it.
+    stale: bool,
     watch: Option<WatchStream>,
     /// The watch has delivered a complete state and failed not since.
     synced: bool,
@@ -450,7 +489,9 @@ impl Drop for Task {
     }
 }
 
-async fn next_event(watch: &mut Option<WatchStream>) -> Option<watcher::Result<watcher::Event<Lease>>> {
+async fn next_event(
+    watch: &mut Option<WatchStream>,
+) -> Option<watcher::Result<watcher::Event<Lease>>> {
     match watch {
         Some(w) => w.next().await,
         None => futures::future::pending().await,
@@ -480,7 +521,11 @@ impl Task {
     fn should_exit(&mut self) -> bool {
         let mut state = self.inner.lock();
         state.waiters.retain(|tx| !tx.is_canceled());
-        let live = state.term.as_ref().filter(|t| t.lost().is_none()).map_or(0, |t| t.live_guards());
+        let live = state
+            .term
+            .as_ref()
+            .filter(|t| t.lost().is_none())
+            .map_or(0, |t| t.live_guards());
         if live == 0 && (state.shutdown || state.waiters.is_empty()) {
             if !state.shutdown {
                 state.running = false;
@@ -498,6 +543,9 @@ impl Task {
     async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         let name = self.config().name.clone();
         let result = bounded("get", bound, self.inner.api.get_opt(&name), Error::GetLease).await;
+        if result.is_ok() {
+            self.stale = false;
+        }
         match &result {
             Ok(Some(lease)) => {
                 self.observe(lease.clone(), Instant::now());
@@ -509,7 +557,6 @@ impl Task {
         }
         result
     }
-
 
     /// Records a Lease seen at `at`; returns whether the record changed.
     fn observe(&mut self, lease: Lease, at: Instant) -> bool {
@@ -527,7 +574,10 @@ impl Task {
             s.transitions = spec.lease_transitions;
         });
         let observed = Observed::observe(previous, spec, rv, at);
-        self.obs = Obs::Known { observed, object: Box::new(lease) };
+        self.obs = Obs::Known {
+            observed,
+            object: Box::new(lease),
+        };
         changed
     }
 
@@ -604,17 +654,21 @@ impl Task {
     }
 
     /// Campaigns until this candidate leads (`Some`) or nobody wants it (`None`).
-    async fn campaign(&mut self) -> Option<(Box<Lease>, Instant)> {
+    async fn campaign(&mut self) -> Option<(Box<Lease>, Instant, bool)> {
         let mut backoff = None;
         loop {
             if self.should_exit() {
                 return None;
             }
             let wait = match self.try_acquire().await {
-                Ok(Attempt::Acquired(lease, sent)) => return Some((lease, sent)),
+                Ok(Attempt::Acquired(lease, sent, created)) => return Some((lease, sent, created)),
                 Ok(Attempt::WaitUntil(until)) => {
                     backoff = None;
-                    Some(if self.synced { until } else { until.min(Instant::now() + self.inner.jittered_retry()) })
+                    Some(if self.synced {
+                        until
+                    } else {
+                        until.min(Instant::now() + self.inner.jittered_retry())
+                    })
                 }
                 Ok(Attempt::RetryNow) => None,
                 Err(e) => {
@@ -658,7 +712,7 @@ impl Task {
 
     async fn try_acquire(&mut self) -> Result<Attempt> {
         let renew_deadline = self.config().renew_deadline;
-        if !self.synced || matches!(self.obs, Obs::Unknown) {
+        if !self.synced || self.stale || matches!(self.obs, Obs::Unknown) {
             self.get(renew_deadline).await?;
         }
         let now = Instant::now();
@@ -672,73 +726,103 @@ impl Task {
                         namespace: Some(cfg.namespace.clone()),
                         ..Default::default()
                     },
-                    spec: Some(record::acquired(None, &cfg.identity, cfg.lease_duration_seconds(), Timestamp::now())),
+                    spec: Some(record::acquired(
+                        None,
+                        &cfg.identity,
+                        cfg.lease_duration_seconds(),
+                        Timestamp::now(),
+                    )),
                 };
                 let sent = Instant::now();
-                let result =
-                    bounded("create", renew_deadline, self.inner.api.create(&PostParams::default(), &lease), Error::CreateLease)
-                        .await;
+                let result = bounded(
+                    "create",
+                    renew_deadline,
+                    self.inner.api.create(&PostParams::default(), &lease),
+                    Error::CreateLease,
+                )
+                .await;
                 match result {
-                    Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent)),
+                    Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, true)),
                     Err(Error::Conflict) => {
                         debug!("lost the race to create the lease");
-                        self.obs = Obs::Unknown;
-                        Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
+                        self.stale = true;
+                        Ok(Attempt::WaitUntil(
+                            Instant::now() + self.inner.jittered_retry(),
+                        ))
                     }
                     Err(e) => Err(e),
                 }
             }
-            Obs::Known { observed, object } => match record::verdict(observed, &cfg.identity, cfg.lease_duration, now) {
-                Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
-                Verdict::Take => {
-                    let mut lease = (**object).clone();
-                    lease.spec = Some(record::acquired(
-                        Some(&observed.spec),
-                        &cfg.identity,
-                        cfg.lease_duration_seconds(),
-                        Timestamp::now(),
-                    ));
-                    lease.metadata.resource_version.clone_from(&observed.resource_version);
-                    let sent = Instant::now();
-                    match self.inner.replace(&lease, renew_deadline).await {
-                        Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent)),
-                        Err(Error::Conflict) => {
-                            debug!("lost the race to take the lease");
-                            self.obs = Obs::Unknown;
-                            Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
+            Obs::Known { observed, object } => {
+                let ours_known =
+                    object.metadata.uid.is_some() && object.metadata.uid == self.inner.lock().term_uid;
+                match record::verdict(observed, &cfg.identity, ours_known, cfg.lease_duration, now)
+                {
+                    Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
+                    Verdict::Take => {
+                        let mut lease = (**object).clone();
+                        lease.spec = Some(record::acquired(
+                            Some(&observed.spec),
+                            &cfg.identity,
+                            cfg.lease_duration_seconds(),
+                            Timestamp::now(),
+                        ));
+                        lease
+                            .metadata
+                            .resource_version
+                            .clone_from(&observed.resource_version);
+                        let sent = Instant::now();
+                        match self.inner.replace(&lease, renew_deadline).await {
+                            Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, false)),
+                            Err(Error::Conflict) => {
+                                debug!("lost the race to take the lease");
+                                self.stale = true;
+                                Ok(Attempt::WaitUntil(
+                                    Instant::now() + self.inner.jittered_retry(),
+                                ))
+                            }
+                            Err(e) if e.status() == Some(404) => {
+                                self.stale = true;
+                                Ok(Attempt::RetryNow)
+                            }
+                            Err(e) => Err(e),
                         }
-                        Err(e) if e.status() == Some(404) => {
-                            self.obs = Obs::Missing;
-                            Ok(Attempt::RetryNow)
-                        }
-                        Err(e) => Err(e),
                     }
                 }
-            },
+            }
         }
     }
 
     /// Leads one term. `Some(result)` when the task should exit (with the
     /// release's result), `None` to campaign again.
-    async fn lead(&mut self, lease: Box<Lease>, sent: Instant) -> Option<Result<()>> {
+    async fn lead(
+        &mut self,
+        lease: Box<Lease>,
+        sent: Instant,
+        created: bool,
+    ) -> Option<Result<()>> {
         let cfg = self.inner.config.clone();
-        let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+        let transitions = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.lease_transitions)
+            .unwrap_or(0);
         let term = Arc::new(Term::new(i64::from(transitions), sent, cfg.renew_deadline));
         self.observe((*lease).clone(), sent);
+        self.inner.lock().term_uid.clone_from(&lease.metadata.uid);
         self.cached = Some(lease);
-        {
-            let mut state = self.inner.lock();
-            state.term = Some(term.clone());
-            for tx in state.waiters.drain(..) {
-                if let Some(guard) = term.guard(self.inner.wake.clone()) {
-                    let _ = tx.send(guard);
-                }
-            }
+        // A Lease has no version once deleted and `create` has no precondition,
+        // so the leader of a deleted incarnation may still believe it leads: its
+        // last renewal was sent before the deletion, before our create took
+        // effect. After creating, hold the Lease (renewing it) for one lease
+        // duration before leading, by which time that leader has given up.
+        let mut pending = created.then(|| {
+            info!("created the lease; holding it for one lease duration before leading");
+            Instant::now() + cfg.lease_duration
+        });
+        if pending.is_none() {
+            self.begin_term(&term);
         }
-        self.inner.update_status(|s| s.is_leader = true);
-        self.inner.metrics.leading(true);
-        self.inner.metrics.renewal("success", sent.elapsed(), sent);
-        info!(transitions, "acquired lease, now leading");
 
         let wake = self.inner.wake.clone();
         let mut next_tick = sent + cfg.retry_period;
@@ -752,18 +836,29 @@ impl Task {
                 }
                 break lost;
             }
-            if let Some(preferred) = self.cached.as_ref().and_then(|l| l.spec.as_ref()).and_then(record::preferred_holder)
+            if let Some(preferred) = self
+                .cached
+                .as_ref()
+                .and_then(|l| l.spec.as_ref())
+                .and_then(record::preferred_holder)
                 && preferred != cfg.identity
             {
-                break Lost::SteppedDown { preferred_holder: preferred.to_owned() };
+                break Lost::SteppedDown {
+                    preferred_holder: preferred.to_owned(),
+                };
             }
             if self.should_exit() {
                 exiting = true;
                 break Lost::Released;
             }
+            if pending.is_some_and(|until| Instant::now() >= until) {
+                pending = None;
+                self.begin_term(&term);
+            }
             tokio::select! {
                 biased;
                 () = wake.notified() => {}
+                () = sleep_until(pending.unwrap_or_else(Instant::now)), if pending.is_some() => {}
                 () = sleep_until(term.deadline()) => break Lost::RenewDeadlineExceeded,
                 event = next_event(&mut self.watch) => {
                     if self.handle_watch(event) && self.foreign_record_observed() {
@@ -793,7 +888,9 @@ impl Task {
         self.inner.update_status(|s| s.is_leader = false);
         self.inner.metrics.leading(false);
         match &reason {
-            Lost::Released | Lost::SteppedDown { .. } => info!(reason = %reason, "leadership ended"),
+            Lost::Released | Lost::SteppedDown { .. } => {
+                info!(reason = %reason, "leadership ended")
+            }
             _ => warn!(reason = %reason, "leadership lost"),
         }
         let release = match reason {
@@ -801,16 +898,41 @@ impl Task {
             Lost::SteppedDown { .. } => true,
             _ => false,
         };
-        let result = if release { self.release_after_guards(&term).await } else { Ok(()) };
+        let result = if release {
+            self.release_after_guards(&term).await
+        } else {
+            Ok(())
+        };
         self.cached = None;
-        self.obs = Obs::Unknown;
+        self.stale = true;
         exiting.then_some(result)
+    }
+
+    /// Publishes `term`: hands guards to every waiter.
+    fn begin_term(&mut self, term: &Arc<Term>) {
+        {
+            let mut state = self.inner.lock();
+            state.term = Some(term.clone());
+            for tx in state.waiters.drain(..) {
+                if let Some(guard) = term.guard(self.inner.wake.clone()) {
+                    let _ = tx.send(guard);
+                }
+            }
+        }
+        self.inner.update_status(|s| s.is_leader = true);
+        self.inner.metrics.leading(true);
+        info!(
+            transitions = term.transitions,
+            "acquired lease, now leading"
+        );
     }
 
     fn foreign_record_observed(&self) -> bool {
         match &self.obs {
             Obs::Missing => true,
-            Obs::Known { observed, .. } => record::holder(&observed.spec) != Some(self.config().identity.as_str()),
+            Obs::Known { observed, .. } => {
+                record::holder(&observed.spec) != Some(self.config().identity.as_str())
+            }
             Obs::Unknown => false,
         }
     }
@@ -836,7 +958,9 @@ impl Task {
                 self.cached = Some(Box::new(lease));
                 Ok(())
             }
-            other => Err(Lost::TakenOver { holder: other.unwrap_or_default().to_owned() }),
+            other => Err(Lost::TakenOver {
+                holder: other.unwrap_or_default().to_owned(),
+            }),
         }
     }
 
@@ -850,7 +974,9 @@ impl Task {
             if sent >= deadline {
                 return Err(Lost::RenewDeadlineExceeded);
             }
-            let Some(cached) = &self.cached else { return Err(Lost::ElectorStopped) };
+            let Some(cached) = &self.cached else {
+                return Err(Lost::ElectorStopped);
+            };
             let mut lease = (**cached).clone();
             lease.spec = Some(record::acquired(
                 lease.spec.as_ref(),
@@ -868,7 +994,9 @@ impl Task {
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
-                    self.inner.metrics.renewal("not_found", sent.elapsed(), sent);
+                    self.inner
+                        .metrics
+                        .renewal("not_found", sent.elapsed(), sent);
                     return Err(Lost::Deleted);
                 }
                 Err(Error::Conflict) if attempt == 0 => {
@@ -898,7 +1026,9 @@ impl Task {
     async fn release_after_guards(&mut self, term: &Term) -> Result<()> {
         let until = Instant::now() + self.config().release_timeout;
         if !term.guards_dropped(until).await {
-            warn!("guarded work still running after the release timeout; not releasing, the lease will expire instead");
+            warn!(
+                "guarded work still running after the release timeout; not releasing, the lease will expire instead"
+            );
             return Ok(());
         }
         let result = self.release(until).await;
@@ -911,10 +1041,15 @@ impl Task {
     /// Fetches the Lease and, if it is still ours, writes it free.
     async fn release(&mut self, until: Instant) -> Result<()> {
         let left = until.saturating_duration_since(Instant::now());
-        let Some(lease) = self.get(left).await? else { return Ok(()) };
+        let Some(lease) = self.get(left).await? else {
+            return Ok(());
+        };
         let spec = lease.spec.clone().unwrap_or_default();
         if record::holder(&spec) != Some(self.config().identity.as_str()) {
-            info!(holder = record::holder(&spec).unwrap_or(""), "not releasing: the lease is no longer ours");
+            info!(
+                holder = record::holder(&spec).unwrap_or(""),
+                "not releasing: the lease is no longer ours"
+            );
             return Ok(());
         }
         let mut next = lease;

@@ -121,7 +121,18 @@ impl FakeApi {
         let mut s = self.lock();
         s.rv += 1;
         lease.metadata.resource_version = Some(s.rv.to_string());
-        let kind = if s.lease.is_some() { "MODIFIED" } else { "ADDED" };
+        let kind = if s.lease.is_some() {
+            "MODIFIED"
+        } else {
+            "ADDED"
+        };
+        if lease.metadata.uid.is_none() {
+            lease.metadata.uid = s
+                .lease
+                .as_ref()
+                .and_then(|l| l.metadata.uid.clone())
+                .or_else(|| Some(format!("uid-{}", s.rv)));
+        }
         s.lease = Some(lease.clone());
         Self::emit(&mut s, kind, lease);
     }
@@ -139,20 +150,31 @@ impl FakeApi {
         let rv = s.rv;
         s.history.push((rv, kind, lease.clone()));
         let line = Self::event_line(kind, &lease);
-        s.watchers.retain(|(_, tx)| tx.unbounded_send(line.clone()).is_ok());
+        s.watchers
+            .retain(|(_, tx)| tx.unbounded_send(line.clone()).is_ok());
     }
 
     fn event_line(kind: &str, lease: &Lease) -> Bytes {
-        let mut v = serde_json::to_vec(&json!({ "type": kind, "object": with_type(lease) })).unwrap();
+        let mut v =
+            serde_json::to_vec(&json!({ "type": kind, "object": with_type(lease) })).unwrap();
         v.push(b'\n');
         v.into()
     }
 
-    async fn handle(&self, client: usize, req: Request<Body>) -> Result<Response<ResBody>, std::io::Error> {
+    async fn handle(
+        &self,
+        client: usize,
+        req: Request<Body>,
+    ) -> Result<Response<ResBody>, std::io::Error> {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let query = req.uri().query().unwrap_or("").to_owned();
-        let body = req.into_body().collect().await.map_err(std::io::Error::other)?.to_bytes();
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map_err(std::io::Error::other)?
+            .to_bytes();
         let is_watch = query.contains("watch=true");
         let named = path.rsplit_once("/leases/").map(|(_, n)| n.to_owned());
         let verb: &'static str = match (&method, &named, is_watch) {
@@ -165,14 +187,28 @@ impl FakeApi {
         };
         let (fault, latency, forbidden) = {
             let mut s = self.lock();
-            s.seen.push(Seen { at: Instant::now(), client, verb });
+            s.seen.push(Seen {
+                at: Instant::now(),
+                client,
+                verb,
+            });
             let c = &mut s.clients[client];
             if c.partitioned {
-                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "partitioned"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "partitioned",
+                ));
             }
-            let pos = c.queue.iter().position(|(v, _)| v.is_none_or(|v| v == verb));
+            let pos = c
+                .queue
+                .iter()
+                .position(|(v, _)| v.is_none_or(|v| v == verb));
             let fault = pos.and_then(|p| c.queue.remove(p)).map(|(_, f)| f);
-            (fault, c.latency, c.watch_forbidden && matches!(verb, "watch" | "list"))
+            (
+                fault,
+                c.latency,
+                c.watch_forbidden && matches!(verb, "watch" | "list"),
+            )
         };
         if verb != "watch" && !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -183,18 +219,32 @@ impl FakeApi {
         let mut respond_after = Duration::ZERO;
         match fault {
             Some(Fault::Status(code)) => return Ok(status(code, "Injected", "injected fault")),
-            Some(Fault::DelayRequest(d)) => tokio::time::sleep(d).await,
+            Some(Fault::DelayRequest(d)) => {
+                // As on a real network, a request the client gave up on may still arrive.
+                let api = self.clone();
+                let handle = tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    api.apply(client, verb, &query, &body)
+                });
+                return handle.await.map_err(std::io::Error::other);
+            }
             Some(Fault::DelayResponse(d)) => respond_after = d,
             None => {}
         }
         if self.lock().clients[client].partitioned {
-            return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "partitioned"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionReset,
+                "partitioned",
+            ));
         }
         let resp = self.apply(client, verb, &query, &body);
         if !respond_after.is_zero() {
             tokio::time::sleep(respond_after).await;
             if self.lock().clients[client].partitioned {
-                return Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "partitioned"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "partitioned",
+                ));
             }
         }
         Ok(resp)
@@ -228,7 +278,10 @@ impl FakeApi {
                 }
                 s.watchers.push((client, tx));
                 let stream = rx.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
-                Response::builder().status(200).body(StreamBody::new(stream).boxed_unsync()).unwrap()
+                Response::builder()
+                    .status(200)
+                    .body(StreamBody::new(stream).boxed_unsync())
+                    .unwrap()
             }
             "create" => {
                 if s.lease.is_some() {
@@ -239,6 +292,7 @@ impl FakeApi {
                 };
                 s.rv += 1;
                 lease.metadata.resource_version = Some(s.rv.to_string());
+                lease.metadata.uid = Some(format!("uid-{}", s.rv));
                 s.lease = Some(lease.clone());
                 Self::emit(&mut s, "ADDED", lease.clone());
                 created(&with_type(&lease))
@@ -250,11 +304,26 @@ impl FakeApi {
                 let Some(current) = &s.lease else {
                     return status(404, "NotFound", "leases not found");
                 };
-                if lease.metadata.resource_version != current.metadata.resource_version {
+                if lease.metadata.resource_version != current.metadata.resource_version
+                    || lease
+                        .metadata
+                        .uid
+                        .as_ref()
+                        .is_some_and(|u| Some(u) != current.metadata.uid.as_ref())
+                {
                     return status(409, "Conflict", "the object has been modified");
                 }
-                if lease.spec.as_ref().and_then(|s| s.lease_duration_seconds).is_some_and(|d| d <= 0) {
-                    return status(422, "Invalid", "leaseDurationSeconds must be greater than 0");
+                if lease
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.lease_duration_seconds)
+                    .is_some_and(|d| d <= 0)
+                {
+                    return status(
+                        422,
+                        "Invalid",
+                        "leaseDurationSeconds must be greater than 0",
+                    );
                 }
                 s.rv += 1;
                 lease.metadata.resource_version = Some(s.rv.to_string());

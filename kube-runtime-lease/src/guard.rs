@@ -84,7 +84,9 @@ impl Term {
 
     fn lock(&self) -> MutexGuard<'_, TermInner> {
         // A panic while holding this lock leaves consistent data: recover it.
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A successful renewal, sent at `sent_at`.
@@ -152,7 +154,12 @@ impl Term {
             inner.senders.push(tx);
             self.live.fetch_add(1, Ordering::AcqRel);
         }
-        Some(LeaseGuard { term: self.clone(), wake, rx, done: None })
+        Some(LeaseGuard {
+            term: self.clone(),
+            wake,
+            rx,
+            done: None,
+        })
     }
 }
 

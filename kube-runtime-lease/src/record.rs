@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp};
+use k8s_openapi::{
+    api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+};
 use tokio::time::Instant;
 
 /// The holder named by a record, `None` when the Lease is free (no holder, or `""`).
@@ -33,7 +35,12 @@ pub(crate) fn lease_duration(spec: &LeaseSpec, fallback: Duration) -> Duration {
 /// increments `leaseTransitions`; a renewal by the same holder keeps both and
 /// only moves `renewTime`. Every other field (`strategy`, `preferredHolder`) is
 /// carried over untouched.
-pub(crate) fn acquired(prev: Option<&LeaseSpec>, identity: &str, duration_seconds: i32, now: Timestamp) -> LeaseSpec {
+pub(crate) fn acquired(
+    prev: Option<&LeaseSpec>,
+    identity: &str,
+    duration_seconds: i32,
+    now: Timestamp,
+) -> LeaseSpec {
     let mut next = prev.cloned().unwrap_or_default();
     let keep = prev.is_some_and(|p| p.holder_identity.as_deref() == Some(identity));
     if !keep {
@@ -75,10 +82,22 @@ impl Observed {
     /// Records `spec` as seen at `now`. The clock restarts only when the record
     /// changed: a record seen again does not extend its own lifetime, and one seen
     /// late only makes expiry later.
-    pub(crate) fn observe(prev: Option<Self>, spec: LeaseSpec, resource_version: Option<String>, now: Instant) -> Self {
+    pub(crate) fn observe(
+        prev: Option<Self>,
+        spec: LeaseSpec,
+        resource_version: Option<String>,
+        now: Instant,
+    ) -> Self {
         match prev {
-            Some(p) if p.spec == spec => Observed { resource_version: resource_version.or(p.resource_version), ..p },
-            _ => Observed { spec, resource_version, at: now },
+            Some(p) if p.spec == spec => Observed {
+                resource_version: resource_version.or(p.resource_version),
+                ..p
+            },
+            _ => Observed {
+                spec,
+                resource_version,
+                at: now,
+            },
         }
     }
 }
@@ -95,16 +114,31 @@ pub(crate) enum Verdict {
 /// Decides whether `identity` may take the observed record at `now`.
 ///
 /// A free Lease whose `preferredHolder` names another candidate is treated as
-/// held by that candidate: it is given one lease duration to take it.
-pub(crate) fn verdict(observed: &Observed, identity: &str, fallback: Duration, now: Instant) -> Verdict {
+/// held by that candidate: it is given one lease duration to take it. A record
+/// naming us is ours to renew at once only if `ours_known`: it is the Lease
+/// object (same `uid`) of a term we led. Otherwise it was written by a request
+/// of ours that we gave up on (a create that timed out, say), possibly on a
+/// Lease just re-created while the leader of the deleted one still acts, and it
+/// is treated like anyone else's record.
+pub(crate) fn verdict(
+    observed: &Observed,
+    identity: &str,
+    ours_known: bool,
+    fallback: Duration,
+    now: Instant,
+) -> Verdict {
     let spec = &observed.spec;
     let owner = holder(spec).or_else(|| preferred_holder(spec));
     match owner {
         None => Verdict::Take,
-        Some(h) if h == identity => Verdict::Take,
+        Some(h) if h == identity && ours_known => Verdict::Take,
         Some(_) => {
             let until = observed.at + lease_duration(spec, fallback);
-            if now >= until { Verdict::Take } else { Verdict::WaitUntil(until) }
+            if now >= until {
+                Verdict::Take
+            } else {
+                Verdict::WaitUntil(until)
+            }
         }
     }
 }
@@ -146,10 +180,19 @@ mod tests {
                     assert_eq!(next.lease_duration_seconds, Some(30));
                     assert_eq!(next.renew_time, Some(MicroTime(t(0))));
                     assert_eq!(next.strategy, prev.strategy, "strategy kept");
-                    assert_eq!(next.preferred_holder, prev.preferred_holder, "preferredHolder kept");
+                    assert_eq!(
+                        next.preferred_holder, prev.preferred_holder,
+                        "preferredHolder kept"
+                    );
                     if h == Some(ME) {
-                        assert_eq!(next.acquire_time, prev.acquire_time, "renewal keeps acquireTime");
-                        assert_eq!(next.lease_transitions, prev.lease_transitions, "renewal keeps transitions");
+                        assert_eq!(
+                            next.acquire_time, prev.acquire_time,
+                            "renewal keeps acquireTime"
+                        );
+                        assert_eq!(
+                            next.lease_transitions, prev.lease_transitions,
+                            "renewal keeps transitions"
+                        );
                     } else {
                         assert_eq!(next.acquire_time, Some(MicroTime(t(0))));
                         let expected = tr.unwrap_or(0).saturating_add(1);
@@ -197,7 +240,11 @@ mod tests {
             (Some(1), Duration::from_secs(1)),
             (Some(i32::MAX), Duration::from_secs(i32::MAX as u64)),
         ] {
-            assert_eq!(lease_duration(&spec(Some("x"), None, d), FALLBACK), want, "{d:?}");
+            assert_eq!(
+                lease_duration(&spec(Some("x"), None, d), FALLBACK),
+                want,
+                "{d:?}"
+            );
         }
     }
 
@@ -212,7 +259,7 @@ mod tests {
         assert_eq!(o.at, start);
         for (dt, want) in [(0, false), (9, false), (10, true), (11, true)] {
             let now = start + Duration::from_secs(dt);
-            let v = verdict(&o, ME, FALLBACK, now);
+            let v = verdict(&o, ME, true, FALLBACK, now);
             assert_eq!(v == Verdict::Take, want, "after {dt}s");
             if !want {
                 assert_eq!(v, Verdict::WaitUntil(start + Duration::from_secs(10)));
@@ -223,7 +270,10 @@ mod tests {
         renewed.renew_time = Some(MicroTime(t(100)));
         let o = Observed::observe(Some(o), renewed, Some("2".into()), later);
         assert_eq!(o.at, later);
-        assert_eq!(verdict(&o, ME, FALLBACK, start + Duration::from_secs(10)), Verdict::WaitUntil(later + Duration::from_secs(10)));
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, start + Duration::from_secs(10)),
+            Verdict::WaitUntil(later + Duration::from_secs(10))
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -232,23 +282,47 @@ mod tests {
         let mut free = spec(Some(""), None, Some(1));
         free.preferred_holder = None;
         let o = Observed::observe(None, free.clone(), None, now);
-        assert_eq!(verdict(&o, ME, FALLBACK, now), Verdict::Take);
+        assert_eq!(verdict(&o, ME, true, FALLBACK, now), Verdict::Take);
         let mut none = free.clone();
         none.holder_identity = None;
-        assert_eq!(verdict(&Observed::observe(None, none, None, now), ME, FALLBACK, now), Verdict::Take);
+        assert_eq!(
+            verdict(
+                &Observed::observe(None, none, None, now),
+                ME,
+                true,
+                FALLBACK,
+                now
+            ),
+            Verdict::Take
+        );
         let ours = spec(Some(ME), None, Some(10));
-        assert_eq!(verdict(&Observed::observe(None, ours, None, now), ME, FALLBACK, now), Verdict::Take);
+        let o = Observed::observe(None, ours, None, now);
+        assert_eq!(verdict(&o, ME, true, FALLBACK, now), Verdict::Take);
+        assert_eq!(
+            verdict(&o, ME, false, FALLBACK, now),
+            Verdict::WaitUntil(now + Duration::from_secs(10)),
+            "ours, unknown object"
+        );
         // Free, but reserved for a preferred holder: wait one record duration.
         let mut reserved = free;
         reserved.preferred_holder = Some("pref".into());
         reserved.lease_duration_seconds = Some(3);
         let o = Observed::observe(None, reserved.clone(), None, now);
-        assert_eq!(verdict(&o, ME, FALLBACK, now), Verdict::WaitUntil(now + Duration::from_secs(3)));
-        assert_eq!(verdict(&o, ME, FALLBACK, now + Duration::from_secs(3)), Verdict::Take);
-        assert_eq!(verdict(&o, "pref", FALLBACK, now), Verdict::Take);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now),
+            Verdict::WaitUntil(now + Duration::from_secs(3))
+        );
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(3)),
+            Verdict::Take
+        );
+        assert_eq!(verdict(&o, "pref", true, FALLBACK, now), Verdict::Take);
         // Missing duration on a held record: our own duration, never zero.
         let o = Observed::observe(None, spec(Some("other"), None, None), None, now);
-        assert_eq!(verdict(&o, ME, FALLBACK, now + Duration::from_secs(14)), Verdict::WaitUntil(now + FALLBACK));
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(14)),
+            Verdict::WaitUntil(now + FALLBACK)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,10 +9,20 @@ use tokio::time::{Instant, advance, sleep};
 
 use crate::{
     ConfigError, LeaderElector, LeaseConfig, Lost,
-    fake::{Fault, FakeApi},
+    fake::{FakeApi, Fault},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
+
+/// A double holding a free (released) Lease, so that acquisition is one write.
+pub(crate) fn free() -> FakeApi {
+    let fake = FakeApi::default();
+    let mut lease = held_by("", 1);
+    lease.spec.as_mut().unwrap().lease_transitions = Some(0);
+    lease.metadata.labels = None;
+    fake.put(lease);
+    fake
+}
 
 pub(crate) fn config(identity: &str) -> LeaseConfig {
     LeaseConfig::new("default", "lease", identity)
@@ -45,7 +55,10 @@ fn spec(fake: &FakeApi) -> LeaseSpec {
 }
 
 fn count(fake: &FakeApi, client: usize, verb: &str, since: Instant) -> usize {
-    fake.seen().iter().filter(|s| s.client == client && s.verb == verb && s.at > since).count()
+    fake.seen()
+        .iter()
+        .filter(|s| s.client == client && s.verb == verb && s.at > since)
+        .count()
 }
 
 fn assert_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
@@ -64,7 +77,17 @@ async fn creates_a_missing_lease_and_leads() {
     let fake = FakeApi::default();
     let (e, _) = elector(&fake, config("me"));
     assert!(!e.is_leader());
-    let guard = e.acquire().await.unwrap();
+    let start = Instant::now();
+    let mut acquire = Box::pin(e.acquire());
+    assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+    assert_eq!(
+        spec(&fake).holder_identity.as_deref(),
+        Some("me"),
+        "created at once"
+    );
+    assert!(!e.is_leader(), "but held one lease duration before leading");
+    let guard = acquire.await.unwrap();
+    assert_eq!(start.elapsed(), S(15));
     assert_send_sync_static(&guard);
     assert!(e.is_leader());
     assert!(guard.is_valid());
@@ -73,7 +96,10 @@ async fn creates_a_missing_lease_and_leads() {
     assert_eq!(s.holder_identity.as_deref(), Some("me"));
     assert_eq!(s.lease_duration_seconds, Some(15));
     assert_eq!(s.lease_transitions, Some(0));
-    assert!(s.acquire_time.is_some() && s.acquire_time == s.renew_time);
+    assert!(
+        s.acquire_time.is_some() && s.acquire_time < s.renew_time,
+        "renewed while held"
+    );
     let st = e.status();
     assert_eq!(st.holder.as_deref(), Some("me"));
     assert!(st.is_leader);
@@ -81,31 +107,49 @@ async fn creates_a_missing_lease_and_leads() {
 
 #[tokio::test(start_paused = true)]
 async fn leader_renews_with_one_write_per_retry_period_and_no_reads() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me"));
     let guard = e.acquire().await.unwrap();
     let start = Instant::now();
     let acquire_time = spec(&fake).acquire_time;
     sleep(S(60) + Duration::from_millis(1)).await;
-    assert_eq!(count(&fake, id, "update", start), 30, "one renewal every 2 s");
-    assert_eq!(count(&fake, id, "get", start), 0, "fast path: no reads: {:?}", fake.seen());
+    assert_eq!(
+        count(&fake, id, "update", start),
+        30,
+        "one renewal every 2 s"
+    );
+    assert_eq!(
+        count(&fake, id, "get", start),
+        0,
+        "fast path: no reads: {:?}",
+        fake.seen()
+    );
     assert_eq!(count(&fake, id, "create", start), 0);
     let s = spec(&fake);
     assert_eq!(s.acquire_time, acquire_time, "renewals keep acquireTime");
-    assert_eq!(s.lease_transitions, Some(0));
+    assert_eq!(s.lease_transitions, Some(1));
     assert!(guard.is_valid());
     assert_eq!(guard.time_left(), S(10) - Duration::from_millis(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn renewal_cadence_does_not_drift_when_a_request_is_slow() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me").watch(false));
     let _guard = e.acquire().await.unwrap();
     let start = Instant::now();
-    fake.fault(id, Some("update"), Fault::DelayRequest(Duration::from_millis(1500)));
+    fake.fault(
+        id,
+        Some("update"),
+        Fault::DelayRequest(Duration::from_millis(1500)),
+    );
     sleep(S(20) + Duration::from_millis(1)).await;
-    let times: Vec<_> = fake.seen().iter().filter(|s| s.verb == "update").map(|s| s.at - start).collect();
+    let times: Vec<_> = fake
+        .seen()
+        .iter()
+        .filter(|s| s.verb == "update" && s.at > start)
+        .map(|s| s.at - start)
+        .collect();
     assert_eq!(times, (1..=10).map(|k| S(2 * k)).collect::<Vec<_>>());
 }
 
@@ -122,13 +166,20 @@ async fn takeover_waits_exactly_one_lease_duration_after_the_last_observed_chang
         if watch {
             assert_eq!(waited, S(7), "on a timer, at the exact expiry");
         } else {
-            assert!(waited <= S(7) + Duration::from_secs_f64(2.0 * 2.2), "polling: {waited:?}");
+            assert!(
+                waited <= S(7) + Duration::from_secs_f64(2.0 * 2.2),
+                "polling: {waited:?}"
+            );
         }
         let s = spec(&fake);
         assert_eq!(s.holder_identity.as_deref(), Some("me"));
         assert_eq!(s.lease_transitions, Some(5), "a change of holder");
         assert_eq!(guard.fencing_token(), 5);
-        assert_eq!(fake.lease().unwrap().metadata.labels.unwrap()["app"], "x", "metadata kept");
+        assert_eq!(
+            fake.lease().unwrap().metadata.labels.unwrap()["app"],
+            "x",
+            "metadata kept"
+        );
     }
 }
 
@@ -141,21 +192,25 @@ async fn a_renewing_holder_is_never_taken_over() {
     for _ in 0..30 {
         sleep(S(2)).await;
         let mut l = fake.lease().unwrap();
-        l.spec.as_mut().unwrap().renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-            k8s_openapi::jiff::Timestamp::now(),
-        ));
+        l.spec.as_mut().unwrap().renew_time =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                k8s_openapi::jiff::Timestamp::now(),
+            ));
         fake.put(l);
         assert!(poll!(&mut acquire).is_pending());
     }
     assert!(!e.is_leader());
     assert_eq!(e.status().holder.as_deref(), Some("other"));
     sleep(S(3)).await;
-    assert!(acquire.await.is_ok(), "taken once the holder stops renewing");
+    assert!(
+        acquire.await.is_ok(),
+        "taken once the holder stops renewing"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn leader_gives_up_at_the_renew_deadline_after_its_last_successful_renewal_was_sent() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me"));
     let guard = e.acquire().await.unwrap();
     sleep(S(3)).await; // one renewal at +2 s
@@ -169,7 +224,7 @@ async fn leader_gives_up_at_the_renew_deadline_after_its_last_successful_renewal
 
 #[tokio::test(start_paused = true)]
 async fn a_slow_response_does_not_stretch_the_renew_deadline() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me").watch(false));
     let guard = e.acquire().await.unwrap();
     let start = Instant::now();
@@ -177,19 +232,26 @@ async fn a_slow_response_does_not_stretch_the_renew_deadline() {
     fake.fault(id, Some("update"), Fault::DelayResponse(S(60)));
     let lost = guard.await;
     assert_eq!(lost, Lost::RenewDeadlineExceeded);
-    assert_eq!(start.elapsed(), S(10), "bounded from the acquisition, not from the slow write");
+    assert_eq!(
+        start.elapsed(),
+        S(10),
+        "bounded from the acquisition, not from the slow write"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn transient_errors_and_timeouts_are_retried_until_the_deadline() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me").watch(false));
     let guard = e.acquire().await.unwrap();
     fake.fault(id, Some("update"), Fault::Status(500));
     fake.fault(id, Some("update"), Fault::Status(503));
     fake.fault(id, Some("update"), Fault::DelayRequest(S(3)));
     sleep(S(20)).await;
-    assert!(guard.is_valid(), "renewed after two errors and one slow request within the deadline");
+    assert!(
+        guard.is_valid(),
+        "renewed after two errors and one slow request within the deadline"
+    );
     assert!(e.is_leader());
     // A request that hangs is cut at the deadline: one renewal at +22 s hangs, the term ends at +30 s.
     let start = Instant::now();
@@ -203,7 +265,7 @@ async fn transient_errors_and_timeouts_are_retried_until_the_deadline() {
 
 #[tokio::test(start_paused = true)]
 async fn conflict_falls_to_a_read_and_keeps_a_lease_still_ours() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me").watch(false));
     let guard = e.acquire().await.unwrap();
     // Someone touches the object (say, a label) without taking it.
@@ -212,15 +274,22 @@ async fn conflict_falls_to_a_read_and_keeps_a_lease_still_ours() {
     fake.put(l);
     let start = Instant::now();
     sleep(S(5)).await;
-    assert_eq!(count(&fake, id, "get", start), 1, "one read after the conflict");
+    assert_eq!(
+        count(&fake, id, "get", start),
+        1,
+        "one read after the conflict"
+    );
     assert!(guard.is_valid());
-    assert_eq!(fake.lease().unwrap().metadata.labels.unwrap()["touched"], "yes");
+    assert_eq!(
+        fake.lease().unwrap().metadata.labels.unwrap()["touched"],
+        "yes"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_takeover_is_noticed_at_once_with_a_watch_and_at_the_next_renewal_without() {
     for watch in [true, false] {
-        let fake = FakeApi::default();
+        let fake = free();
         let (e, _) = elector(&fake, config("me").watch(watch));
         let guard = e.acquire().await.unwrap();
         sleep(Duration::from_millis(500)).await;
@@ -228,7 +297,12 @@ async fn a_takeover_is_noticed_at_once_with_a_watch_and_at_the_next_renewal_with
         l.spec.as_mut().unwrap().holder_identity = Some("intruder".into());
         let start = Instant::now();
         fake.put(l);
-        assert_eq!(guard.await, Lost::TakenOver { holder: "intruder".into() });
+        assert_eq!(
+            guard.await,
+            Lost::TakenOver {
+                holder: "intruder".into()
+            }
+        );
         let took = start.elapsed();
         if watch {
             assert_eq!(took, Duration::ZERO);
@@ -242,12 +316,26 @@ async fn a_takeover_is_noticed_at_once_with_a_watch_and_at_the_next_renewal_with
 #[tokio::test(start_paused = true)]
 async fn a_lease_deleted_while_held_ends_the_term_and_can_be_recreated() {
     for watch in [true, false] {
-        let fake = FakeApi::default();
+        let fake = free();
         let (e, _) = elector(&fake, config("me").watch(watch));
         let guard = e.acquire().await.unwrap();
+        sleep(Duration::from_millis(500)).await;
+        let deleted = Instant::now();
         fake.delete();
         assert_eq!(guard.await, Lost::Deleted);
+        assert_eq!(
+            deleted.elapsed(),
+            if watch {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(1500)
+            }
+        );
+        let lost_at = deleted.elapsed();
         let again = e.acquire().await.unwrap();
+        // Re-created at once, led one lease duration later: whoever might have
+        // held another incarnation meanwhile has given up by then.
+        assert_eq!(deleted.elapsed(), lost_at + S(15));
         assert!(again.is_valid());
         assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
         assert_eq!(spec(&fake).lease_transitions, Some(0), "re-created");
@@ -255,8 +343,29 @@ async fn a_lease_deleted_while_held_ends_the_term_and_can_be_recreated() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_candidate_that_saw_the_lease_waits_a_lease_duration_after_its_deletion() {
+    let fake = free();
+    let (leader, _) = elector(&fake, config("leader"));
+    let g = leader.acquire().await.unwrap();
+    let (f, _) = elector(&fake, config("follower"));
+    let mut acquire = Box::pin(f.acquire());
+    assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
+    let deleted = Instant::now();
+    fake.delete();
+    assert_eq!(g.await, Lost::Deleted);
+    drop(leader);
+    let _g = acquire.await.unwrap();
+    assert_eq!(
+        deleted.elapsed(),
+        S(15),
+        "created at once, led after one lease duration"
+    );
+    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("follower"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_never_lead() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me").watch(false));
     for _ in 0..1000 {
         fake.fault(id, None, Fault::Status(403));
@@ -283,7 +392,12 @@ async fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_neve
     let seen_before = fake.seen().len();
     // Clear the remaining injected faults by consuming them quickly is not possible; use a fresh client.
     let (e3, _) = elector(&fake, config("me-again").watch(false));
-    assert!(tokio::time::timeout(S(60), e3.acquire()).await.unwrap().is_ok());
+    assert!(
+        tokio::time::timeout(S(60), e3.acquire())
+            .await
+            .unwrap()
+            .is_ok()
+    );
     assert!(fake.seen().len() > seen_before);
 }
 
@@ -302,8 +416,18 @@ async fn malformed_records_have_defined_outcomes() {
     let cases = [
         ("no spec: free", no_spec, S(0), Some(1)),
         ("no holder: free", no_holder, S(0), Some(5)),
-        ("zero duration: ours (15 s)", held_by("x", 0), S(15), Some(5)),
-        ("negative duration: ours (15 s)", held_by("x", -5), S(15), Some(5)),
+        (
+            "zero duration: ours (15 s)",
+            held_by("x", 0),
+            S(15),
+            Some(5),
+        ),
+        (
+            "negative duration: ours (15 s)",
+            held_by("x", -5),
+            S(15),
+            Some(5),
+        ),
         ("missing duration: ours (15 s)", no_duration, S(15), Some(5)),
         ("missing times: record's duration", no_times, S(5), Some(5)),
     ];
@@ -330,17 +454,34 @@ async fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honour
     let (e, _) = elector(&fake, config("me"));
     let guard = e.acquire().await.unwrap();
     sleep(S(5)).await;
-    assert_eq!(spec(&fake).strategy.as_deref(), Some("OldestEmulationVersion"), "kept on acquire and renew");
+    assert_eq!(
+        spec(&fake).strategy.as_deref(),
+        Some("OldestEmulationVersion"),
+        "kept on acquire and renew"
+    );
     // The coordinated leader election controller prefers someone else.
     let mut l = fake.lease().unwrap();
     l.spec.as_mut().unwrap().preferred_holder = Some("pref".into());
     fake.put(l);
     let lost = guard.await;
-    assert_eq!(lost, Lost::SteppedDown { preferred_holder: "pref".into() });
+    assert_eq!(
+        lost,
+        Lost::SteppedDown {
+            preferred_holder: "pref".into()
+        }
+    );
     sleep(Duration::from_millis(1)).await;
     let s = spec(&fake);
-    assert_eq!(s.holder_identity.as_deref(), Some(""), "released for the preferred holder");
-    assert_eq!(s.preferred_holder.as_deref(), Some("pref"), "kept on release");
+    assert_eq!(
+        s.holder_identity.as_deref(),
+        Some(""),
+        "released for the preferred holder"
+    );
+    assert_eq!(
+        s.preferred_holder.as_deref(),
+        Some("pref"),
+        "kept on release"
+    );
     assert_eq!(s.strategy.as_deref(), Some("OldestEmulationVersion"));
     // The free lease is reserved for the preferred holder for one (release) duration.
     let (pref, _) = elector(&fake, config("pref"));
@@ -351,7 +492,7 @@ async fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honour
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_last_guard_releases_the_lease() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, _) = elector(&fake, config("me"));
     let guard = e.acquire().await.unwrap();
     sleep(S(3)).await;
@@ -368,12 +509,12 @@ async fn dropping_the_last_guard_releases_the_lease() {
     let start = Instant::now();
     let _g = b.acquire().await.unwrap();
     assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(spec(&fake).lease_transitions, Some(1));
+    assert_eq!(spec(&fake).lease_transitions, Some(2));
 }
 
 #[tokio::test(start_paused = true)]
 async fn release_off_lets_the_lease_expire() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, _) = elector(&fake, config("me").release_on_drop(false));
     drop(e.acquire().await.unwrap());
     sleep(S(1)).await;
@@ -382,7 +523,7 @@ async fn release_off_lets_the_lease_expire() {
 
 #[tokio::test(start_paused = true)]
 async fn release_never_clears_a_lease_someone_else_took() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me").watch(false));
     let guard = e.acquire().await.unwrap();
     // Our renewals fail; meanwhile another candidate legitimately takes the lease.
@@ -396,7 +537,7 @@ async fn release_never_clears_a_lease_someone_else_took() {
 
 #[tokio::test(start_paused = true)]
 async fn a_guard_never_polled_keeps_the_lease_for_many_renew_deadlines() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, _) = elector(&fake, config("me"));
     let guard = e.acquire().await.unwrap();
     sleep(S(35)).await;
@@ -407,12 +548,20 @@ async fn a_guard_never_polled_keeps_the_lease_for_many_renew_deadlines() {
 
 #[tokio::test(start_paused = true)]
 async fn every_waiter_gets_a_guard_of_the_same_term() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, id) = elector(&fake, config("me"));
     let (a, b) = tokio::join!(e.acquire(), e.acquire());
     let (a, b) = (a.unwrap(), b.unwrap());
-    let c = e.acquire().now_or_never().expect("already leading: at once").unwrap();
-    assert_eq!(count(&fake, id, "create", Instant::now() - S(100)), 1);
+    let c = e
+        .acquire()
+        .now_or_never()
+        .expect("already leading: at once")
+        .unwrap();
+    assert_eq!(
+        count(&fake, id, "update", Instant::now() - S(100)),
+        1,
+        "one acquisition for all waiters"
+    );
     drop(a);
     drop(b);
     sleep(S(5)).await;
@@ -424,7 +573,7 @@ async fn every_waiter_gets_a_guard_of_the_same_term() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_waits_for_guards_then_releases_and_fails_pending_acquires() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, _) = elector(&fake, config("me"));
     let guard = e.acquire().await.unwrap();
     let signal = e.shutdown_requested();
@@ -444,7 +593,7 @@ async fn shutdown_waits_for_guards_then_releases_and_fails_pending_acquires() {
 
 #[tokio::test(start_paused = true)]
 async fn shutdown_is_bounded_when_guarded_work_does_not_stop() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, _) = elector(&fake, config("me"));
     let guard = e.acquire().await.unwrap();
     let start = Instant::now();
@@ -453,7 +602,11 @@ async fn shutdown_is_bounded_when_guarded_work_does_not_stop() {
     assert_eq!(start.elapsed(), S(8));
     assert_eq!(guard.lost(), Some(Lost::Released));
     assert!(!guard.is_valid());
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"), "not released under live work");
+    assert_eq!(
+        spec(&fake).holder_identity.as_deref(),
+        Some("me"),
+        "not released under live work"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -467,12 +620,18 @@ async fn an_unwanted_election_stops_campaigning() {
     sleep(Duration::from_millis(1)).await;
     let since = Instant::now();
     sleep(S(60)).await;
-    assert_eq!(fake.seen().iter().filter(|s| s.client == id && s.at >= since).count(), 0);
+    assert_eq!(
+        fake.seen()
+            .iter()
+            .filter(|s| s.client == id && s.at >= since)
+            .count(),
+        0
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn health_check_fails_only_for_an_overdue_leader() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (e, _) = elector(&fake, config("me"));
     assert!(e.health_check(S(20)).is_ok(), "healthy while not leading");
     let _guard = e.acquire().await.unwrap();
@@ -482,7 +641,7 @@ async fn health_check_fails_only_for_an_overdue_leader() {
 
 #[tokio::test(start_paused = true)]
 async fn followers_make_no_requests_beyond_their_watch() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (leader, _) = elector(&fake, config("leader"));
     let _g = leader.acquire().await.unwrap();
     let (f, id) = elector(&fake, config("follower"));
@@ -491,14 +650,18 @@ async fn followers_make_no_requests_beyond_their_watch() {
     assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
     let since = Instant::now();
     assert!(tokio::time::timeout(S(600), &mut acquire).await.is_err());
-    let requests: Vec<_> = fake.seen().into_iter().filter(|s| s.client == id && s.at >= since).collect();
+    let requests: Vec<_> = fake
+        .seen()
+        .into_iter()
+        .filter(|s| s.client == id && s.at >= since)
+        .collect();
     assert!(requests.is_empty(), "{requests:?}");
     assert_eq!(f.status().holder.as_deref(), Some("leader"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_forbidden_watch_falls_back_to_polling() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (leader, _) = elector(&fake, config("leader"));
     let g = leader.acquire().await.unwrap();
     let (f, id) = elector(&fake, config("follower"));
@@ -508,17 +671,23 @@ async fn a_forbidden_watch_falls_back_to_polling() {
     let since = Instant::now();
     assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
     let gets = count(&fake, id, "get", since);
-    assert!((13..=31).contains(&gets), "polls every jittered retry period: {gets}");
+    assert!(
+        (13..=31).contains(&gets),
+        "polls every jittered retry period: {gets}"
+    );
     drop(g);
     let start = Instant::now();
     let guard = acquire.await.unwrap();
     assert!(guard.is_valid());
-    assert!(start.elapsed() <= Duration::from_secs_f64(4.4), "next poll after the release");
+    assert!(
+        start.elapsed() <= Duration::from_secs_f64(4.4),
+        "next poll after the release"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_release_is_taken_within_one_watch_event_and_one_write() {
-    let fake = FakeApi::default();
+    let fake = free();
     let (leader, _) = elector(&fake, config("leader"));
     let g = leader.acquire().await.unwrap();
     let (f, id) = elector(&fake, config("follower"));
@@ -529,8 +698,13 @@ async fn a_release_is_taken_within_one_watch_event_and_one_write() {
     drop(g);
     let guard = acquire.await.unwrap();
     assert_eq!(since.elapsed(), Duration::ZERO);
-    let requests: Vec<_> = fake.seen().into_iter().filter(|s| s.client == id && s.at >= since).map(|s| s.verb).collect();
+    let requests: Vec<_> = fake
+        .seen()
+        .into_iter()
+        .filter(|s| s.client == id && s.at >= since)
+        .map(|s| s.verb)
+        .collect();
     assert_eq!(requests, ["update"]);
-    assert_eq!(guard.fencing_token(), 1);
+    assert_eq!(guard.fencing_token(), 2);
     advance(Duration::from_millis(1)).await;
 }

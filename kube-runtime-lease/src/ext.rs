@@ -1,0 +1,180 @@
+//! The extension traits that add `with_leader_election`.
+//!
+//! Two traits, because one trait with a blanket implementation for every
+//! stream and another for `Controller` would conflict (E0119).
+
+use std::{fmt::Debug, hash::Hash, sync::Arc};
+
+use futures::{Stream, TryFuture};
+use kube_client::Resource;
+use kube_runtime::{
+    Controller,
+    controller::{Action, Error as ControllerError},
+    reflector::ObjectRef,
+    watcher,
+};
+use serde::de::DeserializeOwned;
+
+use crate::{LeaderElector, WithLeaderElection};
+
+/// Adds [`with_leader_election`](Self::with_leader_election) to every [`Stream`].
+pub trait LeaderElectionStreamExt: Stream {
+    /// Runs this stream only while `elector`'s candidate leads.
+    ///
+    /// The stream is not polled until the Lease is acquired, is dropped as soon
+    /// as leadership ends, and when it ends on its own the Lease is released
+    /// (once no other stream or guard shares the term). Several streams given
+    /// the same elector share one Lease and one renewal loop: acquiring starts
+    /// them all, losing stops them all.
+    ///
+    /// ```no_run
+    /// use futures::StreamExt;
+    /// use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig, unique_identity};
+    ///
+    /// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let elector = LeaderElector::new(client, LeaseConfig::new("default", "my-job", unique_identity()))?;
+    /// let work = futures::stream::iter(0..).then(|i| async move { i * 2 });
+    /// let mut guarded = std::pin::pin!(work.with_leader_election(&elector));
+    /// while let Some(item) = guarded.next().await {
+    ///     println!("{item}");
+    /// }
+    /// println!("stopped: {:?}", guarded.lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn with_leader_election(self, elector: &LeaderElector) -> WithLeaderElection<Self>
+    where
+        Self: Sized,
+    {
+        WithLeaderElection::new(self, elector)
+    }
+}
+
+impl<S: Stream> LeaderElectionStreamExt for S {}
+
+/// Adds [`with_leader_election`](Self::with_leader_election) to
+/// [`Controller`](kube_runtime::Controller).
+pub trait LeaderElectionControllerExt<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    /// Runs this controller only while `elector`'s candidate leads.
+    ///
+    /// Call it last, after every other builder method, then
+    /// [`run`](ControllerWithLeaderElection::run) as usual. The controller
+    /// starts its watches only once the Lease is acquired.
+    ///
+    /// ## Warning
+    /// What happens to reconciles in flight:
+    /// - **On loss of leadership** (renew deadline passed, taken over, deleted,
+    ///   stepped down): the controller's stream is dropped at once, which
+    ///   aborts every reconcile in flight at its next `.await`. A reconcile
+    ///   that is between two `.await`s finishes that step. This is what keeps
+    ///   two replicas from reconciling at the same time.
+    /// - **On [`LeaderElector::shutdown`]** (SIGTERM handover): the controller
+    ///   is shut down gracefully (it is wired to
+    ///   [`LeaderElector::shutdown_requested`] through
+    ///   [`Controller::graceful_shutdown_on`]): it takes no new work and lets
+    ///   the reconciles in flight finish, for up to the grace period given to
+    ///   `shutdown`; what still runs then is aborted as on a loss, and the
+    ///   Lease is released.
+    ///
+    /// ```no_run
+    /// use std::{sync::Arc, time::Duration};
+    /// use futures::StreamExt;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_client::{Api, Client};
+    /// use kube_runtime::{Controller, controller::Action, watcher};
+    /// use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector, LeaseConfig, unique_identity};
+    ///
+    /// # async fn doc(client: Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let elector = LeaderElector::new(client.clone(), LeaseConfig::new("default", "cm-controller", unique_identity()))?;
+    /// let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+    ///     .with_leader_election(&elector)
+    ///     .run(
+    ///         |cm, _ctx| async move { Ok::<_, kube_client::Error>(Action::requeue(Duration::from_secs(300))) },
+    ///         |_cm, _err, _ctx| Action::requeue(Duration::from_secs(5)),
+    ///         Arc::new(()),
+    ///     );
+    /// let mut controller = std::pin::pin!(controller);
+    /// while let Some(result) = controller.next().await {
+    ///     tracing::info!(?result, "reconciled");
+    /// }
+    /// println!("controller stopped: {:?}", controller.lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K>;
+}
+
+impl<K> LeaderElectionControllerExt<K> for Controller<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K> {
+        ControllerWithLeaderElection {
+            controller: self,
+            elector: elector.clone(),
+        }
+    }
+}
+
+/// A [`Controller`] that runs only while its candidate leads: returned by
+/// [`LeaderElectionControllerExt::with_leader_election`]. Start it with
+/// [`run`](Self::run).
+#[must_use = "call `run` to start the controller"]
+pub struct ControllerWithLeaderElection<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    controller: Controller<K>,
+    elector: LeaderElector,
+}
+
+impl<K> ControllerWithLeaderElection<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    /// [`Controller::run`], guarded by leadership: see
+    /// [`WithLeaderElection`] for what happens when leadership is won and lost.
+    pub fn run<ReconcilerFut, Ctx>(
+        self,
+        reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+        error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
+        context: Arc<Ctx>,
+    ) -> WithLeaderElection<
+        impl Stream<
+            Item = Result<
+                (ObjectRef<K>, Action),
+                ControllerError<ReconcilerFut::Error, watcher::Error>,
+            >,
+        >,
+    >
+    where
+        K::DynamicType: Debug + Unpin,
+        ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
+        ReconcilerFut::Error: std::error::Error + Send + 'static,
+    {
+        let stream = self
+            .controller
+            .graceful_shutdown_on(self.elector.shutdown_requested())
+            .run(reconciler, error_policy, context);
+        WithLeaderElection::new(stream, &self.elector)
+    }
+}
+
+impl<K> std::fmt::Debug for ControllerWithLeaderElection<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerWithLeaderElection")
+            .field("elector", &self.elector)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,78 @@
+//! Rejoining the election after a loss, without restarting the process.
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::{Stream, StreamExt};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::{LeaderElectionStreamExt, LeaderElector, Lost};
+
+impl LeaderElector {
+    /// Runs the work that `make` builds under leadership, again each time
+    /// leadership is won, until the work ends on its own or the elector is
+    /// shut down.
+    ///
+    /// A [`Controller`](kube_runtime::Controller) is consumed by `run`, so a
+    /// process that wants to lead again after a loss must build it again:
+    /// `make` is called once per campaign, and the stream it returns is not
+    /// polled until the Lease is won. Items are
+    /// discarded: log them inside the stream (`.inspect(...)`, `.map(...)`).
+    /// Between terms, the candidate waits with an exponential backoff from
+    /// the retry period up to the lease duration (reset after a term that
+    /// lasted longer than the lease duration), so that a flapping candidate
+    /// does not hammer the API server.
+    ///
+    /// Returns `None` when the work ended on its own (the Lease is then
+    /// released), and `Some(`[`Lost::Released`]`)` when the elector was shut
+    /// down.
+    ///
+    /// ```no_run
+    /// use futures::StreamExt;
+    /// use kube_runtime_lease::{LeaderElector, LeaseConfig, unique_identity};
+    ///
+    /// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let elector = LeaderElector::new(client, LeaseConfig::new("default", "my-job", unique_identity()))?;
+    /// let ended = elector
+    ///     .run_each_term(|| futures::stream::repeat(()).then(|()| tokio::time::sleep(std::time::Duration::from_secs(1))))
+    ///     .await;
+    /// println!("{ended:?}");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn run_each_term<F, S>(&self, mut make: F) -> Option<Lost>
+    where
+        F: FnMut() -> S,
+        S: Stream,
+    {
+        let config = self.config();
+        let builder = ExponentialBuilder::new()
+            .with_min_delay(config.retry_period)
+            .with_max_delay(config.lease_duration)
+            .with_jitter()
+            .without_max_times();
+        let mut backoff = builder.build();
+        loop {
+            let guarded = make().with_leader_election(self);
+            let mut guarded = std::pin::pin!(guarded);
+            let mut started = None;
+            while guarded.next().await.is_some() {
+                started.get_or_insert_with(Instant::now);
+            }
+            match guarded.as_mut().take_lost() {
+                None => {
+                    info!("guarded work ended on its own; leaving the election");
+                    return None;
+                }
+                Some(Lost::Released) => return Some(Lost::Released),
+                Some(lost) => {
+                    if started.is_some_and(|s| s.elapsed() > config.lease_duration) {
+                        backoff = builder.build();
+                    }
+                    let delay = backoff.next().unwrap_or(config.lease_duration);
+                    warn!(reason = %lost, ?delay, "leadership lost; rejoining the election after a backoff");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+        }
+    }
+}
