@@ -1,1 +1,72 @@
-//! Shared helpers of the examples.
+//! Shared helpers of the examples: logging, a client, and a [`LeaseConfig`]
+//! from the environment.
+//!
+//! Every example talks to the cluster in `KUBECONFIG` (or the in-cluster
+//! configuration), and reads its Lease settings from the environment:
+//! `LEASE_NAMESPACE` (default `default`), `LEASE_NAME` (default the example's
+//! name), `LEASE_DURATION`, `RENEW_DEADLINE`, `RETRY_PERIOD` (seconds, with
+//! client-go's 15/10/2 defaults), and `POD_NAME` for the identity.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use kube::Client;
+use kube_runtime_lease::{LeaseConfig, unique_identity};
+
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+pub fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// A client for the cluster in `KUBECONFIG`, or in-cluster.
+///
+/// # Errors
+/// When no configuration can be found or loaded.
+pub async fn client() -> anyhow::Result<Client> {
+    Client::try_default().await.context("no Kubernetes configuration (set KUBECONFIG)")
+}
+
+fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {
+    match std::env::var(var) {
+        Ok(v) => Ok(Duration::from_secs_f64(v.parse().with_context(|| format!("{var}={v:?} is not a number of seconds"))?)),
+        Err(_) => Ok(Duration::from_secs_f64(default)),
+    }
+}
+
+/// The Lease settings of an example, from the environment.
+///
+/// # Errors
+/// When a timing variable is not a number.
+pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
+    let namespace = std::env::var("LEASE_NAMESPACE").unwrap_or_else(|_| "default".into());
+    let name = std::env::var("LEASE_NAME").unwrap_or_else(|_| default_name.into());
+    let identity = std::env::var("IDENTITY").unwrap_or_else(|_| unique_identity());
+    Ok(LeaseConfig::new(namespace, name, identity)
+        .lease_duration(secs("LEASE_DURATION", 15.0)?)
+        .renew_deadline(secs("RENEW_DEADLINE", 10.0)?)
+        .retry_period(secs("RETRY_PERIOD", 2.0)?)
+        .watch(std::env::var("LEASE_WATCH").map_or(true, |v| v != "false")))
+}
+
+/// Resolves on SIGTERM or Ctrl+C.
+///
+/// # Panics
+/// If the signal handlers cannot be installed.
+pub async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds: comparable across processes on one machine.
+pub fn monotonic_nanos() -> u128 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u128::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(ts.tv_nsec).unwrap_or(0)
+}

@@ -138,7 +138,15 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                     }
                 },
                 State::Leading(guard) => {
-                    if let Poll::Ready(lost) = Pin::new(guard).poll(cx) {
+                    // Also check the deadline here, synchronously: after a pause
+                    // (SIGSTOP, a frozen VM) this poll may run before the elector
+                    // task has noticed that the term is over.
+                    let ended = match Pin::new(&mut *guard).poll(cx) {
+                        Poll::Ready(lost) => Some(lost),
+                        Poll::Pending if !guard.is_valid() => Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded)),
+                        Poll::Pending => None,
+                    };
+                    if let Some(lost) = ended {
                         debug!(reason = %lost, "leadership ended: dropping the guarded stream");
                         // The inner stream goes first, then the guard.
                         this.inner.set(None);

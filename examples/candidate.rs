@@ -1,0 +1,84 @@
+//! A candidate process for failover tests, benchmarks and the demo.
+//!
+//! Runs guarded "work" (a tick every `WORK_INTERVAL_MS`, default 50) and
+//! prints, one per line on stdout, with `CLOCK_MONOTONIC` nanoseconds so that
+//! lines from several processes on one machine compare:
+//!
+//! ```text
+//! READY <ns> <identity>
+//! EVENT started-leading <ns> <identity>
+//! WORK <ns>
+//! EVENT stopped-leading <ns> <identity> <reason>
+//! EVENT new-leader <ns> <holder>
+//! EXIT <ns>
+//! ```
+//!
+//! `started-leading` is printed before the first piece of work of a term and
+//! `stopped-leading` after the guarded work was dropped, so every `WORK` line
+//! lies inside an interval. SIGTERM hands over (`shutdown` with a 5 s grace).
+//! Settings come from the environment, as for every example (see `common.rs`).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, Lost};
+use kube_runtime_lease_examples::{client, lease_config, monotonic_nanos, shutdown_signal};
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    if std::env::var_os("RUST_LOG").is_some() {
+        kube_runtime_lease_examples::init_tracing();
+    }
+    let config = lease_config("candidate")?;
+    let identity = config.identity().to_owned();
+    let work_every = Duration::from_millis(std::env::var("WORK_INTERVAL_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(50));
+    let elector = LeaderElector::new(client().await?, config)?;
+
+    let mut status = elector.subscribe();
+    tokio::spawn(async move {
+        let mut last = None;
+        while status.changed().await.is_ok() {
+            let holder = status.borrow_and_update().holder.clone();
+            if holder != last {
+                println!("EVENT new-leader {} {}", monotonic_nanos(), holder.as_deref().unwrap_or(""));
+                last = holder;
+            }
+        }
+    });
+    let on_signal = elector.clone();
+    let handover = tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.shutdown(Duration::from_secs(5)).await
+    });
+    println!("READY {} {identity}", monotonic_nanos());
+
+    loop {
+        let work = futures::stream::unfold(true, move |first| async move {
+            if !first {
+                tokio::time::sleep(work_every).await;
+            }
+            Some((first, false))
+        });
+        let mut guarded = std::pin::pin!(work.with_leader_election(&elector));
+        let mut led = false;
+        while let Some(first) = guarded.next().await {
+            if first {
+                led = true;
+                println!("EVENT started-leading {} {identity}", monotonic_nanos());
+            }
+            println!("WORK {}", monotonic_nanos());
+        }
+        let lost = guarded.lost().cloned();
+        if led {
+            let reason = lost.as_ref().map_or_else(|| "ended".to_owned(), |l| format!("{l:?}"));
+            println!("EVENT stopped-leading {} {identity} {reason}", monotonic_nanos());
+        }
+        // Shut down (or the work ended): leave; otherwise campaign again.
+        if matches!(lost, None | Some(Lost::Released)) {
+            break;
+        }
+    }
+    let result = handover.await?;
+    println!("EXIT {}", monotonic_nanos());
+    result.map_err(Into::into)
+}

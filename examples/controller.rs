@@ -1,0 +1,77 @@
+//! A ConfigMap controller that reconciles only while it leads.
+//!
+//! Run several replicas against one cluster; one reconciles, the others
+//! stand by. Kill the leader and a standby takes over after the lease
+//! duration; send it SIGTERM and it hands over at once.
+//!
+//! ```sh
+//! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example controller
+//! ```
+
+use std::{sync::Arc, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, ResourceExt,
+    runtime::{Controller, controller::Action, watcher},
+};
+use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
+use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use tracing::{info, warn};
+
+async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Error> {
+    info!(configmap = %cm.name_any(), namespace = cm.namespace().unwrap_or_default(), "reconciling");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+fn error_policy(_cm: Arc<ConfigMap>, err: &kube::Error, _ctx: Arc<()>) -> Action {
+    warn!(error = %err, "reconcile failed");
+    Action::requeue(Duration::from_secs(5))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_tracing();
+    let client = client().await?;
+    let config = lease_config("configmap-controller")?;
+    info!(identity = config.identity(), "starting");
+    let elector = LeaderElector::new(client.clone(), config)?;
+
+    // Show who leads, and every change.
+    let mut status = elector.subscribe();
+    tokio::spawn(async move {
+        while status.changed().await.is_ok() {
+            let s = status.borrow_and_update().clone();
+            info!(leading = s.is_leader, holder = s.holder.as_deref().unwrap_or("<none>"), "leadership");
+        }
+    });
+
+    // SIGTERM: finish reconciles in flight (up to 20 s), release, exit.
+    let on_signal = elector.clone();
+    let handover = tokio::spawn(async move {
+        shutdown_signal().await;
+        info!("SIGTERM: handing over");
+        on_signal.shutdown(Duration::from_secs(20)).await
+    });
+
+    // Lead, and lead again after a loss, until shut down.
+    let ended = elector
+        .run_each_term(|| {
+            Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+                .with_leader_election(&elector)
+                .run(reconcile, error_policy, Arc::new(()))
+                .inspect(|result| {
+                    if let Err(e) = result {
+                        warn!(error = %e, "controller error");
+                    }
+                })
+        })
+        .await;
+    info!(?ended, "election left");
+    if let Ok(result) = handover.await {
+        result?;
+    }
+    Ok(())
+}

@@ -1,0 +1,37 @@
+//! Rejoin the election after every loss without restarting the process:
+//! the guarded work is built again from a factory for each term.
+//!
+//! ```sh
+//! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example rejoin
+//! ```
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube_runtime_lease::LeaderElector;
+use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use tracing::info;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_tracing();
+    let elector = LeaderElector::new(client().await?, lease_config("rejoin")?)?;
+    let on_signal = elector.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.shutdown(Duration::from_secs(5)).await
+    });
+    let mut term = 0;
+    let ended = elector
+        .run_each_term(|| {
+            term += 1;
+            let this_term = term;
+            info!(term = this_term, "campaigning");
+            futures::stream::repeat(())
+                .then(|()| tokio::time::sleep(Duration::from_secs(1)))
+                .inspect(move |()| info!(term = this_term, "working"))
+        })
+        .await;
+    info!(?ended, "left the election");
+    Ok(())
+}
