@@ -25,7 +25,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 # Outside any module, so that the download does not touch $dir/go.mod.
 if ! (cd "$tmp" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$version") >"$tmp/dl.json" 2>"$tmp/dl.err"; then
-  die "cannot download k8s.io/kubernetes@$version: $(grep -o '"Error": *"[^"]*"' "$tmp/dl.json" "$tmp/dl.err" | head -1; tail -1 "$tmp/dl.err")"
+  die "cannot download k8s.io/kubernetes@$version: $(grep -ho '"Error": *"[^"]*"' "$tmp/dl.json" "$tmp/dl.err" | head -1; tail -1 "$tmp/dl.err")"
 fi
 kmod="$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p' "$tmp/dl.json")"
 [ -f "$kmod" ] || die "no go.mod for k8s.io/kubernetes@$version in $tmp/dl.json"
