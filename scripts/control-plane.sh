@@ -63,6 +63,9 @@ else
     cp -r "$moddir/cmd" "$src.tmp/" || die "cannot copy sources to $src.tmp"
     "$moddir/gen-gomod.sh" "$version" "$src.tmp" >&2 || die "go.mod generation failed for $version (see above)"
     rm -rf "$src" && mv "$src.tmp" "$src" || die "cannot move $src.tmp to $src"
+    for old in "$cache/gomod/$version"-*; do
+      [ "$old" = "$src" ] || rm -rf "$old"
+    done
   fi
 fi
 
