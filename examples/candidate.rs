@@ -31,7 +31,12 @@ async fn main() -> anyhow::Result<()> {
     }
     let config = lease_config("candidate")?;
     let identity = config.identity().to_owned();
-    let work_every = Duration::from_millis(std::env::var("WORK_INTERVAL_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(50));
+    let work_every = Duration::from_millis(
+        std::env::var("WORK_INTERVAL_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(50),
+    );
     let elector = LeaderElector::new(client().await?, config)?;
 
     let mut status = elector.subscribe();
@@ -40,7 +45,11 @@ async fn main() -> anyhow::Result<()> {
         while status.changed().await.is_ok() {
             let holder = status.borrow_and_update().holder.clone();
             if holder != last {
-                println!("EVENT new-leader {} {}", monotonic_nanos(), holder.as_deref().unwrap_or(""));
+                println!(
+                    "EVENT new-leader {} {}",
+                    monotonic_nanos(),
+                    holder.as_deref().unwrap_or("")
+                );
                 last = holder;
             }
         }
@@ -70,8 +79,13 @@ async fn main() -> anyhow::Result<()> {
         }
         let lost = guarded.lost().cloned();
         if led {
-            let reason = lost.as_ref().map_or_else(|| "ended".to_owned(), |l| format!("{l:?}"));
-            println!("EVENT stopped-leading {} {identity} {reason}", monotonic_nanos());
+            let reason = lost
+                .as_ref()
+                .map_or_else(|| "ended".to_owned(), |l| format!("{l:?}"));
+            println!(
+                "EVENT stopped-leading {} {identity} {reason}",
+                monotonic_nanos()
+            );
         }
         // Shut down (or the work ended): leave; otherwise campaign again.
         if matches!(lost, None | Some(Lost::Released)) {

@@ -28,12 +28,16 @@ pub fn init_tracing() {
 /// # Errors
 /// When no configuration can be found or loaded.
 pub async fn client() -> anyhow::Result<Client> {
-    Client::try_default().await.context("no Kubernetes configuration (set KUBECONFIG)")
+    Client::try_default()
+        .await
+        .context("no Kubernetes configuration (set KUBECONFIG)")
 }
 
 fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {
     match std::env::var(var) {
-        Ok(v) => Ok(Duration::from_secs_f64(v.parse().with_context(|| format!("{var}={v:?} is not a number of seconds"))?)),
+        Ok(v) => Ok(Duration::from_secs_f64(v.parse().with_context(|| {
+            format!("{var}={v:?} is not a number of seconds")
+        })?)),
         Err(_) => Ok(Duration::from_secs_f64(default)),
     }
 }
@@ -58,7 +62,8 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
 /// # Panics
 /// If the signal handlers cannot be installed.
 pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -44,7 +44,11 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(async move {
         while status.changed().await.is_ok() {
             let s = status.borrow_and_update().clone();
-            info!(leading = s.is_leader, holder = s.holder.as_deref().unwrap_or("<none>"), "leadership");
+            info!(
+                leading = s.is_leader,
+                holder = s.holder.as_deref().unwrap_or("<none>"),
+                "leadership"
+            );
         }
     });
 
@@ -59,14 +63,17 @@ async fn main() -> anyhow::Result<()> {
     // Lead, and lead again after a loss, until shut down.
     let ended = elector
         .run_each_term(|| {
-            Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
-                .with_leader_election(&elector)
-                .run(reconcile, error_policy, Arc::new(()))
-                .inspect(|result| {
-                    if let Err(e) = result {
-                        warn!(error = %e, "controller error");
-                    }
-                })
+            Controller::new(
+                Api::<ConfigMap>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .with_leader_election(&elector)
+            .run(reconcile, error_policy, Arc::new(()))
+            .inspect(|result| {
+                if let Err(e) = result {
+                    warn!(error = %e, "controller error");
+                }
+            })
         })
         .await;
     info!(?ended, "election left");

@@ -30,7 +30,10 @@ const GRACE: Duration = Duration::from_secs(20);
 async fn main() -> anyhow::Result<()> {
     init_tracing();
     let client = client().await?;
-    let elector = LeaderElector::new(client.clone(), lease_config("sigterm-handover")?.release_timeout(Duration::from_secs(5)))?;
+    let elector = LeaderElector::new(
+        client.clone(),
+        lease_config("sigterm-handover")?.release_timeout(Duration::from_secs(5)),
+    )?;
     let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
         .with_leader_election(&elector)
         .run(

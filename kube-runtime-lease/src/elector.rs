@@ -138,7 +138,7 @@ impl LeaderElector {
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         Ok(LeaderElector {
             inner: Arc::new(Inner {
-                metrics: Metrics::new(&config),
+                metrics: Metrics::default(),
                 config,
                 api,
                 wake: Arc::new(Notify::new()),
@@ -148,6 +148,14 @@ impl LeaderElector {
                 shutdown_rx: shutdown_rx.shared(),
             }),
         })
+    }
+
+    /// Records this elector's metrics into `metrics` (see [`LeaseMetrics`](crate::LeaseMetrics)).
+    #[cfg(feature = "metrics")]
+    #[must_use]
+    pub fn with_metrics(self, metrics: &crate::LeaseMetrics) -> Self {
+        self.inner.metrics.attach(metrics, &self.inner.config);
+        self
     }
 
     /// The configuration of this candidate.
@@ -262,7 +270,7 @@ impl LeaderElector {
         info!(lease = %self.inner.config.name, "leader election shutting down");
         if let Some(term) = &term {
             term.guards_dropped(Instant::now() + grace).await;
-            term.lose(Lost::Released);
+            term.lose(&Lost::Released);
         }
         self.inner.wake.notify_one();
         let Some(task) = task else { return Ok(()) };
@@ -273,6 +281,13 @@ impl LeaderElector {
                 Ok(())
             }
         }
+    }
+}
+
+#[cfg(test)]
+impl LeaderElector {
+    pub(crate) fn set_term_for_test(&self, term: Arc<Term>) {
+        self.inner.lock().term = Some(term);
     }
 }
 
@@ -295,7 +310,7 @@ impl std::fmt::Debug for Acquire {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Acquire")
             .field("registered", &self.rx.is_some())
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -304,9 +319,10 @@ impl Future for Acquire {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        let rx = match &mut this.rx {
-            Some(rx) => rx,
-            None => {
+        let rx = if let Some(rx) = &mut this.rx {
+            rx
+        } else {
+            {
                 let mut state = this.inner.lock();
                 if state.shutdown {
                     return Poll::Ready(Err(Error::Shutdown));
@@ -388,11 +404,13 @@ impl Inner {
         self.status.send_if_modified(|s| {
             let before = s.clone();
             f(s);
-            if *s != before && s.holder != before.holder {
-                info!(
-                    holder = s.holder.as_deref().unwrap_or(""),
-                    "new leader observed"
-                );
+            if s.holder != before.holder {
+                if let Some(holder) = &s.holder {
+                    info!(%holder, "new leader observed");
+                } else {
+                    info!("lease observed free or missing");
+                }
+                self.metrics.holder_changed();
             }
             *s != before
         });
@@ -454,6 +472,7 @@ enum Attempt {
 
 type WatchStream = BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
 
+#[allow(clippy::struct_excessive_bools)] // independent flags of one state machine
 struct Task {
     inner: Arc<Inner>,
     obs: Obs,
@@ -479,7 +498,7 @@ impl Drop for Task {
         // guard outlives its renewals, and fail the waiters.
         let mut state = self.inner.lock();
         if let Some(term) = state.term.take() {
-            term.lose(Lost::ElectorStopped);
+            term.lose(&Lost::ElectorStopped);
         }
         state.waiters.clear();
         state.running = false;
@@ -754,8 +773,8 @@ impl Task {
                 }
             }
             Obs::Known { observed, object } => {
-                let ours_known =
-                    object.metadata.uid.is_some() && object.metadata.uid == self.inner.lock().term_uid;
+                let ours_known = object.metadata.uid.is_some()
+                    && object.metadata.uid == self.inner.lock().term_uid;
                 match record::verdict(observed, &cfg.identity, ours_known, cfg.lease_duration, now)
                 {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
@@ -861,10 +880,11 @@ impl Task {
                 () = sleep_until(pending.unwrap_or_else(Instant::now)), if pending.is_some() => {}
                 () = sleep_until(term.deadline()) => break Lost::RenewDeadlineExceeded,
                 event = next_event(&mut self.watch) => {
-                    if self.handle_watch(event) && self.foreign_record_observed() {
-                        if let Err(lost) = self.verify(&term).await {
-                            break lost;
-                        }
+                    if self.handle_watch(event)
+                        && self.foreign_record_observed()
+                        && let Err(lost) = self.verify(&term).await
+                    {
+                        break lost;
                     }
                 }
                 () = sleep_until(next_tick) => {
@@ -878,34 +898,43 @@ impl Task {
                 }
             }
         };
-        term.lose(reason.clone());
+        let result = self.end_term(&term, &reason).await;
+        exiting.then_some(result)
+    }
+
+    /// Ends `term` for `reason`, releasing the Lease when leadership was given up.
+    async fn end_term(&mut self, term: &Arc<Term>, reason: &Lost) -> Result<()> {
+        term.lose(reason);
         {
             let mut state = self.inner.lock();
-            if state.term.as_ref().is_some_and(|t| Arc::ptr_eq(t, &term)) {
+            if state.term.as_ref().is_some_and(|t| Arc::ptr_eq(t, term)) {
                 state.term = None;
             }
         }
         self.inner.update_status(|s| s.is_leader = false);
         self.inner.metrics.leading(false);
-        match &reason {
-            Lost::Released | Lost::SteppedDown { .. } => {
-                info!(reason = %reason, "leadership ended")
-            }
-            _ => warn!(reason = %reason, "leadership lost"),
-        }
         let release = match reason {
-            Lost::Released => cfg.release_on_drop,
-            Lost::SteppedDown { .. } => true,
-            _ => false,
+            Lost::Released => {
+                info!(%reason, "leadership ended");
+                self.config().release_on_drop
+            }
+            Lost::SteppedDown { .. } => {
+                info!(%reason, "leadership ended");
+                true
+            }
+            _ => {
+                warn!(%reason, "leadership lost");
+                false
+            }
         };
         let result = if release {
-            self.release_after_guards(&term).await
+            self.release_after_guards(term).await
         } else {
             Ok(())
         };
         self.cached = None;
         self.stale = true;
-        exiting.then_some(result)
+        result
     }
 
     /// Publishes `term`: hands guards to every waiter.

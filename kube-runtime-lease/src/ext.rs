@@ -141,6 +141,7 @@ where
 {
     /// [`Controller::run`], guarded by leadership: see
     /// [`WithLeaderElection`] for what happens when leadership is won and lost.
+    #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,

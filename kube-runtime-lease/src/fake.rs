@@ -134,7 +134,7 @@ impl FakeApi {
                 .or_else(|| Some(format!("uid-{}", s.rv)));
         }
         s.lease = Some(lease.clone());
-        Self::emit(&mut s, kind, lease);
+        Self::emit(&mut s, kind, &lease);
     }
 
     pub(crate) fn delete(&self) {
@@ -142,14 +142,14 @@ impl FakeApi {
         if let Some(mut lease) = s.lease.take() {
             s.rv += 1;
             lease.metadata.resource_version = Some(s.rv.to_string());
-            Self::emit(&mut s, "DELETED", lease);
+            Self::emit(&mut s, "DELETED", &lease);
         }
     }
 
-    fn emit(s: &mut Store, kind: &'static str, lease: Lease) {
+    fn emit(s: &mut Store, kind: &'static str, lease: &Lease) {
         let rv = s.rv;
         s.history.push((rv, kind, lease.clone()));
-        let line = Self::event_line(kind, &lease);
+        let line = Self::event_line(kind, lease);
         s.watchers
             .retain(|(_, tx)| tx.unbounded_send(line.clone()).is_ok());
     }
@@ -294,7 +294,7 @@ impl FakeApi {
                 lease.metadata.resource_version = Some(s.rv.to_string());
                 lease.metadata.uid = Some(format!("uid-{}", s.rv));
                 s.lease = Some(lease.clone());
-                Self::emit(&mut s, "ADDED", lease.clone());
+                Self::emit(&mut s, "ADDED", &lease);
                 created(&with_type(&lease))
             }
             "update" => {
@@ -328,7 +328,7 @@ impl FakeApi {
                 s.rv += 1;
                 lease.metadata.resource_version = Some(s.rv.to_string());
                 s.lease = Some(lease.clone());
-                Self::emit(&mut s, "MODIFIED", lease.clone());
+                Self::emit(&mut s, "MODIFIED", &lease);
                 ok(&with_type(&lease))
             }
             _ => status(405, "MethodNotAllowed", "not supported by the double"),

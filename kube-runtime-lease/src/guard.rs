@@ -128,7 +128,7 @@ impl Term {
     }
 
     /// Ends the term: every guard resolves to `reason`. Idempotent: the first reason wins.
-    pub(crate) fn lose(&self, reason: Lost) {
+    pub(crate) fn lose(&self, reason: &Lost) {
         let senders = {
             let mut inner = self.lock();
             if inner.lost.is_some() {

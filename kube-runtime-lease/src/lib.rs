@@ -16,6 +16,8 @@ pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
 pub use error::{Error, Result};
 pub use ext::{ControllerWithLeaderElection, LeaderElectionControllerExt, LeaderElectionStreamExt};
 pub use guard::{LeaseGuard, Lost};
+#[cfg(feature = "metrics")]
+pub use metrics::LeaseMetrics;
 pub use stream::WithLeaderElection;
 
 #[cfg(test)]

@@ -1,23 +1,234 @@
-//! Leader-election metrics (behind the `metrics` feature).
+//! Leader-election metrics, behind the `metrics` feature.
 
-#![allow(clippy::unused_self)]
+#[cfg(not(feature = "metrics"))]
+pub(crate) use disabled::Metrics;
+#[cfg(feature = "metrics")]
+pub use enabled::LeaseMetrics;
+#[cfg(feature = "metrics")]
+pub(crate) use enabled::Metrics;
 
-use std::time::Duration;
+#[cfg(not(feature = "metrics"))]
+mod disabled {
+    use std::time::Duration;
 
-use tokio::time::Instant;
+    use tokio::time::Instant;
 
-use crate::config::LeaseConfig;
+    /// Metric hooks called by the election task: no-ops without the `metrics` feature.
+    #[derive(Default)]
+    pub(crate) struct Metrics;
 
-/// Metric hooks called by the election task; no-ops without the `metrics` feature.
-#[derive(Default)]
-pub(crate) struct Metrics {}
+    #[allow(clippy::unused_self)]
+    impl Metrics {
+        pub(crate) fn leading(&self, _leading: bool) {}
 
-impl Metrics {
-    pub(crate) fn new(_config: &LeaseConfig) -> Self {
-        Metrics {}
+        pub(crate) fn renewal(&self, _outcome: &'static str, _latency: Duration, _sent: Instant) {}
+
+        pub(crate) fn holder_changed(&self) {}
+    }
+}
+
+#[cfg(feature = "metrics")]
+mod enabled {
+    use std::{
+        collections::BTreeMap,
+        sync::{Arc, Mutex, OnceLock},
+        time::Duration,
+    };
+
+    use prometheus_client::{
+        collector::Collector,
+        encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+        metrics::{
+            MetricType,
+            counter::Counter,
+            family::Family,
+            gauge::{ConstGauge, Gauge},
+            histogram::{Histogram, exponential_buckets},
+        },
+        registry::Registry,
+    };
+    use tokio::time::Instant;
+
+    use crate::LeaseConfig;
+
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+    struct LeaseLabels {
+        namespace: String,
+        lease: String,
     }
 
-    pub(crate) fn leading(&self, _leading: bool) {}
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    struct RenewalLabels {
+        namespace: String,
+        lease: String,
+        outcome: &'static str,
+    }
 
-    pub(crate) fn renewal(&self, _outcome: &'static str, _latency: Duration, _sent: Instant) {}
+    type LastRenewals = Arc<Mutex<BTreeMap<LeaseLabels, Instant>>>;
+
+    /// Leader-election metrics, registered once into a `prometheus-client`
+    /// [`Registry`] and shared by any number of electors (one label set per
+    /// Lease: `namespace`, `lease`).
+    ///
+    /// | metric | type | meaning |
+    /// |---|---|---|
+    /// | `leader_election_is_leader` | gauge | 1 while this replica leads; summed over replicas it should be 1 |
+    /// | `leader_election_transitions_total` | counter | changes of holder observed by this replica |
+    /// | `leader_election_renewals_total{outcome}` | counter | renewal writes by outcome: `success`, `conflict`, `not_found`, `error` |
+    /// | `leader_election_renew_duration_seconds` | histogram | latency of renewal writes |
+    /// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal was sent |
+    ///
+    /// Example alerts (PromQL):
+    /// ```text
+    /// # No leader for 5 minutes.
+    /// sum by (namespace, lease) (leader_election_is_leader) == 0   (for: 5m)
+    /// # More than one replica believes it leads.
+    /// sum by (namespace, lease) (leader_election_is_leader) > 1    (for: 1m)
+    /// # A leader whose renewals are overdue (stuck election task).
+    /// leader_election_seconds_since_last_renewal > 25
+    /// ```
+    ///
+    /// ```no_run
+    /// use prometheus_client::registry::Registry;
+    /// use kube_runtime_lease::{LeaderElector, LeaseConfig, LeaseMetrics, unique_identity};
+    ///
+    /// # fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut registry = Registry::default();
+    /// let metrics = LeaseMetrics::register(&mut registry);
+    /// let elector = LeaderElector::new(client, LeaseConfig::new("default", "my-controller", unique_identity()))?
+    ///     .with_metrics(&metrics);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[derive(Clone, Debug)]
+    pub struct LeaseMetrics {
+        is_leader: Family<LeaseLabels, Gauge>,
+        transitions: Family<LeaseLabels, Counter>,
+        renewals: Family<RenewalLabels, Counter>,
+        renew_duration: Family<LeaseLabels, Histogram, fn() -> Histogram>,
+        last_renewal: LastRenewals,
+    }
+
+    fn renew_histogram() -> Histogram {
+        Histogram::new(exponential_buckets(0.005, 2.0, 12))
+    }
+
+    impl LeaseMetrics {
+        /// Creates the metrics and registers them into `registry`.
+        pub fn register(registry: &mut Registry) -> Self {
+            let metrics = LeaseMetrics {
+                is_leader: Family::default(),
+                transitions: Family::default(),
+                renewals: Family::default(),
+                renew_duration: Family::new_with_constructor(renew_histogram),
+                last_renewal: LastRenewals::default(),
+            };
+            registry.register(
+                "leader_election_is_leader",
+                "Whether this replica leads (1) or not (0)",
+                metrics.is_leader.clone(),
+            );
+            registry.register(
+                "leader_election_transitions",
+                "Changes of holder observed by this replica",
+                metrics.transitions.clone(),
+            );
+            registry.register(
+                "leader_election_renewals",
+                "Renewal writes by outcome",
+                metrics.renewals.clone(),
+            );
+            registry.register(
+                "leader_election_renew_duration_seconds",
+                "Latency of renewal writes",
+                metrics.renew_duration.clone(),
+            );
+            registry.register_collector(Box::new(SinceLastRenewal(metrics.last_renewal.clone())));
+            metrics
+        }
+    }
+
+    #[derive(Debug)]
+    struct SinceLastRenewal(LastRenewals);
+
+    impl Collector for SinceLastRenewal {
+        fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+            let now = Instant::now();
+            let snapshot: Vec<_> = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .map(|(l, t)| (l.clone(), now - *t))
+                .collect();
+            let mut metric = encoder.encode_descriptor(
+                "leader_election_seconds_since_last_renewal",
+                "While leading: seconds since the last successful renewal was sent",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (labels, age) in snapshot {
+                ConstGauge::new(age.as_secs_f64()).encode(metric.encode_family(&labels)?)?;
+            }
+            Ok(())
+        }
+    }
+
+    /// The hooks the election task calls; no-ops until `with_metrics`.
+    #[derive(Default)]
+    pub(crate) struct Metrics {
+        target: OnceLock<(LeaseMetrics, LeaseLabels)>,
+    }
+
+    impl Metrics {
+        pub(crate) fn attach(&self, metrics: &LeaseMetrics, config: &LeaseConfig) {
+            let labels = LeaseLabels {
+                namespace: config.namespace.clone(),
+                lease: config.name.clone(),
+            };
+            metrics.is_leader.get_or_create(&labels).set(0);
+            let _ = self.target.set((metrics.clone(), labels));
+        }
+
+        pub(crate) fn leading(&self, leading: bool) {
+            let Some((m, labels)) = self.target.get() else {
+                return;
+            };
+            m.is_leader.get_or_create(labels).set(i64::from(leading));
+            if !leading {
+                m.last_renewal
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(labels);
+            }
+        }
+
+        pub(crate) fn renewal(&self, outcome: &'static str, latency: Duration, sent: Instant) {
+            let Some((m, labels)) = self.target.get() else {
+                return;
+            };
+            let l = RenewalLabels {
+                namespace: labels.namespace.clone(),
+                lease: labels.lease.clone(),
+                outcome,
+            };
+            m.renewals.get_or_create(&l).inc();
+            m.renew_duration
+                .get_or_create(labels)
+                .observe(latency.as_secs_f64());
+            if outcome == "success" {
+                m.last_renewal
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(labels.clone(), sent);
+            }
+        }
+
+        pub(crate) fn holder_changed(&self) {
+            let Some((m, labels)) = self.target.get() else {
+                return;
+            };
+            m.transitions.get_or_create(labels).inc();
+        }
+    }
 }

@@ -188,22 +188,39 @@ fn no_two_candidates_ever_lead_at_the_same_instant() {
         }
         None => (0..schedules).collect(),
     };
-    let mut terms = 0;
-    let mut handovers = 0;
-    for seed in seeds {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        let intervals = rt.block_on(schedule(seed));
-        check(seed, &intervals);
-        terms += intervals.len();
-        handovers += intervals
-            .windows(2)
-            .filter(|w| w[0].who != w[1].who)
-            .count();
-    }
+    // Schedules are independent: run them on every core, each on its own
+    // single-threaded runtime with paused time (deterministic per seed).
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let chunk = seeds.len().div_ceil(threads).max(1);
+    let (terms, handovers) = std::thread::scope(|scope| {
+        let workers: Vec<_> = seeds
+            .chunks(chunk)
+            .map(|seeds| {
+                scope.spawn(move || {
+                    let (mut terms, mut handovers) = (0, 0);
+                    for &seed in seeds {
+                        let rt = tokio::runtime::Builder::new_current_thread()
+                            .enable_time()
+                            .start_paused(true)
+                            .build()
+                            .unwrap();
+                        let intervals = rt.block_on(schedule(seed));
+                        check(seed, &intervals);
+                        terms += intervals.len();
+                        handovers += intervals
+                            .windows(2)
+                            .filter(|w| w[0].who != w[1].who)
+                            .count();
+                    }
+                    (terms, handovers)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap())
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    });
     // The schedules exercise what they claim to: many terms and changes of leader.
     assert!(
         terms >= 2 * usize::try_from(schedules.min(1000)).unwrap_or(0),

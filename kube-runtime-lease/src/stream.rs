@@ -143,7 +143,9 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                     // task has noticed that the term is over.
                     let ended = match Pin::new(&mut *guard).poll(cx) {
                         Poll::Ready(lost) => Some(lost),
-                        Poll::Pending if !guard.is_valid() => Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded)),
+                        Poll::Pending if !guard.is_valid() => {
+                            Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded))
+                        }
                         Poll::Pending => None,
                     };
                     if let Some(lost) = ended {

@@ -27,7 +27,7 @@ struct Probe {
 }
 
 impl Probe {
-    fn new() -> (
+    fn start() -> (
         impl Stream<Item = usize> + Send + 'static,
         Arc<AtomicUsize>,
         Arc<AtomicBool>,
@@ -61,7 +61,7 @@ async fn the_inner_stream_is_not_polled_before_acquisition() {
     let (holder, _) = elector(&fake, config("holder"));
     let held = holder.acquire().await.unwrap();
     let (e, _) = elector(&fake, config("me"));
-    let (probe, polls, _) = Probe::new();
+    let (probe, polls, _) = Probe::start();
     let mut guarded = pin!(probe.with_leader_election(&e));
     assert!(tokio::time::timeout(S(30), guarded.next()).await.is_err());
     assert_eq!(polls.load(Ordering::SeqCst), 0);
@@ -76,7 +76,7 @@ async fn the_inner_stream_is_not_polled_before_acquisition() {
 async fn the_inner_stream_is_dropped_as_soon_as_leadership_is_lost() {
     let fake = free();
     let (e, id) = elector(&fake, config("me"));
-    let (probe, _, dropped) = Probe::new();
+    let (probe, _, dropped) = Probe::start();
     let guarded = probe.with_leader_election(&e);
     assert_send(&guarded);
     let mut guarded = pin!(guarded);
@@ -104,7 +104,7 @@ async fn the_inner_stream_is_dropped_as_soon_as_leadership_is_lost() {
 async fn a_takeover_drops_the_inner_stream_in_the_same_instant() {
     let fake = free();
     let (e, _) = elector(&fake, config("me"));
-    let (probe, _, dropped) = Probe::new();
+    let (probe, _, dropped) = Probe::start();
     let mut guarded = pin!(probe.with_leader_election(&e));
     guarded.next().await;
     sleep(Duration::from_millis(350)).await;
@@ -127,7 +127,7 @@ async fn a_takeover_drops_the_inner_stream_in_the_same_instant() {
 async fn a_slow_consumer_keeps_the_lease() {
     let fake = free();
     let (e, _) = elector(&fake, config("me"));
-    let (probe, polls, dropped) = Probe::new();
+    let (probe, polls, dropped) = Probe::start();
     let mut guarded = pin!(probe.with_leader_election(&e));
     guarded.next().await;
     sleep(S(31)).await; // three renew deadlines without a poll
@@ -144,8 +144,8 @@ async fn streams_sharing_a_lease_start_and_stop_together_with_one_renewal_loop()
     let (e, id) = elector(&fake, config("me"));
     let (holder, _) = elector(&fake, config("holder"));
     let held = holder.acquire().await.unwrap();
-    let (a, a_polls, a_dropped) = Probe::new();
-    let (b, b_polls, b_dropped) = Probe::new();
+    let (a, a_polls, a_dropped) = Probe::start();
+    let (b, b_polls, b_dropped) = Probe::start();
     let a = a.with_leader_election(&e);
     let b = b.with_leader_election(&e);
     let (a_task, b_task) = (
@@ -196,8 +196,8 @@ async fn a_second_lease_in_the_same_process_is_independent() {
     let (fake1, fake2) = (free(), free());
     let (e1, id1) = elector(&fake1, config("me"));
     let (e2, _) = elector(&fake2, config("me"));
-    let (p1, _, d1) = Probe::new();
-    let (p2, _, d2) = Probe::new();
+    let (p1, _, d1) = Probe::start();
+    let (p2, _, d2) = Probe::start();
     let mut s1 = pin!(p1.with_leader_election(&e1));
     let mut s2 = pin!(p2.with_leader_election(&e2));
     s1.next().await;

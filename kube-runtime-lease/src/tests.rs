@@ -129,7 +129,7 @@ async fn leader_renews_with_one_write_per_retry_period_and_no_reads() {
     assert_eq!(s.acquire_time, acquire_time, "renewals keep acquireTime");
     assert_eq!(s.lease_transitions, Some(1));
     assert!(guard.is_valid());
-    assert_eq!(guard.time_left(), S(10) - Duration::from_millis(1));
+    assert_eq!(guard.time_left(), Duration::from_millis(9999));
 }
 
 #[tokio::test(start_paused = true)]
@@ -634,9 +634,23 @@ async fn health_check_fails_only_for_an_overdue_leader() {
     let fake = free();
     let (e, _) = elector(&fake, config("me"));
     assert!(e.health_check(S(20)).is_ok(), "healthy while not leading");
-    let _guard = e.acquire().await.unwrap();
+    let guard = e.acquire().await.unwrap();
     sleep(S(100)).await;
     assert!(e.health_check(S(0)).is_ok(), "renewing on time");
+    assert!(guard.is_valid());
+    // A leader whose election task is stuck (its renewals stopped without the
+    // term ending): overdue past lease duration + tolerance.
+    let stuck = std::sync::Arc::new(crate::guard::Term::new(1, Instant::now() - S(40), S(10)));
+    e.set_term_for_test(stuck);
+    let err = e.health_check(S(20)).unwrap_err();
+    assert_eq!(
+        err,
+        crate::HealthError::RenewalOverdue {
+            since: S(40),
+            limit: S(35)
+        }
+    );
+    assert!(e.health_check(S(30)).is_ok(), "within a larger tolerance");
 }
 
 #[tokio::test(start_paused = true)]
@@ -707,4 +721,93 @@ async fn a_release_is_taken_within_one_watch_event_and_one_write() {
     assert_eq!(requests, ["update"]);
     assert_eq!(guard.fencing_token(), 2);
     advance(Duration::from_millis(1)).await;
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn metrics_are_read_back_from_a_registry() {
+    use prometheus_client::{encoding::text::encode, registry::Registry};
+
+    fn scrape(registry: &Registry) -> String {
+        let mut out = String::new();
+        encode(&mut out, registry).unwrap();
+        out
+    }
+
+    let mut registry = Registry::default();
+    let metrics = crate::LeaseMetrics::register(&mut registry);
+    let fake = free();
+    let (e, id) = elector(&fake, config("me"));
+    let e = e.with_metrics(&metrics);
+    let text = scrape(&registry);
+    assert!(
+        text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
+        "{text}"
+    );
+    let guard = e.acquire().await.unwrap();
+    sleep(S(4) + Duration::from_millis(500)).await;
+    let text = scrape(&registry);
+    assert!(
+        text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"leader_election_renewals_total{namespace="default",lease="lease",outcome="success"} 2"#), "{text}");
+    assert!(
+        text.contains(
+            r#"leader_election_seconds_since_last_renewal{namespace="default",lease="lease"} 0.5"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"leader_election_renew_duration_seconds_count{namespace="default",lease="lease"} 2"#
+        ),
+        "{text}"
+    );
+    // free -> me: one change of holder seen.
+    assert!(
+        text.contains(r#"leader_election_transitions_total{namespace="default",lease="lease"} 1"#),
+        "{text}"
+    );
+    fake.partition(id, true);
+    assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+    let text = scrape(&registry);
+    assert!(
+        text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
+        "{text}"
+    );
+    assert!(text.contains(r#"outcome="error"} 4"#), "{text}");
+    assert!(
+        !text.contains("leader_election_seconds_since_last_renewal{"),
+        "{text}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn fencing_helpers_follow_the_renew_deadline() {
+    let fake = free();
+    let (e, id) = elector(&fake, config("me"));
+    let guard = e.acquire().await.unwrap();
+    assert_eq!(guard.fencing_token(), 1);
+    assert_eq!(guard.time_left(), S(10));
+    sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        guard.time_left(),
+        Duration::from_millis(9500),
+        "renewed at +2 s"
+    );
+    fake.partition(id, true);
+    sleep(S(9)).await;
+    assert_eq!(guard.time_left(), Duration::from_millis(500));
+    assert!(guard.is_valid());
+    sleep(Duration::from_millis(500)).await;
+    assert!(!guard.is_valid(), "not valid from the deadline on");
+    assert_eq!(guard.time_left(), Duration::ZERO);
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
+    // The next term has a larger token.
+    fake.partition(id, false);
+    let (other, _) = elector(&fake, config("other"));
+    let g2 = other.acquire().await.unwrap();
+    assert!(g2.fencing_token() > guard.fencing_token());
 }
