@@ -370,8 +370,7 @@ async fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_neve
     for _ in 0..1000 {
         fake.fault(id, None, Fault::Status(403));
     }
-    let acquire = e.acquire();
-    tokio::pin!(acquire);
+    let mut acquire = std::pin::pin!(e.acquire());
     let start = Instant::now();
     assert!(tokio::time::timeout(S(120), &mut acquire).await.is_err());
     assert!(!e.is_leader());
@@ -659,8 +658,7 @@ async fn followers_make_no_requests_beyond_their_watch() {
     let (leader, _) = elector(&fake, config("leader"));
     let _g = leader.acquire().await.unwrap();
     let (f, id) = elector(&fake, config("follower"));
-    let acquire = f.acquire();
-    tokio::pin!(acquire);
+    let mut acquire = std::pin::pin!(f.acquire());
     assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
     let since = Instant::now();
     assert!(tokio::time::timeout(S(600), &mut acquire).await.is_err());
@@ -680,8 +678,7 @@ async fn a_forbidden_watch_falls_back_to_polling() {
     let g = leader.acquire().await.unwrap();
     let (f, id) = elector(&fake, config("follower"));
     fake.forbid_watch(id);
-    let acquire = f.acquire();
-    tokio::pin!(acquire);
+    let mut acquire = std::pin::pin!(f.acquire());
     let since = Instant::now();
     assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
     let gets = count(&fake, id, "get", since);
@@ -705,8 +702,7 @@ async fn a_release_is_taken_within_one_watch_event_and_one_write() {
     let (leader, _) = elector(&fake, config("leader"));
     let g = leader.acquire().await.unwrap();
     let (f, id) = elector(&fake, config("follower"));
-    let acquire = f.acquire();
-    tokio::pin!(acquire);
+    let mut acquire = std::pin::pin!(f.acquire());
     assert!(tokio::time::timeout(S(30), &mut acquire).await.is_err());
     let since = Instant::now();
     drop(g);

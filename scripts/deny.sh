@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Runs `cargo deny --offline check` (advisories, bans, licenses, sources)
+# against the offline RustSec snapshot in ../shared/advisory-db.
+# Installs cargo-deny (pinned) into the project's tool cache when missing.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+cache="${KRL_CACHE_DIR:-${HOME:-/root}/.cache/kube-runtime-lease}"
+tools="$cache/tools"
+deny_version="0.20.2"
+deny="$tools/bin/cargo-deny"
+
+if ! "$deny" --version 2>/dev/null | grep -q "$deny_version"; then
+    echo "deny.sh: installing cargo-deny $deny_version into $tools (a few minutes, once)" >&2
+    cargo install cargo-deny --version "$deny_version" --locked --root "$tools" >&2
+fi
+
+shared="${KRL_SHARED_DIR:-$root/../shared}"
+snapshot="$shared/advisory-db"
+[ -d "$snapshot" ] || { echo "deny.sh: error: no advisory snapshot at $snapshot (set KRL_SHARED_DIR)" >&2; exit 1; }
+# cargo-deny 0.20 reads <db-path>/advisory-db-3157b0e258782691 (derived from its
+# default URL) and asks git for the HEAD commit's date: make the copy a repository.
+db="$root/target/advisory-dbs/advisory-db-3157b0e258782691"
+stamp="$(cd "$snapshot" && ls -la --time-style=+%s . | md5sum | cut -c1-16)"
+if [ ! -f "$db/.krl-stamp" ] || [ "$(cat "$db/.krl-stamp")" != "$stamp" ]; then
+    rm -rf "$db" && mkdir -p "$(dirname "$db")"
+    cp -r "$snapshot" "$db"
+    chmod -R u+w "$db"
+    date="$(sed -n 's/.*commit [0-9a-f]*, \([0-9-]*\)).*/\1/p' "$snapshot/SNAPSHOT.md" | head -1)"
+    date="${date:-2026-08-21}T00:00:00Z"
+    (cd "$db" && git init -q && git add -A &&
+        GIT_AUTHOR_DATE="$date" GIT_COMMITTER_DATE="$date" \
+        git -c user.name=snapshot -c user.email=snapshot@localhost commit -qm snapshot)
+    echo "$stamp" > "$db/.krl-stamp"
+fi
+
+cargo fetch --locked >/dev/null
+"$deny" --offline check "$@"
