@@ -1,0 +1,322 @@
+//! The failover demo: several replicas of the example controller
+//! (`examples/controller.rs`) on one Lease, against the local control plane
+//! (or the cluster in `KUBECONFIG`), showing who leads and when leadership
+//! moves: after a crash (SIGKILL) and after a graceful handover (SIGTERM).
+//!
+//! Run it with `scripts/demo.sh`. Settings (environment): `DEMO_REPLICAS`
+//! (default 3), `LEASE_DURATION` / `RENEW_DEADLINE` / `RETRY_PERIOD` (seconds,
+//! default 5 / 3 / 1, so that the crash failover is quick to watch).
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
+use kube::{
+    Api,
+    api::{ObjectMeta, PostParams},
+    runtime::{WatchStreamExt, watcher},
+};
+use kube_lease_testenv::TestEnv;
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::{Child, Command},
+    sync::mpsc,
+};
+
+const LEASE: &str = "configmap-controller";
+
+fn env_f64(var: &str, default: f64) -> f64 {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn say(start: Instant, msg: &str) {
+    println!("[{:>7.2}s] {msg}", start.elapsed().as_secs_f64());
+}
+
+/// Builds the example controller and returns its path.
+fn build_controller() -> anyhow::Result<PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "-p",
+            "kube-runtime-lease-examples",
+            "--example",
+            "controller",
+            "--message-format=json",
+        ])
+        .current_dir(kube_lease_testenv::workspace_root())
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo build")?;
+    if !out.status.success() {
+        bail!("building the example controller failed");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "controller")
+        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+        .context("no executable in cargo's output")
+}
+
+/// Waits for the next non-empty holder; logs releases on the way.
+async fn next_leader(
+    holders: &mut mpsc::UnboundedReceiver<(Instant, String)>,
+    start: Instant,
+    timeout: Duration,
+) -> anyhow::Result<(Instant, String)> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, holders.recv()).await {
+            Ok(Some((at, holder))) if !holder.is_empty() => return Ok((at, holder)),
+            Ok(Some(_)) => say(start, "Lease holder (API server): none (released)"),
+            Ok(None) => bail!("lease watch ended"),
+            Err(_) => bail!("no leader within {timeout:?}"),
+        }
+    }
+}
+
+struct Replica {
+    name: String,
+    child: Child,
+}
+
+struct Spawn<'a> {
+    controller: &'a std::path::Path,
+    env: &'a TestEnv,
+    ns: &'a str,
+    log_dir: &'a std::path::Path,
+    name: &'a str,
+    start: Instant,
+}
+
+/// Starts one replica; its log goes to a file, its leadership events to `leading_tx`.
+fn spawn_replica(
+    s: &Spawn<'_>,
+    leading_tx: mpsc::UnboundedSender<(Instant, String)>,
+) -> anyhow::Result<Child> {
+    let (controller, env, ns, log_dir, name, start) = (s.controller, s.env, s.ns, s.log_dir, s.name, s.start);
+    let env_f = |v: &str, d: f64| env_f64(v, d).to_string();
+    let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
+    let mut child = Command::new(controller)
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .env("POD_NAME", name)
+        .env("LEASE_NAMESPACE", ns)
+        .env("LEASE_NAME", LEASE)
+        .env("LEASE_DURATION", env_f("LEASE_DURATION", 5.0))
+        .env("RENEW_DEADLINE", env_f("RENEW_DEADLINE", 3.0))
+        .env("RETRY_PERIOD", env_f("RETRY_PERIOD", 1.0))
+        .env("RUST_LOG", "info,kube_runtime_lease=info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", controller.display()))?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let (tag, ns) = (name.to_owned(), ns.to_owned());
+    tokio::spawn(async move {
+        let mut log = log;
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let _ = std::io::Write::write_all(&mut log, format!("{line}\n").as_bytes());
+            if line.contains("now leading") {
+                let _ = leading_tx.send((Instant::now(), tag.clone()));
+            } else if line.contains("holding it for one lease duration") {
+                say(
+                    start,
+                    &format!("{tag}: created the Lease; holds it one lease duration before leading"),
+                );
+            } else if line.contains("leadership lost") || line.contains("leadership ended") {
+                let reason = line.split("reason=").nth(1).unwrap_or("").trim();
+                say(start, &format!("{tag}: stops leading: {reason}"));
+            } else if line.contains(&format!("namespace=\"{ns}\""))
+                && let Some(cm) = line.split("configmap=").nth(1)
+            {
+                say(
+                    start,
+                    &format!(
+                        "{tag}: reconciles ConfigMap {}",
+                        cm.split_whitespace().next().unwrap_or("")
+                    ),
+                );
+            }
+        }
+    });
+    Ok(child)
+}
+
+/// Who holds the Lease, as the API server says: one message per change.
+fn watch_holders(leases: Api<Lease>) -> mpsc::UnboundedReceiver<(Instant, String)> {
+    let (holders_tx, holders) = mpsc::unbounded_channel::<(Instant, String)>();
+    tokio::spawn(async move {
+        let wc = watcher::Config::default().fields(&format!("metadata.name={LEASE}"));
+        let mut last = None;
+        let mut events = std::pin::pin!(watcher(leases, wc).default_backoff().applied_objects());
+        while let Some(Ok(lease)) = events.next().await {
+            let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+            if last.as_ref() != Some(&holder) {
+                last = Some(holder.clone());
+                let _ = holders_tx.send((Instant::now(), holder));
+            }
+        }
+    });
+    holders
+}
+
+/// Some ConfigMaps for the replicas to reconcile.
+async fn create_configmaps(cms: &Api<ConfigMap>) -> anyhow::Result<()> {
+    for i in 1..=3 {
+        let metadata = ObjectMeta {
+            name: Some(format!("demo-{i}")),
+            ..Default::default()
+        };
+        cms.create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata,
+                ..Default::default()
+            },
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::main]
+#[allow(clippy::too_many_lines)] // a linear script, read top to bottom
+async fn main() -> anyhow::Result<()> {
+    let replicas: usize = std::env::var("DEMO_REPLICAS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let (lease_duration, renew_deadline, retry_period) = (
+        env_f64("LEASE_DURATION", 5.0),
+        env_f64("RENEW_DEADLINE", 3.0),
+        env_f64("RETRY_PERIOD", 1.0),
+    );
+    // scripts/demo.sh passes KUBECONFIG on as KRL_TEST_KUBECONFIG for the harness.
+    if let Ok(kubeconfig) = std::env::var("KRL_TEST_KUBECONFIG") {
+        println!("Using the cluster in KUBECONFIG={kubeconfig}");
+    } else {
+        println!("Starting a local control plane (etcd + kube-apiserver built from their Go modules)...");
+    }
+    let controller = build_controller()?;
+    let env = TestEnv::start().await?;
+    let client = env.client().await?;
+    let ns = env.new_namespace("failover-demo").await?;
+    create_configmaps(&Api::namespaced(client.clone(), &ns)).await?;
+    println!(
+        "Namespace {ns}, Lease {LEASE}: {replicas} replicas, lease duration {lease_duration} s, renew deadline {renew_deadline} s, retry period {retry_period} s\n"
+    );
+
+    let start = Instant::now();
+    let mut holders = watch_holders(Api::namespaced(client.clone(), &ns));
+
+    let (leading_tx, mut leading) = mpsc::unbounded_channel::<(Instant, String)>();
+    let mut running = BTreeMap::new();
+    let log_dir = kube_lease_testenv::workspace_root().join("target/failover-demo");
+    std::fs::create_dir_all(&log_dir)?;
+    for i in 1..=replicas {
+        let name = format!("replica-{i}");
+        let child = spawn_replica(
+            &Spawn {
+                controller: &controller,
+                env: &env,
+                ns: &ns,
+                log_dir: &log_dir,
+                name: &name,
+                start,
+            },
+            leading_tx.clone(),
+        )?;
+        say(start, &format!("started {name}"));
+        running.insert(name.clone(), Replica { name, child });
+    }
+
+    let timeout = Duration::from_secs_f64(lease_duration * 4.0 + 30.0);
+
+    // Lease holder changes, as the API server reports them.
+    tokio::spawn(async move {
+        while let Ok((_, holder)) = next_leader(&mut holders, start, Duration::from_secs(3600)).await {
+            say(start, &format!("Lease holder (API server): {holder}"));
+        }
+    });
+    let (_, first) = next_leader(&mut leading, start, timeout).await?;
+    say(start, &format!("LEADER: {first}"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // 1. Crash: SIGKILL the leader. A standby takes over after the lease duration.
+    let victim = running.remove(&first).context("leader is not one of ours")?;
+    let killed = Instant::now();
+    say(
+        start,
+        &format!(
+            "SIGKILL {} (crash): standbys wait one lease duration ({lease_duration} s)",
+            victim.name
+        ),
+    );
+    drop(victim); // kill_on_drop sends SIGKILL
+    let (at, second) = next_leader(&mut leading, start, timeout).await?;
+    let crash_failover = at - killed;
+    say(
+        start,
+        &format!(
+            "LEADER: {second}, {:.2} s after the crash",
+            crash_failover.as_secs_f64()
+        ),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // 2. Graceful: SIGTERM the leader. It finishes its work, releases, and a standby takes over at once.
+    let mut handover_ms = None;
+    if let Some(mut leader) = running.remove(&second) {
+        let pid = leader.child.id().context("pid")?;
+        let termed = Instant::now();
+        say(
+            start,
+            &format!(
+                "SIGTERM {} (rollout): it releases the lease on its way out",
+                leader.name
+            ),
+        );
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let (at, third) = next_leader(&mut leading, start, timeout).await?;
+        let handover = at - termed;
+        handover_ms = Some(handover.as_millis());
+        say(
+            start,
+            &format!("LEADER: {third}, {} ms after the SIGTERM", handover.as_millis()),
+        );
+        let status = tokio::time::timeout(Duration::from_secs(30), leader.child.wait()).await??;
+        say(start, &format!("{} exited ({status})", leader.name));
+    }
+
+    println!("\nSummary");
+    println!(
+        "  crash (SIGKILL) failover: {:.2} s  (lease duration {lease_duration} s)",
+        crash_failover.as_secs_f64()
+    );
+    if let Some(ms) = handover_ms {
+        println!("  graceful (SIGTERM) handover: {ms} ms");
+    }
+    println!("  replica logs: {}", log_dir.display());
+    if crash_failover < Duration::from_secs_f64(lease_duration - retry_period) {
+        bail!("failover faster than the lease duration allows: unsafe");
+    }
+    drop(running);
+    Ok(())
+}
