@@ -1,0 +1,1234 @@
+//! The election against a real kube-apiserver and etcd.
+//!
+//! One control plane is shared by every test of this file (a `OnceCell` in a
+//! static; its processes exit with the test process); each test works in a
+//! namespace of its own, with its own clients (a kube `Client` is bound to the
+//! runtime that created it, and each `#[tokio::test]` has its own runtime).
+//!
+//! Timings are short: 2 s lease duration, 1.5 s renew deadline, 0.5 s retry
+//! period. Tests wait for what they can observe (a guard, a status, a watch
+//! event) with bounds, never for a fixed time, except to measure a rate.
+#![allow(
+    clippy::too_many_lines,
+    reason = "each test follows one scenario from start to end"
+)]
+
+use std::{
+    io::Write,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::{StreamExt, future::select_all};
+use k8s_openapi::{
+    api::{
+        coordination::v1::{Lease, LeaseSpec},
+        core::v1::ConfigMap,
+        rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
+    },
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
+};
+use kube::{
+    Api, Client,
+    api::{DeleteParams, ObjectMeta, PostParams},
+    runtime::{Controller, controller::Action, watcher},
+};
+use kube_lease_testenv::TestEnv;
+use kube_runtime_lease::{
+    LeaderElectionControllerExt, LeaderElectionStreamExt, LeaderElector, LeaderStatus, LeaseConfig,
+    LeaseGuard, Lost,
+};
+use tokio::{
+    sync::{OnceCell, watch},
+    task::JoinHandle,
+    time::{Instant, timeout},
+};
+
+const LEASE_DURATION: Duration = Duration::from_secs(2);
+const RENEW_DEADLINE: Duration = Duration::from_millis(1500);
+const RETRY_PERIOD: Duration = Duration::from_millis(500);
+const LEASE: &str = "lease";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+// ---------------------------------------------------------------------------
+// Fixture
+// ---------------------------------------------------------------------------
+
+static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+
+/// The control plane shared by the tests of this file, started by the first.
+async fn env() -> &'static TestEnv {
+    ENV.get_or_init(|| async { TestEnv::start().await.expect("starting etcd and kube-apiserver") })
+        .await
+}
+
+/// One test's namespace and admin client.
+struct Fx {
+    env: &'static TestEnv,
+    ns: String,
+    admin: Client,
+    leases: Api<Lease>,
+}
+
+async fn fixture(prefix: &str) -> Result<Fx> {
+    let env = env().await;
+    let ns = env.new_namespace(prefix).await?;
+    let admin = env.client().await?;
+    let leases = Api::namespaced(admin.clone(), &ns);
+    Ok(Fx {
+        env,
+        ns,
+        admin,
+        leases,
+    })
+}
+
+impl Fx {
+    fn config(&self, identity: &str) -> LeaseConfig {
+        LeaseConfig::new(&self.ns, LEASE, identity)
+            .lease_duration(LEASE_DURATION)
+            .renew_deadline(RENEW_DEADLINE)
+            .retry_period(RETRY_PERIOD)
+            .release_timeout(Duration::from_secs(2))
+    }
+
+    /// A candidate with a client of its own, as if in a process of its own.
+    async fn candidate(&self, config: LeaseConfig) -> Result<LeaderElector> {
+        let client = self.env.client().await?;
+        Ok(LeaderElector::new(client, config)?)
+    }
+
+    /// Creates the Lease free (released): holder `""`, 1 s, no transitions yet.
+    async fn free_lease(&self, edit: impl FnOnce(&mut LeaseSpec)) -> Result<Lease> {
+        let mut spec = LeaseSpec {
+            holder_identity: Some(String::new()),
+            lease_duration_seconds: Some(1),
+            lease_transitions: Some(0),
+            ..LeaseSpec::default()
+        };
+        edit(&mut spec);
+        self.create_lease(spec).await
+    }
+
+    async fn create_lease(&self, spec: LeaseSpec) -> Result<Lease> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(LEASE.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        };
+        Ok(self.leases.create(&PostParams::default(), &lease).await?)
+    }
+
+    async fn spec(&self) -> Result<LeaseSpec> {
+        self.leases.get(LEASE).await?.spec.context("lease without spec")
+    }
+
+    /// Read-modify-write of the Lease as admin, retried on conflicts with the
+    /// elector's own writes.
+    async fn modify(&self, edit: impl Fn(&mut LeaseSpec)) -> Result<Lease> {
+        for _ in 0..50 {
+            let mut lease = self.leases.get(LEASE).await?;
+            edit(lease.spec.get_or_insert_with(LeaseSpec::default));
+            match self.leases.replace(LEASE, &PostParams::default(), &lease).await {
+                Ok(lease) => return Ok(lease),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        bail!("50 conflicts in a row modifying the lease")
+    }
+
+    /// Starts recording every version of the Lease (as seen by the admin).
+    async fn recorder(&self) -> Result<Recorder> {
+        Recorder::start(self.leases.clone()).await
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Observation helpers
+// ---------------------------------------------------------------------------
+
+/// One version of the Lease seen by the admin's watch.
+#[derive(Clone, Debug)]
+struct Seen {
+    /// Its position in the history.
+    n: usize,
+    /// When the test process received it.
+    at: Instant,
+    rv: String,
+    /// `None` for a deletion.
+    spec: Option<LeaseSpec>,
+}
+
+impl Seen {
+    fn holder(&self) -> Option<&str> {
+        self.spec.as_ref().and_then(|s| s.holder_identity.as_deref())
+    }
+
+    fn spec(&self) -> &LeaseSpec {
+        self.spec.as_ref().expect("not a deletion")
+    }
+}
+
+/// Records every version of the Lease, in order, without duplicates.
+struct Recorder {
+    seen: watch::Receiver<Vec<Seen>>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Recorder {
+    /// Returns once the watch has listed the current state.
+    async fn start(api: Api<Lease>) -> Result<Self> {
+        let (tx, seen) = watch::channel(Vec::<Seen>::new());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let cfg = watcher::Config::default().fields(&format!("metadata.name={LEASE}"));
+        let task = tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            let mut stream = std::pin::pin!(watcher(api, cfg));
+            while let Some(event) = stream.next().await {
+                let at = Instant::now();
+                let (lease, deleted) = match event {
+                    Ok(watcher::Event::InitApply(l) | watcher::Event::Apply(l)) => (l, false),
+                    Ok(watcher::Event::Delete(l)) => (l, true),
+                    Ok(watcher::Event::InitDone) => {
+                        if let Some(r) = ready.take() {
+                            let _ = r.send(());
+                        }
+                        continue;
+                    }
+                    Ok(watcher::Event::Init) | Err(_) => continue,
+                };
+                let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+                tx.send_modify(|v| {
+                    let dup = v
+                        .last()
+                        .is_some_and(|last| last.rv == rv && last.spec.is_none() == deleted);
+                    if !dup {
+                        v.push(Seen {
+                            n: v.len(),
+                            at,
+                            rv,
+                            spec: if deleted { None } else { lease.spec },
+                        });
+                    }
+                });
+            }
+        });
+        timeout(Duration::from_secs(10), ready_rx)
+            .await
+            .context("lease watch not synced within 10 s")??;
+        Ok(Self { seen, task })
+    }
+
+    fn all(&self) -> Vec<Seen> {
+        self.seen.borrow().clone()
+    }
+
+    /// The first version (in the whole history) that matches.
+    async fn first(&self, within: Duration, pred: impl Fn(&Seen) -> bool) -> Result<Seen> {
+        let mut rx = self.seen.clone();
+        let found = timeout(within, rx.wait_for(|v| v.iter().any(&pred)))
+            .await
+            .with_context(|| {
+                format!(
+                    "no matching lease version within {within:?}; seen: {:#?}",
+                    self.all()
+                )
+            })??;
+        Ok(found.iter().find(|s| pred(s)).cloned().expect("matched"))
+    }
+}
+
+/// Waits until the candidate's status matches.
+async fn status_where(
+    elector: &LeaderElector,
+    within: Duration,
+    pred: impl Fn(&LeaderStatus) -> bool,
+) -> Result<LeaderStatus> {
+    let mut rx = elector.subscribe();
+    let status = timeout(within, rx.wait_for(|s| pred(s)))
+        .await
+        .with_context(|| format!("status not reached within {within:?}; now {:?}", elector.status()))??
+        .clone();
+    Ok(status)
+}
+
+/// Acquires with a bound; returns the guard and the instant it was received.
+async fn acquire_within(elector: &LeaderElector, within: Duration) -> Result<(LeaseGuard, Instant)> {
+    let guard = timeout(within, elector.acquire()).await.with_context(|| {
+        format!(
+            "{} did not lead within {within:?}; status {:?}",
+            elector.config().identity(),
+            elector.status()
+        )
+    })??;
+    Ok((guard, Instant::now()))
+}
+
+/// Acquires in a task of its own: the instant the guard arrived, and the guard.
+fn spawn_acquire(elector: &LeaderElector) -> JoinHandle<(Instant, kube_runtime_lease::Result<LeaseGuard>)> {
+    let elector = elector.clone();
+    tokio::spawn(async move {
+        let guard = elector.acquire().await;
+        (Instant::now(), guard)
+    })
+}
+
+fn micros(t: Option<&MicroTime>) -> i64 {
+    t.expect("timestamp set").0.as_microsecond()
+}
+
+fn micros_or_zero(t: Option<&MicroTime>) -> i64 {
+    t.map_or(0, |t| t.0.as_microsecond())
+}
+
+fn wall_micros() -> i64 {
+    Timestamp::now().as_microsecond()
+}
+
+/// Sets a flag when dropped: proves that a closure or a stream is gone.
+struct DropFlag(Arc<AtomicBool>);
+
+impl DropFlag {
+    fn alive(&self) -> bool {
+        !self.0.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// 1. Acquire and renew
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquires_a_free_lease_at_once_and_writes_the_record() -> Result<()> {
+    let fx = fixture("acquire-free").await?;
+    let created = fx.free_lease(|_| {}).await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    assert_eq!(a.status(), LeaderStatus::default());
+
+    let before = wall_micros();
+    let start = Instant::now();
+    let (guard, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+    let took = start.elapsed();
+    let after = wall_micros();
+    assert!(took < ms(1000), "a free lease is taken at once, took {took:?}");
+
+    let lease = fx.leases.get(LEASE).await?;
+    assert_eq!(lease.metadata.uid, created.metadata.uid, "same object");
+    let s = lease.spec.context("spec")?;
+    assert_eq!(s.holder_identity.as_deref(), Some("a"));
+    assert_eq!(s.lease_duration_seconds, Some(2), "our duration, in seconds");
+    assert_eq!(s.lease_transitions, Some(1), "free -> a is a transition");
+    let acquired = micros(s.acquire_time.as_ref());
+    assert!(
+        (before..=after).contains(&acquired),
+        "acquireTime {acquired} written during the acquisition [{before}, {after}]"
+    );
+    assert!(micros(s.renew_time.as_ref()) >= acquired);
+    assert_eq!(guard.fencing_token(), 1);
+    assert!(guard.is_valid());
+    assert!(guard.time_left() <= RENEW_DEADLINE && guard.time_left() > ms(500));
+    // The status follows the guard (not necessarily before it arrives).
+    let st = status_where(&a, ms(500), |s| s.is_leader).await?;
+    assert_eq!(st.holder.as_deref(), Some("a"));
+    assert_eq!(st.transitions, Some(1));
+    assert!(a.health_check(Duration::ZERO).is_ok());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_a_missing_lease_and_leads_one_lease_duration_later() -> Result<()> {
+    let fx = fixture("acquire-create").await?;
+    let rec = fx.recorder().await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    let start = Instant::now();
+    let before = wall_micros();
+    let acquiring = spawn_acquire(&a);
+
+    // The Lease appears at once, held by `a`, but `a` does not lead yet.
+    let created = rec.first(Duration::from_secs(5), |s| s.spec.is_some()).await?;
+    assert!(
+        created.at - start < ms(1000),
+        "created after {:?}",
+        created.at - start
+    );
+    let s = created.spec();
+    assert_eq!(s.holder_identity.as_deref(), Some("a"));
+    assert_eq!(s.lease_duration_seconds, Some(2));
+    assert_eq!(s.lease_transitions, Some(0), "a new Lease starts at 0");
+    assert_eq!(s.acquire_time, s.renew_time);
+    assert!(micros(s.acquire_time.as_ref()) >= before);
+    assert!(!a.is_leader(), "held, not led, right after creating");
+
+    let (at, guard) = timeout(Duration::from_secs(6), acquiring).await??;
+    let guard = guard?;
+    let waited = at - start;
+    assert!(
+        waited >= LEASE_DURATION,
+        "led after {waited:?}, before one lease duration"
+    );
+    assert!(waited < LEASE_DURATION + ms(1500), "led only after {waited:?}");
+    assert!(at - created.at >= ms(1900));
+    assert_eq!(guard.fencing_token(), 0);
+    status_where(&a, ms(500), |s| s.is_leader).await?;
+
+    // It renewed the Lease while holding it, keeping acquireTime and transitions.
+    let s = fx.spec().await?;
+    assert_eq!(s.holder_identity.as_deref(), Some("a"));
+    assert_eq!(s.lease_transitions, Some(0));
+    assert_eq!(s.acquire_time, created.spec().acquire_time);
+    assert!(micros(s.renew_time.as_ref()) - micros(s.acquire_time.as_ref()) >= 1_000_000);
+    let renewals_while_held = rec
+        .all()
+        .iter()
+        .filter(|v| v.at <= at && v.holder() == Some("a"))
+        .count();
+    assert!(
+        (3..=6).contains(&renewals_while_held),
+        "{renewals_while_held} versions while held (create + renewals every 0.5 s)"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_renews_once_per_retry_period() -> Result<()> {
+    let fx = fixture("renew").await?;
+    fx.free_lease(|_| {}).await?;
+    let rec = fx.recorder().await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    let (guard, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+    let first = fx.leases.get(LEASE).await?;
+    let first_spec = first.spec.clone().context("spec")?;
+    let first_rv = first.metadata.resource_version.clone().context("rv")?;
+
+    // A rate: observe a fixed window.
+    let window = Duration::from_secs(3);
+    let from = Instant::now();
+    tokio::time::sleep(window).await;
+    let versions: Vec<Seen> = rec
+        .all()
+        .into_iter()
+        .filter(|v| v.at > from && v.rv != first_rv)
+        .collect();
+    let n = versions.len();
+    assert!(
+        (4..=8).contains(&n),
+        "{n} renewals in {window:?} at a 500 ms retry period: {versions:#?}"
+    );
+    let mut last_renew = micros(first_spec.renew_time.as_ref());
+    let mut gaps = Vec::new();
+    for v in &versions {
+        let s = v.spec();
+        assert_eq!(s.holder_identity.as_deref(), Some("a"));
+        assert_eq!(s.acquire_time, first_spec.acquire_time, "acquireTime kept");
+        assert_eq!(
+            s.lease_transitions, first_spec.lease_transitions,
+            "transitions kept"
+        );
+        assert_eq!(s.lease_duration_seconds, Some(2));
+        let renew = micros(s.renew_time.as_ref());
+        assert!(renew > last_renew, "renewTime advances");
+        gaps.push(renew - last_renew);
+        last_renew = renew;
+    }
+    let rvs: std::collections::HashSet<_> = versions.iter().map(|v| &v.rv).collect();
+    assert_eq!(rvs.len(), n, "one new resourceVersion per renewal");
+    let mean = gaps.iter().sum::<i64>() / i64::try_from(gaps.len())?;
+    assert!(
+        (400_000..=650_000).contains(&mean),
+        "mean renewal interval {mean} us, gaps {gaps:?}"
+    );
+    assert!(
+        gaps.iter().all(|g| (150_000..=1_000_000).contains(g)),
+        "renewal gaps {gaps:?} us"
+    );
+    assert!(guard.is_valid() && guard.lost().is_none());
+    assert!(a.health_check(Duration::ZERO).is_ok());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 2. Takeover after expiry
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takeover_after_expiry_waits_one_lease_duration_from_the_last_renewal() -> Result<()> {
+    let fx = fixture("takeover").await?;
+    fx.free_lease(|_| {}).await?;
+    let rec = fx.recorder().await?;
+    let a = fx.candidate(fx.config("a").release_on_drop(false)).await?;
+    let (guard_a, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+    let acquired = rec
+        .first(Duration::from_secs(2), |v| v.holder() == Some("a"))
+        .await?;
+    let b = fx.candidate(fx.config("b")).await?;
+    let b_acquiring = spawn_acquire(&b);
+    status_where(&b, Duration::from_secs(5), |s| s.holder.as_deref() == Some("a")).await?;
+    // Let `a` renew a couple of times while `b` watches.
+    rec.first(Duration::from_secs(5), |v| {
+        v.holder() == Some("a") && v.spec().renew_time != v.spec().acquire_time
+    })
+    .await?;
+
+    // `a` stops renewing without releasing: its process "dies".
+    drop(guard_a);
+    drop(a);
+    let dropped = Instant::now();
+
+    let (b_at, guard_b) = timeout(Duration::from_secs(6), b_acquiring).await??;
+    let guard_b = guard_b?;
+    let first_b = rec
+        .first(Duration::from_secs(2), |v| v.holder() == Some("b"))
+        .await?;
+    let all = rec.all();
+    let last_a = all[..first_b.n]
+        .iter()
+        .rfind(|v| v.holder() == Some("a"))
+        .context("no record of a")?;
+    assert!(
+        !all.iter()
+            .any(|v| v.n > acquired.n && v.holder() != Some("a") && v.n < first_b.n),
+        "a must not release: {all:#?}"
+    );
+    // Wall clocks of one machine: the record's own times.
+    let gap = micros(first_b.spec().acquire_time.as_ref()) - micros(last_a.spec().renew_time.as_ref());
+    assert!(
+        gap >= 2_000_000,
+        "b took over {gap} us after a's last renewal, before the lease duration"
+    );
+    assert!(
+        gap <= 2_700_000,
+        "b took over only {gap} us after a's last renewal"
+    );
+    // Monotonic: from when the admin saw a's last write.
+    assert!(b_at >= last_a.at + LEASE_DURATION - ms(100));
+    assert!(b_at - dropped <= LEASE_DURATION + ms(800));
+    assert_eq!(
+        first_b.spec().lease_transitions,
+        last_a.spec().lease_transitions.map(|t| t + 1)
+    );
+    assert_eq!(guard_b.fencing_token(), 2);
+    assert_eq!(b.status().holder.as_deref(), Some("b"));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 3. Release and immediate takeover
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_is_taken_over_at_once() -> Result<()> {
+    let fx = fixture("release").await?;
+    fx.free_lease(|_| {}).await?;
+    let rec = fx.recorder().await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    let (guard_a, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+    let acquired = rec
+        .first(Duration::from_secs(2), |v| v.holder() == Some("a"))
+        .await?;
+    let b = fx.candidate(fx.config("b")).await?;
+    let b_acquiring = spawn_acquire(&b);
+    status_where(&b, Duration::from_secs(5), |s| s.holder.as_deref() == Some("a")).await?;
+    let held = fx.spec().await?;
+
+    let dropped = Instant::now();
+    drop(guard_a);
+    let (b_at, guard_b) = timeout(Duration::from_secs(5), b_acquiring).await??;
+    let guard_b = guard_b?;
+    let took = b_at - dropped;
+    assert!(took < ms(300), "b led {took:?} after a's guard was dropped");
+    assert!(!a.is_leader());
+
+    let released = rec
+        .first(Duration::ZERO, |v| v.n > acquired.n && v.holder() == Some(""))
+        .await
+        .context("a's release")?;
+    let r = released.spec();
+    assert_eq!(r.lease_duration_seconds, Some(1), "released with 1 s");
+    assert_eq!(
+        r.lease_transitions, held.lease_transitions,
+        "release keeps transitions"
+    );
+    assert!(micros(r.acquire_time.as_ref()) >= micros(held.renew_time.as_ref()));
+    let s = fx.spec().await?;
+    assert_eq!(s.holder_identity.as_deref(), Some("b"));
+    assert_eq!(s.lease_transitions, Some(2), "free -> a -> b");
+    assert_eq!(s.lease_duration_seconds, Some(2));
+    assert_eq!(guard_b.fencing_token(), 2);
+    assert!(micros(s.acquire_time.as_ref()) >= micros(r.renew_time.as_ref()));
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 4. Create race
+// ---------------------------------------------------------------------------
+
+/// Counts the candidates that claim to lead after each status change; returns the maximum.
+fn watch_leaders(electors: &[LeaderElector]) -> (Arc<AtomicUsize>, JoinHandle<()>) {
+    let max = Arc::new(AtomicUsize::new(0));
+    let mut rxs: Vec<_> = electors.iter().map(LeaderElector::subscribe).collect();
+    let m = max.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let leaders = rxs.iter().filter(|rx| rx.borrow().is_leader).count();
+            m.fetch_max(leaders, Ordering::SeqCst);
+            let changed = rxs.iter_mut().map(|rx| Box::pin(rx.changed()));
+            let (result, _, _) = select_all(changed).await;
+            if result.is_err() {
+                return;
+            }
+        }
+    });
+    (max, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidates_racing_to_create_the_lease_elect_exactly_one() -> Result<()> {
+    let fx = fixture("race").await?;
+    let rec = fx.recorder().await?;
+    let ids = ["a", "b", "c", "d"];
+    let mut electors = Vec::new();
+    for id in ids {
+        electors.push(fx.candidate(fx.config(id)).await?);
+    }
+    let (max_leaders, monitor) = watch_leaders(&electors);
+    let acquires: Vec<_> = electors.iter().map(LeaderElector::acquire).collect();
+    let (won, winner, rest) = timeout(Duration::from_secs(6), select_all(acquires))
+        .await
+        .context("nobody won")?;
+    let guard = won?;
+    let winner_id = ids[winner];
+    status_where(&electors[winner], ms(500), |s| s.is_leader).await?;
+    assert_eq!(guard.fencing_token(), 0);
+
+    // Exactly one create succeeded, and nobody else wrote the Lease.
+    let all = rec.all();
+    assert!(!all.is_empty());
+    assert!(
+        all.iter().all(|v| v.holder() == Some(winner_id)),
+        "only {winner_id} wrote: {all:#?}"
+    );
+    assert!(all.iter().all(|v| v.spec().lease_transitions == Some(0)));
+
+    // The others keep waiting while the winner renews.
+    let still = timeout(LEASE_DURATION + ms(500), select_all(rest)).await;
+    assert!(still.is_err(), "a second candidate led: {:?}", still.map(|r| r.1));
+    for (i, e) in electors.iter().enumerate() {
+        assert_eq!(e.is_leader(), i == winner, "{}", ids[i]);
+        assert_eq!(e.status().holder.as_deref(), Some(winner_id));
+    }
+
+    // Hand over: one of the others, and only one, leads next.
+    let others: Vec<&LeaderElector> = electors
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != winner)
+        .map(|(_, e)| e)
+        .collect();
+    let next: Vec<_> = others.iter().map(|e| e.acquire()).collect();
+    drop(guard);
+    let (next_guard, second, rest) = timeout(Duration::from_secs(3), select_all(next))
+        .await
+        .context("no candidate took the released lease")?;
+    let next_guard = next_guard?;
+    assert_eq!(next_guard.fencing_token(), 1);
+    status_where(others[second], ms(500), |s| s.is_leader).await?;
+    let leaders: Vec<_> = electors.iter().filter(|e| e.is_leader()).collect();
+    assert_eq!(leaders.len(), 1, "{leaders:?}");
+    drop(rest);
+    monitor.abort();
+    assert_eq!(
+        max_leaders.load(Ordering::SeqCst),
+        1,
+        "two candidates led at once"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 5. Deleted while held
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_ends_the_term_and_can_be_created_again() -> Result<()> {
+    let fx = fixture("deleted").await?;
+    let original = fx.free_lease(|_| {}).await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    let (guard, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+
+    let deleted = Instant::now();
+    fx.leases.delete(LEASE, &DeleteParams::default()).await?;
+    let lost = timeout(Duration::from_secs(3), guard)
+        .await
+        .context("guard did not resolve after the lease was deleted")?;
+    assert_eq!(lost, Lost::Deleted);
+    let took = deleted.elapsed();
+    assert!(took < ms(1000), "loss noticed after {took:?}");
+    status_where(&a, ms(500), |s| !s.is_leader).await?;
+
+    // Campaigning again re-creates the Lease, and leads one lease duration later.
+    let start = Instant::now();
+    let (guard, _) = acquire_within(&a, Duration::from_secs(6)).await?;
+    assert!(start.elapsed() >= LEASE_DURATION, "{:?}", start.elapsed());
+    let lease = fx.leases.get(LEASE).await?;
+    assert_ne!(lease.metadata.uid, original.metadata.uid, "a new object");
+    let s = lease.spec.context("spec")?;
+    assert_eq!(s.holder_identity.as_deref(), Some("a"));
+    assert_eq!(s.lease_transitions, Some(0));
+    assert_eq!(guard.fencing_token(), 0);
+    assert!(guard.is_valid());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 6. RBAC
+// ---------------------------------------------------------------------------
+
+/// A shared log buffer for a `tracing_subscriber::fmt` writer.
+#[derive(Clone, Default)]
+struct LogBuf(Arc<Mutex<Vec<u8>>>);
+
+impl Write for LogBuf {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log buffer").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl LogBuf {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
+    }
+
+    fn lines_with(&self, needle: &str) -> Vec<String> {
+        self.text()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Waits until `n` lines contain `needle`.
+    async fn wait_lines(&self, needle: &str, n: usize, within: Duration) -> Result<Vec<String>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let lines = self.lines_with(needle);
+            if lines.len() >= n {
+                return Ok(lines);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{n} log lines with {needle:?} not seen within {within:?}; logs:\n{}",
+                self.text()
+            );
+            tokio::time::sleep(ms(20)).await;
+        }
+    }
+}
+
+// A current-thread runtime: the elector's tasks run on the test's thread, where
+// the scoped subscriber is the default.
+#[tokio::test]
+async fn without_rbac_a_candidate_never_leads_and_says_which_rule_is_missing() -> Result<()> {
+    let logs = LogBuf::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let fx = fixture("rbac").await?;
+    let user = format!("lease-user-{}", fx.ns);
+    let a = LeaderElector::new(fx.env.user_client(&user, &[]).await?, fx.config("a"))?;
+    let mut acquiring = std::pin::pin!(a.acquire());
+    let missing_get = format!(
+        "forbidden to get lease {}/{LEASE}: RBAC needs verbs get, create, update",
+        fx.ns
+    );
+    // Two attempts, both refused, and no leadership.
+    tokio::select! {
+        guard = &mut acquiring => bail!("led without any permission: {guard:?}"),
+        lines = logs.wait_lines(&missing_get, 2, Duration::from_secs(10)) => {
+            let lines = lines?;
+            assert!(lines[0].contains("`get` is missing"), "{}", lines[0]);
+            assert!(lines[0].contains("ERROR"), "{}", lines[0]);
+            assert!(lines[0].contains("403") || lines[0].contains("forbidden"), "{}", lines[0]);
+        }
+    }
+    assert!(!a.is_leader());
+    assert!(fx.leases.get_opt(LEASE).await?.is_none(), "nothing created");
+
+    // Grant get, create and update, but not list and watch.
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some("lease-rw".to_owned()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec!["coordination.k8s.io".to_owned()]),
+            resources: Some(vec!["leases".to_owned()]),
+            verbs: vec!["get".to_owned(), "create".to_owned(), "update".to_owned()],
+            ..PolicyRule::default()
+        }]),
+    };
+    Api::<Role>::namespaced(fx.admin.clone(), &fx.ns)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some("lease-rw".to_owned()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Role".to_owned(),
+            name: "lease-rw".to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".to_owned(),
+            name: user.clone(),
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(fx.admin.clone(), &fx.ns)
+        .create(&PostParams::default(), &binding)
+        .await?;
+
+    // The pending acquisition now creates the Lease and leads (after holding it
+    // for one lease duration), polling since it cannot watch.
+    let guard = timeout(Duration::from_secs(10), &mut acquiring)
+        .await
+        .with_context(|| format!("no leadership after the grant; logs:\n{}", logs.text()))??;
+    status_where(&a, ms(500), |s| s.is_leader).await?;
+    assert_eq!(fx.spec().await?.holder_identity.as_deref(), Some("a"));
+    let fallback = logs.lines_with("cannot watch leases");
+    assert_eq!(fallback.len(), 1, "one warning: {fallback:?}");
+    assert!(fallback[0].contains("WARN") && fallback[0].contains("identity=a"));
+    assert!(fallback[0].contains("falling back to polling"));
+
+    // A second candidate of the same user also falls back to polling, and
+    // takes the released Lease within a jittered retry period.
+    let b = LeaderElector::new(fx.env.user_client(&user, &[]).await?, fx.config("b"))?;
+    let b_acquiring = spawn_acquire(&b);
+    status_where(&b, Duration::from_secs(5), |s| s.holder.as_deref() == Some("a")).await?;
+    let released = Instant::now();
+    drop(guard);
+    let (b_at, guard_b) = timeout(Duration::from_secs(5), b_acquiring).await??;
+    let guard_b = guard_b?;
+    let took = b_at - released;
+    assert!(
+        took <= RETRY_PERIOD.mul_f64(2.2) + ms(300),
+        "polling b led {took:?} after the release"
+    );
+    assert_eq!(guard_b.fencing_token(), 1);
+    let fallback = logs.lines_with("cannot watch leases");
+    assert_eq!(fallback.len(), 2, "one warning per candidate: {fallback:?}");
+    assert!(fallback[1].contains("identity=b"), "{}", fallback[1]);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 7. Coordinated Leader Election fields
+// ---------------------------------------------------------------------------
+
+const STRATEGY: &str = "OldestEmulationVersion";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strategy_and_preferred_holder_are_kept_and_honoured() -> Result<()> {
+    let fx = fixture("cle").await?;
+    // The apiserver persists the fields only with the CoordinatedLeaderElection gate.
+    let created = fx.free_lease(|s| s.strategy = Some(STRATEGY.to_owned())).await?;
+    assert_eq!(
+        created.spec.as_ref().and_then(|s| s.strategy.as_deref()),
+        Some(STRATEGY),
+        "the apiserver dropped spec.strategy: is CoordinatedLeaderElection enabled?"
+    );
+    let rec = fx.recorder().await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    let (guard, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+    let acquired = rec
+        .first(Duration::from_secs(2), |v| v.holder() == Some("a"))
+        .await?;
+    assert_eq!(
+        acquired.spec().strategy.as_deref(),
+        Some(STRATEGY),
+        "kept on acquire"
+    );
+
+    // Set during leadership: preferredHolder naming the leader itself.
+    let edited = fx.modify(|s| s.preferred_holder = Some("a".to_owned())).await?;
+    let edited_rv = edited.metadata.resource_version.clone().context("rv")?;
+    let edited_renew = micros(edited.spec.as_ref().and_then(|s| s.renew_time.as_ref()));
+    // A renewal after the edit.
+    let renewed = rec
+        .first(Duration::from_secs(3), |v| {
+            v.rv != edited_rv
+                && v.spec
+                    .as_ref()
+                    .is_some_and(|s| micros_or_zero(s.renew_time.as_ref()) > edited_renew)
+        })
+        .await?;
+    let s = renewed.spec();
+    assert_eq!(s.holder_identity.as_deref(), Some("a"));
+    assert_eq!(s.strategy.as_deref(), Some(STRATEGY), "kept on renew");
+    assert_eq!(s.preferred_holder.as_deref(), Some("a"), "kept on renew");
+    assert!(guard.is_valid() && a.is_leader(), "a is preferred: it stays");
+
+    // Every write so far kept strategy; every write after the edit kept preferredHolder.
+    let edit = rec.first(Duration::ZERO, |v| v.rv == edited_rv).await?;
+    for v in rec.all() {
+        let s = v.spec();
+        assert_eq!(s.strategy.as_deref(), Some(STRATEGY), "{v:?}");
+        if v.n >= edit.n {
+            assert_eq!(s.preferred_holder.as_deref(), Some("a"), "{v:?}");
+        }
+    }
+
+    // Preferring someone else: the leader steps down and releases.
+    let b = fx.candidate(fx.config("b")).await?;
+    let b_acquiring = spawn_acquire(&b);
+    status_where(&b, Duration::from_secs(5), |s| s.holder.as_deref() == Some("a")).await?;
+    let preferred_at = Instant::now();
+    fx.modify(|s| s.preferred_holder = Some("b".to_owned())).await?;
+    let lost = timeout(Duration::from_secs(3), guard)
+        .await
+        .context("a did not step down")?;
+    assert_eq!(
+        lost,
+        Lost::SteppedDown {
+            preferred_holder: "b".to_owned()
+        }
+    );
+    let stepped_down = preferred_at.elapsed();
+    assert!(
+        stepped_down <= RETRY_PERIOD + ms(500),
+        "stepped down {stepped_down:?} after the edit"
+    );
+    let released = rec
+        .first(Duration::from_secs(2), |v| {
+            v.n > acquired.n && v.holder() == Some("")
+        })
+        .await?;
+    let r = released.spec();
+    assert_eq!(r.preferred_holder.as_deref(), Some("b"), "kept on release");
+    assert_eq!(r.strategy.as_deref(), Some(STRATEGY), "kept on release");
+
+    let (b_at, guard_b) = timeout(Duration::from_secs(5), b_acquiring).await??;
+    let guard_b = guard_b?;
+    let s = fx.spec().await?;
+    assert_eq!(s.holder_identity.as_deref(), Some("b"));
+    assert_eq!(s.preferred_holder.as_deref(), Some("b"));
+    assert_eq!(s.strategy.as_deref(), Some(STRATEGY));
+    assert_eq!(guard_b.fencing_token(), 2);
+    let b_took = b_at - released.at;
+    eprintln!("preferred b led {b_took:?} after a's release");
+    assert!(!a.is_leader());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 8. Guarded stream and Controller
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_stream_runs_only_while_leading() -> Result<()> {
+    let fx = fixture("stream").await?;
+    // Held by a candidate that has stopped renewing.
+    let created_at = Instant::now();
+    fx.create_lease(LeaseSpec {
+        holder_identity: Some("gone".to_owned()),
+        lease_duration_seconds: Some(2),
+        lease_transitions: Some(3),
+        acquire_time: Some(MicroTime(Timestamp::now())),
+        renew_time: Some(MicroTime(Timestamp::now())),
+        ..LeaseSpec::default()
+    })
+    .await?;
+    let a = fx.candidate(fx.config("a")).await?;
+
+    let items = Arc::new(AtomicUsize::new(0));
+    let polled_while_not_leading = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(AtomicBool::new(false));
+    let first_item: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let work = {
+        let (items, bad, first, e) = (
+            items.clone(),
+            polled_while_not_leading.clone(),
+            first_item.clone(),
+            a.clone(),
+        );
+        let flag = DropFlag(dropped.clone());
+        futures::stream::unfold(flag, move |flag| {
+            let (items, bad, first, e) = (items.clone(), bad.clone(), first.clone(), e.clone());
+            async move {
+                assert!(flag.alive());
+                if !e.is_leader() {
+                    bad.fetch_add(1, Ordering::SeqCst);
+                }
+                first.lock().expect("lock").get_or_insert_with(Instant::now);
+                tokio::time::sleep(ms(20)).await;
+                // Counted when yielded: a drop during the sleep yields nothing.
+                let n = items.fetch_add(1, Ordering::SeqCst);
+                Some((n, flag))
+            }
+        })
+    };
+    let guarded = work.with_leader_election(&a);
+    let consumer = tokio::spawn(async move {
+        let mut guarded = std::pin::pin!(guarded);
+        let mut seen = 0;
+        while guarded.next().await.is_some() {
+            seen += 1;
+        }
+        (seen, guarded.lost().cloned())
+    });
+
+    status_where(&a, Duration::from_secs(5), |s| {
+        s.holder.as_deref() == Some("gone")
+    })
+    .await?;
+    assert!(
+        first_item.lock().expect("lock").is_none(),
+        "polled before leading"
+    );
+    status_where(&a, Duration::from_secs(5), |s| s.is_leader).await?;
+    let led_at = Instant::now();
+    assert!(led_at - created_at >= LEASE_DURATION, "took an unexpired lease");
+    // The work runs.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while items.load(Ordering::SeqCst) < 10 {
+        ensure!(Instant::now() < deadline, "the guarded stream does not run");
+        tokio::time::sleep(ms(20)).await;
+    }
+    let first = first_item.lock().expect("lock").context("no item")?;
+    assert!(first >= led_at - ms(50), "polled before leading");
+
+    // Another candidate takes the Lease by force: the stream is dropped.
+    let forced = Instant::now();
+    fx.modify(|s| {
+        s.holder_identity = Some("thief".to_owned());
+        s.lease_transitions = s.lease_transitions.map(|t| t + 1);
+        s.acquire_time = Some(MicroTime(Timestamp::now()));
+        s.renew_time = s.acquire_time.clone();
+        s.lease_duration_seconds = Some(30);
+    })
+    .await?;
+    let (seen, lost) = timeout(Duration::from_secs(3), consumer)
+        .await
+        .context("guarded stream still running after a takeover")??;
+    let took = forced.elapsed();
+    assert!(took < ms(1000), "stopped {took:?} after the takeover");
+    assert_eq!(
+        lost,
+        Some(Lost::TakenOver {
+            holder: "thief".to_owned()
+        })
+    );
+    assert!(dropped.load(Ordering::SeqCst), "the inner stream was dropped");
+    assert!(seen >= 10);
+    assert_eq!(items.load(Ordering::SeqCst), seen);
+    assert_eq!(polled_while_not_leading.load(Ordering::SeqCst), 0);
+    assert!(!a.is_leader());
+    assert_eq!(
+        fx.spec().await?.holder_identity.as_deref(),
+        Some("thief"),
+        "not released"
+    );
+    Ok(())
+}
+
+struct Ctx {
+    elector: LeaderElector,
+    reconciled: AtomicUsize,
+    not_leading: AtomicUsize,
+    names: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_reconciles_only_while_leading() -> Result<()> {
+    let fx = fixture("controller").await?;
+    fx.free_lease(|_| {}).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(fx.admin.clone(), &fx.ns);
+    let configmap = |name: &str| ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    for name in ["cm-1", "cm-2"] {
+        cms.create(&PostParams::default(), &configmap(name)).await?;
+    }
+    // Someone else leads first.
+    let other = fx.candidate(fx.config("other")).await?;
+    let (other_guard, _) = acquire_within(&other, Duration::from_secs(5)).await?;
+
+    let client = fx.env.client().await?;
+    let a = LeaderElector::new(client.clone(), fx.config("a"))?;
+    let (tx, mut names) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = Arc::new(Ctx {
+        elector: a.clone(),
+        reconciled: AtomicUsize::new(0),
+        not_leading: AtomicUsize::new(0),
+        names: tx,
+    });
+    let dropped = Arc::new(AtomicBool::new(false));
+    let flag = DropFlag(dropped.clone());
+    let controller = Controller::new(
+        Api::<ConfigMap>::namespaced(client, &fx.ns),
+        watcher::Config::default(),
+    )
+    .with_leader_election(&a)
+    .run(
+        move |cm: Arc<ConfigMap>, ctx: Arc<Ctx>| {
+            assert!(flag.alive());
+            async move {
+                if !ctx.elector.is_leader() {
+                    ctx.not_leading.fetch_add(1, Ordering::SeqCst);
+                }
+                ctx.reconciled.fetch_add(1, Ordering::SeqCst);
+                let _ = ctx.names.send(cm.metadata.name.clone().unwrap_or_default());
+                Ok::<_, kube::Error>(Action::await_change())
+            }
+        },
+        |_cm, _err: &kube::Error, _ctx| Action::requeue(ms(500)),
+        ctx.clone(),
+    );
+    let running = tokio::spawn(async move {
+        let mut controller = std::pin::pin!(controller);
+        while controller.next().await.is_some() {}
+        controller.lost().cloned()
+    });
+
+    status_where(&a, Duration::from_secs(5), |s| {
+        s.holder.as_deref() == Some("other")
+    })
+    .await?;
+    assert_eq!(
+        ctx.reconciled.load(Ordering::SeqCst),
+        0,
+        "reconciled before leading"
+    );
+    assert!(names.try_recv().is_err());
+
+    // `other` hands over: the controller starts and reconciles what exists.
+    drop(other_guard);
+    status_where(&a, Duration::from_secs(5), |s| s.is_leader).await?;
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 2 {
+        let name = timeout(Duration::from_secs(5), names.recv())
+            .await
+            .context("no reconcile after acquisition")?
+            .context("controller gone")?;
+        seen.insert(name);
+    }
+    assert_eq!(seen, ["cm-1".to_owned(), "cm-2".to_owned()].into());
+    // And what changes while it leads.
+    cms.create(&PostParams::default(), &configmap("cm-3")).await?;
+    loop {
+        let name = timeout(Duration::from_secs(5), names.recv())
+            .await
+            .context("cm-3 not reconciled")?
+            .context("controller gone")?;
+        if name == "cm-3" {
+            break;
+        }
+    }
+    assert!(!dropped.load(Ordering::SeqCst));
+
+    // The Lease is deleted: the controller stops at once.
+    let deleted = Instant::now();
+    fx.leases.delete(LEASE, &DeleteParams::default()).await?;
+    let lost = timeout(Duration::from_secs(3), running)
+        .await
+        .context("controller still running after the lease was deleted")??;
+    assert!(deleted.elapsed() < ms(1000), "{:?}", deleted.elapsed());
+    assert_eq!(lost, Some(Lost::Deleted));
+    assert!(dropped.load(Ordering::SeqCst), "the reconciler was dropped");
+    let count = ctx.reconciled.load(Ordering::SeqCst);
+    cms.create(&PostParams::default(), &configmap("cm-4")).await?;
+    tokio::time::sleep(ms(300)).await;
+    assert_eq!(
+        ctx.reconciled.load(Ordering::SeqCst),
+        count,
+        "reconciled after the loss"
+    );
+    assert_eq!(ctx.not_leading.load(Ordering::SeqCst), 0);
+    assert!(!a.is_leader());
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// 9. Handover latency: watch vs polling
+// ---------------------------------------------------------------------------
+
+/// `a` leads, `b` waits; returns how long after `a`'s guard is dropped `b` leads.
+async fn handover(prefix: &str, watch: bool) -> Result<Duration> {
+    let fx = fixture(prefix).await?;
+    fx.free_lease(|_| {}).await?;
+    let a = fx.candidate(fx.config("a").watch(watch)).await?;
+    let (guard_a, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+    let b = fx.candidate(fx.config("b").watch(watch)).await?;
+    let b_acquiring = spawn_acquire(&b);
+    status_where(&b, Duration::from_secs(5), |s| s.holder.as_deref() == Some("a")).await?;
+    // Let `b` settle into waiting (its watch synced, or its polling cadence).
+    let rec = fx.recorder().await?;
+    let renewed = fx.spec().await?.renew_time;
+    rec.first(Duration::from_secs(3), |v| v.spec().renew_time != renewed)
+        .await?;
+    let released = Instant::now();
+    drop(guard_a);
+    let (b_at, guard_b) = timeout(Duration::from_secs(5), b_acquiring).await??;
+    let guard_b = guard_b?;
+    assert_eq!(guard_b.fencing_token(), 2);
+    assert_eq!(fx.spec().await?.holder_identity.as_deref(), Some("b"));
+    Ok(b_at - released)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_watch_a_released_lease_is_taken_within_150ms() -> Result<()> {
+    let took = handover("handover-watch", true).await?;
+    eprintln!("watch handover: {took:?}");
+    assert!(took <= ms(150), "handover took {took:?} with a watch");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn polling_takes_a_released_lease_within_a_jittered_retry_period() -> Result<()> {
+    let took = handover("handover-poll", false).await?;
+    eprintln!("polling handover: {took:?}");
+    assert!(
+        took <= RETRY_PERIOD.mul_f64(2.2) + ms(250),
+        "handover took {took:?} while polling"
+    );
+    Ok(())
+}
