@@ -1,0 +1,213 @@
+//! Operability against a real kube-apiserver and etcd: metrics read back from
+//! a `prometheus-client` registry during a real election and handover, the
+//! health check, and the manifests in `deploy/` (accepted by the API server,
+//! and their leader-election Role is exactly enough for a watch-driven election).
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use kube::{
+    Api, Client,
+    api::{DynamicObject, ObjectMeta, PostParams},
+    core::GroupVersionKind,
+    discovery::{self, Scope},
+};
+use kube_lease_testenv::TestEnv;
+use kube_runtime_lease::{LeaderElector, LeaseConfig, LeaseMetrics};
+use prometheus_client::{encoding::text::encode, registry::Registry};
+use tokio::{sync::OnceCell, time::timeout};
+
+static ENV: OnceCell<TestEnv> = OnceCell::const_new();
+
+async fn env() -> &'static TestEnv {
+    ENV.get_or_init(|| async { TestEnv::start().await.expect("starting etcd and kube-apiserver") })
+        .await
+}
+
+fn config(ns: &str, identity: &str) -> LeaseConfig {
+    LeaseConfig::new(ns, "lease", identity)
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_millis(1500))
+        .retry_period(Duration::from_millis(500))
+}
+
+fn scrape(registry: &Registry) -> String {
+    let mut out = String::new();
+    encode(&mut out, registry).expect("encoding metrics");
+    out
+}
+
+/// The value of the sample `name{labels}` in a text exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.trim().parse().ok()))
+}
+
+#[tokio::test]
+async fn metrics_follow_a_real_election_and_handover() -> Result<()> {
+    let env = env().await;
+    let ns = env.new_namespace("metrics").await?;
+    let labels = format!(r#"{{namespace="{ns}",lease="lease"}}"#);
+    let is_leader = format!("leader_election_is_leader{labels}");
+    let since = format!("leader_election_seconds_since_last_renewal{labels}");
+    let renewals =
+        format!(r#"leader_election_renewals_total{{namespace="{ns}",lease="lease",outcome="success"}}"#);
+
+    // Two replicas, each with its own registry (as two pods would have).
+    let (mut reg_a, mut reg_b) = (Registry::default(), Registry::default());
+    let a = LeaderElector::new(env.client().await?, config(&ns, "a"))?
+        .with_metrics(&LeaseMetrics::register(&mut reg_a));
+    let b = LeaderElector::new(env.client().await?, config(&ns, "b"))?
+        .with_metrics(&LeaseMetrics::register(&mut reg_b));
+    assert_eq!(sample(&scrape(&reg_a), &is_leader), Some(0.0));
+
+    // a creates the Lease (and leads one lease duration later); b stands by.
+    let guard_a = timeout(Duration::from_secs(10), a.acquire()).await??;
+    let mut acquiring_b = Box::pin(b.acquire());
+    ensure!(
+        timeout(Duration::from_secs(2), &mut acquiring_b).await.is_err(),
+        "b led while a holds the lease"
+    );
+    let (text_a, text_b) = (scrape(&reg_a), scrape(&reg_b));
+    assert_eq!(sample(&text_a, &is_leader), Some(1.0), "{text_a}");
+    assert_eq!(sample(&text_b, &is_leader), Some(0.0), "{text_b}");
+    let renewed = sample(&text_a, &renewals).context("renewals")?;
+    assert!(renewed >= 4.0, "a renews every 0.5 s: {renewed}\n{text_a}");
+    let age = sample(&text_a, &since).context("seconds since last renewal")?;
+    assert!((0.0..=1.0).contains(&age), "{age}");
+    assert!(
+        sample(&text_b, &since).is_none(),
+        "only a leader has a last renewal: {text_b}"
+    );
+    assert!(a.health_check(Duration::ZERO).is_ok());
+    assert!(b.health_check(Duration::ZERO).is_ok());
+
+    // a hands over; b leads at once; the gauges sum to one throughout.
+    drop(guard_a);
+    let guard_b = timeout(Duration::from_secs(2), acquiring_b).await??;
+    let (text_a, text_b) = (scrape(&reg_a), scrape(&reg_b));
+    assert_eq!(sample(&text_a, &is_leader), Some(0.0), "{text_a}");
+    assert_eq!(sample(&text_b, &is_leader), Some(1.0), "{text_b}");
+    let changes = format!("leader_election_transitions_total{labels}");
+    assert!(
+        sample(&text_b, &changes).context("transitions")? >= 2.0,
+        "a, then b: {text_b}"
+    );
+    assert!(guard_b.is_valid());
+    Ok(())
+}
+
+/// Every document of the manifests in `deploy/`.
+fn manifests() -> Result<Vec<serde_json::Value>> {
+    let dir = kube_lease_testenv::workspace_root().join("deploy");
+    let mut docs = Vec::new();
+    for file in ["rbac.yaml", "deployment.yaml", "pdb.yaml"] {
+        let text =
+            std::fs::read_to_string(dir.join(file)).with_context(|| format!("reading deploy/{file}"))?;
+        let parsed: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple(&text).with_context(|| format!("parsing deploy/{file}"))?;
+        docs.extend(parsed.into_iter().filter(|d| !d.is_null()));
+    }
+    Ok(docs)
+}
+
+async fn api_for(client: &Client, obj: &DynamicObject) -> Result<Api<DynamicObject>> {
+    let types = obj.types.as_ref().context("manifest without apiVersion/kind")?;
+    let gvk = GroupVersionKind::try_from(types)?;
+    let (resource, caps) = discovery::pinned_kind(client, &gvk).await?;
+    Ok(match (caps.scope, obj.metadata.namespace.as_deref()) {
+        (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+        (Scope::Namespaced, None) => Api::default_namespaced_with(client.clone(), &resource),
+        (Scope::Cluster, _) => Api::all_with(client.clone(), &resource),
+    })
+}
+
+#[tokio::test]
+async fn the_deploy_manifests_are_accepted_by_the_api_server() -> Result<()> {
+    let env = env().await;
+    let client = env.client().await?;
+    let docs = manifests()?;
+    let kinds: Vec<_> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    for kind in [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "PodDisruptionBudget",
+    ] {
+        assert!(kinds.contains(&kind), "deploy/ lacks a {kind}: {kinds:?}");
+    }
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for doc in docs {
+        let obj: DynamicObject = serde_json::from_value(doc)?;
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        api_for(&client, &obj)
+            .await?
+            .create(&dry_run, &obj)
+            .await
+            .with_context(|| format!("the API server rejected {name}"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_deploy_role_is_enough_for_a_watch_driven_election() -> Result<()> {
+    let env = env().await;
+    let ns = env.new_namespace("deploy-rbac").await?;
+    let admin = env.client().await?;
+    let mut role: Role = manifests()?
+        .into_iter()
+        .find(|d| d["kind"] == "Role")
+        .map(serde_json::from_value)
+        .context("no Role in deploy/rbac.yaml")??;
+    role.metadata = ObjectMeta {
+        name: Some("leader-election".into()),
+        ..ObjectMeta::default()
+    };
+    Api::<Role>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let user = format!("deploy-{ns}");
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some("leader-election".into()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "leader-election".into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.clone(),
+            ..Subject::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(admin, &ns)
+        .create(&PostParams::default(), &binding)
+        .await?;
+
+    // With exactly that Role: a leader, and a standby that takes a release at once (so it watches).
+    let a = LeaderElector::new(env.user_client(&user, &[]).await?, config(&ns, "a"))?;
+    let b = LeaderElector::new(env.user_client(&user, &[]).await?, config(&ns, "b"))?;
+    let guard = timeout(Duration::from_secs(10), a.acquire()).await??;
+    let mut acquiring = Box::pin(b.acquire());
+    ensure!(
+        timeout(Duration::from_secs(1), &mut acquiring).await.is_err(),
+        "b led while a holds the lease"
+    );
+    let released = tokio::time::Instant::now();
+    drop(guard);
+    let guard = timeout(Duration::from_secs(2), acquiring).await??;
+    let took = released.elapsed();
+    // A polling standby would need up to 2.2 retry periods (1.1 s); a watching one, one event.
+    assert!(took < Duration::from_millis(400), "handover took {took:?}");
+    assert!(guard.is_valid());
+    Ok(())
+}
