@@ -30,9 +30,7 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 use kube_lease_testenv::TestEnv;
 use rustix::process::{Pid, Signal};
-use tokio::io::{
-    AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWriteExt as _, BufReader,
-};
+use tokio::io::{AsyncBufReadExt as _, AsyncRead, AsyncReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::{Child, ChildStdin, Command};
@@ -159,6 +157,108 @@ pub async fn new_free_lease(env: &TestEnv, client: &Client, prefix: &str) -> Res
     Ok(lease)
 }
 
+/// What every failover test needs: the shared control plane, an admin
+/// client, the candidate binaries and a scratch directory.
+pub struct Fixture {
+    /// The shared control plane ([`shared_env`]).
+    pub env: &'static TestEnv,
+    /// An admin client.
+    pub client: Client,
+    /// The Rust `candidate` binary.
+    pub candidate: PathBuf,
+    /// client-go's `goelect`.
+    pub goelect: PathBuf,
+    /// Scratch space (kubeconfigs), removed on drop.
+    pub dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Fixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fixture")
+            .field("env", &self.env)
+            .field("candidate", &self.candidate)
+            .field("goelect", &self.goelect)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Fixture {
+    /// Starts (or reuses) the control plane and builds (or reuses) the
+    /// candidate binary; prints how long that took.
+    ///
+    /// # Errors
+    /// When either fails.
+    pub async fn new() -> Result<Self> {
+        let started = std::time::Instant::now();
+        let env = shared_env().await?;
+        let env_ready = started.elapsed();
+        let candidate = candidate_bin().await?;
+        println!(
+            "setup: control plane {:.1} s, candidate binary {:.1} s",
+            env_ready.as_secs_f64(),
+            started.elapsed().saturating_sub(env_ready).as_secs_f64()
+        );
+        Ok(Self {
+            env,
+            client: env.client().await?,
+            candidate,
+            goelect: env.goelect_path().await?,
+            dir: tempfile::Builder::new().prefix("failover-").tempdir()?,
+        })
+    }
+
+    /// A fresh namespace with a free Lease ([`new_free_lease`]).
+    ///
+    /// # Errors
+    /// When an API call fails.
+    pub async fn lease(&self, prefix: &str) -> Result<LeaseRef> {
+        new_free_lease(self.env, &self.client, prefix).await
+    }
+
+    /// A Rust candidate named `name` (also its identity) on `lease` with
+    /// `timings`, talking to the apiserver directly, or through `kubeconfig`
+    /// if given.
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn spawn_rust(
+        &self,
+        log: &EventLog,
+        lease: &LeaseRef,
+        name: &str,
+        timings: Timings,
+        kubeconfig: Option<&Path>,
+    ) -> Result<Process> {
+        let kubeconfig = kubeconfig.unwrap_or_else(|| self.env.kubeconfig_path());
+        Process::spawn(
+            name,
+            Flavor::Rust,
+            rust_candidate(&self.candidate, kubeconfig, lease, name, timings),
+            log,
+        )
+    }
+
+    /// A client-go candidate (`goelect`) named `name` (also its identity) on
+    /// `lease` with `timings`, talking to the apiserver directly.
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn spawn_go(
+        &self,
+        log: &EventLog,
+        lease: &LeaseRef,
+        name: &str,
+        timings: Timings,
+    ) -> Result<Process> {
+        Process::spawn(
+            name,
+            Flavor::Go,
+            go_candidate(&self.goelect, self.env.kubeconfig_path(), lease, name, timings),
+            log,
+        )
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Candidate binaries
 // ---------------------------------------------------------------------------
@@ -172,9 +272,7 @@ pub async fn new_free_lease(env: &TestEnv, client: &Client, prefix: &str) -> Res
 /// When the build fails (the message holds cargo's last lines).
 pub fn candidate_path() -> Result<PathBuf> {
     static PATH: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    PATH.get_or_init(build_candidate)
-        .clone()
-        .map_err(|e| anyhow!(e))
+    PATH.get_or_init(build_candidate).clone().map_err(|e| anyhow!(e))
 }
 
 /// [`candidate_path`] on a blocking thread.
@@ -188,8 +286,7 @@ pub async fn candidate_bin() -> Result<PathBuf> {
 }
 
 fn build_candidate() -> std::result::Result<PathBuf, String> {
-    let cargo =
-        std::env::var_os("CARGO").map_or_else(|| PathBuf::from(env!("CARGO")), PathBuf::from);
+    let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from(env!("CARGO")), PathBuf::from);
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .ok_or("the tests crate has no parent directory")?;
@@ -237,18 +334,9 @@ pub fn rust_candidate(
     cmd.env("KUBECONFIG", kubeconfig)
         .env("LEASE_NAMESPACE", &lease.namespace)
         .env("LEASE_NAME", &lease.name)
-        .env(
-            "LEASE_DURATION",
-            timings.lease_duration.as_secs_f64().to_string(),
-        )
-        .env(
-            "RENEW_DEADLINE",
-            timings.renew_deadline.as_secs_f64().to_string(),
-        )
-        .env(
-            "RETRY_PERIOD",
-            timings.retry_period.as_secs_f64().to_string(),
-        )
+        .env("LEASE_DURATION", timings.lease_duration.as_secs_f64().to_string())
+        .env("RENEW_DEADLINE", timings.renew_deadline.as_secs_f64().to_string())
+        .env("RETRY_PERIOD", timings.retry_period.as_secs_f64().to_string())
         .env("IDENTITY", identity)
         .env("WORK_INTERVAL_MS", "50")
         .env("RUST_LOG", "info,kube_runtime_lease=debug")
@@ -278,10 +366,7 @@ pub fn go_candidate(
             "--renew-deadline={}ms",
             timings.renew_deadline.as_millis()
         ))
-        .arg(format!(
-            "--retry-period={}ms",
-            timings.retry_period.as_millis()
-        ))
+        .arg(format!("--retry-period={}ms", timings.retry_period.as_millis()))
         .arg("--release-on-cancel=true")
         .arg("--exit-on-stdin-eof");
     cmd
@@ -559,6 +644,31 @@ impl EventLog {
         }
     }
 
+    /// Waits for the first `started-leading` stamped after `after` by any
+    /// process but `not`.
+    ///
+    /// # Errors
+    /// After `timeout`.
+    pub async fn next_leader(&self, after: u64, not: &str, timeout: Duration) -> Result<Entry> {
+        self.wait_for(
+            &format!("someone other than {not} to start leading"),
+            timeout,
+            |e| e.kind == Kind::StartedLeading && e.at > after && e.process != not,
+        )
+        .await
+    }
+
+    /// Waits for `process`'s first `stopped-leading` stamped after `after`.
+    ///
+    /// # Errors
+    /// After `timeout`.
+    pub async fn stopped_leading(&self, process: &str, after: u64, timeout: Duration) -> Result<Entry> {
+        self.wait_for(&format!("{process} to stop leading"), timeout, |e| {
+            e.kind == Kind::StoppedLeading && e.process == process && e.at > after
+        })
+        .await
+    }
+
     /// The log as text, times relative to its first entry, runs of `WORK`
     /// lines of one process folded into one line.
     pub fn dump(&self) -> String {
@@ -599,12 +709,7 @@ impl EventLog {
                 Kind::Other => format!("? {}", e.detail),
                 k => format!("{k:?} {} {}", e.who, e.detail),
             };
-            let _ = writeln!(
-                out,
-                "{:>14}  {:<10} {what}",
-                fmt_delta(base, e.at),
-                e.process
-            );
+            let _ = writeln!(out, "{:>14}  {:<10} {what}", fmt_delta(base, e.at), e.process);
             i += 1;
         }
         out
@@ -997,28 +1102,24 @@ pub fn describe_intervals(intervals: &[Interval], base: u64) -> String {
 /// # Errors
 /// After `timeout`.
 pub async fn wait_settled(log: &EventLog, live: &[&str], timeout: Duration) -> Result<String> {
-    log.wait_until(
-        "exactly one leader, seen by all the others",
-        timeout,
-        |entries| {
-            let intervals = leadership_intervals(entries, now_ns());
-            let leading: Vec<&Interval> = intervals
+    log.wait_until("exactly one leader, seen by all the others", timeout, |entries| {
+        let intervals = leadership_intervals(entries, now_ns());
+        let leading: Vec<&Interval> = intervals
+            .iter()
+            .filter(|iv| iv.open && live.contains(&iv.process.as_str()))
+            .collect();
+        let [leader] = leading.as_slice() else {
+            return None;
+        };
+        let seen_by_all = live.iter().filter(|p| **p != leader.process).all(|p| {
+            entries
                 .iter()
-                .filter(|iv| iv.open && live.contains(&iv.process.as_str()))
-                .collect();
-            let [leader] = leading.as_slice() else {
-                return None;
-            };
-            let seen_by_all = live.iter().filter(|p| **p != leader.process).all(|p| {
-                entries
-                    .iter()
-                    .rev()
-                    .find(|e| e.process == *p && e.kind == Kind::NewLeader)
-                    .is_some_and(|e| e.who == leader.process)
-            });
-            seen_by_all.then(|| leader.process.clone())
-        },
-    )
+                .rev()
+                .find(|e| e.process == *p && e.kind == Kind::NewLeader)
+                .is_some_and(|e| e.who == leader.process)
+        });
+        seen_by_all.then(|| leader.process.clone())
+    })
     .await
 }
 
@@ -1039,12 +1140,7 @@ pub async fn wait_seen_by(
         log.wait_for(
             &format!("{observer} to see {leader} lead"),
             deadline.saturating_duration_since(Instant::now()),
-            |e| {
-                e.process == *observer
-                    && e.kind == Kind::NewLeader
-                    && e.who == leader
-                    && e.at >= after
-            },
+            |e| e.process == *observer && e.kind == Kind::NewLeader && e.who == leader && e.at >= after,
         )
         .await?;
     }
@@ -1079,7 +1175,8 @@ impl Runs {
 
     /// Records run `run`: its result (a summary of its measurements) and the
     /// check of its log by [`check_log`], which applies to every run, failed
-    /// or not. On failure the whole log is printed.
+    /// or not. On failure the whole log is printed; with `KRL_FAILOVER_VERBOSE`
+    /// set, the logs of passing runs too.
     pub fn record(&mut self, run: usize, result: Result<String>, log: &EventLog) {
         self.total += 1;
         let checked = check_log(log);
@@ -1090,7 +1187,12 @@ impl Runs {
             (Err(e), Err(c)) => Some(format!("{e:#}\nand: {c:#}")),
         };
         match (failure, result) {
-            (None, Ok(summary)) => println!("[{} #{run}] ok: {summary}", self.scenario),
+            (None, Ok(summary)) => {
+                println!("[{} #{run}] ok: {summary}", self.scenario);
+                if std::env::var_os("KRL_FAILOVER_VERBOSE").is_some() {
+                    println!("--- log of the run ---\n{}--- end ---", log.dump());
+                }
+            }
             (failure, _) => {
                 let f = failure.unwrap_or_default();
                 println!(
@@ -1379,9 +1481,7 @@ impl Proxy {
             }
             tokio::time::timeout_at(deadline, notified)
                 .await
-                .map_err(|_| {
-                    anyhow!("no request in flight through the proxy within {timeout:?}")
-                })?;
+                .map_err(|_| anyhow!("no request in flight through the proxy within {timeout:?}"))?;
         }
     }
 
@@ -1442,11 +1542,7 @@ async fn serve(shared: Arc<ProxyShared>, client: TcpStream) {
 
 /// Resolves when the connection must be closed: every connection on
 /// `drop_all` (or when the proxy is gone), poisoned ones on `heal`.
-async fn ended_by_control(
-    control: &mut watch::Receiver<Control>,
-    state: &ConnState,
-    start: Control,
-) {
+async fn ended_by_control(control: &mut watch::Receiver<Control>, state: &ConnState, start: Control) {
     loop {
         if control.changed().await.is_err() {
             return;

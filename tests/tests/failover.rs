@@ -7,16 +7,12 @@
 //! (see `kube_runtime_lease_tests::check_log`). The tests share one control
 //! plane and run one at a time (`serial`): one of them restarts the apiserver.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use kube::Client;
-use kube_lease_testenv::TestEnv;
 use kube_runtime_lease_tests::{
-    Entry, EventLog, Flavor, Kind, LeaseRef, Partition, Process, Proxy, Runs, Sig, Timings,
-    candidate_bin, fmt_delta, fmt_ms, new_free_lease, now_ns, ns, rust_candidate, serial,
-    shared_env, wait_seen_by, wait_settled,
+    EventLog, Fixture, Kind, LeaseRef, Partition, Process, Proxy, Runs, Sig, Timings, fmt_delta, fmt_ms,
+    now_ns, ns, serial, wait_seen_by, wait_settled,
 };
 
 /// Runs of each scenario.
@@ -24,65 +20,6 @@ const RUNS: usize = 3;
 const T: Timings = Timings::FAST;
 /// Scheduling slack allowed around the protocol's bounds.
 const SLACK: Duration = Duration::from_millis(250);
-
-struct Ctx {
-    env: &'static TestEnv,
-    client: Client,
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-}
-
-impl Ctx {
-    async fn new() -> Result<Self> {
-        let env = shared_env().await?;
-        Ok(Self {
-            env,
-            client: env.client().await?,
-            bin: candidate_bin().await?,
-            dir: tempfile::Builder::new().prefix("failover-").tempdir()?,
-        })
-    }
-
-    /// A Rust candidate named `name` (also its identity) on `lease`, talking
-    /// to the apiserver directly, or through `kubeconfig` if given.
-    fn spawn(
-        &self,
-        log: &EventLog,
-        lease: &LeaseRef,
-        name: &str,
-        kubeconfig: Option<&Path>,
-    ) -> Result<Process> {
-        let kubeconfig = kubeconfig.unwrap_or_else(|| self.env.kubeconfig_path());
-        Process::spawn(
-            name,
-            Flavor::Rust,
-            rust_candidate(&self.bin, kubeconfig, lease, name, T),
-            log,
-        )
-    }
-}
-
-/// The first `started-leading` stamped after `after`, by anyone but `not`.
-async fn next_leader(
-    log: &EventLog,
-    after: u64,
-    not: &str,
-    timeout: Duration,
-    what: &str,
-) -> Result<Entry> {
-    log.wait_for(what, timeout, |e| {
-        e.kind == Kind::StartedLeading && e.at > after && e.process != not
-    })
-    .await
-}
-
-/// `process`'s first `stopped-leading` stamped after `after`.
-async fn stopped(log: &EventLog, process: &str, after: u64, timeout: Duration) -> Result<Entry> {
-    log.wait_for(&format!("{process} to stop leading"), timeout, |e| {
-        e.kind == Kind::StoppedLeading && e.process == process && e.at > after
-    })
-    .await
-}
 
 /// Removes the process named `name` from `procs`.
 fn take(procs: &mut Vec<Process>, name: &str) -> Result<Process> {
@@ -104,26 +41,22 @@ fn d(a: u64, b: u64) -> String {
 /// Spawns candidates `names` directly on a fresh Lease and waits for the
 /// first leader and for every other one to see it.
 async fn start_group(
-    ctx: &Ctx,
+    ctx: &Fixture,
     log: &EventLog,
     prefix: &str,
     group: &[&str],
 ) -> Result<(LeaseRef, Vec<Process>, String)> {
-    let lease = new_free_lease(ctx.env, &ctx.client, prefix).await?;
+    let lease = ctx.lease(prefix).await?;
     let procs = group
         .iter()
-        .map(|n| ctx.spawn(log, &lease, n, None))
+        .map(|n| ctx.spawn_rust(log, &lease, n, T, None))
         .collect::<Result<Vec<_>>>()?;
     let first = log
         .wait_for("a first leader", Duration::from_secs(30), |e| {
             e.kind == Kind::StartedLeading
         })
         .await?;
-    let others: Vec<&str> = group
-        .iter()
-        .copied()
-        .filter(|n| *n != first.process)
-        .collect();
+    let others: Vec<&str> = group.iter().copied().filter(|n| *n != first.process).collect();
     wait_seen_by(log, &others, &first.process, 0, Duration::from_secs(15)).await?;
     Ok((lease, procs, first.process))
 }
@@ -135,9 +68,8 @@ async fn start_group(
 /// SIGKILL the leader of three, twice: each time another leads no earlier
 /// than the lease duration after the killed leader's last renewal (which was
 /// at most one retry period before the kill), and promptly after that.
-async fn sigkill_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
-    let (_lease, mut procs, mut leader) =
-        start_group(ctx, log, "sigkill", &["a", "b", "c"]).await?;
+async fn sigkill_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
+    let (_lease, mut procs, mut leader) = start_group(ctx, log, "sigkill", &["a", "b", "c"]).await?;
     let mut delays = Vec::new();
     for round in 0..2 {
         if round > 0 {
@@ -146,14 +78,9 @@ async fn sigkill_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
         }
         let mut victim = take(&mut procs, &leader)?;
         let killed = victim.kill().await?;
-        let next = next_leader(
-            log,
-            killed,
-            &leader,
-            T.lease_duration + Duration::from_secs(5),
-            "a new leader after the SIGKILL",
-        )
-        .await?;
+        let next = log
+            .next_leader(killed, &leader, T.lease_duration + Duration::from_secs(5))
+            .await?;
         let delay = next.at - killed;
         ensure!(
             delay >= ns(T.lease_duration.saturating_sub(T.retry_period)),
@@ -177,7 +104,7 @@ async fn sigkill_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_leader() -> Result<()> {
     let _serial = serial().await;
-    let ctx = Ctx::new().await?;
+    let ctx = Fixture::new().await?;
     let mut runs = Runs::new("sigkill the leader");
     for i in 0..RUNS {
         let log = EventLog::new();
@@ -194,30 +121,23 @@ async fn sigkill_leader() -> Result<()> {
 /// SIGTERM the leader of three: it releases (after the candidate's 5 s grace,
 /// during which its work keeps running) and exits 0; another leads within
 /// 500 ms of the release, well before the lease duration.
-async fn sigterm_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
+async fn sigterm_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let (_lease, mut procs, leader) = start_group(ctx, log, "sigterm", &["a", "b", "c"]).await?;
     let mut old = take(&mut procs, &leader)?;
     let termed = old.signal(Sig::Term)?;
-    let stop = stopped(log, &leader, termed, Duration::from_secs(10)).await?;
+    let stop = log
+        .stopped_leading(&leader, termed, Duration::from_secs(10))
+        .await?;
     ensure!(
         stop.detail.contains("Released"),
         "{leader} stopped leading for {:?}, expected Released",
         stop.detail
     );
-    let next = next_leader(
-        log,
-        termed,
-        &leader,
-        Duration::from_secs(10),
-        "a new leader after the SIGTERM",
-    )
-    .await?;
+    let next = log.next_leader(termed, &leader, Duration::from_secs(10)).await?;
     let exit = log
-        .wait_for(
-            &format!("{leader} to print EXIT"),
-            Duration::from_secs(10),
-            |e| e.kind == Kind::Exit && e.process == leader,
-        )
+        .wait_for(&format!("{leader} to print EXIT"), Duration::from_secs(10), |e| {
+            e.kind == Kind::Exit && e.process == leader
+        })
         .await?;
     let status = old.wait_exit(Duration::from_secs(10)).await?;
     ensure!(status.success(), "{leader} exited with {status}");
@@ -252,7 +172,7 @@ async fn sigterm_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_leader() -> Result<()> {
     let _serial = serial().await;
-    let ctx = Ctx::new().await?;
+    let ctx = Fixture::new().await?;
     let mut runs = Runs::new("sigterm the leader");
     for i in 0..RUNS {
         let log = EventLog::new();
@@ -272,7 +192,7 @@ const FROZEN: Duration = Duration::from_secs(4);
 /// SIGSTOP the leader for 4 s, then SIGCONT: the other leads meanwhile (after
 /// the lease duration), and the old leader, once resumed, stops without a
 /// single `WORK` line after its resume or after the new leader's start.
-async fn sigstop_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
+async fn sigstop_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let (_lease, procs, leader) = start_group(ctx, log, "sigstop", &["a", "b"]).await?;
     let old = procs
         .iter()
@@ -283,8 +203,7 @@ async fn sigstop_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
     tokio::time::sleep(FROZEN).await;
     let next = log.find(|e| e.kind == Kind::StartedLeading && e.at > frozen && e.process != leader);
     let resumed = old.signal(Sig::Cont)?;
-    let next =
-        next.with_context(|| format!("nobody else led while {leader} was frozen for {FROZEN:?}"))?;
+    let next = next.with_context(|| format!("nobody else led while {leader} was frozen for {FROZEN:?}"))?;
     let takeover = next.at - frozen;
     ensure!(
         takeover >= ns(T.lease_duration.saturating_sub(T.retry_period)),
@@ -292,7 +211,9 @@ async fn sigstop_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
         next.process,
         fmt_ms(takeover)
     );
-    let stop = stopped(log, &leader, frozen, Duration::from_secs(5)).await?;
+    let stop = log
+        .stopped_leading(&leader, frozen, Duration::from_secs(5))
+        .await?;
     let noticed = stop.at.saturating_sub(resumed);
     ensure!(
         noticed <= ns(Duration::from_millis(500)),
@@ -300,9 +221,7 @@ async fn sigstop_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
         fmt_ms(noticed)
     );
     let late_work: Vec<String> = log
-        .filter(|e| {
-            e.process == leader && e.kind == Kind::Work && (e.at > resumed || e.at >= next.at)
-        })
+        .filter(|e| e.process == leader && e.kind == Kind::Work && (e.at > resumed || e.at >= next.at))
         .iter()
         .map(|e| d(resumed, e.at))
         .collect();
@@ -333,7 +252,7 @@ async fn sigstop_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_leader() -> Result<()> {
     let _serial = serial().await;
-    let ctx = Ctx::new().await?;
+    let ctx = Fixture::new().await?;
     let mut runs = Runs::new("sigstop the leader past its lease");
     for i in 0..RUNS {
         let log = EventLog::new();
@@ -349,18 +268,16 @@ async fn sigstop_leader() -> Result<()> {
 
 /// A leader `a` behind a fresh proxy, and `b` talking to the apiserver
 /// directly, having seen `a` lead.
-async fn proxied_pair(ctx: &Ctx, log: &EventLog, prefix: &str) -> Result<(Proxy, Vec<Process>)> {
-    let lease = new_free_lease(ctx.env, &ctx.client, prefix).await?;
+async fn proxied_pair(ctx: &Fixture, log: &EventLog, prefix: &str) -> Result<(Proxy, Vec<Process>)> {
+    let lease = ctx.lease(prefix).await?;
     let proxy = Proxy::start(ctx.env.apiserver_port()).await?;
     let kubeconfig = proxy.kubeconfig(ctx.env.kubeconfig_path(), ctx.dir.path())?;
-    let a = ctx.spawn(log, &lease, "a", Some(&kubeconfig))?;
-    log.wait_for(
-        "a (behind the proxy) to lead",
-        Duration::from_secs(30),
-        |e| e.kind == Kind::StartedLeading && e.process == "a",
-    )
+    let a = ctx.spawn_rust(log, &lease, "a", T, Some(&kubeconfig))?;
+    log.wait_for("a (behind the proxy) to lead", Duration::from_secs(30), |e| {
+        e.kind == Kind::StartedLeading && e.process == "a"
+    })
     .await?;
-    let b = ctx.spawn(log, &lease, "b", None)?;
+    let b = ctx.spawn_rust(log, &lease, "b", T, None)?;
     wait_seen_by(log, &["b"], "a", 0, Duration::from_secs(15)).await?;
     Ok((proxy, vec![a, b]))
 }
@@ -371,8 +288,10 @@ async fn proxied_pair(ctx: &Ctx, log: &EventLog, prefix: &str) -> Result<(Proxy,
 /// earlier than the lease duration after `a`'s last renewal could have
 /// reached the apiserver, and no later than `latest` after the cut.
 async fn check_cut_off(log: &EventLog, cut: u64, latest: Duration) -> Result<String> {
-    let a_stop = stopped(log, "a", cut, T.renew_deadline + Duration::from_secs(3)).await?;
-    let b_start = next_leader(log, cut, "a", latest + Duration::from_secs(2), "b to lead").await?;
+    let a_stop = log
+        .stopped_leading("a", cut, T.renew_deadline + Duration::from_secs(3))
+        .await?;
+    let b_start = log.next_leader(cut, "a", latest + Duration::from_secs(2)).await?;
     ensure!(
         a_stop.detail.contains("RenewDeadlineExceeded"),
         "a stopped for {:?}, expected RenewDeadlineExceeded",
@@ -422,17 +341,11 @@ async fn check_cut_off(log: &EventLog, cut: u64, latest: Duration) -> Result<Str
 /// Partitions the leader `a` from the apiserver: it stops within its renew
 /// deadline, and `b` takes over after the lease duration, after `a` stopped.
 /// Once healed, `a` follows `b`.
-async fn partition_run(ctx: &Ctx, log: &EventLog, how: Partition) -> Result<String> {
+async fn partition_run(ctx: &Fixture, log: &EventLog, how: Partition) -> Result<String> {
     let (proxy, _procs) = proxied_pair(ctx, log, "partition").await?;
     let cut = now_ns();
     proxy.partition(how);
-    log.record(
-        "test",
-        Kind::Note,
-        cut,
-        "",
-        &format!("partition a ({how:?})"),
-    );
+    log.record("test", Kind::Note, cut, "", &format!("partition a ({how:?})"));
     let summary = check_cut_off(log, cut, T.lease_duration + Duration::from_secs(1)).await?;
     let healed = log.note("heal");
     proxy.heal();
@@ -452,15 +365,11 @@ async fn partition_run(ctx: &Ctx, log: &EventLog, how: Partition) -> Result<Stri
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_leader() -> Result<()> {
     let _serial = serial().await;
-    let ctx = Ctx::new().await?;
+    let ctx = Fixture::new().await?;
     let mut runs = Runs::new("partition the leader from the apiserver");
-    for (i, how) in [
-        Partition::BlackHole,
-        Partition::Refuse,
-        Partition::BlackHole,
-    ]
-    .into_iter()
-    .enumerate()
+    for (i, how) in [Partition::BlackHole, Partition::Refuse, Partition::BlackHole]
+        .into_iter()
+        .enumerate()
     {
         let log = EventLog::new();
         let result = partition_run(&ctx, &log, how).await;
@@ -476,7 +385,7 @@ const LATENCY: Duration = Duration::from_secs(2);
 /// Slows the leader `a`'s connections beyond its renew deadline: it stops
 /// within its renew deadline, and `b` takes over after it, once the renewals
 /// `a` sent before stopping (landing late) have expired too.
-async fn latency_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
+async fn latency_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let (proxy, _procs) = proxied_pair(ctx, log, "latency").await?;
     let cut = now_ns();
     proxy.set_latency(LATENCY);
@@ -508,7 +417,7 @@ async fn latency_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_on_leader() -> Result<()> {
     let _serial = serial().await;
-    let ctx = Ctx::new().await?;
+    let ctx = Fixture::new().await?;
     let mut runs = Runs::new("latency beyond the renew deadline on the leader");
     for i in 0..RUNS {
         let log = EventLog::new();
@@ -526,7 +435,7 @@ const DROPPING: Duration = Duration::from_secs(6);
 /// flight for a while: the apiserver may have applied a write whose answer
 /// `a` never gets). Whether `a` keeps leading is not fixed; what is: no two
 /// lead at once, and afterwards the election settles on exactly one leader.
-async fn drop_run(ctx: &Ctx, log: &EventLog, run: usize) -> Result<String> {
+async fn drop_run(ctx: &Fixture, log: &EventLog, run: usize) -> Result<String> {
     let (proxy, _procs) = proxied_pair(ctx, log, "drop").await?;
     proxy.set_latency(Duration::from_millis(50));
     let began = log.note("dropping a's connections mid-request");
@@ -547,9 +456,11 @@ async fn drop_run(ctx: &Ctx, log: &EventLog, run: usize) -> Result<String> {
     }
     proxy.set_latency(Duration::ZERO);
     let calm = log.note("drops stopped");
-    let changes = log
+    let terms: Vec<String> = log
         .filter(|e| e.kind == Kind::StartedLeading && e.at > began)
-        .len();
+        .into_iter()
+        .map(|e| e.process)
+        .collect();
     ensure!(
         in_flight > 0,
         "no connection was dropped with a request in flight ({drops} dropped)"
@@ -562,7 +473,8 @@ async fn drop_run(ctx: &Ctx, log: &EventLog, run: usize) -> Result<String> {
     .await
     .context("after the drops stopped")?;
     Ok(format!(
-        "{drops} connections dropped, {in_flight} with a request in flight; {changes} takeovers during the drops; settled on {leader} {} after the drops stopped; proxy {:?}",
+        "{drops} connections dropped, {in_flight} with a request in flight; terms begun during the drops: [{}]; settled on {leader} {} after the drops stopped; proxy {:?}",
+        terms.join(", "),
         d(calm, now_ns()),
         proxy.stats()
     ))
@@ -571,7 +483,7 @@ async fn drop_run(ctx: &Ctx, log: &EventLog, run: usize) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_leader_connections() -> Result<()> {
     let _serial = serial().await;
-    let ctx = Ctx::new().await?;
+    let ctx = Fixture::new().await?;
     let mut runs = Runs::new("drop the leader's connections mid-request");
     for i in 0..RUNS {
         let log = EventLog::new();
@@ -591,17 +503,13 @@ const DOWN: Duration = Duration::from_secs(3);
 /// Kills the apiserver under a running election of three, restarts it after
 /// 3 s: the leader stops within its renew deadline, nobody leads while the
 /// apiserver is down, and afterwards exactly one leads again.
-async fn restart_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
+async fn restart_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let (_lease, procs, leader) = start_group(ctx, log, "restart", &["a", "b", "c"]).await?;
     let down = log.note("stopping the apiserver");
     ctx.env.stop_apiserver()?;
-    let stop = stopped(
-        log,
-        &leader,
-        down,
-        T.renew_deadline + Duration::from_secs(3),
-    )
-    .await?;
+    let stop = log
+        .stopped_leading(&leader, down, T.renew_deadline + Duration::from_secs(3))
+        .await?;
     let stop_after = stop.at.saturating_sub(down);
     ensure!(
         stop_after <= ns(T.renew_deadline + SLACK),
@@ -613,9 +521,7 @@ async fn restart_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
     let restarting = log.note("starting the apiserver");
     ctx.env.start_apiserver().await?;
     let ready = log.note("apiserver ready");
-    if let Some(early) =
-        log.find(|e| e.kind == Kind::StartedLeading && e.at > down && e.at < restarting)
-    {
+    if let Some(early) = log.find(|e| e.kind == Kind::StartedLeading && e.at > down && e.at < restarting) {
         anyhow::bail!(
             "{} started leading at {} while the apiserver was down",
             early.process,
@@ -630,12 +536,9 @@ async fn restart_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
         .filter(|e| e.kind == Kind::StartedLeading && e.process == new_leader)
         .last()
         .map_or(0, |e| e.at);
-    ensure!(
-        started > down,
-        "{new_leader} still leads from before the outage"
-    );
+    ensure!(started > down, "{new_leader} still leads from before the outage");
     Ok(format!(
-        "{leader} stopped {} after the apiserver went down ({}); restart took {}; {new_leader} led {} after it was ready",
+        "{leader} stopped {} after the apiserver went down ({}); restart took {}; {new_leader} led at {} from its readiness",
         fmt_ms(stop_after),
         stop.detail,
         fmt_ms(ready - restarting),
@@ -646,7 +549,7 @@ async fn restart_run(ctx: &Ctx, log: &EventLog) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_restart() -> Result<()> {
     let _serial = serial().await;
-    let ctx = Ctx::new().await?;
+    let ctx = Fixture::new().await?;
     let mut runs = Runs::new("restart the apiserver under a running election");
     for i in 0..RUNS {
         let log = EventLog::new();

@@ -1,0 +1,217 @@
+//! Rust candidates (the `candidate` binary) and client-go candidates
+//! (`goelect`) on one Lease, with the same short timings ([`Timings::FAST`]):
+//! each takes over from the other after expiry (SIGKILL) and after release
+//! (SIGTERM), and they never both lead (the interval check of every run, see
+//! `kube_runtime_lease_tests::check_log`; goelect stamps its events with the
+//! same `CLOCK_MONOTONIC`).
+//!
+//! client-go polls: a follower tries every retry period times 1 to 2.2
+//! (`JitterFactor` 1.2), so its takeovers come up to that much later than a
+//! watch-driven Rust candidate's.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, ensure};
+use kube_runtime_lease_tests::{
+    EventLog, Fixture, Kind, LeaseRef, Process, Runs, Sig, Timings, fmt_delta, fmt_ms, ns, serial,
+    wait_seen_by,
+};
+
+/// Runs of each scenario.
+const RUNS: usize = 3;
+const T: Timings = Timings::FAST;
+/// client-go's `JitterFactor`.
+const JITTER: f64 = 1.2;
+
+/// The longest a polling client-go follower waits between two attempts.
+fn go_poll() -> Duration {
+    T.retry_period.mul_f64(1.0 + JITTER)
+}
+
+/// Kills `victim` (the leader) and waits for the next leader, which must take
+/// over no earlier than the lease duration after the victim's last renewal
+/// (at most one retry period, plus a round trip, before the kill) and no
+/// later than `latest` after the kill. Returns the new leader and the delay.
+async fn kill_and_check_takeover(
+    log: &EventLog,
+    victim: &mut Process,
+    latest: Duration,
+) -> Result<(String, u64)> {
+    let killed = victim.kill().await?;
+    let next = log
+        .next_leader(killed, victim.name(), latest + Duration::from_secs(3))
+        .await?;
+    let delay = next.at - killed;
+    ensure!(
+        delay
+            >= ns(T
+                .lease_duration
+                .saturating_sub(T.retry_period + Duration::from_millis(50))),
+        "{} took over {} after {} was killed: before the lease duration since {}'s last renewal could have passed",
+        next.process,
+        fmt_ms(delay),
+        victim.name(),
+        victim.name()
+    );
+    ensure!(
+        delay <= ns(latest),
+        "{} took over only {} after {} was killed (expected within {latest:?})",
+        next.process,
+        fmt_ms(delay),
+        victim.name()
+    );
+    Ok((next.process, delay))
+}
+
+/// One round trip through every hand-over between the implementations:
+///
+/// 1. Rust `r1` leads; client-go `g1` takes over after `r1` is SIGKILLed;
+/// 2. Rust `r2` takes over after `g1` is SIGKILLed;
+/// 3. client-go `g2` takes over after `r2` releases on SIGTERM;
+/// 4. Rust `r3` takes over after `g2` releases on SIGTERM.
+async fn handovers_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
+    let lease: LeaseRef = ctx.lease("mixed").await?;
+    let mut notes = Vec::new();
+
+    // 1. Rust -> client-go, by expiry.
+    let mut r1 = ctx.spawn_rust(log, &lease, "r1", T, None)?;
+    log.wait_for("r1 to lead", Duration::from_secs(30), |e| {
+        e.kind == Kind::StartedLeading && e.process == "r1"
+    })
+    .await?;
+    let mut g1 = ctx.spawn_go(log, &lease, "g1", T)?;
+    wait_seen_by(log, &["g1"], "r1", 0, Duration::from_secs(15)).await?;
+    let latest = T.lease_duration + go_poll() + Duration::from_millis(500);
+    let (next, delay) = kill_and_check_takeover(log, &mut r1, latest).await?;
+    ensure!(next == "g1", "{next} took over from r1, expected g1");
+    notes.push(format!("r1 killed -> g1 {}", fmt_ms(delay)));
+
+    // 2. client-go -> Rust, by expiry.
+    let mut r2 = ctx.spawn_rust(log, &lease, "r2", T, None)?;
+    wait_seen_by(log, &["r2"], "g1", 0, Duration::from_secs(15)).await?;
+    let latest = T.lease_duration + Duration::from_secs(1);
+    let (next, delay) = kill_and_check_takeover(log, &mut g1, latest).await?;
+    ensure!(next == "r2", "{next} took over from g1, expected r2");
+    notes.push(format!("g1 killed -> r2 {}", fmt_ms(delay)));
+
+    // 3. Rust -> client-go, by release. The Rust candidate keeps working for
+    // its 5 s grace, then releases; goelect notices at its next poll.
+    let mut g2 = ctx.spawn_go(log, &lease, "g2", T)?;
+    wait_seen_by(log, &["g2"], "r2", 0, Duration::from_secs(15)).await?;
+    let termed = r2.signal(Sig::Term)?;
+    let stop = log.stopped_leading("r2", termed, Duration::from_secs(10)).await?;
+    ensure!(
+        stop.detail.contains("Released"),
+        "r2 stopped for {:?}, expected Released",
+        stop.detail
+    );
+    let next = log.next_leader(termed, "r2", Duration::from_secs(10)).await?;
+    ensure!(
+        next.process == "g2",
+        "{} took over from r2, expected g2",
+        next.process
+    );
+    let status = r2.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(status.success(), "r2 exited with {status}");
+    let handover = next.at.saturating_sub(stop.at);
+    let bound = go_poll() + Duration::from_millis(500);
+    ensure!(
+        handover <= ns(bound),
+        "g2 took over {} after r2 stopped leading (expected within one client-go poll, {bound:?}, well before the lease duration)",
+        fmt_ms(handover)
+    );
+    notes.push(format!("r2 released -> g2 {}", fmt_ms(handover)));
+
+    // 4. client-go -> Rust, by release: goelect releases at once on SIGTERM
+    // and the Rust candidate, watching, takes the free Lease at once.
+    let mut r3 = ctx.spawn_rust(log, &lease, "r3", T, None)?;
+    wait_seen_by(log, &["r3"], "g2", 0, Duration::from_secs(15)).await?;
+    let termed = g2.signal(Sig::Term)?;
+    let next = log.next_leader(termed, "g2", Duration::from_secs(10)).await?;
+    ensure!(
+        next.process == "r3",
+        "{} took over from g2, expected r3",
+        next.process
+    );
+    let g2_stop = log.stopped_leading("g2", termed, Duration::from_secs(10)).await?;
+    let status = g2.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(status.success(), "g2 exited with {status}");
+    let handover = next.at - termed;
+    ensure!(
+        handover <= ns(Duration::from_secs(1)),
+        "r3 took over {} after g2 got SIGTERM (expected within 1 s: goelect releases at once, r3 watches)",
+        fmt_ms(handover)
+    );
+    notes.push(format!(
+        "g2 SIGTERM -> r3 {} (g2 printed stopped-leading at {} from r3's start)",
+        fmt_ms(handover),
+        fmt_delta(next.at, g2_stop.at)
+    ));
+    r3.kill().await?;
+    Ok(notes.join(", "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_and_client_go_hand_over_both_ways() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let mut runs = Runs::new("Rust <-> client-go hand-overs (expiry and release)");
+    for i in 0..RUNS {
+        let log = EventLog::new();
+        let result = handovers_run(&ctx, &log).await;
+        runs.record(i, result, &log);
+    }
+    runs.finish()
+}
+
+/// Two Rust and two client-go candidates race for one Lease; the leader is
+/// SIGKILLed three times in a row: each time one of the others takes over,
+/// never before the lease could have expired, and never two at once.
+async fn race_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
+    let lease = ctx.lease("race").await?;
+    let mut procs = vec![
+        ctx.spawn_rust(log, &lease, "r1", T, None)?,
+        ctx.spawn_go(log, &lease, "g1", T)?,
+        ctx.spawn_rust(log, &lease, "r2", T, None)?,
+        ctx.spawn_go(log, &lease, "g2", T)?,
+    ];
+    let first = log
+        .wait_for("a first leader", Duration::from_secs(30), |e| {
+            e.kind == Kind::StartedLeading
+        })
+        .await?;
+    let mut leader = first.process;
+    let mut notes = vec![format!("{leader} first")];
+    for _ in 0..3 {
+        let others: Vec<String> = procs
+            .iter()
+            .map(|p| p.name().to_owned())
+            .filter(|n| *n != leader)
+            .collect();
+        let others: Vec<&str> = others.iter().map(String::as_str).collect();
+        wait_seen_by(log, &others, &leader, 0, Duration::from_secs(15)).await?;
+        let i = procs
+            .iter()
+            .position(|p| p.name() == leader)
+            .context("the leader's process")?;
+        let mut victim = procs.remove(i);
+        let latest = T.lease_duration + go_poll() + Duration::from_millis(500);
+        let (next, delay) = kill_and_check_takeover(log, &mut victim, latest).await?;
+        notes.push(format!("{leader} killed -> {next} {}", fmt_ms(delay)));
+        leader = next;
+    }
+    Ok(notes.join(", "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_and_client_go_race_after_kills() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let mut runs = Runs::new("two Rust + two client-go candidates, leader killed 3 times");
+    for i in 0..RUNS {
+        let log = EventLog::new();
+        let result = race_run(&ctx, &log).await;
+        runs.record(i, result, &log);
+    }
+    runs.finish()
+}
