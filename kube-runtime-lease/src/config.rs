@@ -126,12 +126,12 @@ impl LeaseConfig {
     }
 
     /// The namespace of the Lease.
-    pub fn namespace_name(&self) -> &str {
+    pub fn namespace(&self) -> &str {
         &self.namespace
     }
 
     /// The name of the Lease.
-    pub fn lease_name(&self) -> &str {
+    pub fn name(&self) -> &str {
         &self.name
     }
 
