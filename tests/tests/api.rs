@@ -36,7 +36,7 @@ use k8s_openapi::{
 use kube::{
     Api, Client,
     api::{DeleteParams, ObjectMeta, PostParams},
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{Controller, WatchStreamExt, controller::Action, watcher},
 };
 use kube_lease_testenv::TestEnv;
 use kube_runtime_lease::{
@@ -200,7 +200,8 @@ impl Recorder {
         let cfg = watcher::Config::default().fields(&format!("metadata.name={LEASE}"));
         let task = tokio::spawn(async move {
             let mut ready = Some(ready_tx);
-            let mut stream = std::pin::pin!(watcher(api, cfg));
+            // With backoff: an erroring watch must not spin (and block the runtime's shutdown).
+            let mut stream = std::pin::pin!(watcher(api, cfg).default_backoff());
             while let Some(event) = stream.next().await {
                 let at = Instant::now();
                 let (lease, deleted) = match event {
@@ -780,7 +781,10 @@ async fn without_rbac_a_candidate_never_leads_and_says_which_rule_is_missing() -
             let lines = lines?;
             assert!(lines[0].contains("`get` is missing"), "{}", lines[0]);
             assert!(lines[0].contains("ERROR"), "{}", lines[0]);
-            assert!(lines[0].contains("403") || lines[0].contains("forbidden"), "{}", lines[0]);
+            assert!(lines[0].contains("identity=a"), "{}", lines[0]);
+            assert!(lines[0].contains("code: 403"), "{}", lines[0]);
+            let refused = format!("User \"{user}\" cannot get resource \"leases\"");
+            assert!(lines[0].contains(&refused), "{}", lines[0]);
         }
     }
     assert!(!a.is_leader());
@@ -949,9 +953,70 @@ async fn strategy_and_preferred_holder_are_kept_and_honoured() -> Result<()> {
     assert_eq!(s.preferred_holder.as_deref(), Some("b"));
     assert_eq!(s.strategy.as_deref(), Some(STRATEGY));
     assert_eq!(guard_b.fencing_token(), 2);
-    let b_took = b_at - released.at;
-    eprintln!("preferred b led {b_took:?} after a's release");
+    // How soon is checked by `a_released_lease_goes_to_its_preferred_holder_first`.
+    assert!(b_at - released.at < Duration::from_secs(3));
     assert!(!a.is_leader());
+    Ok(())
+}
+
+/// After stepping down for a preferred holder, the free Lease is left to that
+/// holder (it takes it at once) and not to any other candidate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_lease_goes_to_its_preferred_holder_first() -> Result<()> {
+    let fx = fixture("cle-preferred").await?;
+    fx.free_lease(|s| s.strategy = Some(STRATEGY.to_owned())).await?;
+    let rec = fx.recorder().await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    let (guard, _) = acquire_within(&a, Duration::from_secs(5)).await?;
+    let acquired = rec
+        .first(Duration::from_secs(2), |v| v.holder() == Some("a"))
+        .await?;
+    // `c` is a candidate too, but not the preferred one.
+    let b = fx.candidate(fx.config("b")).await?;
+    let c = fx.candidate(fx.config("c")).await?;
+    let b_acquiring = spawn_acquire(&b);
+    let c_acquiring = spawn_acquire(&c);
+    for e in [&b, &c] {
+        status_where(e, Duration::from_secs(5), |s| s.holder.as_deref() == Some("a")).await?;
+    }
+    fx.modify(|s| s.preferred_holder = Some("b".to_owned())).await?;
+    let lost = timeout(Duration::from_secs(3), guard)
+        .await
+        .context("a did not step down")?;
+    assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
+    let released = rec
+        .first(Duration::from_secs(2), |v| {
+            v.n > acquired.n && v.holder() == Some("")
+        })
+        .await?;
+    let taken = rec
+        .first(Duration::from_secs(5), |v| {
+            v.n > released.n && v.holder().is_some_and(|h| !h.is_empty())
+        })
+        .await?;
+    let took = taken.at - released.at;
+    let (b_at, guard_b) = timeout(Duration::from_secs(5), b_acquiring).await??;
+    let guard_b = guard_b?;
+    assert_eq!(
+        taken.holder(),
+        Some("b"),
+        "the preferred holder takes it, not c ({took:?} after the release): {taken:?}"
+    );
+    assert!(
+        took < ms(500),
+        "the preferred holder b took the free Lease {took:?} after the release: it waited for the \
+         released record's leaseDurationSeconds (1 s) like any other candidate, racing them"
+    );
+    assert!(b_at - released.at < ms(700));
+    assert_eq!(guard_b.fencing_token(), 2);
+    // `c` keeps waiting: `b` leads and is the preferred holder.
+    let c_led = timeout(LEASE_DURATION + ms(500), c_acquiring).await;
+    assert!(c_led.is_err(), "c led while b is preferred: {c_led:?}");
+    assert!(
+        rec.all().iter().all(|v| v.holder() != Some("c")),
+        "{:#?}",
+        rec.all()
+    );
     Ok(())
 }
 
