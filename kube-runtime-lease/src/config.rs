@@ -54,11 +54,7 @@ impl LeaseConfig {
     /// `identity` must be unique among the candidates: two candidates with the
     /// same identity both believe they lead. [`unique_identity`] builds one.
     #[must_use]
-    pub fn new(
-        namespace: impl Into<String>,
-        name: impl Into<String>,
-        identity: impl Into<String>,
-    ) -> Self {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>, identity: impl Into<String>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -171,9 +167,7 @@ impl LeaseConfig {
             return Err(ConfigError::EmptyIdentity);
         }
         if self.lease_duration.subsec_nanos() != 0 {
-            return Err(ConfigError::LeaseDurationNotWholeSeconds(
-                self.lease_duration,
-            ));
+            return Err(ConfigError::LeaseDurationNotWholeSeconds(self.lease_duration));
         }
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
             return Err(ConfigError::LeaseDurationTooLong(self.lease_duration));
@@ -320,9 +314,7 @@ pub fn unique_identity() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned());
-    let suffix: String = std::iter::repeat_with(fastrand::lowercase)
-        .take(8)
-        .collect();
+    let suffix: String = std::iter::repeat_with(fastrand::lowercase).take(8).collect();
     format!("{pod}_{suffix}")
 }
 
@@ -349,10 +341,7 @@ mod tests {
         let s = Duration::from_secs;
         let e = cfg().lease_duration(s(10)).validate().unwrap_err();
         assert_eq!(e, ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
-        assert_eq!(
-            e.to_string(),
-            "leaseDuration must be greater than renewDeadline"
-        );
+        assert_eq!(e.to_string(), "leaseDuration must be greater than renewDeadline");
         // 12 s renew deadline vs 10 s * 1.2 = 12 s: not greater.
         let e = cfg()
             .lease_duration(s(20))
@@ -375,27 +364,20 @@ mod tests {
         let e = cfg().retry_period(Duration::ZERO).validate().unwrap_err();
         assert_eq!(e, ConfigError::NotPositive(Field::RetryPeriod));
         assert_eq!(e.to_string(), "retryPeriod must be greater than zero");
-        let e = cfg()
-            .release_timeout(Duration::ZERO)
-            .validate()
-            .unwrap_err();
+        let e = cfg().release_timeout(Duration::ZERO).validate().unwrap_err();
         assert_eq!(e, ConfigError::NotPositive(Field::ReleaseTimeout));
-        let e = LeaseConfig::new("default", "lease", "")
-            .validate()
-            .unwrap_err();
+        let e = LeaseConfig::new("default", "lease", "").validate().unwrap_err();
         assert_eq!(e.to_string(), "Lock identity is empty");
     }
 
     #[test]
     fn lease_duration_must_be_whole_seconds_that_fit_int32() {
-        let e = cfg()
-            .lease_duration(Duration::from_millis(15_500))
-            .validate();
+        let e = cfg().lease_duration(Duration::from_millis(15_500)).validate();
         assert_eq!(
             e,
-            Err(ConfigError::LeaseDurationNotWholeSeconds(
-                Duration::from_millis(15_500)
-            ))
+            Err(ConfigError::LeaseDurationNotWholeSeconds(Duration::from_millis(
+                15_500
+            )))
         );
         let huge = Duration::from_secs(u64::from(u32::MAX));
         let e = cfg().lease_duration(huge).validate();
@@ -445,18 +427,8 @@ mod tests {
                 "{bad:?}: {e:?}"
             );
         }
-        for good in [
-            "a",
-            "my-controller",
-            "kube-controller-manager",
-            "a.b.c",
-            "1.2-3",
-        ] {
-            assert_eq!(
-                LeaseConfig::new("ns", good, "me").validate(),
-                Ok(()),
-                "{good:?}"
-            );
+        for good in ["a", "my-controller", "kube-controller-manager", "a.b.c", "1.2-3"] {
+            assert_eq!(LeaseConfig::new("ns", good, "me").validate(), Ok(()), "{good:?}");
         }
         let e = LeaseConfig::new("ns", "Bad", "me").validate().unwrap_err();
         assert_eq!(

@@ -327,11 +327,7 @@ impl Future for Acquire {
                 if state.shutdown {
                     return Poll::Ready(Err(Error::Shutdown));
                 }
-                if let Some(guard) = state
-                    .term
-                    .as_ref()
-                    .and_then(|t| t.guard(this.inner.wake.clone()))
-                {
+                if let Some(guard) = state.term.as_ref().and_then(|t| t.guard(this.inner.wake.clone())) {
                     return Poll::Ready(Ok(guard));
                 }
                 let (tx, rx) = oneshot::channel();
@@ -340,9 +336,7 @@ impl Future for Acquire {
                     state.running = true;
                     let previous = state.task.take();
                     let span = this.inner.span();
-                    state.task = Some(tokio::spawn(
-                        run(this.inner.clone(), previous).instrument(span),
-                    ));
+                    state.task = Some(tokio::spawn(run(this.inner.clone(), previous).instrument(span)));
                 }
                 drop(state);
                 // A running task re-counts who wants leadership.
@@ -456,10 +450,7 @@ enum Obs {
     /// The Lease does not exist.
     Missing,
     /// The last record seen, and the whole object (for its metadata).
-    Known {
-        observed: Observed,
-        object: Box<Lease>,
-    },
+    Known { observed: Observed, object: Box<Lease> },
 }
 
 enum Attempt {
@@ -508,9 +499,7 @@ impl Drop for Task {
     }
 }
 
-async fn next_event(
-    watch: &mut Option<WatchStream>,
-) -> Option<watcher::Result<watcher::Event<Lease>>> {
+async fn next_event(watch: &mut Option<WatchStream>) -> Option<watcher::Result<watcher::Event<Lease>>> {
     match watch {
         Some(w) => w.next().await,
         None => futures::future::pending().await,
@@ -765,18 +754,15 @@ impl Task {
                     Err(Error::Conflict) => {
                         debug!("lost the race to create the lease");
                         self.stale = true;
-                        Ok(Attempt::WaitUntil(
-                            Instant::now() + self.inner.jittered_retry(),
-                        ))
+                        Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
                     }
                     Err(e) => Err(e),
                 }
             }
             Obs::Known { observed, object } => {
-                let ours_known = object.metadata.uid.is_some()
-                    && object.metadata.uid == self.inner.lock().term_uid;
-                match record::verdict(observed, &cfg.identity, ours_known, cfg.lease_duration, now)
-                {
+                let ours_known =
+                    object.metadata.uid.is_some() && object.metadata.uid == self.inner.lock().term_uid;
+                match record::verdict(observed, &cfg.identity, ours_known, cfg.lease_duration, now) {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
                         let mut lease = (**object).clone();
@@ -796,9 +782,7 @@ impl Task {
                             Err(Error::Conflict) => {
                                 debug!("lost the race to take the lease");
                                 self.stale = true;
-                                Ok(Attempt::WaitUntil(
-                                    Instant::now() + self.inner.jittered_retry(),
-                                ))
+                                Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
                             }
                             Err(e) if e.status() == Some(404) => {
                                 self.stale = true;
@@ -814,18 +798,9 @@ impl Task {
 
     /// Leads one term. `Some(result)` when the task should exit (with the
     /// release's result), `None` to campaign again.
-    async fn lead(
-        &mut self,
-        lease: Box<Lease>,
-        sent: Instant,
-        created: bool,
-    ) -> Option<Result<()>> {
+    async fn lead(&mut self, lease: Box<Lease>, sent: Instant, created: bool) -> Option<Result<()>> {
         let cfg = self.inner.config.clone();
-        let transitions = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.lease_transitions)
-            .unwrap_or(0);
+        let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
         let term = Arc::new(Term::new(i64::from(transitions), sent, cfg.renew_deadline));
         self.observe((*lease).clone(), sent);
         self.inner.lock().term_uid.clone_from(&lease.metadata.uid);
@@ -904,6 +879,8 @@ impl Task {
 
     /// Ends `term` for `reason`, releasing the Lease when leadership was given up.
     async fn end_term(&mut self, term: &Arc<Term>, reason: &Lost) -> Result<()> {
+        // Status first, so that `is_leader()` is false once a guard resolves.
+        self.inner.update_status(|s| s.is_leader = false);
         term.lose(reason);
         {
             let mut state = self.inner.lock();
@@ -911,7 +888,6 @@ impl Task {
                 state.term = None;
             }
         }
-        self.inner.update_status(|s| s.is_leader = false);
         self.inner.metrics.leading(false);
         let release = match reason {
             Lost::Released => {
@@ -939,6 +915,8 @@ impl Task {
 
     /// Publishes `term`: hands guards to every waiter.
     fn begin_term(&mut self, term: &Arc<Term>) {
+        // Status first, so that `is_leader()` agrees with a guard as soon as it is handed out.
+        self.inner.update_status(|s| s.is_leader = true);
         {
             let mut state = self.inner.lock();
             state.term = Some(term.clone());
@@ -948,12 +926,8 @@ impl Task {
                 }
             }
         }
-        self.inner.update_status(|s| s.is_leader = true);
         self.inner.metrics.leading(true);
-        info!(
-            transitions = term.transitions,
-            "acquired lease, now leading"
-        );
+        info!(transitions = term.transitions, "acquired lease, now leading");
     }
 
     fn foreign_record_observed(&self) -> bool {
@@ -1023,9 +997,7 @@ impl Task {
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
-                    self.inner
-                        .metrics
-                        .renewal("not_found", sent.elapsed(), sent);
+                    self.inner.metrics.renewal("not_found", sent.elapsed(), sent);
                     return Err(Lost::Deleted);
                 }
                 Err(Error::Conflict) if attempt == 0 => {

@@ -148,12 +148,7 @@ where
         error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
         context: Arc<Ctx>,
     ) -> WithLeaderElection<
-        impl Stream<
-            Item = Result<
-                (ObjectRef<K>, Action),
-                ControllerError<ReconcilerFut::Error, watcher::Error>,
-            >,
-        >,
+        impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>,
     >
     where
         K::DynamicType: Debug + Unpin,

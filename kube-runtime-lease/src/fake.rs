@@ -121,11 +121,7 @@ impl FakeApi {
         let mut s = self.lock();
         s.rv += 1;
         lease.metadata.resource_version = Some(s.rv.to_string());
-        let kind = if s.lease.is_some() {
-            "MODIFIED"
-        } else {
-            "ADDED"
-        };
+        let kind = if s.lease.is_some() { "MODIFIED" } else { "ADDED" };
         if lease.metadata.uid.is_none() {
             lease.metadata.uid = s
                 .lease
@@ -155,17 +151,12 @@ impl FakeApi {
     }
 
     fn event_line(kind: &str, lease: &Lease) -> Bytes {
-        let mut v =
-            serde_json::to_vec(&json!({ "type": kind, "object": with_type(lease) })).unwrap();
+        let mut v = serde_json::to_vec(&json!({ "type": kind, "object": with_type(lease) })).unwrap();
         v.push(b'\n');
         v.into()
     }
 
-    async fn handle(
-        &self,
-        client: usize,
-        req: Request<Body>,
-    ) -> Result<Response<ResBody>, std::io::Error> {
+    async fn handle(&self, client: usize, req: Request<Body>) -> Result<Response<ResBody>, std::io::Error> {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let query = req.uri().query().unwrap_or("").to_owned();
@@ -199,10 +190,7 @@ impl FakeApi {
                     "partitioned",
                 ));
             }
-            let pos = c
-                .queue
-                .iter()
-                .position(|(v, _)| v.is_none_or(|v| v == verb));
+            let pos = c.queue.iter().position(|(v, _)| v.is_none_or(|v| v == verb));
             let fault = pos.and_then(|p| c.queue.remove(p)).map(|(_, f)| f);
             (
                 fault,
@@ -319,11 +307,7 @@ impl FakeApi {
                     .and_then(|s| s.lease_duration_seconds)
                     .is_some_and(|d| d <= 0)
                 {
-                    return status(
-                        422,
-                        "Invalid",
-                        "leaseDurationSeconds must be greater than 0",
-                    );
+                    return status(422, "Invalid", "leaseDurationSeconds must be greater than 0");
                 }
                 s.rv += 1;
                 lease.metadata.resource_version = Some(s.rv.to_string());

@@ -128,18 +128,22 @@ pub(crate) fn verdict(
     now: Instant,
 ) -> Verdict {
     let spec = &observed.spec;
-    let owner = holder(spec).or_else(|| preferred_holder(spec));
-    match owner {
-        None => Verdict::Take,
-        Some(h) if h == identity && ours_known => Verdict::Take,
-        Some(_) => {
-            let until = observed.at + lease_duration(spec, fallback);
-            if now >= until {
-                Verdict::Take
-            } else {
-                Verdict::WaitUntil(until)
-            }
+    let expiry = || {
+        let until = observed.at + lease_duration(spec, fallback);
+        if now >= until {
+            Verdict::Take
+        } else {
+            Verdict::WaitUntil(until)
         }
+    };
+    match (holder(spec), preferred_holder(spec)) {
+        // Free, and reserved for nobody or for us.
+        (None, None) => Verdict::Take,
+        (None, Some(p)) if p == identity => Verdict::Take,
+        // Ours, on a Lease object we led on.
+        (Some(h), _) if h == identity && ours_known => Verdict::Take,
+        // Held by someone else, reserved for someone else, or ours of unknown provenance.
+        _ => expiry(),
     }
 }
 
@@ -185,10 +189,7 @@ mod tests {
                         "preferredHolder kept"
                     );
                     if h == Some(ME) {
-                        assert_eq!(
-                            next.acquire_time, prev.acquire_time,
-                            "renewal keeps acquireTime"
-                        );
+                        assert_eq!(next.acquire_time, prev.acquire_time, "renewal keeps acquireTime");
                         assert_eq!(
                             next.lease_transitions, prev.lease_transitions,
                             "renewal keeps transitions"
@@ -240,11 +241,7 @@ mod tests {
             (Some(1), Duration::from_secs(1)),
             (Some(i32::MAX), Duration::from_secs(i32::MAX as u64)),
         ] {
-            assert_eq!(
-                lease_duration(&spec(Some("x"), None, d), FALLBACK),
-                want,
-                "{d:?}"
-            );
+            assert_eq!(lease_duration(&spec(Some("x"), None, d), FALLBACK), want, "{d:?}");
         }
     }
 
@@ -286,13 +283,7 @@ mod tests {
         let mut none = free.clone();
         none.holder_identity = None;
         assert_eq!(
-            verdict(
-                &Observed::observe(None, none, None, now),
-                ME,
-                true,
-                FALLBACK,
-                now
-            ),
+            verdict(&Observed::observe(None, none, None, now), ME, true, FALLBACK, now),
             Verdict::Take
         );
         let ours = spec(Some(ME), None, Some(10));
@@ -317,6 +308,19 @@ mod tests {
             Verdict::Take
         );
         assert_eq!(verdict(&o, "pref", true, FALLBACK, now), Verdict::Take);
+        assert_eq!(
+            verdict(&o, "pref", false, FALLBACK, now),
+            Verdict::Take,
+            "a free lease reserved for us, at once"
+        );
+        // Held by the preferred holder itself, someone else waits as usual.
+        let mut held = reserved.clone();
+        held.holder_identity = Some("pref".into());
+        let o = Observed::observe(None, held, None, now);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now),
+            Verdict::WaitUntil(now + Duration::from_secs(3))
+        );
         // Missing duration on a held record: our own duration, never zero.
         let o = Observed::observe(None, spec(Some("other"), None, None), None, now);
         assert_eq!(

@@ -97,11 +97,7 @@ async fn schedule(seed: u64) -> Vec<Interval> {
                 None,
                 Fault::Status(*[500u16, 503, 409, 429, 403].get(rng.usize(0..5)).unwrap()),
             ),
-            1 => fake.fault(
-                victim,
-                Some("update"),
-                Fault::DelayResponse(ms(&mut rng, 4000)),
-            ),
+            1 => fake.fault(victim, Some("update"), Fault::DelayResponse(ms(&mut rng, 4000))),
             2 => fake.fault(victim, None, Fault::DelayRequest(ms(&mut rng, 4000))),
             3 => {
                 fake.partition(victim, true);
@@ -165,22 +161,16 @@ fn no_two_candidates_ever_lead_at_the_same_instant() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
-    let seeds: Vec<u64> = match std::env::var("KRL_SIM_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
+    let seeds: Vec<u64> = match std::env::var("KRL_SIM_SEED").ok().and_then(|v| v.parse().ok()) {
         Some(seed) => {
-            fn virtual_time(
-                w: &mut tracing_subscriber::fmt::format::Writer<'_>,
-            ) -> std::fmt::Result {
+            fn virtual_time(w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
                 let now = tokio::runtime::Handle::try_current().map(|_| Instant::now().into_std());
                 write!(w, "{now:?}")
             }
             let _ = tracing_subscriber::fmt()
                 .with_env_filter("kube_runtime_lease=debug")
                 .with_timer(
-                    virtual_time
-                        as fn(&mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result,
+                    virtual_time as fn(&mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result,
                 )
                 .with_test_writer()
                 .try_init();
@@ -207,10 +197,7 @@ fn no_two_candidates_ever_lead_at_the_same_instant() {
                         let intervals = rt.block_on(schedule(seed));
                         check(seed, &intervals);
                         terms += intervals.len();
-                        handovers += intervals
-                            .windows(2)
-                            .filter(|w| w[0].who != w[1].who)
-                            .count();
+                        handovers += intervals.windows(2).filter(|w| w[0].who != w[1].who).count();
                     }
                     (terms, handovers)
                 })

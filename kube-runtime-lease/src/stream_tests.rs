@@ -169,10 +169,7 @@ async fn streams_sharing_a_lease_start_and_stop_together_with_one_renewal_loop()
     drop(held);
     sleep(Duration::from_millis(50)).await;
     assert_eq!(
-        (
-            a_polls.load(Ordering::SeqCst),
-            b_polls.load(Ordering::SeqCst)
-        ),
+        (a_polls.load(Ordering::SeqCst), b_polls.load(Ordering::SeqCst)),
         (1, 1),
         "both start together"
     );

@@ -113,11 +113,7 @@ async fn leader_renews_with_one_write_per_retry_period_and_no_reads() {
     let start = Instant::now();
     let acquire_time = spec(&fake).acquire_time;
     sleep(S(60) + Duration::from_millis(1)).await;
-    assert_eq!(
-        count(&fake, id, "update", start),
-        30,
-        "one renewal every 2 s"
-    );
+    assert_eq!(count(&fake, id, "update", start), 30, "one renewal every 2 s");
     assert_eq!(
         count(&fake, id, "get", start),
         0,
@@ -192,20 +188,16 @@ async fn a_renewing_holder_is_never_taken_over() {
     for _ in 0..30 {
         sleep(S(2)).await;
         let mut l = fake.lease().unwrap();
-        l.spec.as_mut().unwrap().renew_time =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
-                k8s_openapi::jiff::Timestamp::now(),
-            ));
+        l.spec.as_mut().unwrap().renew_time = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
+        );
         fake.put(l);
         assert!(poll!(&mut acquire).is_pending());
     }
     assert!(!e.is_leader());
     assert_eq!(e.status().holder.as_deref(), Some("other"));
     sleep(S(3)).await;
-    assert!(
-        acquire.await.is_ok(),
-        "taken once the holder stops renewing"
-    );
+    assert!(acquire.await.is_ok(), "taken once the holder stops renewing");
 }
 
 #[tokio::test(start_paused = true)]
@@ -274,16 +266,9 @@ async fn conflict_falls_to_a_read_and_keeps_a_lease_still_ours() {
     fake.put(l);
     let start = Instant::now();
     sleep(S(5)).await;
-    assert_eq!(
-        count(&fake, id, "get", start),
-        1,
-        "one read after the conflict"
-    );
+    assert_eq!(count(&fake, id, "get", start), 1, "one read after the conflict");
     assert!(guard.is_valid());
-    assert_eq!(
-        fake.lease().unwrap().metadata.labels.unwrap()["touched"],
-        "yes"
-    );
+    assert_eq!(fake.lease().unwrap().metadata.labels.unwrap()["touched"], "yes");
 }
 
 #[tokio::test(start_paused = true)]
@@ -391,12 +376,7 @@ async fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_neve
     let seen_before = fake.seen().len();
     // Clear the remaining injected faults by consuming them quickly is not possible; use a fresh client.
     let (e3, _) = elector(&fake, config("me-again").watch(false));
-    assert!(
-        tokio::time::timeout(S(60), e3.acquire())
-            .await
-            .unwrap()
-            .is_ok()
-    );
+    assert!(tokio::time::timeout(S(60), e3.acquire()).await.unwrap().is_ok());
     assert!(fake.seen().len() > seen_before);
 }
 
@@ -415,18 +395,8 @@ async fn malformed_records_have_defined_outcomes() {
     let cases = [
         ("no spec: free", no_spec, S(0), Some(1)),
         ("no holder: free", no_holder, S(0), Some(5)),
-        (
-            "zero duration: ours (15 s)",
-            held_by("x", 0),
-            S(15),
-            Some(5),
-        ),
-        (
-            "negative duration: ours (15 s)",
-            held_by("x", -5),
-            S(15),
-            Some(5),
-        ),
+        ("zero duration: ours (15 s)", held_by("x", 0), S(15), Some(5)),
+        ("negative duration: ours (15 s)", held_by("x", -5), S(15), Some(5)),
         ("missing duration: ours (15 s)", no_duration, S(15), Some(5)),
         ("missing times: record's duration", no_times, S(5), Some(5)),
     ];
@@ -476,17 +446,20 @@ async fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honour
         Some(""),
         "released for the preferred holder"
     );
-    assert_eq!(
-        s.preferred_holder.as_deref(),
-        Some("pref"),
-        "kept on release"
-    );
+    assert_eq!(s.preferred_holder.as_deref(), Some("pref"), "kept on release");
     assert_eq!(s.strategy.as_deref(), Some("OldestEmulationVersion"));
-    // The free lease is reserved for the preferred holder for one (release) duration.
+    // The free lease is reserved for the preferred holder: it takes it at once,
+    // while anyone else would wait one (release) duration.
+    let (other, _) = elector(&fake, config("other"));
+    let mut other_acquire = Box::pin(other.acquire());
+    assert!(poll!(&mut other_acquire).is_pending());
     let (pref, _) = elector(&fake, config("pref"));
+    let start = Instant::now();
     let g = pref.acquire().await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO, "the preferred holder takes a free lease at once");
     assert!(g.is_valid());
     assert_eq!(spec(&fake).holder_identity.as_deref(), Some("pref"));
+    assert!(tokio::time::timeout(S(30), &mut other_acquire).await.is_err(), "pref keeps it");
 }
 
 #[tokio::test(start_paused = true)]
@@ -747,17 +720,18 @@ async fn metrics_are_read_back_from_a_registry() {
         text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#),
         "{text}"
     );
-    assert!(text.contains(r#"leader_election_renewals_total{namespace="default",lease="lease",outcome="success"} 2"#), "{text}");
     assert!(
         text.contains(
-            r#"leader_election_seconds_since_last_renewal{namespace="default",lease="lease"} 0.5"#
+            r#"leader_election_renewals_total{namespace="default",lease="lease",outcome="success"} 2"#
         ),
         "{text}"
     );
     assert!(
-        text.contains(
-            r#"leader_election_renew_duration_seconds_count{namespace="default",lease="lease"} 2"#
-        ),
+        text.contains(r#"leader_election_seconds_since_last_renewal{namespace="default",lease="lease"} 0.5"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"leader_election_renew_duration_seconds_count{namespace="default",lease="lease"} 2"#),
         "{text}"
     );
     // free -> me: one change of holder seen.
@@ -787,11 +761,7 @@ async fn fencing_helpers_follow_the_renew_deadline() {
     assert_eq!(guard.fencing_token(), 1);
     assert_eq!(guard.time_left(), S(10));
     sleep(Duration::from_millis(2500)).await;
-    assert_eq!(
-        guard.time_left(),
-        Duration::from_millis(9500),
-        "renewed at +2 s"
-    );
+    assert_eq!(guard.time_left(), Duration::from_millis(9500), "renewed at +2 s");
     fake.partition(id, true);
     sleep(S(9)).await;
     assert_eq!(guard.time_left(), Duration::from_millis(500));
