@@ -207,12 +207,14 @@ impl Fixture {
         })
     }
 
-    /// A fresh namespace with a free Lease ([`new_free_lease`]).
+    /// A fresh namespace with a free Lease ([`new_free_lease`]), watched by
+    /// a [`LeaseRecorder`] into `log` (which [`check_log`] then checks).
     ///
     /// # Errors
-    /// When an API call fails.
-    pub async fn lease(&self, prefix: &str) -> Result<LeaseRef> {
-        new_free_lease(self.env, &self.client, prefix).await
+    /// When an API call fails or the watch does not start.
+    pub async fn lease(&self, log: &EventLog, prefix: &str) -> Result<LeaseRecorder> {
+        let lease = new_free_lease(self.env, &self.client, prefix).await?;
+        LeaseRecorder::start(self.client.clone(), lease, log).await
     }
 
     /// A Rust candidate named `name` (also its identity) on `lease` with
@@ -256,6 +258,184 @@ impl Fixture {
             go_candidate(&self.goelect, self.env.kubeconfig_path(), lease, name, timings),
             log,
         )
+    }
+}
+
+/// The test's own watch on a Lease: records every new version of it (by
+/// resourceVersion) into an [`EventLog`] as [`Kind::Record`] entries, stamped
+/// when seen. Stops when dropped.
+#[derive(Debug)]
+pub struct LeaseRecorder {
+    /// The Lease watched.
+    pub lease: LeaseRef,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LeaseRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::ops::Deref for LeaseRecorder {
+    type Target = LeaseRef;
+
+    fn deref(&self) -> &LeaseRef {
+        &self.lease
+    }
+}
+
+impl LeaseRecorder {
+    /// Starts watching `lease` and waits for its first version.
+    ///
+    /// # Errors
+    /// When the first version is not seen within 10 s.
+    pub async fn start(client: Client, lease: LeaseRef, log: &EventLog) -> Result<Self> {
+        use futures::StreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, watcher};
+
+        let api: Api<Lease> = Api::namespaced(client, &lease.namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", lease.name));
+        let started = now_ns();
+        let l = log.clone();
+        let task = tokio::spawn(async move {
+            let mut last_rv = None;
+            let mut events = std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
+            while let Some(event) = events.next().await {
+                let Ok(object) = event else { continue };
+                let at = now_ns();
+                // A re-list replays the current version: record versions once.
+                if object.metadata.resource_version == last_rv {
+                    continue;
+                }
+                last_rv.clone_from(&object.metadata.resource_version);
+                let spec = object.spec.unwrap_or_default();
+                l.record(
+                    "lease",
+                    Kind::Record,
+                    at,
+                    spec.holder_identity.as_deref().unwrap_or(""),
+                    &format!(
+                        "duration={} transitions={} rv={} acquire={} renew={}",
+                        spec.lease_duration_seconds.unwrap_or(0),
+                        spec.lease_transitions.unwrap_or(0),
+                        last_rv.as_deref().unwrap_or(""),
+                        spec.acquire_time.map_or_else(String::new, |t| t.0.to_string()),
+                        spec.renew_time.map_or_else(String::new, |t| t.0.to_string()),
+                    ),
+                );
+            }
+        });
+        let recorder = Self { lease, task };
+        log.wait_for("the test's watch on the lease", Duration::from_secs(10), |e| {
+            e.kind == Kind::Record && e.at >= started
+        })
+        .await?;
+        Ok(recorder)
+    }
+}
+
+/// How much earlier than the protocol allows a takeover may *appear* in the
+/// records of a [`LeaseRecorder`]: the test sees each write a little after it
+/// happened, the old holder's last renewal possibly later than the takeover.
+pub const RECORD_SLACK: Duration = Duration::from_millis(100);
+
+/// A field `name=value` of a record's `detail`.
+fn record_field<'a>(record: &'a Entry, name: &str) -> &'a str {
+    record
+        .detail
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+        .unwrap_or("")
+}
+
+/// A record as client-go compares records: its `LeaderElectionRecord` as
+/// JSON, in which times are `metav1.Time`, with whole seconds (RFC 3339).
+fn client_go_view(record: &Entry) -> String {
+    let seconds = |t: &str| t.split('.').next().unwrap_or("").trim_end_matches('Z').to_owned();
+    format!(
+        "{}|{}|{}|{}|{}",
+        record.who,
+        record_field(record, "duration"),
+        record_field(record, "transitions"),
+        seconds(record_field(record, "acquire")),
+        seconds(record_field(record, "renew"))
+    )
+}
+
+/// Checks the Lease records of `entries` ([`Kind::Record`]): whenever the
+/// holder changes from one candidate to another without a release in
+/// between, the takeover was seen no earlier than the old holder's record
+/// duration after its last renewal was seen (less [`RECORD_SLACK`]). That is,
+/// nobody took a Lease before it expired.
+///
+/// For a client-go taker ([`Flavor::Go`]), "its last renewal" is what
+/// client-go can see: it notices a change of the record only when the record
+/// differs with its times cut to whole seconds (it compares the JSON of a
+/// `LeaderElectionRecord`, whose times are `metav1.Time`), so renewals within
+/// the same wall-clock second as the previous version do not restart its
+/// clock. Such takeovers pass, and are described in the returned notes.
+///
+/// # Errors
+/// One line per early takeover (times relative to `base`).
+pub fn check_takeovers(entries: &[Entry], base: u64) -> Result<Vec<String>> {
+    let is_go = |name: &str| {
+        entries
+            .iter()
+            .any(|e| e.kind == Kind::Spawned && e.process == name && e.detail.starts_with("Go"))
+    };
+    let records: Vec<&Entry> = entries.iter().filter(|e| e.kind == Kind::Record).collect();
+    let mut problems = Vec::new();
+    let mut notes = Vec::new();
+    for (i, r) in records.iter().enumerate() {
+        // The previous record: a takeover is a change between two holders.
+        let Some(prev) = i.checked_sub(1).map(|j| records[j]) else {
+            continue;
+        };
+        if r.who.is_empty() || prev.who.is_empty() || prev.who == r.who {
+            continue;
+        }
+        // The old holder's last renewal as the taker could see it: client-go
+        // sees the first of a run of versions that look alike to it.
+        let mut seen = prev;
+        if is_go(&r.who) {
+            let view = client_go_view(prev);
+            for earlier in records[..i].iter().rev() {
+                if client_go_view(earlier) != view {
+                    break;
+                }
+                seen = earlier;
+            }
+        }
+        let seconds: u64 = record_field(prev, "duration").parse().unwrap_or(0);
+        let lease = ns(Duration::from_secs(seconds));
+        let allowed = seen.at + lease.saturating_sub(ns(RECORD_SLACK));
+        if r.at < allowed {
+            problems.push(format!(
+                "{} took the lease from {} {} after {}'s last renewal was seen ({}), before its {seconds} s lease duration expired ({} {} -> {})",
+                r.who,
+                prev.who,
+                fmt_ms(r.at.saturating_sub(seen.at)),
+                prev.who,
+                fmt_delta(base, seen.at),
+                fmt_delta(base, r.at),
+                seen.detail,
+                r.detail
+            ));
+        } else if r.at < prev.at + lease.saturating_sub(ns(RECORD_SLACK)) {
+            notes.push(format!(
+                "client-go candidate {} took the lease {} after {}'s last renewal: that renewal fell in the same second as the version before it ({} earlier), which client-go's one-second record comparison cannot tell apart",
+                r.who,
+                fmt_ms(r.at.saturating_sub(prev.at)),
+                prev.who,
+                fmt_ms(prev.at - seen.at)
+            ));
+        }
+    }
+    if problems.is_empty() {
+        Ok(notes)
+    } else {
+        bail!("a lease was taken before it expired:\n{}", problems.join("\n"))
     }
 }
 
@@ -440,6 +620,11 @@ pub enum Kind {
     Stderr,
     /// A note by the test.
     Note,
+    /// A new version of the Lease, seen by the test's own watch
+    /// ([`LeaseRecorder`]): `who` is the holder (`""` when free), `detail`
+    /// `duration=<s> transitions=<n> rv=<resourceVersion> acquire=<RFC 3339>
+    /// renew=<RFC 3339>`.
+    Record,
     /// A stdout line that is none of the above.
     Other,
 }
@@ -669,6 +854,30 @@ impl EventLog {
         .await
     }
 
+    /// The flavor `process` was spawned with, if it was.
+    pub fn flavor_of(&self, process: &str) -> Option<Flavor> {
+        self.lock()
+            .iter()
+            .find(|e| e.kind == Kind::Spawned && e.process == process)
+            .map(|e| {
+                if e.detail.starts_with("Go") {
+                    Flavor::Go
+                } else {
+                    Flavor::Rust
+                }
+            })
+    }
+
+    /// The time the test's watch saw `holder`'s last write to the Lease
+    /// before `before` ([`Kind::Record`] entries), if any.
+    pub fn last_write_seen(&self, holder: &str, before: u64) -> Option<u64> {
+        self.lock()
+            .iter()
+            .filter(|e| e.kind == Kind::Record && e.who == holder && e.at < before)
+            .map(|e| e.at)
+            .max()
+    }
+
     /// The log as text, times relative to its first entry, runs of `WORK`
     /// lines of one process folded into one line.
     pub fn dump(&self) -> String {
@@ -706,6 +915,7 @@ impl EventLog {
                 Kind::Spawned => format!("<spawned, {}>", e.detail),
                 Kind::Stderr => format!("stderr: {}", e.detail),
                 Kind::Note => format!("NOTE {}", e.detail),
+                Kind::Record => format!("RECORD holder={:?} {}", e.who, e.detail),
                 Kind::Other => format!("? {}", e.detail),
                 k => format!("{k:?} {} {}", e.who, e.detail),
             };
@@ -1056,16 +1266,29 @@ pub fn check_no_overlap(intervals: &[Interval], base: u64) -> Result<()> {
     }
 }
 
-/// The intervals of `log` (now), checked: no overlap, and every `WORK` line
-/// lies inside an interval of its own process.
+/// The result of [`check_log`].
+#[derive(Clone, Debug)]
+pub struct Checked {
+    /// The leadership intervals.
+    pub intervals: Vec<Interval>,
+    /// Remarks of [`check_takeovers`] (client-go takeovers that relied on its
+    /// one-second record comparison).
+    pub notes: Vec<String>,
+}
+
+/// Checks `log` (now): no two leadership intervals overlap
+/// ([`check_no_overlap`]), no takeover of an unexpired Lease in the test's
+/// own records ([`check_takeovers`]), and every `WORK` line lies inside an
+/// interval of its own process.
 ///
 /// # Errors
 /// Every violation, with the intervals.
-pub fn check_log(log: &EventLog) -> Result<Vec<Interval>> {
+pub fn check_log(log: &EventLog) -> Result<Checked> {
     let entries = log.entries();
     let base = entries.iter().map(|e| e.at).min().unwrap_or(0);
     let intervals = leadership_intervals(&entries, now_ns());
     check_no_overlap(&intervals, base)?;
+    let notes = check_takeovers(&entries, base)?;
     let stray: Vec<String> = entries
         .iter()
         .filter(|e| e.kind == Kind::Work)
@@ -1083,7 +1306,7 @@ pub fn check_log(log: &EventLog) -> Result<Vec<Interval>> {
             describe_intervals(&intervals, base)
         );
     }
-    Ok(intervals)
+    Ok(Checked { intervals, notes })
 }
 
 /// The intervals as text, one per line, times relative to `base`.
@@ -1189,6 +1412,9 @@ impl Runs {
         match (failure, result) {
             (None, Ok(summary)) => {
                 println!("[{} #{run}] ok: {summary}", self.scenario);
+                for note in checked.iter().flat_map(|c| &c.notes) {
+                    println!("[{} #{run}] note: {note}", self.scenario);
+                }
                 if std::env::var_os("KRL_FAILOVER_VERBOSE").is_some() {
                     println!("--- log of the run ---\n{}--- end ---", log.dump());
                 }
@@ -1632,4 +1858,287 @@ async fn pump(
         }
     };
     tokio::join!(reader, writer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn log_of(lines: &[(&str, &str)]) -> EventLog {
+        let log = EventLog::new();
+        for (process, line) in lines {
+            if let Some(rest) = line.strip_prefix("spawned ") {
+                log.record(process, Kind::Spawned, 0, "", rest);
+            } else if let Some((sig, at)) = line.strip_prefix("signal ").and_then(|r| r.split_once(' ')) {
+                let sig = match sig {
+                    "KILL" => Sig::Kill,
+                    "TERM" => Sig::Term,
+                    "STOP" => Sig::Stop,
+                    _ => Sig::Cont,
+                };
+                log.record(
+                    process,
+                    Kind::Signal(sig),
+                    at.parse::<u64>().unwrap() * MS,
+                    "",
+                    "",
+                );
+            } else {
+                let (kind, at, who, detail) = parse_line(line).expect("a candidate line");
+                log.record(process, kind, at * MS, &who, &detail);
+            }
+        }
+        log
+    }
+
+    #[test]
+    fn parses_both_formats() {
+        assert_eq!(
+            parse_line("EVENT stopped-leading 12 a TakenOver { holder: \"b\" }"),
+            Some((
+                Kind::StoppedLeading,
+                12,
+                "a".to_owned(),
+                "TakenOver { holder: \"b\" }".to_owned()
+            ))
+        );
+        assert_eq!(
+            parse_line("EVENT new-leader 7 "),
+            Some((Kind::NewLeader, 7, String::new(), String::new()))
+        );
+        assert_eq!(
+            parse_line("READY 5"),
+            Some((Kind::Ready, 5, String::new(), String::new()))
+        );
+        assert_eq!(parse_line("WORK x"), None);
+    }
+
+    #[test]
+    fn overlap_is_reported_with_both_intervals() {
+        let log = log_of(&[
+            ("a", "EVENT started-leading 100 a"),
+            ("b", "EVENT started-leading 250 b"),
+            ("a", "EVENT stopped-leading 300 a RenewDeadlineExceeded"),
+        ]);
+        let err = check_log(&log).unwrap_err().to_string();
+        assert!(err.contains("OVERLAP by 50.000 ms"), "{err}");
+        assert!(err.contains("a [") && err.contains("b ["), "{err}");
+    }
+
+    #[test]
+    fn back_to_back_terms_pass() {
+        let log = log_of(&[
+            ("a", "EVENT started-leading 100 a"),
+            ("a", "WORK 150"),
+            ("a", "EVENT stopped-leading 300 a Released"),
+            ("b", "EVENT started-leading 300 b"),
+            ("b", "signal KILL 400"),
+            ("c", "EVENT started-leading 2400 c"),
+        ]);
+        let intervals = check_log(&log).unwrap().intervals;
+        assert_eq!(intervals.len(), 3);
+        assert_eq!(intervals[1].end, 400 * MS);
+        assert!(intervals[2].open);
+    }
+
+    #[test]
+    fn a_killed_leader_leads_until_its_kill() {
+        let log = log_of(&[
+            ("a", "EVENT started-leading 100 a"),
+            ("a", "signal KILL 1000"),
+            ("b", "EVENT started-leading 900 b"),
+        ]);
+        assert!(check_log(&log).is_err());
+    }
+
+    #[test]
+    fn a_frozen_leader_ends_at_the_freeze_unless_it_works_after() {
+        let frozen = [
+            ("a", "EVENT started-leading 100 a"),
+            ("a", "WORK 150"),
+            ("a", "signal STOP 200"),
+            ("b", "EVENT started-leading 2300 b"),
+            ("a", "signal CONT 4200"),
+            ("a", "EVENT stopped-leading 4201 a RenewDeadlineExceeded"),
+        ];
+        let intervals = check_log(&log_of(&frozen)).unwrap().intervals;
+        assert_eq!(intervals[0].end, 200 * MS);
+
+        let mut worked = frozen.to_vec();
+        worked.insert(5, ("a", "WORK 4200"));
+        let err = check_log(&log_of(&worked)).unwrap_err().to_string();
+        assert!(err.contains("OVERLAP"), "{err}");
+    }
+
+    #[test]
+    fn work_outside_a_term_is_reported() {
+        let log = log_of(&[
+            ("a", "EVENT started-leading 100 a"),
+            ("a", "EVENT stopped-leading 200 a Released"),
+            ("a", "WORK 250"),
+        ]);
+        let err = check_log(&log).unwrap_err().to_string();
+        assert!(err.contains("WORK outside"), "{err}");
+    }
+
+    #[test]
+    fn a_sigtermed_goelect_ends_at_the_signal_but_a_rust_candidate_does_not() {
+        let lines = |flavor: &'static str| {
+            log_of(&[
+                ("g", flavor),
+                ("g", "EVENT started-leading 100 g"),
+                ("g", "signal TERM 500"),
+                ("r", "EVENT started-leading 520 r"),
+                ("g", "EVENT stopped-leading 530 g"),
+            ])
+        };
+        assert!(check_log(&lines("spawned Go, pid 1")).is_ok());
+        assert!(check_log(&lines("spawned Rust, pid 1")).is_err());
+    }
+
+    /// An echo server on loopback; returns its port.
+    async fn echo_server() -> u16 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        port
+    }
+
+    async fn round_trip(s: &mut TcpStream, timeout: Duration) -> std::io::Result<usize> {
+        s.write_all(b"ping").await?;
+        let mut buf = [0; 4];
+        match tokio::time::timeout(timeout, s.read(&mut buf)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn proxy_forwards_delays_partitions_and_drops() {
+        let proxy = Proxy::start(echo_server().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+
+        proxy.set_latency(Duration::from_millis(100));
+        let t = Instant::now();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+        assert!(t.elapsed() >= Duration::from_millis(200), "{:?}", t.elapsed());
+        proxy.set_latency(Duration::ZERO);
+
+        // Black hole: silence on the old connection and on a new one.
+        proxy.partition(Partition::BlackHole);
+        let err = round_trip(&mut s, Duration::from_millis(300)).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        let mut fresh = TcpStream::connect(proxy.addr).await.unwrap();
+        let err = round_trip(&mut fresh, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        // Healing closes both (their bytes were lost); new ones work.
+        proxy.heal();
+        assert!(matches!(
+            round_trip(&mut s, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+
+        // Refuse: the old connection is reset, and so is a new one.
+        proxy.partition(Partition::Refuse);
+        assert!(matches!(
+            round_trip(&mut s, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        let mut fresh = TcpStream::connect(proxy.addr).await.unwrap();
+        assert!(matches!(
+            round_trip(&mut fresh, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        proxy.heal();
+
+        // Drop: open connections are closed at once.
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+        let (dropped, _) = proxy.drop_connections();
+        assert_eq!(dropped, 1);
+        assert!(matches!(
+            round_trip(&mut s, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        let stats = proxy.stats();
+        assert!(stats.refused >= 1 && stats.swallowed_chunks >= 2, "{stats:?}");
+    }
+
+    #[test]
+    fn takeovers_of_unexpired_leases_are_reported() {
+        let record = |log: &EventLog, at: u64, who: &str, rv: u32, renew: &str| {
+            log.record(
+                "lease",
+                Kind::Record,
+                at * MS,
+                who,
+                &format!("duration=2 transitions=0 rv={rv} acquire=2026-01-01T00:00:10.1Z renew=2026-01-01T00:00:{renew}Z"),
+            );
+        };
+        // a renews at 0 and 500; b takes over at 2450 (in time, within the
+        // slack) after a's last renewal; c after a release at once.
+        let log = EventLog::new();
+        record(&log, 0, "a", 1, "10.1");
+        record(&log, 500, "a", 2, "10.6");
+        record(&log, 2450, "b", 3, "12.5");
+        record(&log, 2600, "", 4, "12.7");
+        record(&log, 2610, "c", 5, "12.7");
+        assert!(check_log(&log).is_ok());
+        // b takes over 1.5 s after a's last renewal.
+        let log = EventLog::new();
+        record(&log, 0, "a", 1, "10.1");
+        record(&log, 500, "a", 2, "10.6");
+        record(&log, 2000, "b", 3, "12.1");
+        let err = check_log(&log).unwrap_err().to_string();
+        assert!(err.contains("b took the lease from a 1500.000 ms"), "{err}");
+        // A client-go taker cannot see a renewal in the same second as the
+        // version before it: allowed, with a note; not across seconds.
+        let go = |second_renewal: &str| {
+            let log = EventLog::new();
+            log.record("g", Kind::Spawned, 0, "", "Go, pid 1");
+            record(&log, 0, "a", 1, "10.1");
+            record(&log, 500, "a", 2, second_renewal);
+            record(&log, 2100, "g", 3, "12.2");
+            check_log(&log)
+        };
+        let notes = go("10.6").unwrap().notes;
+        assert!(notes[0].contains("same second"), "{notes:?}");
+        assert!(go("11.0").is_err());
+    }
+
+    #[tokio::test]
+    async fn wait_for_sees_later_entries_and_times_out() {
+        let log = EventLog::new();
+        let l = log.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            l.record("a", Kind::StartedLeading, 5, "a", "");
+        });
+        let e = log
+            .wait_for("a leads", Duration::from_secs(5), |e| {
+                e.kind == Kind::StartedLeading
+            })
+            .await
+            .unwrap();
+        assert_eq!(e.process, "a");
+        assert!(
+            log.wait_for("never", Duration::from_millis(20), |_| false)
+                .await
+                .is_err()
+        );
+    }
 }

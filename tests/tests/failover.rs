@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use kube_runtime_lease_tests::{
-    EventLog, Fixture, Kind, LeaseRef, Partition, Process, Proxy, Runs, Sig, Timings, fmt_delta, fmt_ms,
+    EventLog, Fixture, Kind, LeaseRecorder, Partition, Process, Proxy, Runs, Sig, Timings, fmt_delta, fmt_ms,
     now_ns, ns, serial, wait_seen_by, wait_settled,
 };
 
@@ -45,8 +45,8 @@ async fn start_group(
     log: &EventLog,
     prefix: &str,
     group: &[&str],
-) -> Result<(LeaseRef, Vec<Process>, String)> {
-    let lease = ctx.lease(prefix).await?;
+) -> Result<(LeaseRecorder, Vec<Process>, String)> {
+    let lease = ctx.lease(log, prefix).await?;
     let procs = group
         .iter()
         .map(|n| ctx.spawn_rust(log, &lease, n, T, None))
@@ -95,7 +95,13 @@ async fn sigkill_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
             next.process,
             fmt_ms(delay)
         );
-        delays.push(format!("{leader}->{} {}", next.process, fmt_ms(delay)));
+        let renewed = log.last_write_seen(&leader, killed).unwrap_or(killed);
+        delays.push(format!(
+            "{leader}->{} {} ({} after {leader}'s last renewal was seen)",
+            next.process,
+            fmt_ms(delay),
+            fmt_ms(next.at - renewed)
+        ));
         leader = next.process;
     }
     Ok(format!("takeover after SIGKILL: {}", delays.join(", ")))
@@ -268,8 +274,12 @@ async fn sigstop_leader() -> Result<()> {
 
 /// A leader `a` behind a fresh proxy, and `b` talking to the apiserver
 /// directly, having seen `a` lead.
-async fn proxied_pair(ctx: &Fixture, log: &EventLog, prefix: &str) -> Result<(Proxy, Vec<Process>)> {
-    let lease = ctx.lease(prefix).await?;
+async fn proxied_pair(
+    ctx: &Fixture,
+    log: &EventLog,
+    prefix: &str,
+) -> Result<(Proxy, Vec<Process>, LeaseRecorder)> {
+    let lease = ctx.lease(log, prefix).await?;
     let proxy = Proxy::start(ctx.env.apiserver_port()).await?;
     let kubeconfig = proxy.kubeconfig(ctx.env.kubeconfig_path(), ctx.dir.path())?;
     let a = ctx.spawn_rust(log, &lease, "a", T, Some(&kubeconfig))?;
@@ -279,7 +289,7 @@ async fn proxied_pair(ctx: &Fixture, log: &EventLog, prefix: &str) -> Result<(Pr
     .await?;
     let b = ctx.spawn_rust(log, &lease, "b", T, None)?;
     wait_seen_by(log, &["b"], "a", 0, Duration::from_secs(15)).await?;
-    Ok((proxy, vec![a, b]))
+    Ok((proxy, vec![a, b], lease))
 }
 
 /// Checks the hand-over from `a`, cut off at `cut`, to `b`: `a` stops within
@@ -305,10 +315,7 @@ async fn check_cut_off(log: &EventLog, cut: u64, latest: Duration) -> Result<Str
         T.renew_deadline
     );
     ensure!(
-        a_after
-            >= ns(T
-                .renew_deadline
-                .saturating_sub(T.retry_period + Duration::from_millis(100))),
+        a_after >= ns(T.renew_deadline.saturating_sub(T.retry_period + SLACK)),
         "a stopped leading only {} after the cut: before its renew deadline ({:?}) could have passed",
         fmt_ms(a_after),
         T.renew_deadline
@@ -342,7 +349,7 @@ async fn check_cut_off(log: &EventLog, cut: u64, latest: Duration) -> Result<Str
 /// deadline, and `b` takes over after the lease duration, after `a` stopped.
 /// Once healed, `a` follows `b`.
 async fn partition_run(ctx: &Fixture, log: &EventLog, how: Partition) -> Result<String> {
-    let (proxy, _procs) = proxied_pair(ctx, log, "partition").await?;
+    let (proxy, _procs, _lease) = proxied_pair(ctx, log, "partition").await?;
     let cut = now_ns();
     proxy.partition(how);
     log.record("test", Kind::Note, cut, "", &format!("partition a ({how:?})"));
@@ -378,6 +385,50 @@ async fn partition_leader() -> Result<()> {
     runs.finish()
 }
 
+/// SIGTERMs the leader `a` right after partitioning it (black hole): it can
+/// neither renew nor release, so it must give up at its renew deadline and
+/// exit without hanging on the release, and `b` takes over by expiry.
+async fn sigterm_partitioned_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
+    let (proxy, mut procs, _lease) = proxied_pair(ctx, log, "sigterm-cut").await?;
+    let cut = now_ns();
+    proxy.partition(Partition::BlackHole);
+    log.record("test", Kind::Note, cut, "", "partition a (BlackHole)");
+    let mut a = take(&mut procs, "a")?;
+    let termed = a.signal(Sig::Term)?;
+    let summary = check_cut_off(log, cut, T.lease_duration + Duration::from_secs(1)).await?;
+    // Worst case documented by `LeaderElector::shutdown`: grace (5 s in the
+    // candidate) + release timeout (5 s) + renew deadline.
+    let bound = Duration::from_secs(10) + T.renew_deadline;
+    let exit = log
+        .wait_for("a to print EXIT", bound + Duration::from_secs(2), |e| {
+            e.kind == Kind::Exit && e.process == "a"
+        })
+        .await?;
+    let status = a.wait_exit(Duration::from_secs(5)).await?;
+    ensure!(
+        exit.at - termed <= ns(bound),
+        "a exited {} after SIGTERM, more than grace + release timeout + renew deadline ({bound:?})",
+        fmt_ms(exit.at - termed)
+    );
+    Ok(format!(
+        "{summary}; a exited {} after SIGTERM ({status})",
+        fmt_ms(exit.at - termed)
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_partitioned_leader() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let mut runs = Runs::new("sigterm a partitioned leader");
+    for i in 0..RUNS {
+        let log = EventLog::new();
+        let result = sigterm_partitioned_run(&ctx, &log).await;
+        runs.record(i, result, &log);
+    }
+    runs.finish()
+}
+
 /// Latency added on the leader's connections, each way: beyond the renew
 /// deadline for a round trip.
 const LATENCY: Duration = Duration::from_secs(2);
@@ -386,7 +437,7 @@ const LATENCY: Duration = Duration::from_secs(2);
 /// within its renew deadline, and `b` takes over after it, once the renewals
 /// `a` sent before stopping (landing late) have expired too.
 async fn latency_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
-    let (proxy, _procs) = proxied_pair(ctx, log, "latency").await?;
+    let (proxy, _procs, _lease) = proxied_pair(ctx, log, "latency").await?;
     let cut = now_ns();
     proxy.set_latency(LATENCY);
     log.record(
@@ -436,7 +487,7 @@ const DROPPING: Duration = Duration::from_secs(6);
 /// `a` never gets). Whether `a` keeps leading is not fixed; what is: no two
 /// lead at once, and afterwards the election settles on exactly one leader.
 async fn drop_run(ctx: &Fixture, log: &EventLog, run: usize) -> Result<String> {
-    let (proxy, _procs) = proxied_pair(ctx, log, "drop").await?;
+    let (proxy, _procs, _lease) = proxied_pair(ctx, log, "drop").await?;
     proxy.set_latency(Duration::from_millis(50));
     let began = log.note("dropping a's connections mid-request");
     let mut drops = 0;
