@@ -1,0 +1,252 @@
+//! Adapter overhead: items per second through
+//! `stream.with_leader_election(&elector)` versus the bare stream.
+//!
+//! The elector leads against an in-process double of the Lease API (one
+//! Lease, GET/POST/PUT with resourceVersion compare-and-swap) plugged into a
+//! real `kube::Client`, so renewals run as in production, minus the network.
+//! Three inner streams:
+//! - `iter`: `futures::stream::iter` — no work per item, the worst case: the
+//!   adapter's fixed cost per poll is all that is measured;
+//! - `mpsc`: items from a bounded tokio channel fed by another task, as a
+//!   controller's event stream is;
+//! - `work-1us`: an item that costs about a microsecond of computation.
+//!
+//! After criterion's own output, the ratios are printed and written to
+//! `bench/results/adapter.json` (read by `bench-driver report`).
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, Throughput};
+use std::future::Future as _;
+
+use futures::{Stream, StreamExt};
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use kube::client::Body;
+use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig};
+use serde_json::json;
+
+const ITEMS: u64 = 100_000;
+
+/// One Lease, GET/POST/PUT with resourceVersion: a simplified copy of
+/// kube-runtime-lease's test double (`src/fake.rs`).
+#[derive(Default)]
+struct Store {
+    lease: Option<serde_json::Value>,
+    rv: u64,
+}
+
+fn respond(code: u16, v: &serde_json::Value) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(v).unwrap())))
+        .unwrap()
+}
+
+fn status(code: u16, reason: &str) -> Response<Full<Bytes>> {
+    respond(code, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason}))
+}
+
+async fn handle(store: Arc<Mutex<Store>>, req: Request<Body>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let method = req.method().clone();
+    let named = req.uri().path().contains("/leases/");
+    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let mut s = store.lock().unwrap();
+    let resp = match (method, named) {
+        (Method::GET, true) => match &s.lease {
+            Some(l) => respond(200, l),
+            None => status(404, "NotFound"),
+        },
+        (Method::POST, _) => {
+            if s.lease.is_some() {
+                status(409, "AlreadyExists")
+            } else {
+                let mut l: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                s.rv += 1;
+                l["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+                l["metadata"]["uid"] = json!("uid-1");
+                l["apiVersion"] = json!("coordination.k8s.io/v1");
+                l["kind"] = json!("Lease");
+                s.lease = Some(l.clone());
+                respond(201, &l)
+            }
+        }
+        (Method::PUT, true) => {
+            let mut l: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let current = s.lease.as_ref().map(|c| c["metadata"]["resourceVersion"].clone());
+            if current.as_ref() != Some(&l["metadata"]["resourceVersion"]) {
+                status(409, "Conflict")
+            } else {
+                s.rv += 1;
+                l["metadata"]["resourceVersion"] = json!(s.rv.to_string());
+                l["metadata"]["uid"] = json!("uid-1");
+                l["apiVersion"] = json!("coordination.k8s.io/v1");
+                l["kind"] = json!("Lease");
+                s.lease = Some(l.clone());
+                respond(200, &l)
+            }
+        }
+        _ => status(405, "MethodNotAllowed"),
+    };
+    Ok(resp)
+}
+
+fn mock_client() -> kube::Client {
+    let store = Arc::new(Mutex::new(Store::default()));
+    let svc = tower::service_fn(move |req: Request<Body>| handle(store.clone(), req));
+    kube::Client::new(svc, "default")
+}
+
+/// An elector that leads (holding one guard for the whole benchmark, so that
+/// each adapter joins the running term at once).
+async fn leading_elector() -> (LeaderElector, kube_runtime_lease::LeaseGuard) {
+    let config = LeaseConfig::new("default", "bench", "bench-0")
+        .lease_duration(Duration::from_secs(15))
+        .renew_deadline(Duration::from_secs(10))
+        .retry_period(Duration::from_secs(2))
+        .watch(false);
+    let elector = LeaderElector::new(mock_client(), config).expect("valid config");
+    let guard = elector.acquire().await.expect("leads against the double");
+    (elector, guard)
+}
+
+fn spin_1us(x: u64) -> u64 {
+    // About a microsecond of arithmetic, opaque to the optimizer.
+    let mut h = x;
+    for _ in 0..300 {
+        h = black_box(h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407));
+    }
+    h
+}
+
+async fn drain<S: Stream<Item = u64>>(s: S) -> u64 {
+    let mut s = std::pin::pin!(s);
+    let mut sum = 0u64;
+    while let Some(x) = s.next().await {
+        sum = sum.wrapping_add(x);
+    }
+    sum
+}
+
+fn mpsc_stream() -> impl Stream<Item = u64> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<u64>(1024);
+    tokio::spawn(async move {
+        for i in 0..ITEMS {
+            if tx.send(i).await.is_err() {
+                break;
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|x| (x, rx)) })
+}
+
+fn benches(c: &mut Criterion, rt: &tokio::runtime::Runtime, elector: &LeaderElector) {
+    let mut g = c.benchmark_group("adapter");
+    g.throughput(Throughput::Elements(ITEMS));
+
+    g.bench_function(BenchmarkId::new("iter", "bare"), |b| {
+        b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS)));
+    });
+    g.bench_function(BenchmarkId::new("iter", "wrapped"), |b| {
+        b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS).with_leader_election(elector)));
+    });
+    g.bench_function(BenchmarkId::new("mpsc", "bare"), |b| {
+        b.to_async(rt).iter(|| drain(mpsc_stream()));
+    });
+    g.bench_function(BenchmarkId::new("mpsc", "wrapped"), |b| {
+        b.to_async(rt).iter(|| drain(mpsc_stream().with_leader_election(elector)));
+    });
+    g.throughput(Throughput::Elements(ITEMS / 10));
+    g.bench_function(BenchmarkId::new("work-1us", "bare"), |b| {
+        b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS / 10).map(spin_1us)));
+    });
+    g.bench_function(BenchmarkId::new("work-1us", "wrapped"), |b| {
+        b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS / 10).map(spin_1us).with_leader_election(elector)));
+    });
+    g.finish();
+
+    // The adapter's fixed cost per poll, in parts: the guard's future polled
+    // while pending, and the synchronous deadline check made on every poll.
+    let mut parts = c.benchmark_group("adapter-parts");
+    parts.bench_function("guard-poll-pending", |b| {
+        let mut guard = rt.block_on(elector.acquire()).expect("leads");
+        let waker = futures::task::noop_waker();
+        let mut cx = std::task::Context::from_waker(&waker);
+        b.iter(|| black_box(std::pin::Pin::new(&mut guard).poll(&mut cx).is_pending()));
+    });
+    parts.bench_function("guard-is-valid", |b| {
+        let guard = rt.block_on(elector.acquire()).expect("leads");
+        b.iter(|| black_box(guard.is_valid()));
+    });
+    parts.bench_function("instant-now", |b| {
+        b.iter(|| black_box(tokio::time::Instant::now()));
+    });
+    parts.finish();
+}
+
+fn mean_ns(target: &std::path::Path, stream: &str, variant: &str) -> Option<f64> {
+    let path = target.join(format!("criterion/adapter/{stream}/{variant}/new/estimates.json"));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    v["mean"]["point_estimate"].as_f64()
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (elector, guard) = rt.block_on(leading_elector());
+    // Defaults that the command line (--measurement-time, --sample-size) overrides.
+    let mut c = Criterion::default()
+        .measurement_time(Duration::from_secs(8))
+        .sample_size(30)
+        .configure_from_args();
+    // The work-1us group has a tenth of the items per batch.
+    benches(&mut c, &rt, &elector);
+    c.final_summary();
+    assert!(guard.is_valid(), "the elector stopped leading during the benchmark");
+
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| manifest.join("target"), Into::into);
+    let mut rows = Vec::new();
+    println!("\nadapter overhead (criterion mean time per batch):");
+    for (stream, items) in [("iter", ITEMS), ("mpsc", ITEMS), ("work-1us", ITEMS / 10)] {
+        let (Some(bare), Some(wrapped)) = (mean_ns(&target, stream, "bare"), mean_ns(&target, stream, "wrapped")) else {
+            println!("  {stream}: no estimates (filtered out?)");
+            continue;
+        };
+        let (b, w) = (bare / items as f64, wrapped / items as f64);
+        println!(
+            "  {stream:9} bare {b:8.2} ns/item ({:.3e} items/s), wrapped {w:8.2} ns/item ({:.3e} items/s): throughput ratio {:.3}, overhead {:+.1} %",
+            1e9 / b,
+            1e9 / w,
+            b / w,
+            (w / b - 1.0) * 100.0
+        );
+        rows.push(json!({"stream": stream, "items": items, "bare_ns_per_item": b, "wrapped_ns_per_item": w}));
+    }
+    let mut parts = serde_json::Map::new();
+    for part in ["guard-poll-pending", "guard-is-valid", "instant-now"] {
+        let path = target.join(format!("criterion/adapter-parts/{part}/new/estimates.json"));
+        if let Some(ns) = std::fs::read(path).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()).and_then(|v| v["mean"]["point_estimate"].as_f64()) {
+            println!("  part {part:20} {ns:8.2} ns per call");
+            parts.insert(part.to_owned(), json!(ns));
+        }
+    }
+    if !parts.is_empty() {
+        let out = manifest.join("results");
+        let _ = std::fs::create_dir_all(&out);
+        std::fs::write(out.join("adapter_parts.json"), serde_json::to_vec_pretty(&parts).unwrap()).unwrap();
+    }
+    if !rows.is_empty() {
+        let out = manifest.join("results");
+        let _ = std::fs::create_dir_all(&out);
+        std::fs::write(out.join("adapter.json"), serde_json::to_vec_pretty(&rows).unwrap()).unwrap();
+    }
+}

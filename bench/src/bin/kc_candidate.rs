@@ -1,0 +1,112 @@
+//! A `k8s-controller` 0.15 `LeaderElection` candidate with the stdout protocol
+//! of `examples/candidate.rs` and `goelect`, for the benchmarks.
+//!
+//! Environment: `KUBECONFIG`, `LEASE_NAMESPACE`, `LEASE_NAME`, `IDENTITY`,
+//! `LEASE_DURATION`, `RENEW_DEADLINE`, `RETRY_PERIOD` (seconds).
+//!
+//! ```text
+//! READY <ns> <identity>
+//! EVENT started-leading <ns> <identity>
+//! EVENT stopped-leading <ns> <identity> <reason>
+//! EXIT <ns>
+//! ```
+//!
+//! `<ns>` is `CLOCK_MONOTONIC` in nanoseconds. k8s-controller has no leadership
+//! observability, so there is no `new-leader` line. On SIGTERM (or EOF on stdin,
+//! the parent-death watchdog) the guarded future is dropped and the Lease is
+//! released with `LeaderElection::release`, as k8s-controller's docs advise.
+//! When leadership is lost the candidate campaigns again.
+
+use std::io::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_controller::LeaderElection;
+
+fn mono() -> u128 {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    u128::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+fn emit(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {
+    match std::env::var(var) {
+        Ok(v) => Ok(Duration::from_secs_f64(
+            v.parse().with_context(|| format!("{var}={v:?}"))?,
+        )),
+        Err(_) => Ok(Duration::from_secs_f64(default)),
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    let stdin_eof = async {
+        // Parent-death watchdog: the driver keeps our stdin open.
+        if std::env::var_os("EXIT_ON_STDIN_EOF").is_some() {
+            use tokio::io::AsyncReadExt as _;
+            let mut buf = [0u8; 64];
+            let mut stdin = tokio::io::stdin();
+            while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+        () = stdin_eof => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let namespace = std::env::var("LEASE_NAMESPACE").unwrap_or_else(|_| "default".into());
+    let name = std::env::var("LEASE_NAME").unwrap_or_else(|_| "kc-candidate".into());
+    let identity = std::env::var("IDENTITY")
+        .unwrap_or_else(|_| format!("kc-{}", rustix::process::getpid().as_raw_nonzero()));
+    let client = kube::Client::try_default().await?;
+    // k8s-controller writes leaseDurationSeconds = lease_duration.as_secs()
+    // (whole seconds, truncated); every other setting is a Duration.
+    let election = LeaderElection::new(client, &namespace, &name, &identity)
+        .with_lease_duration(secs("LEASE_DURATION", 15.0)?)
+        .with_renew_deadline(secs("RENEW_DEADLINE", 10.0)?)
+        .with_retry_period(secs("RETRY_PERIOD", 2.0)?);
+
+    emit(&format!("READY {} {identity}", mono()));
+    let mut shutdown = std::pin::pin!(shutdown_signal());
+    loop {
+        let leading = Arc::new(AtomicBool::new(false));
+        let flag = leading.clone();
+        let id = identity.clone();
+        let work = async move {
+            flag.store(true, Ordering::SeqCst);
+            emit(&format!("EVENT started-leading {} {id}", mono()));
+            std::future::pending::<()>().await;
+        };
+        tokio::select! {
+            _ = election.with_lease(work) => {
+                // with_lease returned None: leadership was lost. Campaign again.
+                emit(&format!("EVENT stopped-leading {} {identity} lost", mono()));
+            }
+            () = &mut shutdown => {
+                // The with_lease future (and the guarded work) is dropped here.
+                if leading.load(Ordering::SeqCst) {
+                    emit(&format!("EVENT stopped-leading {} {identity} shutdown", mono()));
+                }
+                if tokio::time::timeout(Duration::from_secs(5), election.release()).await.is_err() {
+                    eprintln!("kc-candidate: release timed out");
+                }
+                emit(&format!("EXIT {}", mono()));
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Benchmarks: kube-runtime-lease side by side with client-go's leaderelection
+# and k8s-controller 0.15, against a real etcd + kube-apiserver. Not part of the
+# test run. Results: bench/results/ (raw JSON, summary.md, failover.svg) and the
+# tables of BENCHMARKS.md, regenerated in place.
+#
+# usage: scripts/bench.sh [--quick] [--only handover,failover,api,adapter] [--trials N]
+#
+#   --quick    smoke run: 3 trials per scenario and 10 s windows (a few minutes);
+#              its numbers are not the ones to publish.
+#   --only     a comma-separated subset of handover, failover, api, adapter
+#              (default: all). Only those scenarios' result files are rewritten.
+#   --trials N trials per implementation and timing set for handover and failover
+#              (default 20).
+#
+# A full run takes about 45 minutes on 2 cores (most of it waiting for leases
+# to expire at 15 s). Everything builds into bench/target, away from the main
+# workspace's target/.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+quick=()
+only="handover,failover,api,adapter"
+driver_args=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=(--quick); shift ;;
+    --only) only="$2"; shift 2 ;;
+    --trials) driver_args+=(--trials "$2"); shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+export CARGO_TARGET_DIR="$root/bench/target"
+start=$(date +%s)
+
+echo "bench.sh: building the control plane and goelect (cached after the first build)" >&2
+bin_dir="$(bash scripts/control-plane.sh build | tail -1)"
+export KRL_BIN_DIR="$bin_dir"
+
+echo "bench.sh: building the candidates and the driver (release)" >&2
+cargo build --release -p kube-runtime-lease-examples --bin candidate
+cargo build --release --manifest-path bench/Cargo.toml --bins
+
+driver_only="$(echo "$only" | tr ',' '\n' | grep -v '^adapter$' | paste -sd, - || true)"
+if [ -n "$driver_only" ]; then
+  "$CARGO_TARGET_DIR/release/bench-driver" run "${quick[@]}" --only "$driver_only" "${driver_args[@]}"
+fi
+
+if echo "$only" | tr ',' '\n' | grep -qx adapter; then
+  echo "bench.sh: adapter overhead (criterion)" >&2
+  crit_args=()
+  if [ ${#quick[@]} -gt 0 ]; then
+    crit_args=(--warm-up-time 1 --measurement-time 2 --sample-size 10)
+  fi
+  (cd bench && cargo bench --bench adapter -- "${crit_args[@]}")
+  "$CARGO_TARGET_DIR/release/bench-driver" report
+fi
+
+echo "bench.sh: done in $(( ($(date +%s) - start) / 60 )) min; see bench/results/summary.md and BENCHMARKS.md" >&2
