@@ -15,7 +15,8 @@
 //!
 //! `started-leading` is printed before the first piece of work of a term and
 //! `stopped-leading` after the guarded work was dropped, so every `WORK` line
-//! lies inside an interval. SIGTERM hands over (`shutdown` with a 5 s grace).
+//! lies inside an interval. SIGTERM hands over: the work stops at once and the
+//! Lease is released (`shutdown` with a 5 s grace bound).
 //! Settings come from the environment, as for every example (see `common.rs`).
 
 use std::time::Duration;
@@ -67,7 +68,10 @@ async fn main() -> anyhow::Result<()> {
                 tokio::time::sleep(work_every).await;
             }
             Some((first, false))
-        });
+        })
+        // On SIGTERM the work stops taking new items at once (as a Controller
+        // wired to `graceful_shutdown_on` does), so the release follows at once.
+        .take_until(elector.shutdown_requested());
         let mut guarded = std::pin::pin!(work.with_leader_election(&elector));
         let mut led = false;
         while let Some(first) = guarded.next().await {
@@ -79,9 +83,8 @@ async fn main() -> anyhow::Result<()> {
         }
         let lost = guarded.lost().cloned();
         if led {
-            let reason = lost
-                .as_ref()
-                .map_or_else(|| "ended".to_owned(), |l| format!("{l:?}"));
+            // Work that ended on the shutdown signal gave leadership up: Released.
+            let reason = lost.as_ref().map_or_else(|| format!("{:?}", Lost::Released), |l| format!("{l:?}"));
             println!(
                 "EVENT stopped-leading {} {identity} {reason}",
                 monotonic_nanos()

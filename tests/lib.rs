@@ -1034,7 +1034,15 @@ impl Process {
         let before = now_ns();
         rustix::process::kill_process(self.pid, sig.signal())
             .with_context(|| format!("sending {sig:?} to {}", self.name))?;
-        let at = if sig == Sig::Cont { before } else { now_ns() };
+        // SIGKILL and SIGSTOP take effect at some point before `kill` returns:
+        // the later reading is the conservative one. SIGCONT and SIGTERM start
+        // something in the process, which may react (and print a timestamp)
+        // before `kill` returns: the earlier reading is the right one.
+        let at = if matches!(sig, Sig::Cont | Sig::Term) {
+            before
+        } else {
+            now_ns()
+        };
         Ok(self
             .log
             .record(&self.name, Kind::Signal(sig), at, "", &format!("{sig:?}")))
