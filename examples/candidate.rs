@@ -84,11 +84,10 @@ async fn main() -> anyhow::Result<()> {
         let lost = guarded.lost().cloned();
         if led {
             // Work that ended on the shutdown signal gave leadership up: Released.
-            let reason = lost.as_ref().map_or_else(|| format!("{:?}", Lost::Released), |l| format!("{l:?}"));
-            println!(
-                "EVENT stopped-leading {} {identity} {reason}",
-                monotonic_nanos()
-            );
+            let reason = lost
+                .as_ref()
+                .map_or_else(|| format!("{:?}", Lost::Released), |l| format!("{l:?}"));
+            println!("EVENT stopped-leading {} {identity} {reason}", monotonic_nanos());
         }
         // Shut down (or the work ended): leave; otherwise campaign again.
         if matches!(lost, None | Some(Lost::Released)) {

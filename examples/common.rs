@@ -35,9 +35,11 @@ pub async fn client() -> anyhow::Result<Client> {
 
 fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {
     match std::env::var(var) {
-        Ok(v) => Ok(Duration::from_secs_f64(v.parse().with_context(|| {
-            format!("{var}={v:?} is not a number of seconds")
-        })?)),
+        Ok(v) => {
+            Ok(Duration::from_secs_f64(v.parse().with_context(|| {
+                format!("{var}={v:?} is not a number of seconds")
+            })?))
+        }
         Err(_) => Ok(Duration::from_secs_f64(default)),
     }
 }
@@ -62,8 +64,8 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
 /// # Panics
 /// If the signal handlers cannot be installed.
 pub async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

@@ -63,17 +63,14 @@ async fn main() -> anyhow::Result<()> {
     // Lead, and lead again after a loss, until shut down.
     let ended = elector
         .run_each_term(|| {
-            Controller::new(
-                Api::<ConfigMap>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .with_leader_election(&elector)
-            .run(reconcile, error_policy, Arc::new(()))
-            .inspect(|result| {
-                if let Err(e) = result {
-                    warn!(error = %e, "controller error");
-                }
-            })
+            Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+                .with_leader_election(&elector)
+                .run(reconcile, error_policy, Arc::new(()))
+                .inspect(|result| {
+                    if let Err(e) = result {
+                        warn!(error = %e, "controller error");
+                    }
+                })
         })
         .await;
     info!(?ended, "election left");

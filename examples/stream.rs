@@ -21,9 +21,7 @@ async fn main() -> anyhow::Result<()> {
     });
     let mut guarded = std::pin::pin!(job.with_leader_election(&elector));
     while let Some(n) = guarded.next().await {
-        let token = guarded
-            .guard()
-            .map(kube_runtime_lease::LeaseGuard::fencing_token);
+        let token = guarded.guard().map(kube_runtime_lease::LeaseGuard::fencing_token);
         info!(n, ?token, "job step");
     }
     match guarded.lost() {

@@ -23,32 +23,26 @@ async fn main() -> anyhow::Result<()> {
     let client = client().await?;
     let elector = LeaderElector::new(client.clone(), lease_config("two-controllers")?)?;
 
-    let configmaps = Controller::new(
-        Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_leader_election(&elector)
-    .run(
-        |cm, _| async move {
-            info!(configmap = %cm.name_any(), "reconciling configmap");
-            Ok::<_, kube::Error>(Action::await_change())
-        },
-        |_, _, _| Action::requeue(Duration::from_secs(5)),
-        Arc::new(()),
-    );
-    let secrets = Controller::new(
-        Api::<Secret>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .with_leader_election(&elector)
-    .run(
-        |s, _| async move {
-            info!(secret = %s.name_any(), "reconciling secret");
-            Ok::<_, kube::Error>(Action::await_change())
-        },
-        |_, _, _| Action::requeue(Duration::from_secs(5)),
-        Arc::new(()),
-    );
+    let configmaps = Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+        .with_leader_election(&elector)
+        .run(
+            |cm, _| async move {
+                info!(configmap = %cm.name_any(), "reconciling configmap");
+                Ok::<_, kube::Error>(Action::await_change())
+            },
+            |_, _, _| Action::requeue(Duration::from_secs(5)),
+            Arc::new(()),
+        );
+    let secrets = Controller::new(Api::<Secret>::all(client.clone()), watcher::Config::default())
+        .with_leader_election(&elector)
+        .run(
+            |s, _| async move {
+                info!(secret = %s.name_any(), "reconciling secret");
+                Ok::<_, kube::Error>(Action::await_change())
+            },
+            |_, _, _| Action::requeue(Duration::from_secs(5)),
+            Arc::new(()),
+        );
 
     let on_signal = elector.clone();
     tokio::spawn(async move {

@@ -40,13 +40,10 @@ async fn main() -> anyhow::Result<()> {
 
     // Always on, leader or standby: the Secret cache.
     let (secrets, writer) = reflector::store();
-    let warm = watcher(
-        Api::<Secret>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .applied_objects();
+    let warm = watcher(Api::<Secret>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
     tokio::spawn(warm.for_each(|_| async {}));
     secrets.wait_until_ready().await?;
     info!(cached = secrets.state().len(), "secret cache warm");

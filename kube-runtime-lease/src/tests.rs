@@ -456,10 +456,17 @@ async fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honour
     let (pref, _) = elector(&fake, config("pref"));
     let start = Instant::now();
     let g = pref.acquire().await.unwrap();
-    assert_eq!(start.elapsed(), Duration::ZERO, "the preferred holder takes a free lease at once");
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "the preferred holder takes a free lease at once"
+    );
     assert!(g.is_valid());
     assert_eq!(spec(&fake).holder_identity.as_deref(), Some("pref"));
-    assert!(tokio::time::timeout(S(30), &mut other_acquire).await.is_err(), "pref keeps it");
+    assert!(
+        tokio::time::timeout(S(30), &mut other_acquire).await.is_err(),
+        "pref keeps it"
+    );
 }
 
 #[tokio::test(start_paused = true)]

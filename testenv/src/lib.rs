@@ -181,8 +181,8 @@ async fn client_from_kubeconfig(kubeconfig: Kubeconfig) -> Result<Client> {
 }
 
 async fn client_from_path(path: &Path) -> Result<Client> {
-    let kubeconfig = Kubeconfig::read_from(path)
-        .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
     client_from_kubeconfig(kubeconfig).await
 }
 
@@ -193,14 +193,7 @@ fn get(path: &str) -> http::Request<Vec<u8>> {
 }
 
 /// Writes a kubeconfig (JSON, which every YAML reader accepts) with file references.
-fn write_kubeconfig(
-    path: &Path,
-    server: &str,
-    ca: &Path,
-    user: &str,
-    cert: &Path,
-    key: &Path,
-) -> Result<()> {
+fn write_kubeconfig(path: &Path, server: &str, ca: &Path, user: &str, cert: &Path, key: &Path) -> Result<()> {
     let doc = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -528,10 +521,7 @@ impl Local {
         vec![
             "kube-apiserver".to_owned(),
             format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
-            format!(
-                "--cert-dir={}",
-                self.dir.path().join("apiserver-certs").display()
-            ),
+            format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
             format!("--tls-cert-file={}", f.serving_cert.display()),
             format!("--tls-private-key-file={}", f.serving_key.display()),
             format!("--client-ca-file={}", f.client_ca.display()),
@@ -552,10 +542,7 @@ impl Local {
     async fn start_apiserver(&self) -> Result<()> {
         {
             let mut guard = lock(&self.apiserver);
-            if guard
-                .as_mut()
-                .is_some_and(|running| running.exited().is_none())
-            {
+            if guard.as_mut().is_some_and(|running| running.exited().is_none()) {
                 return Ok(());
             }
             let n = self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -596,9 +583,7 @@ impl Local {
                     )));
                 }
             }
-            match tokio::time::timeout(Duration::from_secs(5), client.request_text(get("/readyz")))
-                .await
-            {
+            match tokio::time::timeout(Duration::from_secs(5), client.request_text(get("/readyz"))).await {
                 Ok(Ok(body)) if body.trim() == "ok" => return Ok(()),
                 Ok(Ok(body)) => last_err = body,
                 Ok(Err(e)) => last_err = e.to_string(),
@@ -666,23 +651,16 @@ impl External {
     async fn connect(path: PathBuf) -> Result<Self> {
         let kubeconfig = Kubeconfig::read_from(&path)
             .with_context(|| format!("reading KRL_TEST_KUBECONFIG={}", path.display()))?;
-        let config =
-            Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
-                .await
-                .with_context(|| format!("loading KRL_TEST_KUBECONFIG={}", path.display()))?;
-        let server_url = config
-            .cluster_url
-            .to_string()
-            .trim_end_matches('/')
-            .to_owned();
+        let config = Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("loading KRL_TEST_KUBECONFIG={}", path.display()))?;
+        let server_url = config.cluster_url.to_string().trim_end_matches('/').to_owned();
         let client = Client::try_from(config)?;
         client
             .request_text(get("/readyz"))
             .await
             .with_context(|| format!("GET /readyz on {server_url} (KRL_TEST_KUBECONFIG)"))?;
-        let dir = tempfile::Builder::new()
-            .prefix("kube-lease-testenv-")
-            .tempdir()?;
+        let dir = tempfile::Builder::new().prefix("kube-lease-testenv-").tempdir()?;
         Ok(Self {
             kubeconfig_path: path,
             kubeconfig,
@@ -715,10 +693,7 @@ impl External {
         auth.impersonate_groups =
             (!groups.is_empty()).then(|| groups.iter().map(|g| (*g).to_owned()).collect());
         let n = self.users.fetch_add(1, Ordering::Relaxed);
-        let path = self
-            .dir
-            .path()
-            .join(format!("{n}-{}.kubeconfig", sanitize(user)));
+        let path = self.dir.path().join(format!("{n}-{}.kubeconfig", sanitize(user)));
         std::fs::write(&path, serde_json::to_vec_pretty(&kc)?)
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(path)

@@ -31,9 +31,7 @@ fn ca(common_name: &str) -> Result<(CertificateParams, KeyPair, String)> {
     let key = KeyPair::generate().context("generating a CA key")?;
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, common_name);
+    params.distinguished_name.push(DnType::CommonName, common_name);
     params.key_usages = vec![
         KeyUsagePurpose::KeyCertSign,
         KeyUsagePurpose::CrlSign,
@@ -71,9 +69,9 @@ impl Pki {
         params
             .subject_alt_names
             .push(SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)));
-        params.subject_alt_names.push(SanType::IpAddress(
-            "::1".parse().expect("valid IPv6 literal"),
-        ));
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("::1".parse().expect("valid IPv6 literal")));
         params
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");
@@ -105,11 +103,7 @@ impl Pki {
     }
 }
 
-fn issue_client(
-    issuer: &Issuer<'static, KeyPair>,
-    user: &str,
-    groups: &[&str],
-) -> Result<(String, String)> {
+fn issue_client(issuer: &Issuer<'static, KeyPair>, user: &str, groups: &[&str]) -> Result<(String, String)> {
     // rcgen keeps one value per attribute type; the second group goes in under the
     // same OID (2.5.4.10, organizationName) spelt as a custom type, which Go's
     // x509 parser reads as a second Organization.
@@ -122,9 +116,7 @@ fn issue_client(
     let mut params = CertificateParams::new(Vec::<String>::new())?;
     params.distinguished_name.push(DnType::CommonName, user);
     if let Some(first) = groups.first() {
-        params
-            .distinguished_name
-            .push(DnType::OrganizationName, *first);
+        params.distinguished_name.push(DnType::OrganizationName, *first);
     }
     if let Some(second) = groups.get(1) {
         params

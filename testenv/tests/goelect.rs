@@ -42,12 +42,7 @@ struct Candidate {
 }
 
 impl Candidate {
-    fn spawn(
-        bin: &std::path::Path,
-        kubeconfig: &std::path::Path,
-        ns: &str,
-        id: &str,
-    ) -> Result<Self> {
+    fn spawn(bin: &std::path::Path, kubeconfig: &std::path::Path, ns: &str, id: &str) -> Result<Self> {
         let mut child = Command::new(bin)
             .args([
                 format!("--kubeconfig={}", kubeconfig.display()),
@@ -122,10 +117,7 @@ async fn goelect_hands_over_on_sigterm() -> Result<()> {
     let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
     let lease = leases.get("goelect-test").await?;
     assert_eq!(
-        lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.holder_identity.as_deref()),
+        lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
         Some("cand-a")
     );
 
@@ -138,10 +130,7 @@ async fn goelect_hands_over_on_sigterm() -> Result<()> {
     assert!(status.success(), "goelect exited with {status}");
     let b_led = b.wait_for("started-leading", Duration::from_secs(10))?;
     let handover = Duration::from_nanos(b_led.mono_ns.saturating_sub(stopped.mono_ns));
-    assert!(
-        handover < Duration::from_secs(3),
-        "hand-over took {handover:?}"
-    );
+    assert!(handover < Duration::from_secs(3), "hand-over took {handover:?}");
     assert_eq!(b_led.identity, "cand-b");
     Ok(())
 }

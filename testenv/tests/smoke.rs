@@ -70,17 +70,12 @@ async fn smoke() -> Result<()> {
     }
 
     // A user without RBAC grants is refused the Lease API.
-    let limited = env
-        .user_client("limited-user", &["team-a", "team-b"])
-        .await?;
+    let limited = env.user_client("limited-user", &["team-a", "team-b"]).await?;
     let review: SelfSubjectReview = Api::all(limited.clone())
         .create(&PostParams::default(), &SelfSubjectReview::default())
         .await
         .context("SelfSubjectReview as limited-user")?;
-    let user = review
-        .status
-        .and_then(|s| s.user_info)
-        .context("no user info")?;
+    let user = review.status.and_then(|s| s.user_info).context("no user info")?;
     assert_eq!(user.username.as_deref(), Some("limited-user"));
     let groups = user.groups.unwrap_or_default();
     for g in ["team-a", "team-b", "system:authenticated"] {

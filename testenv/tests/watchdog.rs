@@ -44,12 +44,7 @@ fn kill9_leaves_no_orphans() {
     }
     let exe = std::env::current_exe().expect("current exe");
     let mut child = Command::new(exe)
-        .args([
-            "--ignored",
-            "--exact",
-            "hold_env_until_killed",
-            "--nocapture",
-        ])
+        .args(["--ignored", "--exact", "hold_env_until_killed", "--nocapture"])
         .env(CHILD_ENV, "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -69,8 +64,7 @@ fn kill9_leaves_no_orphans() {
     child.wait().expect("reap");
 
     let deadline = Instant::now() + Duration::from_secs(20);
-    while (alive(etcd) || alive(apiserver) || Path::new(dir).exists()) && Instant::now() < deadline
-    {
+    while (alive(etcd) || alive(apiserver) || Path::new(dir).exists()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(!alive(etcd), "etcd {etcd} outlived the killed test process");
