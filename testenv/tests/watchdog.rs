@@ -6,29 +6,6 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kube_lease_testenv::TestEnv;
-
-const CHILD_ENV: &str = "KRL_WATCHDOG_CHILD";
-
-/// Run by `kill9_leaves_no_orphans` in a child process: starts an environment,
-/// reports its pids and waits to be killed.
-#[tokio::test]
-#[ignore = "helper run by kill9_leaves_no_orphans"]
-async fn hold_env_until_killed() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return;
-    }
-    let env = TestEnv::start().await.expect("start");
-    let dir = env.log_dir().expect("local env");
-    println!(
-        "PIDS {} {} {}",
-        env.etcd_pid().expect("etcd"),
-        env.apiserver_pid().expect("apiserver"),
-        dir.parent().expect("parent").display()
-    );
-    tokio::time::sleep(Duration::from_secs(600)).await;
-}
-
 /// Whether `pid` is a live (non-zombie) process.
 fn alive(pid: &str) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -42,10 +19,8 @@ fn kill9_leaves_no_orphans() {
     if std::env::var_os("KRL_TEST_KUBECONFIG").is_some() {
         return; // no processes of ours to orphan
     }
-    let exe = std::env::current_exe().expect("current exe");
-    let mut child = Command::new(exe)
-        .args(["--ignored", "--exact", "hold_env_until_killed", "--nocapture"])
-        .env(CHILD_ENV, "1")
+    // A process that starts an environment and waits (src/bin/testenv-hold.rs).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_testenv-hold"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -55,7 +30,7 @@ fn kill9_leaves_no_orphans() {
         .lines()
         .map_while(Result::ok)
         .find(|l| l.starts_with("PIDS "))
-        .expect("child printed no PIDS line (did TestEnv::start fail?)");
+        .expect("testenv-hold printed no PIDS line (did TestEnv::start fail?)");
     let fields: Vec<&str> = line.split_whitespace().collect();
     let (etcd, apiserver, dir) = (fields[1], fields[2], fields[3]);
     assert!(alive(etcd) && alive(apiserver), "children not running");
