@@ -5,7 +5,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Mutex, MutexGuard,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
     time::Duration,
@@ -57,6 +57,15 @@ pub(crate) struct Term {
     live: AtomicUsize,
     /// Notified whenever a guard of this term is dropped.
     dropped: Notify,
+    /// Set once the term ended: a cheap check for every poll of a guarded stream.
+    ended: AtomicBool,
+    /// The renew deadline as nanoseconds after `base`, readable without the lock.
+    base: Instant,
+    deadline_nanos: AtomicU64,
+}
+
+fn nanos_after(base: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
 }
 
 struct TermInner {
@@ -79,6 +88,9 @@ impl Term {
             }),
             live: AtomicUsize::new(0),
             dropped: Notify::new(),
+            ended: AtomicBool::new(false),
+            base: sent_at,
+            deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
         }
     }
 
@@ -93,6 +105,8 @@ impl Term {
     pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) {
         let mut inner = self.lock();
         inner.deadline = sent_at + renew_deadline;
+        self.deadline_nanos
+            .store(nanos_after(self.base, inner.deadline), Ordering::Release);
         inner.last_renewal = sent_at;
     }
 
@@ -135,6 +149,7 @@ impl Term {
                 return;
             }
             inner.lost = Some(reason.clone());
+            self.ended.store(true, Ordering::Release);
             std::mem::take(&mut inner.senders)
         };
         for tx in senders {
@@ -196,8 +211,20 @@ impl LeaseGuard {
     /// Whether this term still holds: not ended, and the renew deadline not
     /// passed. A cheap synchronous check to make right before a side effect.
     pub fn is_valid(&self) -> bool {
-        let inner = self.term.lock();
-        inner.lost.is_none() && Instant::now() < inner.deadline
+        !self.has_ended() && !self.deadline_passed()
+    }
+
+    /// Whether the term has ended (an atomic load).
+    pub(crate) fn has_ended(&self) -> bool {
+        self.term.ended.load(Ordering::Acquire)
+    }
+
+    /// Whether the renew deadline has passed (a clock read and an atomic load),
+    /// even if the elector task has not noticed yet.
+    pub(crate) fn deadline_passed(&self) -> bool {
+        let deadline =
+            self.term.base + Duration::from_nanos(self.term.deadline_nanos.load(Ordering::Acquire));
+        Instant::now() >= deadline
     }
 
     /// The time left before the renew deadline (zero once the term ended):

@@ -35,8 +35,11 @@ enum State {
 ///   Lease is released once no other stream or guard shares the term.
 ///
 /// # Fairness
-/// Every poll checks leadership before polling the inner stream, so a busy
-/// inner stream cannot delay the reaction to a loss.
+/// Every poll checks whether the term ended (an atomic load) before polling
+/// the inner stream, so a busy inner stream cannot delay the reaction to a
+/// loss. The renew deadline itself is also checked against the clock whenever
+/// the inner stream was idle before a poll, and every 64 items of a busy one,
+/// in case the elector task has not run yet (after a process pause).
 ///
 /// ## Warning
 /// The inner stream is dropped when this stream is polled after the loss; the
@@ -51,7 +54,12 @@ pub struct WithLeaderElection<S> {
     inner: Option<S>,
     state: State,
     lost: Option<Lost>,
+    /// Polls since the clock was last checked.
+    since_clock: u32,
 }
+
+/// A busy inner stream (always ready) has the clock checked every this many items.
+const CLOCK_EVERY: u32 = 64;
 
 impl<S> WithLeaderElection<S> {
     pub(crate) fn new(inner: S, elector: &LeaderElector) -> Self {
@@ -59,6 +67,7 @@ impl<S> WithLeaderElection<S> {
             inner: Some(inner),
             state: State::Acquiring(elector.acquire()),
             lost: None,
+            since_clock: CLOCK_EVERY,
         }
     }
 
@@ -138,16 +147,24 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                     }
                 },
                 State::Leading(guard) => {
-                    // Also check the deadline here, synchronously: after a pause
-                    // (SIGSTOP, a frozen VM) this poll may run before the elector
-                    // task has noticed that the term is over.
-                    let ended = match Pin::new(&mut *guard).poll(cx) {
-                        Poll::Ready(lost) => Some(lost),
-                        Poll::Pending if !guard.is_valid() => {
-                            Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded))
-                        }
-                        Poll::Pending => None,
+                    // Cheap checks on every poll: the term's end flag (an atomic
+                    // load) always, the clock only when the inner stream was
+                    // idle before this poll (the moment a paused process
+                    // resumes at) or every CLOCK_EVERY items: after a pause
+                    // (SIGSTOP, a frozen VM) this poll may run before the
+                    // elector task has noticed that the term is over.
+                    *this.since_clock += 1;
+                    let check_clock = *this.since_clock >= CLOCK_EVERY;
+                    let ended = if guard.has_ended() {
+                        Some(guard.lost().unwrap_or(Lost::ElectorStopped))
+                    } else if check_clock && guard.deadline_passed() {
+                        Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded))
+                    } else {
+                        None
                     };
+                    if check_clock {
+                        *this.since_clock = 0;
+                    }
                     if let Some(lost) = ended {
                         debug!(reason = %lost, "leadership ended: dropping the guarded stream");
                         // The inner stream goes first, then the guard.
@@ -160,15 +177,28 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                         *this.state = State::Done;
                         return Poll::Ready(None);
                     };
-                    return match inner.poll_next(cx) {
+                    match inner.poll_next(cx) {
                         Poll::Ready(None) => {
                             debug!("guarded stream ended: giving up leadership");
                             this.inner.set(None);
                             *this.state = State::Done;
-                            Poll::Ready(None)
+                            return Poll::Ready(None);
                         }
-                        other => other,
-                    };
+                        Poll::Ready(Some(item)) => return Poll::Ready(Some(item)),
+                        Poll::Pending => {
+                            // Idle: be woken when the term ends, and check the
+                            // clock on the next poll.
+                            *this.since_clock = CLOCK_EVERY;
+                            if let Poll::Ready(lost) = Pin::new(&mut *guard).poll(cx) {
+                                debug!(reason = %lost, "leadership ended: dropping the guarded stream");
+                                this.inner.set(None);
+                                *this.lost = Some(lost);
+                                *this.state = State::Done;
+                                return Poll::Ready(None);
+                            }
+                            return Poll::Pending;
+                        }
+                    }
                 }
                 State::Done => return Poll::Ready(None),
             }
