@@ -824,6 +824,11 @@ fn machine(meta: &mut Meta, root: &Path) {
         .unwrap_or_default();
     meta.k8s_controller = "k8s-controller 0.15.0".into();
     meta.commit = cmd_out("git", &["-C", &root.display().to_string(), "rev-parse", "--short", "HEAD"]);
+    // The candidates are built from the working tree: say when it differs.
+    let dirty = cmd_out("git", &["-C", &root.display().to_string(), "status", "--porcelain", "--", "kube-runtime-lease", "examples"]);
+    if !dirty.is_empty() {
+        meta.commit.push_str(" (+ uncommitted changes in kube-runtime-lease/ or examples/)");
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -910,6 +915,14 @@ async fn main() -> Result<()> {
             bail!("{} is missing: build it first (scripts/bench.sh does)", bin.display());
         }
     }
+    // Run private copies: a rebuild in bench/target during the run (another
+    // bench.sh, a cargo build) must not change the candidates half-way.
+    let private = tempfile_dir()?;
+    let ours_copy = private.join("candidate");
+    let kc_copy = private.join("kc-candidate");
+    std::fs::copy(&args.ours_bin, &ours_copy)?;
+    std::fs::copy(&kc, &kc_copy)?;
+    let kc = kc_copy;
     eprintln!("starting the control plane");
     let env = TestEnv::start().await?;
     let client = env.client().await?;
@@ -918,7 +931,9 @@ async fn main() -> Result<()> {
         .await
         .map(|v| v.git_version)
         .unwrap_or_default();
-    let bins = Bins { ours: args.ours_bin.clone(), goelect: env.goelect_path().await?, kc };
+    let goelect_copy = private.join("goelect");
+    std::fs::copy(env.goelect_path().await?, &goelect_copy)?;
+    let bins = Bins { ours: ours_copy, goelect: goelect_copy, kc };
     let logs = args.out.join("logs");
     std::fs::create_dir_all(&logs)?;
     let ctx = Ctx { env, client, bins, stderr_log: logs.join("candidates.stderr.log") };
@@ -949,5 +964,13 @@ async fn main() -> Result<()> {
     let meta_name = format!("meta-{}.json", args.only.join("-"));
     write_json(&args.out, &meta_name, &meta)?;
     eprintln!("done in {:.0} s", meta.duration_s);
+    let _ = std::fs::remove_dir_all(&private);
     report::report(&args.out, &args.benchmarks_md)
+}
+
+/// A fresh private directory under the system temp dir.
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("krl-bench-bins-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
