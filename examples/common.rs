@@ -23,14 +23,44 @@ pub fn init_tracing() {
         .init();
 }
 
-/// A client for the cluster in `KUBECONFIG`, or in-cluster.
+/// A client for the cluster in `KUBECONFIG`, or in-cluster, with `TCP_NODELAY`.
+///
+/// kube-client 5 leaves `TCP_NODELAY` off (hyper-util's default; see
+/// kube-rs/kube#2056), while Go, and so client-go, turns it on. Without it the
+/// first request on a new connection waits for a delayed ACK of the TLS
+/// handshake's last flight (about 40 ms on Linux). A follower meets exactly
+/// that on takeover: its watch holds its one pooled HTTP/1.1 connection, so
+/// the write that takes the Lease opens a new one. With `KUBE_TCP_NODELAY=0`
+/// this returns kube's default client instead.
+///
+/// The stack is kube's own (`ClientBuilder::try_from`) minus its connect/read
+/// timeouts, retries and tracing layers, which the examples do not need.
 ///
 /// # Errors
 /// When no configuration can be found or loaded.
 pub async fn client() -> anyhow::Result<Client> {
-    Client::try_default()
+    use kube::client::ConfigExt as _;
+    use tower::{BoxError, ServiceBuilder};
+
+    let config = kube::Config::infer()
         .await
-        .context("no Kubernetes configuration (set KUBECONFIG)")
+        .context("no Kubernetes configuration (set KUBECONFIG)")?;
+    if std::env::var("KUBE_TCP_NODELAY").is_ok_and(|v| v == "0") {
+        return Ok(Client::try_from(config)?);
+    }
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    let https = config.rustls_https_connector_with_connector(http)?;
+    let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build::<_, kube::client::Body>(https);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(BoxError::from)
+        .service(hyper);
+    Ok(Client::new(service, config.default_namespace))
 }
 
 fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {

@@ -23,6 +23,8 @@ cargo fmt --all -- --check
 
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
+step "cargo clippy (the library without optional features, -D warnings)"
+cargo clippy -p kube-runtime-lease --all-targets --locked -- -D warnings
 
 step "cargo test (unit, simulation, doc, integration against the real apiserver)"
 cargo test --workspace --all-features --locked

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! bench-driver run [--quick] [--only handover,failover,api] [--trials N] [--out DIR]
+//!                  [--ours-bin PATH] [--benchmarks-md PATH]
 //! bench-driver report [--out DIR] [--benchmarks-md PATH]
 //! ```
 //!
@@ -12,6 +13,8 @@
 //! does what `report` does: `summary.md`, `failover.svg`, and the tables of
 //! `BENCHMARKS.md` between its `<!-- BEGIN RESULTS -->` / `<!-- END RESULTS -->`
 //! markers. A run with `--only` rewrites only the files of those scenarios.
+//! `BENCHMARKS.md` is only touched when `--out` is the default or
+//! `--benchmarks-md` names it.
 
 mod report;
 
@@ -49,9 +52,16 @@ pub enum Impl {
     ClientGo,
     #[serde(rename = "k8s-controller")]
     K8sController,
+    /// Our candidate on kube's default client (`KUBE_TCP_NODELAY=0`): Nagle
+    /// on, as kube-client 5 leaves it. Handover only.
+    #[serde(rename = "kube-runtime-lease, kube default client")]
+    OursKubeDefault,
 }
 
 pub const IMPLS: [Impl; 3] = [Impl::Ours, Impl::ClientGo, Impl::K8sController];
+/// The handover scenario also runs our candidate on kube's default client,
+/// to show what TCP_NODELAY is worth (see BENCHMARKS.md).
+pub const HANDOVER_IMPLS: [Impl; 4] = [Impl::Ours, Impl::OursKubeDefault, Impl::ClientGo, Impl::K8sController];
 
 impl Impl {
     pub fn name(self) -> &'static str {
@@ -59,6 +69,7 @@ impl Impl {
             Impl::Ours => "kube-runtime-lease",
             Impl::ClientGo => "client-go",
             Impl::K8sController => "k8s-controller",
+            Impl::OursKubeDefault => "kube-runtime-lease, kube default client",
         }
     }
     fn short(self) -> &'static str {
@@ -66,6 +77,7 @@ impl Impl {
             Impl::Ours => "krl",
             Impl::ClientGo => "go",
             Impl::K8sController => "kc",
+            Impl::OursKubeDefault => "krl-dflt",
         }
     }
 }
@@ -128,8 +140,8 @@ impl Ctx {
     fn spawn(&self, imp: Impl, ns: &str, lease: &str, id: &str, t: Timing) -> Result<Candidate> {
         let secs = |ms: u64| format!("{}", ms as f64 / 1000.0);
         let mut cmd = match imp {
-            Impl::Ours | Impl::K8sController => {
-                let bin = if imp == Impl::Ours { &self.bins.ours } else { &self.bins.kc };
+            Impl::Ours | Impl::OursKubeDefault | Impl::K8sController => {
+                let bin = if imp == Impl::K8sController { &self.bins.kc } else { &self.bins.ours };
                 let mut c = tokio::process::Command::new(bin);
                 c.env("KUBECONFIG", self.env.kubeconfig_path())
                     .env("LEASE_NAMESPACE", ns)
@@ -143,6 +155,14 @@ impl Ctx {
                     .env("WORK_INTERVAL_MS", "86400000")
                     .env("EXIT_ON_STDIN_EOF", "1")
                     .env_remove("RUST_LOG");
+                if imp == Impl::OursKubeDefault {
+                    c.env("KUBE_TCP_NODELAY", "0");
+                }
+                // Diagnostics: KRL_BENCH_CANDIDATE_LOG becomes the candidates' RUST_LOG
+                // (their stderr goes to results/logs/).
+                if let Ok(filter) = std::env::var("KRL_BENCH_CANDIDATE_LOG") {
+                    c.env("RUST_LOG", filter);
+                }
                 c
             }
             Impl::ClientGo => {
@@ -504,17 +524,17 @@ async fn run_chain_trials(
 
 async fn scenario_handover(ctx: &Ctx, trials: usize) -> Vec<Trial> {
     // Sequential, the implementations interleaved trial by trial: handover
-    // latencies are milliseconds for a watching candidate, so the three chains
+    // latencies are milliseconds for a watching candidate, so the chains
     // must not compete for the CPU at the measured instant.
     let results = Mutex::new(Vec::new());
     for t in TIMINGS {
         eprintln!("handover, {}: {trials} trials per implementation, interleaved", t.name);
         let mut chains: Vec<Option<Chain>> = Vec::new();
-        for imp in IMPLS {
+        for imp in HANDOVER_IMPLS {
             chains.push(Chain::new(ctx, imp, t, "handover").await.map_err(|e| eprintln!("  chain {}: {e:#}", imp.name())).ok());
         }
         for trial in 0..trials {
-            for (i, imp) in IMPLS.into_iter().enumerate() {
+            for (i, imp) in HANDOVER_IMPLS.into_iter().enumerate() {
                 let mut record = Trial {
                     scenario: "handover".into(),
                     implementation: imp,
@@ -849,7 +869,8 @@ struct Args {
     only: Vec<String>,
     trials: Option<usize>,
     out: PathBuf,
-    benchmarks_md: PathBuf,
+    /// `None`: leave BENCHMARKS.md alone (a run into another `--out`).
+    benchmarks_md: Option<PathBuf>,
     ours_bin: PathBuf,
 }
 
@@ -862,7 +883,7 @@ fn parse_args() -> Result<Args> {
         only: vec!["handover".into(), "failover".into(), "api".into()],
         trials: None,
         out: root.join("bench/results"),
-        benchmarks_md: root.join("BENCHMARKS.md"),
+        benchmarks_md: None,
         ours_bin: root.join("bench/target/release/candidate"),
     };
     while let Some(arg) = it.next() {
@@ -871,10 +892,15 @@ fn parse_args() -> Result<Args> {
             "--only" => a.only = it.next().context("--only needs a value")?.split(',').map(str::to_owned).collect(),
             "--trials" => a.trials = Some(it.next().context("--trials needs a value")?.parse()?),
             "--out" => a.out = it.next().context("--out needs a value")?.into(),
-            "--benchmarks-md" => a.benchmarks_md = it.next().context("--benchmarks-md needs a value")?.into(),
+            "--benchmarks-md" => a.benchmarks_md = Some(it.next().context("--benchmarks-md needs a value")?.into()),
             "--ours-bin" => a.ours_bin = it.next().context("--ours-bin needs a value")?.into(),
             other => bail!("unknown argument {other}"),
         }
+    }
+    // The tables in BENCHMARKS.md come from bench/results only: a run into
+    // another directory (diagnostics, experiments) must not overwrite them.
+    if a.benchmarks_md.is_none() && a.out == root.join("bench/results") {
+        a.benchmarks_md = Some(root.join("BENCHMARKS.md"));
     }
     if !matches!(a.cmd.as_str(), "run" | "report") {
         bail!("usage: bench-driver run|report [--quick] [--only handover,failover,api] [--trials N] [--out DIR]");
@@ -887,7 +913,7 @@ async fn main() -> Result<()> {
     let args = parse_args()?;
     std::fs::create_dir_all(&args.out)?;
     if args.cmd == "report" {
-        return report::report(&args.out, &args.benchmarks_md);
+        return report::report(&args.out, args.benchmarks_md.as_deref());
     }
     let started = std::time::Instant::now();
     let mut meta = Meta {
@@ -965,7 +991,7 @@ async fn main() -> Result<()> {
     write_json(&args.out, &meta_name, &meta)?;
     eprintln!("done in {:.0} s", meta.duration_s);
     let _ = std::fs::remove_dir_all(&private);
-    report::report(&args.out, &args.benchmarks_md)
+    report::report(&args.out, args.benchmarks_md.as_deref())
 }
 
 /// A fresh private directory under the system temp dir.

@@ -15,7 +15,7 @@ mod disabled {
 
     /// Metric hooks called by the election task: no-ops without the `metrics` feature.
     #[derive(Default)]
-    pub(crate) struct Metrics;
+    pub(crate) struct Metrics(());
 
     #[allow(clippy::unused_self)]
     impl Metrics {

@@ -1,9 +1,11 @@
 //! Experiment: latency of a Lease GET and PUT from a kube-rs client as built by
 //! default (kube-client 5 leaves TCP_NODELAY off: hyper-util's default) and
 //! from one whose connector sets TCP_NODELAY, against the testenv apiserver.
-//! Written to test whether Nagle/delayed-ACK stalls explain the ~46 ms floor of
-//! kube-runtime-lease's handover: they do not (on 2026-11-30 both clients took
-//! 2.8 ms per PUT, 2.3 ms per GET, after 0.5 s or 3 s idle); see BENCHMARKS.md.
+//! Written to find the ~46 ms floor of kube-runtime-lease's handover on kube's
+//! default client. On a connection in use both clients take ~2.5 ms per GET or
+//! PUT; a PUT while a watch holds the pooled connection (a follower's takeover)
+//! opens a new connection and, without TCP_NODELAY, waits ~40 ms more for a
+//! delayed ACK. See BENCHMARKS.md, "Handover and TCP_NODELAY".
 //!
 //! usage: put-latency [rounds] [idle-ms]
 
@@ -69,6 +71,39 @@ async fn measure(name: &str, client: Client, ns: &str, rounds: usize, idle: Dura
     Ok(())
 }
 
+/// A PUT while a watch holds the client's only pooled connection, as on a
+/// following candidate: HTTP/1.1 gives the watch a connection of its own, so
+/// the PUT opens a new one (resuming the TLS session of the first).
+async fn measure_behind_watch(name: &str, client: Client, ns: &str, rounds: usize) -> Result<()> {
+    use futures::StreamExt as _;
+    let api: Api<Lease> = Api::namespaced(client, ns);
+    let lease_name = format!("watched-{}", name.len());
+    let lease = Lease {
+        metadata: ObjectMeta { name: Some(lease_name.clone()), ..ObjectMeta::default() },
+        spec: Some(LeaseSpec { holder_identity: Some("x".into()), lease_duration_seconds: Some(15), ..LeaseSpec::default() }),
+    };
+    api.create(&PostParams::default(), &lease).await?;
+    let mut puts = Vec::new();
+    for _ in 0..rounds {
+        let mut l = api.get(&lease_name).await?;
+        let wp = kube::api::WatchParams::default().fields(&format!("metadata.name={lease_name}"));
+        let mut watch = api.watch(&wp, l.metadata.resource_version.as_deref().unwrap_or("0")).await?.boxed();
+        l.spec.as_mut().unwrap().lease_transitions = Some(l.spec.as_ref().unwrap().lease_transitions.unwrap_or(0) + 1);
+        let t0 = Instant::now();
+        api.replace(&lease_name, &PostParams::default(), &l).await?;
+        puts.push(t0.elapsed().as_secs_f64() * 1e3);
+        // The watch sees the write, then is dropped with its connection.
+        let _ = watch.next().await;
+    }
+    println!(
+        "{name:22} PUT behind a watch: p50 {:6.2} ms p99 {:6.2} ms min {:6.2} ms",
+        pct(&mut puts, 0.5),
+        pct(&mut puts, 0.99),
+        pct(&mut puts, 0.0)
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
@@ -80,5 +115,7 @@ async fn main() -> Result<()> {
     measure("kube default", env.client().await?, &ns, rounds, idle).await?;
     measure("kube + TCP_NODELAY", nodelay_client(env.kubeconfig_path()).await?, &ns, rounds, idle).await?;
     measure("kube default (again)", env.client().await?, &ns, rounds, idle).await?;
+    measure_behind_watch("kube default", env.client().await?, &ns, rounds).await?;
+    measure_behind_watch("kube + TCP_NODELAY", nodelay_client(env.kubeconfig_path()).await?, &ns, rounds).await?;
     Ok(())
 }
