@@ -11,8 +11,12 @@
 //!   controller's event stream is;
 //! - `work-1us`: an item that costs about a microsecond of computation.
 //!
-//! After criterion's own output, the ratios are printed and written to
-//! `bench/results/adapter.json` (read by `bench-driver report`).
+//! Criterion times the bare and the wrapped stream one after the other; on a
+//! shared VM, drift between the two runs is as large as the overhead. So after
+//! criterion's own output an interleaved A/B measurement follows (bare and
+//! wrapped batches alternating, 41 rounds, median of the per-round ratios):
+//! that median is the overhead `bench-driver report` judges against the 3 %
+//! target. Both are printed and written to `bench/results/adapter.json`.
 
 use std::convert::Infallible;
 use std::hint::black_box;
@@ -31,6 +35,8 @@ use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig};
 use serde_json::json;
 
 const ITEMS: u64 = 100_000;
+/// Rounds of the interleaved A/B measurement that follows criterion's.
+const AB_ROUNDS: usize = 41;
 
 /// One Lease, GET/POST/PUT with resourceVersion: a simplified copy of
 /// kube-runtime-lease's test double (`src/fake.rs`).
@@ -49,13 +55,21 @@ fn respond(code: u16, v: &serde_json::Value) -> Response<Full<Bytes>> {
 }
 
 fn status(code: u16, reason: &str) -> Response<Full<Bytes>> {
-    respond(code, &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason}))
+    respond(
+        code,
+        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason}),
+    )
 }
 
 async fn handle(store: Arc<Mutex<Store>>, req: Request<Body>) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = req.method().clone();
     let named = req.uri().path().contains("/leases/");
-    let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let mut s = store.lock().unwrap();
     let resp = match (method, named) {
         (Method::GET, true) => match &s.lease {
@@ -122,7 +136,10 @@ fn spin_1us(x: u64) -> u64 {
     // About a microsecond of arithmetic, opaque to the optimizer.
     let mut h = x;
     for _ in 0..300 {
-        h = black_box(h.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407));
+        h = black_box(
+            h.wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407),
+        );
     }
     h
 }
@@ -156,20 +173,29 @@ fn benches(c: &mut Criterion, rt: &tokio::runtime::Runtime, elector: &LeaderElec
         b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS)));
     });
     g.bench_function(BenchmarkId::new("iter", "wrapped"), |b| {
-        b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS).with_leader_election(elector)));
+        b.to_async(rt)
+            .iter(|| drain(futures::stream::iter(0..ITEMS).with_leader_election(elector)));
     });
     g.bench_function(BenchmarkId::new("mpsc", "bare"), |b| {
         b.to_async(rt).iter(|| drain(mpsc_stream()));
     });
     g.bench_function(BenchmarkId::new("mpsc", "wrapped"), |b| {
-        b.to_async(rt).iter(|| drain(mpsc_stream().with_leader_election(elector)));
+        b.to_async(rt)
+            .iter(|| drain(mpsc_stream().with_leader_election(elector)));
     });
     g.throughput(Throughput::Elements(ITEMS / 10));
     g.bench_function(BenchmarkId::new("work-1us", "bare"), |b| {
-        b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS / 10).map(spin_1us)));
+        b.to_async(rt)
+            .iter(|| drain(futures::stream::iter(0..ITEMS / 10).map(spin_1us)));
     });
     g.bench_function(BenchmarkId::new("work-1us", "wrapped"), |b| {
-        b.to_async(rt).iter(|| drain(futures::stream::iter(0..ITEMS / 10).map(spin_1us).with_leader_election(elector)));
+        b.to_async(rt).iter(|| {
+            drain(
+                futures::stream::iter(0..ITEMS / 10)
+                    .map(spin_1us)
+                    .with_leader_election(elector),
+            )
+        });
     });
     // Diagnostics: the bare stream plus one clock read, or one
     // `LeaseGuard::is_valid` (mutex + clock read), per item.
@@ -211,6 +237,73 @@ fn benches(c: &mut Criterion, rt: &tokio::runtime::Runtime, elector: &LeaderElec
     parts.finish();
 }
 
+/// Interleaved A/B: `rounds` rounds, each timing `reps` bare batches and
+/// `reps` wrapped ones back to back (the order alternating by round), so that
+/// drift of the machine (frequency, neighbours on the VM) hits both alike.
+/// Returns the per-round overheads (wrapped / bare - 1, in %), sorted, and the
+/// median ns/item of each side.
+fn interleaved(
+    rt: &tokio::runtime::Runtime,
+    elector: &LeaderElector,
+    stream: &str,
+    rounds: usize,
+) -> (Vec<f64>, f64, f64) {
+    let (items, reps) = match stream {
+        "iter" => (ITEMS, 100),
+        "mpsc" => (ITEMS, 2),
+        _ => (ITEMS / 10, 5),
+    };
+    let run = |wrapped: bool| -> f64 {
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            let sum = rt.block_on(async {
+                match (stream, wrapped) {
+                    ("iter", false) => drain(futures::stream::iter(0..items)).await,
+                    ("iter", true) => {
+                        drain(futures::stream::iter(0..items).with_leader_election(elector)).await
+                    }
+                    ("mpsc", false) => drain(mpsc_stream()).await,
+                    ("mpsc", true) => drain(mpsc_stream().with_leader_election(elector)).await,
+                    (_, false) => drain(futures::stream::iter(0..items).map(spin_1us)).await,
+                    (_, true) => {
+                        drain(
+                            futures::stream::iter(0..items)
+                                .map(spin_1us)
+                                .with_leader_election(elector),
+                        )
+                        .await
+                    }
+                }
+            });
+            black_box(sum);
+        }
+        t0.elapsed().as_secs_f64() * 1e9 / (reps as f64 * items as f64)
+    };
+    // One warm-up round.
+    run(false);
+    run(true);
+    let (mut overheads, mut bare, mut wrapped) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        let (b, w) = if round % 2 == 0 {
+            let b = run(false);
+            (b, run(true))
+        } else {
+            let w = run(true);
+            (run(false), w)
+        };
+        overheads.push((w / b - 1.0) * 100.0);
+        bare.push(b);
+        wrapped.push(w);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (b, w) = (median(&mut bare), median(&mut wrapped));
+    median(&mut overheads);
+    (overheads, b, w)
+}
+
 fn mean_ns(target: &std::path::Path, stream: &str, variant: &str) -> Option<f64> {
     let path = target.join(format!("criterion/adapter/{stream}/{variant}/new/estimates.json"));
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
@@ -232,7 +325,10 @@ fn main() {
     // The work-1us group has a tenth of the items per batch.
     benches(&mut c, &rt, &elector);
     c.final_summary();
-    assert!(guard.is_valid(), "the elector stopped leading during the benchmark");
+    assert!(
+        guard.is_valid(),
+        "the elector stopped leading during the benchmark"
+    );
 
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| manifest.join("target"), Into::into);
@@ -240,7 +336,10 @@ fn main() {
     let mut parts = serde_json::Map::new();
     println!("\nadapter overhead (criterion mean time per batch):");
     for (stream, items) in [("iter", ITEMS), ("mpsc", ITEMS), ("work-1us", ITEMS / 10)] {
-        let (Some(bare), Some(wrapped)) = (mean_ns(&target, stream, "bare"), mean_ns(&target, stream, "wrapped")) else {
+        let (Some(bare), Some(wrapped)) = (
+            mean_ns(&target, stream, "bare"),
+            mean_ns(&target, stream, "wrapped"),
+        ) else {
             println!("  {stream}: no estimates (filtered out?)");
             continue;
         };
@@ -252,19 +351,42 @@ fn main() {
             b / w,
             (w / b - 1.0) * 100.0
         );
-        rows.push(json!({"stream": stream, "items": items, "bare_ns_per_item": b, "wrapped_ns_per_item": w}));
+        let (ab, ab_bare, ab_wrapped) = interleaved(&rt, &elector, stream, AB_ROUNDS);
+        let q = |p: f64| ab[((p * (ab.len() - 1) as f64).round() as usize).min(ab.len() - 1)];
+        println!(
+            "  {stream:9} interleaved A/B, {AB_ROUNDS} rounds: bare {ab_bare:8.2} ns/item, wrapped {ab_wrapped:8.2} ns/item; overhead median {:+.1} % (quartiles {:+.1} % / {:+.1} %)",
+            q(0.5),
+            q(0.25),
+            q(0.75)
+        );
+        rows.push(json!({
+            "stream": stream, "items": items, "bare_ns_per_item": b, "wrapped_ns_per_item": w,
+            "ab_rounds": AB_ROUNDS, "ab_bare_ns_per_item": ab_bare, "ab_wrapped_ns_per_item": ab_wrapped,
+            "ab_overhead_pct_median": q(0.5), "ab_overhead_pct_q1": q(0.25), "ab_overhead_pct_q3": q(0.75),
+        }));
     }
     for variant in ["bare+clock", "bare+is_valid"] {
-        if let (Some(bare), Some(v)) = (mean_ns(&target, "work-1us", "bare"), mean_ns(&target, "work-1us", variant)) {
+        if let (Some(bare), Some(v)) = (
+            mean_ns(&target, "work-1us", "bare"),
+            mean_ns(&target, "work-1us", variant),
+        ) {
             let n = (ITEMS / 10) as f64;
-            println!("  work-1us  {variant:13} {:8.2} ns/item: {:+.1} % over bare", v / n, (v / bare - 1.0) * 100.0);
+            println!(
+                "  work-1us  {variant:13} {:8.2} ns/item: {:+.1} % over bare",
+                v / n,
+                (v / bare - 1.0) * 100.0
+            );
             parts.insert(format!("work-1us {variant} (ns/item)"), json!(v / n));
             parts.insert(format!("work-1us bare (ns/item)"), json!(bare / n));
         }
     }
     for part in ["guard-poll-pending", "guard-is-valid", "instant-now"] {
         let path = target.join(format!("criterion/adapter-parts/{part}/new/estimates.json"));
-        if let Some(ns) = std::fs::read(path).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok()).and_then(|v| v["mean"]["point_estimate"].as_f64()) {
+        if let Some(ns) = std::fs::read(path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["mean"]["point_estimate"].as_f64())
+        {
             println!("  part {part:20} {ns:8.2} ns per call");
             parts.insert(part.to_owned(), json!(ns));
         }
@@ -272,11 +394,19 @@ fn main() {
     if !parts.is_empty() {
         let out = manifest.join("results");
         let _ = std::fs::create_dir_all(&out);
-        std::fs::write(out.join("adapter_parts.json"), serde_json::to_vec_pretty(&parts).unwrap()).unwrap();
+        std::fs::write(
+            out.join("adapter_parts.json"),
+            serde_json::to_vec_pretty(&parts).unwrap(),
+        )
+        .unwrap();
     }
     if !rows.is_empty() {
         let out = manifest.join("results");
         let _ = std::fs::create_dir_all(&out);
-        std::fs::write(out.join("adapter.json"), serde_json::to_vec_pretty(&rows).unwrap()).unwrap();
+        std::fs::write(
+            out.join("adapter.json"),
+            serde_json::to_vec_pretty(&rows).unwrap(),
+        )
+        .unwrap();
     }
 }

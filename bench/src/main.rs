@@ -61,7 +61,12 @@ pub enum Impl {
 pub const IMPLS: [Impl; 3] = [Impl::Ours, Impl::ClientGo, Impl::K8sController];
 /// The handover scenario also runs our candidate on kube's default client,
 /// to show what TCP_NODELAY is worth (see BENCHMARKS.md).
-pub const HANDOVER_IMPLS: [Impl; 4] = [Impl::Ours, Impl::OursKubeDefault, Impl::ClientGo, Impl::K8sController];
+pub const HANDOVER_IMPLS: [Impl; 4] = [
+    Impl::Ours,
+    Impl::OursKubeDefault,
+    Impl::ClientGo,
+    Impl::K8sController,
+];
 
 impl Impl {
     pub fn name(self) -> &'static str {
@@ -91,8 +96,18 @@ pub struct Timing {
 }
 
 pub const TIMINGS: [Timing; 2] = [
-    Timing { name: "15/10/2", lease_ms: 15_000, renew_ms: 10_000, retry_ms: 2_000 },
-    Timing { name: "2/1.5/0.5", lease_ms: 2_000, renew_ms: 1_500, retry_ms: 500 },
+    Timing {
+        name: "15/10/2",
+        lease_ms: 15_000,
+        renew_ms: 10_000,
+        retry_ms: 2_000,
+    },
+    Timing {
+        name: "2/1.5/0.5",
+        lease_ms: 2_000,
+        renew_ms: 1_500,
+        retry_ms: 500,
+    },
 ];
 
 impl Timing {
@@ -141,7 +156,11 @@ impl Ctx {
         let secs = |ms: u64| format!("{}", ms as f64 / 1000.0);
         let mut cmd = match imp {
             Impl::Ours | Impl::OursKubeDefault | Impl::K8sController => {
-                let bin = if imp == Impl::K8sController { &self.bins.kc } else { &self.bins.ours };
+                let bin = if imp == Impl::K8sController {
+                    &self.bins.kc
+                } else {
+                    &self.bins.ours
+                };
                 let mut c = tokio::process::Command::new(bin);
                 c.env("KUBECONFIG", self.env.kubeconfig_path())
                     .env("LEASE_NAMESPACE", ns)
@@ -193,7 +212,9 @@ impl Ctx {
                     .map_err(std::io::Error::from)
             });
         }
-        let mut child = cmd.spawn().with_context(|| format!("spawning {} candidate", imp.name()))?;
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {} candidate", imp.name()))?;
         let pid = child.id().ok_or_else(|| anyhow!("no pid"))?;
         let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
         let log = Arc::new(Mutex::new(EventLog::default()));
@@ -222,13 +243,26 @@ impl Ctx {
                 notify.notify_waiters();
             });
         }
-        Ok(Candidate { imp, id: id.to_owned(), pid, child, log, notify })
+        Ok(Candidate {
+            imp,
+            id: id.to_owned(),
+            pid,
+            child,
+            log,
+            notify,
+        })
     }
 }
 
 impl Candidate {
     fn find(&self, kind: &str) -> Option<u128> {
-        self.log.lock().unwrap().events.iter().find(|(k, _)| k == kind).map(|(_, t)| *t)
+        self.log
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map(|(_, t)| *t)
     }
 
     async fn wait_event(&self, kind: &str, timeout: Duration) -> Result<u128> {
@@ -248,8 +282,7 @@ impl Candidate {
     }
 
     fn signal(&self, sig: rustix::process::Signal) -> Result<()> {
-        let pid = rustix::process::Pid::from_raw(i32::try_from(self.pid)?)
-            .ok_or_else(|| anyhow!("pid 0"))?;
+        let pid = rustix::process::Pid::from_raw(i32::try_from(self.pid)?).ok_or_else(|| anyhow!("pid 0"))?;
         rustix::process::kill_process(pid, sig)?;
         Ok(())
     }
@@ -296,7 +329,9 @@ pub fn proc_cpu_rss(pid: u32) -> Result<(f64, u64)> {
 /// On-CPU time in ms of every live thread, from /proc/<pid>/task/*/schedstat
 /// (nanosecond resolution; a thread that exits takes its time with it).
 pub fn proc_sched_ms(pid: u32) -> f64 {
-    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return f64::NAN };
+    let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return f64::NAN;
+    };
     rd.filter_map(|e| e.ok())
         .filter_map(|e| std::fs::read_to_string(e.path().join("schedstat")).ok())
         .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()))
@@ -310,7 +345,10 @@ pub fn proc_sched_ms(pid: u32) -> f64 {
 async fn precreate_free_lease(client: &Client, ns: &str, name: &str) -> Result<()> {
     let api: Api<Lease> = Api::namespaced(client.clone(), ns);
     let lease = Lease {
-        metadata: ObjectMeta { name: Some(name.to_owned()), ..ObjectMeta::default() },
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
         spec: Some(LeaseSpec {
             holder_identity: Some(String::new()),
             lease_duration_seconds: Some(1),
@@ -318,7 +356,9 @@ async fn precreate_free_lease(client: &Client, ns: &str, name: &str) -> Result<(
             ..LeaseSpec::default()
         }),
     };
-    api.create(&PostParams::default(), &lease).await.context("pre-creating the Lease")?;
+    api.create(&PostParams::default(), &lease)
+        .await
+        .context("pre-creating the Lease")?;
     Ok(())
 }
 
@@ -337,10 +377,7 @@ impl LeaseLog {
             let mut s = std::pin::pin!(watcher(api, cfg).default_backoff().applied_objects());
             while let Some(ev) = s.next().await {
                 if let Ok(lease) = ev {
-                    let holder = lease
-                        .spec
-                        .and_then(|s| s.holder_identity)
-                        .unwrap_or_default();
+                    let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
                     l.0.lock().unwrap().push((mono(), holder));
                 }
             }
@@ -350,7 +387,12 @@ impl LeaseLog {
 
     /// First time after `after` at which the Lease was seen free.
     fn released_after(&self, after: u128) -> Option<u128> {
-        self.0.lock().unwrap().iter().find(|(t, h)| *t >= after && h.is_empty()).map(|(t, _)| *t)
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(t, h)| *t >= after && h.is_empty())
+            .map(|(t, _)| *t)
     }
 
     /// Last time before `before` at which the Lease was seen written by `holder`.
@@ -400,13 +442,27 @@ struct Chain {
 
 impl Chain {
     async fn new(ctx: &Ctx, imp: Impl, t: Timing, scenario: &str) -> Result<Self> {
-        let ns = ctx.env.new_namespace(&format!("{scenario}-{}", imp.short())).await?;
+        let ns = ctx
+            .env
+            .new_namespace(&format!("{scenario}-{}", imp.short()))
+            .await?;
         let lease = "bench".to_owned();
         precreate_free_lease(&ctx.client, &ns, &lease).await?;
         let (log, watch) = LeaseLog::start(&ctx.client, &ns, &lease);
-        let mut chain = Chain { imp, t, ns, lease, seq: 0, leader: None, log, watch };
+        let mut chain = Chain {
+            imp,
+            t,
+            ns,
+            lease,
+            seq: 0,
+            leader: None,
+            log,
+            watch,
+        };
         let first = chain.spawn_next(ctx)?;
-        first.wait_event("started-leading", t.lease() * 2 + Duration::from_secs(30)).await?;
+        first
+            .wait_event("started-leading", t.lease() * 2 + Duration::from_secs(30))
+            .await?;
         chain.leader = Some(first);
         Ok(chain)
     }
@@ -424,8 +480,7 @@ impl Chain {
         // Settle: the follower reaches its steady state (first read done, watch
         // open), then a random phase against its poll cycle and the leader's
         // renewals.
-        let settle = Duration::from_millis(1500)
-            + self.t.retry().mul_f64(2.2 * fastrand::f64());
+        let settle = Duration::from_millis(1500) + self.t.retry().mul_f64(2.2 * fastrand::f64());
         tokio::time::sleep(settle).await;
         let mut leader = self.leader.take().ok_or_else(|| anyhow!("chain has no leader"))?;
         let t0 = mono();
@@ -445,7 +500,10 @@ impl Chain {
         let event = if kill {
             self.log.last_write_by(&old_id, t1).map(|t| ms_between(t, t1))
         } else {
-            self.log.released_after(t0).filter(|t| *t <= t1).map(|t| ms_between(t, t1))
+            self.log
+                .released_after(t0)
+                .filter(|t| *t <= t1)
+                .map(|t| ms_between(t, t1))
         };
         Ok((ms_between(t0, t1), event, stopped.map(|s| ms_between(t0, s))))
     }
@@ -528,10 +586,18 @@ async fn scenario_handover(ctx: &Ctx, trials: usize) -> Vec<Trial> {
     // must not compete for the CPU at the measured instant.
     let results = Mutex::new(Vec::new());
     for t in TIMINGS {
-        eprintln!("handover, {}: {trials} trials per implementation, interleaved", t.name);
+        eprintln!(
+            "handover, {}: {trials} trials per implementation, interleaved",
+            t.name
+        );
         let mut chains: Vec<Option<Chain>> = Vec::new();
         for imp in HANDOVER_IMPLS {
-            chains.push(Chain::new(ctx, imp, t, "handover").await.map_err(|e| eprintln!("  chain {}: {e:#}", imp.name())).ok());
+            chains.push(
+                Chain::new(ctx, imp, t, "handover")
+                    .await
+                    .map_err(|e| eprintln!("  chain {}: {e:#}", imp.name()))
+                    .ok(),
+            );
         }
         for trial in 0..trials {
             for (i, imp) in HANDOVER_IMPLS.into_iter().enumerate() {
@@ -589,7 +655,10 @@ async fn scenario_failover(ctx: &Ctx, trials: usize) -> Vec<Trial> {
     // takes a lease duration of waiting, and the waits dominate the latency.
     let results = Mutex::new(Vec::new());
     for t in TIMINGS {
-        eprintln!("failover, {}: {trials} trials per implementation, the 3 chains concurrently", t.name);
+        eprintln!(
+            "failover, {}: {trials} trials per implementation, the 3 chains concurrently",
+            t.name
+        );
         futures::future::join_all(
             IMPLS.map(|imp| run_chain_trials(ctx, imp, t, "failover", trials, &results)),
         )
@@ -620,7 +689,10 @@ fn parse_label<'a>(line: &'a str, label: &str) -> Option<&'a str> {
 async fn scrape(env: &TestEnv) -> Result<Scrape> {
     let text = env.metrics_text().await?;
     let at_ns = mono();
-    let mut s = Scrape { at_ns, ..Scrape::default() };
+    let mut s = Scrape {
+        at_ns,
+        ..Scrape::default()
+    };
     for line in text.lines() {
         let is_total = line.starts_with("apiserver_request_total{");
         let is_lr = line.starts_with("apiserver_longrunning_requests{");
@@ -702,7 +774,11 @@ async fn window(
         "  window {} {} n={candidates}: {:?} req/min, {} watches open (load {la})",
         imp.map_or("baseline", Impl::name),
         t.map_or("-", |t| t.name),
-        per_minute.iter().filter(|(_, v)| **v > 0.0).map(|(k, v)| format!("{k}={v:.1}")).collect::<Vec<_>>(),
+        per_minute
+            .iter()
+            .filter(|(_, v)| **v > 0.0)
+            .map(|(k, v)| format!("{k}={v:.1}"))
+            .collect::<Vec<_>>(),
         b.watches_open
     );
     windows.push(Window {
@@ -729,12 +805,7 @@ async fn window(
     Ok(())
 }
 
-async fn scenario_api(
-    ctx: &Ctx,
-    quick: bool,
-    windows: &mut Vec<Window>,
-    idle: &mut Vec<Idle>,
-) -> Result<()> {
+async fn scenario_api(ctx: &Ctx, quick: bool, windows: &mut Vec<Window>, idle: &mut Vec<Idle>) -> Result<()> {
     let base_len = Duration::from_secs(if quick { 10 } else { 60 });
     // Let the apiserver's start-up traffic settle before the baseline.
     tokio::time::sleep(Duration::from_secs(if quick { 5 } else { 20 })).await;
@@ -753,9 +824,21 @@ async fn scenario_api(
             precreate_free_lease(&ctx.client, &ns, "bench").await?;
             let spawn = |i: usize| ctx.spawn(imp, &ns, "bench", &format!("{}-{i}", imp.short()), t);
             let leader = spawn(0)?;
-            leader.wait_event("started-leading", t.lease() * 2 + Duration::from_secs(30)).await?;
+            leader
+                .wait_event("started-leading", t.lease() * 2 + Duration::from_secs(30))
+                .await?;
             tokio::time::sleep(settle).await;
-            window(ctx, Some(imp), Some(t), 1, len, &[(&leader, "leader")], windows, idle).await?;
+            window(
+                ctx,
+                Some(imp),
+                Some(t),
+                1,
+                len,
+                &[(&leader, "leader")],
+                windows,
+                idle,
+            )
+            .await?;
             let mut followers = Vec::new();
             for n in [3usize, 10] {
                 while followers.len() + 1 < n {
@@ -766,7 +849,10 @@ async fn scenario_api(
                 }
                 tokio::time::sleep(settle).await;
                 if followers.iter().any(|f| f.find("started-leading").is_some()) {
-                    bail!("a follower of {} took the lease during the api-load scenario", imp.name());
+                    bail!(
+                        "a follower of {} took the lease during the api-load scenario",
+                        imp.name()
+                    );
                 }
                 let watched: Vec<(&Candidate, &str)> = if n == 3 {
                     vec![(&followers[0], "follower")]
@@ -833,7 +919,10 @@ fn machine(meta: &mut Meta, root: &Path) {
         .find_map(|l| l.strip_prefix("model name"))
         .map(|v| v.trim_start_matches([' ', '\t', ':']).trim().to_owned())
         .unwrap_or_default();
-    meta.kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_owned();
+    meta.kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
     meta.rustc = cmd_out("rustc", &["--version"]);
     meta.go = cmd_out("go", &["version"]);
     let gomod = std::fs::read_to_string(root.join("hack/control-plane/go.mod")).unwrap_or_default();
@@ -843,11 +932,26 @@ fn machine(meta: &mut Meta, root: &Path) {
         .map(|l| l.trim().to_owned())
         .unwrap_or_default();
     meta.k8s_controller = "k8s-controller 0.15.0".into();
-    meta.commit = cmd_out("git", &["-C", &root.display().to_string(), "rev-parse", "--short", "HEAD"]);
+    meta.commit = cmd_out(
+        "git",
+        &["-C", &root.display().to_string(), "rev-parse", "--short", "HEAD"],
+    );
     // The candidates are built from the working tree: say when it differs.
-    let dirty = cmd_out("git", &["-C", &root.display().to_string(), "status", "--porcelain", "--", "kube-runtime-lease", "examples"]);
+    let dirty = cmd_out(
+        "git",
+        &[
+            "-C",
+            &root.display().to_string(),
+            "status",
+            "--porcelain",
+            "--",
+            "kube-runtime-lease",
+            "examples",
+        ],
+    );
     if !dirty.is_empty() {
-        meta.commit.push_str(" (+ uncommitted changes in kube-runtime-lease/ or examples/)");
+        meta.commit
+            .push_str(" (+ uncommitted changes in kube-runtime-lease/ or examples/)");
     }
 }
 
@@ -860,7 +964,10 @@ fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
 }
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 struct Args {
@@ -889,10 +996,19 @@ fn parse_args() -> Result<Args> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => a.quick = true,
-            "--only" => a.only = it.next().context("--only needs a value")?.split(',').map(str::to_owned).collect(),
+            "--only" => {
+                a.only = it
+                    .next()
+                    .context("--only needs a value")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect()
+            }
             "--trials" => a.trials = Some(it.next().context("--trials needs a value")?.parse()?),
             "--out" => a.out = it.next().context("--out needs a value")?.into(),
-            "--benchmarks-md" => a.benchmarks_md = Some(it.next().context("--benchmarks-md needs a value")?.into()),
+            "--benchmarks-md" => {
+                a.benchmarks_md = Some(it.next().context("--benchmarks-md needs a value")?.into())
+            }
             "--ours-bin" => a.ours_bin = it.next().context("--ours-bin needs a value")?.into(),
             other => bail!("unknown argument {other}"),
         }
@@ -903,7 +1019,9 @@ fn parse_args() -> Result<Args> {
         a.benchmarks_md = Some(root.join("BENCHMARKS.md"));
     }
     if !matches!(a.cmd.as_str(), "run" | "report") {
-        bail!("usage: bench-driver run|report [--quick] [--only handover,failover,api] [--trials N] [--out DIR]");
+        bail!(
+            "usage: bench-driver run|report [--quick] [--only handover,failover,api] [--trials N] [--out DIR]"
+        );
     }
     Ok(a)
 }
@@ -920,7 +1038,9 @@ async fn main() -> Result<()> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
         quick: args.quick,
         scenarios: args.only.clone(),
-        started_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
+        started_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
         ..Meta::default()
     };
     machine(&mut meta, &repo_root());
@@ -938,7 +1058,10 @@ async fn main() -> Result<()> {
     let kc = std::env::current_exe()?.with_file_name("kc-candidate");
     for bin in [&args.ours_bin, &kc] {
         if !bin.is_file() {
-            bail!("{} is missing: build it first (scripts/bench.sh does)", bin.display());
+            bail!(
+                "{} is missing: build it first (scripts/bench.sh does)",
+                bin.display()
+            );
         }
     }
     // Run private copies: a rebuild in bench/target during the run (another
@@ -959,10 +1082,19 @@ async fn main() -> Result<()> {
         .unwrap_or_default();
     let goelect_copy = private.join("goelect");
     std::fs::copy(env.goelect_path().await?, &goelect_copy)?;
-    let bins = Bins { ours: ours_copy, goelect: goelect_copy, kc };
+    let bins = Bins {
+        ours: ours_copy,
+        goelect: goelect_copy,
+        kc,
+    };
     let logs = args.out.join("logs");
     std::fs::create_dir_all(&logs)?;
-    let ctx = Ctx { env, client, bins, stderr_log: logs.join("candidates.stderr.log") };
+    let ctx = Ctx {
+        env,
+        client,
+        bins,
+        stderr_log: logs.join("candidates.stderr.log"),
+    };
     let _ = std::fs::remove_file(&ctx.stderr_log);
 
     // API load first: before any of the driver's own Lease watches exist

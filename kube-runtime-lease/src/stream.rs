@@ -3,7 +3,7 @@
 use std::{
     future::Future,
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
 };
 
 use futures::{Stream, stream::FusedStream};
@@ -47,7 +47,7 @@ enum State {
 /// `for_each`) reacts within the same instant. A consumer that does not poll
 /// (a `for_each` body that blocks for long) delays the drop; work that must not
 /// outlive leadership should also check [`LeaseGuard::is_valid`].
-#[pin_project]
+#[pin_project(project = WithLeaderElectionProj)]
 #[must_use = "streams do nothing unless polled"]
 pub struct WithLeaderElection<S> {
     #[pin]
@@ -56,6 +56,8 @@ pub struct WithLeaderElection<S> {
     lost: Option<Lost>,
     /// Polls since the clock was last checked.
     since_clock: u32,
+    /// The waker the guard was last polled with (it keeps it until the term ends).
+    registered: Option<Waker>,
 }
 
 /// A busy inner stream (always ready) has the clock checked every this many items.
@@ -68,6 +70,7 @@ impl<S> WithLeaderElection<S> {
             state: State::Acquiring(elector.acquire()),
             lost: None,
             since_clock: CLOCK_EVERY,
+            registered: None,
         }
     }
 
@@ -127,83 +130,119 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
         let mut this = self.project();
-        loop {
-            match this.state {
-                State::Acquiring(acquire) => match Pin::new(acquire).poll(cx) {
-                    Poll::Pending => return Poll::Pending,
-                    Poll::Ready(Ok(guard)) => {
-                        debug!(
-                            fencing_token = guard.fencing_token(),
-                            "leading: starting the guarded stream"
-                        );
-                        *this.state = State::Leading(guard);
-                    }
-                    Poll::Ready(Err(_)) => {
-                        debug!("elector shut down before leading: dropping the guarded stream");
-                        this.inner.set(None);
-                        *this.lost = Some(Lost::Released);
-                        *this.state = State::Done;
-                        return Poll::Ready(None);
-                    }
-                },
-                State::Leading(guard) => {
-                    // Cheap checks on every poll: the term's end flag (an atomic
-                    // load) always, the clock only when the inner stream was
-                    // idle before this poll (the moment a paused process
-                    // resumes at) or every CLOCK_EVERY items: after a pause
-                    // (SIGSTOP, a frozen VM) this poll may run before the
-                    // elector task has noticed that the term is over.
-                    *this.since_clock += 1;
-                    let check_clock = *this.since_clock >= CLOCK_EVERY;
-                    let ended = if guard.has_ended() {
-                        Some(guard.lost().unwrap_or(Lost::ElectorStopped))
-                    } else if check_clock && guard.deadline_passed() {
-                        Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded))
-                    } else {
-                        None
-                    };
-                    if check_clock {
-                        *this.since_clock = 0;
-                    }
-                    if let Some(lost) = ended {
-                        debug!(reason = %lost, "leadership ended: dropping the guarded stream");
-                        // The inner stream goes first, then the guard.
-                        this.inner.set(None);
-                        *this.lost = Some(lost);
-                        *this.state = State::Done;
-                        return Poll::Ready(None);
-                    }
-                    let Some(inner) = this.inner.as_mut().as_pin_mut() else {
-                        *this.state = State::Done;
-                        return Poll::Ready(None);
-                    };
-                    match inner.poll_next(cx) {
-                        Poll::Ready(None) => {
-                            debug!("guarded stream ended: giving up leadership");
-                            this.inner.set(None);
-                            *this.state = State::Done;
-                            return Poll::Ready(None);
-                        }
-                        Poll::Ready(Some(item)) => return Poll::Ready(Some(item)),
-                        Poll::Pending => {
-                            // Idle: be woken when the term ends, and check the
-                            // clock on the next poll.
-                            *this.since_clock = CLOCK_EVERY;
-                            if let Poll::Ready(lost) = Pin::new(&mut *guard).poll(cx) {
-                                debug!(reason = %lost, "leadership ended: dropping the guarded stream");
-                                this.inner.set(None);
-                                *this.lost = Some(lost);
-                                *this.state = State::Done;
-                                return Poll::Ready(None);
-                            }
-                            return Poll::Pending;
-                        }
-                    }
-                }
-                State::Done => return Poll::Ready(None),
+        if !matches!(this.state, State::Leading(_))
+            && let Some(early) = poll_not_leading(&mut this, cx)
+        {
+            return early;
+        }
+        let State::Leading(guard) = &mut *this.state else {
+            unreachable!("poll_not_leading returns unless leading");
+        };
+        // The hot path, on every poll: the term's end flag (an atomic load)
+        // always; the clock only when the inner stream was idle before this
+        // poll (the moment a paused process resumes at) or every CLOCK_EVERY
+        // items, since after a pause (SIGSTOP, a frozen VM) this poll may run
+        // before the elector task has noticed that the term is over.
+        *this.since_clock += 1;
+        if guard.has_ended() || *this.since_clock >= CLOCK_EVERY {
+            *this.since_clock = 0;
+            if let Some(lost) = ended(guard) {
+                return finish(&mut this, Some(lost));
             }
         }
+        let Some(inner) = this.inner.as_mut().as_pin_mut() else {
+            return finish(&mut this, None);
+        };
+        match inner.poll_next(cx) {
+            Poll::Ready(Some(item)) => Poll::Ready(Some(item)),
+            Poll::Ready(None) => {
+                debug!("guarded stream ended: giving up leadership");
+                finish(&mut this, None)
+            }
+            Poll::Pending => poll_idle(&mut this, cx),
+        }
     }
+}
+
+/// Whether the term of `guard` is over: ended by the elector, or past its
+/// renew deadline on the clock.
+#[cold]
+fn ended(guard: &LeaseGuard) -> Option<Lost> {
+    if guard.has_ended() {
+        Some(guard.lost().unwrap_or(Lost::ElectorStopped))
+    } else if guard.deadline_passed() {
+        Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded))
+    } else {
+        None
+    }
+}
+
+/// Polls the acquisition: `None` once leading (the caller goes on with the
+/// leading path), else what `poll_next` returns.
+#[cold]
+fn poll_not_leading<S: Stream>(
+    this: &mut WithLeaderElectionProj<'_, S>,
+    cx: &mut Context<'_>,
+) -> Option<Poll<Option<S::Item>>> {
+    match this.state {
+        State::Acquiring(acquire) => match Pin::new(acquire).poll(cx) {
+            Poll::Pending => Some(Poll::Pending),
+            Poll::Ready(Ok(guard)) => {
+                debug!(
+                    fencing_token = guard.fencing_token(),
+                    "leading: starting the guarded stream"
+                );
+                *this.state = State::Leading(guard);
+                *this.since_clock = CLOCK_EVERY;
+                None
+            }
+            Poll::Ready(Err(_)) => {
+                debug!("elector shut down before leading: dropping the guarded stream");
+                Some(finish(this, Some(Lost::Released)))
+            }
+        },
+        State::Leading(_) => None,
+        State::Done => Some(Poll::Ready(None)),
+    }
+}
+
+/// The inner stream is idle: be woken when the term ends, and check the clock
+/// on the next poll.
+fn poll_idle<S: Stream>(
+    this: &mut WithLeaderElectionProj<'_, S>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<S::Item>> {
+    *this.since_clock = CLOCK_EVERY;
+    let State::Leading(guard) = &mut *this.state else {
+        return Poll::Pending;
+    };
+    // The guard keeps the last waker it was polled with until the term ends:
+    // polling it again with the same one would only re-register it.
+    if this.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+        return Poll::Pending;
+    }
+    match Pin::new(guard).poll(cx) {
+        Poll::Ready(lost) => finish(this, Some(lost)),
+        Poll::Pending => {
+            *this.registered = Some(cx.waker().clone());
+            Poll::Pending
+        }
+    }
+}
+
+/// Ends the stream: the inner stream is dropped first, then the guard.
+#[cold]
+fn finish<S: Stream>(this: &mut WithLeaderElectionProj<'_, S>, lost: Option<Lost>) -> Poll<Option<S::Item>> {
+    if let Some(lost) = &lost {
+        debug!(reason = %lost, "leadership ended: dropping the guarded stream");
+    }
+    this.inner.set(None);
+    if lost.is_some() {
+        *this.lost = lost;
+    }
+    *this.state = State::Done;
+    *this.registered = None;
+    Poll::Ready(None)
 }
 
 impl<S: Stream> FusedStream for WithLeaderElection<S> {

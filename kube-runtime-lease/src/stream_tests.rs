@@ -7,6 +7,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -121,6 +122,88 @@ async fn a_takeover_drops_the_inner_stream_in_the_same_instant() {
             holder: "thief".into()
         })
     );
+}
+
+/// Counts its wakes.
+#[derive(Default)]
+struct CountingWaker(AtomicUsize);
+
+impl futures::task::ArcWake for CountingWaker {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The adapter skips re-registering with the guard when polled again with the
+/// same waker; a new waker must still be registered, and woken at the loss.
+#[tokio::test(start_paused = true)]
+async fn an_idle_stream_is_woken_at_the_loss_by_the_waker_it_was_last_polled_with() {
+    for switch_waker in [false, true] {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let mut guarded = pin!(stream::pending::<()>().with_leader_election(&e));
+        let (a, b) = (
+            Arc::new(CountingWaker::default()),
+            Arc::new(CountingWaker::default()),
+        );
+        let (wa, wb) = (futures::task::waker(a.clone()), futures::task::waker(b.clone()));
+        for _ in 0..100 {
+            if guarded.is_leading() {
+                break;
+            }
+            assert!(
+                guarded
+                    .as_mut()
+                    .poll_next(&mut Context::from_waker(&wa))
+                    .is_pending()
+            );
+            sleep(Duration::from_millis(1)).await;
+        }
+        assert!(guarded.is_leading());
+        let (last, last_count) = if switch_waker { (&wb, &b) } else { (&wa, &a) };
+        assert!(
+            guarded
+                .as_mut()
+                .poll_next(&mut Context::from_waker(&wa))
+                .is_pending()
+        );
+        assert!(
+            guarded
+                .as_mut()
+                .poll_next(&mut Context::from_waker(last))
+                .is_pending()
+        );
+        let before = last_count.0.load(Ordering::SeqCst);
+        let mut l = fake.lease().unwrap();
+        l.spec.as_mut().unwrap().holder_identity = Some("thief".into());
+        fake.put(l);
+        let start = Instant::now();
+        for _ in 0..1000 {
+            if last_count.0.load(Ordering::SeqCst) > before {
+                break;
+            }
+            sleep(Duration::from_millis(1)).await;
+        }
+        assert!(
+            last_count.0.load(Ordering::SeqCst) > before,
+            "woken at the loss (switch_waker: {switch_waker})"
+        );
+        assert!(
+            start.elapsed() <= Duration::from_millis(1),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(
+            guarded.as_mut().poll_next(&mut Context::from_waker(last)),
+            Poll::Ready(None)
+        );
+        assert_eq!(
+            guarded.lost(),
+            Some(&Lost::TakenOver {
+                holder: "thief".into()
+            })
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -46,8 +46,8 @@ fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {
 }
 
 async fn shutdown_signal() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     let stdin_eof = async {
         // Parent-death watchdog: the driver keeps our stdin open.
         if std::env::var_os("EXIT_ON_STDIN_EOF").is_some() {

@@ -19,7 +19,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 async fn nodelay_client(path: &std::path::Path) -> Result<Client> {
-    let config = Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &KubeConfigOptions::default()).await?;
+    let config =
+        Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &KubeConfigOptions::default()).await?;
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -41,10 +42,20 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 
 async fn measure(name: &str, client: Client, ns: &str, rounds: usize, idle: Duration) -> Result<()> {
     let api: Api<Lease> = Api::namespaced(client, ns);
-    let lease_name = format!("lat-{}", name.len() + name.matches('+').count() * 100 + name.matches('(').count() * 1000);
+    let lease_name = format!(
+        "lat-{}",
+        name.len() + name.matches('+').count() * 100 + name.matches('(').count() * 1000
+    );
     let lease = Lease {
-        metadata: ObjectMeta { name: Some(lease_name.clone()), ..ObjectMeta::default() },
-        spec: Some(LeaseSpec { holder_identity: Some("x".into()), lease_duration_seconds: Some(15), ..LeaseSpec::default() }),
+        metadata: ObjectMeta {
+            name: Some(lease_name.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("x".into()),
+            lease_duration_seconds: Some(15),
+            ..LeaseSpec::default()
+        }),
     };
     api.create(&PostParams::default(), &lease).await?;
     let (mut gets, mut puts) = (Vec::new(), Vec::new());
@@ -53,7 +64,8 @@ async fn measure(name: &str, client: Client, ns: &str, rounds: usize, idle: Dura
         let t0 = Instant::now();
         let mut l = api.get(&lease_name).await?;
         let t1 = Instant::now();
-        l.spec.as_mut().unwrap().lease_transitions = Some(l.spec.as_ref().unwrap().lease_transitions.unwrap_or(0) + 1);
+        l.spec.as_mut().unwrap().lease_transitions =
+            Some(l.spec.as_ref().unwrap().lease_transitions.unwrap_or(0) + 1);
         api.replace(&lease_name, &PostParams::default(), &l).await?;
         let t2 = Instant::now();
         gets.push((t1 - t0).as_secs_f64() * 1e3);
@@ -79,16 +91,27 @@ async fn measure_behind_watch(name: &str, client: Client, ns: &str, rounds: usiz
     let api: Api<Lease> = Api::namespaced(client, ns);
     let lease_name = format!("watched-{}", name.len());
     let lease = Lease {
-        metadata: ObjectMeta { name: Some(lease_name.clone()), ..ObjectMeta::default() },
-        spec: Some(LeaseSpec { holder_identity: Some("x".into()), lease_duration_seconds: Some(15), ..LeaseSpec::default() }),
+        metadata: ObjectMeta {
+            name: Some(lease_name.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("x".into()),
+            lease_duration_seconds: Some(15),
+            ..LeaseSpec::default()
+        }),
     };
     api.create(&PostParams::default(), &lease).await?;
     let mut puts = Vec::new();
     for _ in 0..rounds {
         let mut l = api.get(&lease_name).await?;
         let wp = kube::api::WatchParams::default().fields(&format!("metadata.name={lease_name}"));
-        let mut watch = api.watch(&wp, l.metadata.resource_version.as_deref().unwrap_or("0")).await?.boxed();
-        l.spec.as_mut().unwrap().lease_transitions = Some(l.spec.as_ref().unwrap().lease_transitions.unwrap_or(0) + 1);
+        let mut watch = api
+            .watch(&wp, l.metadata.resource_version.as_deref().unwrap_or("0"))
+            .await?
+            .boxed();
+        l.spec.as_mut().unwrap().lease_transitions =
+            Some(l.spec.as_ref().unwrap().lease_transitions.unwrap_or(0) + 1);
         let t0 = Instant::now();
         api.replace(&lease_name, &PostParams::default(), &l).await?;
         puts.push(t0.elapsed().as_secs_f64() * 1e3);
@@ -113,9 +136,22 @@ async fn main() -> Result<()> {
     let ns = env.new_namespace("put-latency").await?;
     let idle = Duration::from_millis(idle_ms);
     measure("kube default", env.client().await?, &ns, rounds, idle).await?;
-    measure("kube + TCP_NODELAY", nodelay_client(env.kubeconfig_path()).await?, &ns, rounds, idle).await?;
+    measure(
+        "kube + TCP_NODELAY",
+        nodelay_client(env.kubeconfig_path()).await?,
+        &ns,
+        rounds,
+        idle,
+    )
+    .await?;
     measure("kube default (again)", env.client().await?, &ns, rounds, idle).await?;
     measure_behind_watch("kube default", env.client().await?, &ns, rounds).await?;
-    measure_behind_watch("kube + TCP_NODELAY", nodelay_client(env.kubeconfig_path()).await?, &ns, rounds).await?;
+    measure_behind_watch(
+        "kube + TCP_NODELAY",
+        nodelay_client(env.kubeconfig_path()).await?,
+        &ns,
+        rounds,
+    )
+    .await?;
     Ok(())
 }
