@@ -81,6 +81,19 @@
 //! takes to stop guarded work. Clock *offsets* do not matter: expiry is judged
 //! on each candidate's own monotonic clock, never from `renewTime`.
 //!
+//! ## Handover latency and `TCP_NODELAY`
+//! A follower's watch holds its client's one pooled HTTP/1.1 connection, so
+//! the write that takes a released Lease goes out on a new connection. kube
+//! 5's default [`Client`](kube_client::Client) leaves `TCP_NODELAY` off
+//! (hyper-util's default; [kube-rs/kube#2056]), and that first request then
+//! waits for a delayed ACK of the TLS handshake: about 40 ms on Linux, against
+//! about 4 ms for the whole handover with `TCP_NODELAY` on (as Go, and so
+//! client-go, always has it; measured in the repository's `BENCHMARKS.md`).
+//! This crate uses the client it is given and does not change it; where those
+//! 40 ms matter, build the client from an `HttpConnector` with
+//! `set_nodelay(true)`, as the repository's `examples/common.rs` does. Safety
+//! does not depend on it.
+//!
 //! # Choices this crate makes (where client-go is silent or unsafe)
 //! - A record with a missing, zero or negative `leaseDurationSeconds` is held
 //!   for this candidate's own lease duration (client-go would take it at once).
@@ -104,6 +117,7 @@
 //! `k8s-openapi`'s version features in your application, as with kube.
 //!
 //! [kube-runtime]: https://docs.rs/kube-runtime
+//! [kube-rs/kube#2056]: https://github.com/kube-rs/kube/issues/2056
 //! [client-go]: https://pkg.go.dev/k8s.io/client-go/tools/leaderelection
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
