@@ -499,6 +499,21 @@ impl Drop for Task {
     }
 }
 
+/// What woke a leading term's loop.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "lives on the stack for one turn of the loop, like the event it carries"
+)]
+enum LeadWake {
+    /// A change of demand (a guard dropped, a shutdown) or the end of the hold
+    /// after creating the Lease: re-check at the top of the loop.
+    Demand,
+    /// A watch event (or the watch's end).
+    Watch(Option<watcher::Result<watcher::Event<Lease>>>),
+    /// Time to renew.
+    Tick,
+}
+
 async fn next_event(watch: &mut Option<WatchStream>) -> Option<watcher::Result<watcher::Event<Lease>>> {
     match watch {
         Some(w) => w.next().await,
@@ -705,15 +720,13 @@ impl Task {
     async fn idle_until(&mut self, until: Instant) {
         let wake = self.inner.wake.clone();
         loop {
-            tokio::select! {
-                biased;
-                () = wake.notified() => return,
-                event = next_event(&mut self.watch) => {
-                    if self.handle_watch(event) {
-                        return;
-                    }
-                }
-                () = sleep_until(until) => return,
+            let event = futures::select_biased! {
+                () = wake.notified().fuse() => return,
+                event = next_event(&mut self.watch).fuse() => event,
+                () = sleep_until(until).fuse() => return,
+            };
+            if self.handle_watch(event) {
+                return;
             }
         }
     }
@@ -849,12 +862,23 @@ impl Task {
                 pending = None;
                 self.begin_term(&term);
             }
-            tokio::select! {
-                biased;
-                () = wake.notified() => {}
-                () = sleep_until(pending.unwrap_or_else(Instant::now)), if pending.is_some() => {}
-                () = sleep_until(term.deadline()) => break Lost::RenewDeadlineExceeded,
-                event = next_event(&mut self.watch) => {
+            let pending_elapsed = async {
+                match pending {
+                    Some(until) => sleep_until(until).await,
+                    None => futures::future::pending().await,
+                }
+            };
+            // The branches' futures borrow `self.watch`: act once they are dropped.
+            let cause = futures::select_biased! {
+                () = wake.notified().fuse() => LeadWake::Demand,
+                () = pending_elapsed.fuse() => LeadWake::Demand,
+                () = sleep_until(term.deadline()).fuse() => break Lost::RenewDeadlineExceeded,
+                event = next_event(&mut self.watch).fuse() => LeadWake::Watch(event),
+                () = sleep_until(next_tick).fuse() => LeadWake::Tick,
+            };
+            match cause {
+                LeadWake::Demand => {}
+                LeadWake::Watch(event) => {
                     if self.handle_watch(event)
                         && self.foreign_record_observed()
                         && let Err(lost) = self.verify(&term).await
@@ -862,7 +886,7 @@ impl Task {
                         break lost;
                     }
                 }
-                () = sleep_until(next_tick) => {
+                LeadWake::Tick => {
                     let now = Instant::now();
                     while next_tick <= now {
                         next_tick += cfg.retry_period;
