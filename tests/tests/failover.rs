@@ -38,6 +38,20 @@ fn d(a: u64, b: u64) -> String {
     fmt_delta(a, b)
 }
 
+/// Runs a scenario [`RUNS`] times, each on a fresh event log, alone on the
+/// shared control plane; fails with every failed run's report.
+async fn scenario(name: &str, run: impl AsyncFn(&Fixture, &EventLog, usize) -> Result<String>) -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let mut runs = Runs::new(name);
+    for i in 0..RUNS {
+        let log = EventLog::new();
+        let result = run(&ctx, &log, i).await;
+        runs.record(i, result, &log);
+    }
+    runs.finish()
+}
+
 /// Spawns candidates `names` directly on a fresh Lease and waits for the
 /// first leader and for every other one to see it.
 async fn start_group(
@@ -109,15 +123,10 @@ async fn sigkill_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_leader() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("sigkill the leader");
-    for i in 0..RUNS {
-        let log = EventLog::new();
-        let result = sigkill_run(&ctx, &log).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    scenario("sigkill the leader", async |ctx, log, _| {
+        sigkill_run(ctx, log).await
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------
@@ -176,15 +185,10 @@ async fn sigterm_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_leader() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("sigterm the leader");
-    for i in 0..RUNS {
-        let log = EventLog::new();
-        let result = sigterm_run(&ctx, &log).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    scenario("sigterm the leader", async |ctx, log, _| {
+        sigterm_run(ctx, log).await
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------
@@ -256,15 +260,10 @@ async fn sigstop_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_leader() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("sigstop the leader past its lease");
-    for i in 0..RUNS {
-        let log = EventLog::new();
-        let result = sigstop_run(&ctx, &log).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    scenario("sigstop the leader past its lease", async |ctx, log, _| {
+        sigstop_run(ctx, log).await
+    })
+    .await
 }
 
 // ---------------------------------------------------------------------------
@@ -370,18 +369,11 @@ async fn partition_run(ctx: &Fixture, log: &EventLog, how: Partition) -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_leader() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("partition the leader from the apiserver");
-    for (i, how) in [Partition::BlackHole, Partition::Refuse, Partition::BlackHole]
-        .into_iter()
-        .enumerate()
-    {
-        let log = EventLog::new();
-        let result = partition_run(&ctx, &log, how).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    const HOW: [Partition; 2] = [Partition::BlackHole, Partition::Refuse];
+    scenario("partition the leader from the apiserver", async |ctx, log, i| {
+        partition_run(ctx, log, HOW[i % HOW.len()]).await
+    })
+    .await
 }
 
 /// SIGTERMs the leader `a` right after partitioning it (black hole): its work
@@ -444,15 +436,10 @@ async fn sigterm_partitioned_run(ctx: &Fixture, log: &EventLog) -> Result<String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_partitioned_leader() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("sigterm a partitioned leader");
-    for i in 0..RUNS {
-        let log = EventLog::new();
-        let result = sigterm_partitioned_run(&ctx, &log).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    scenario("sigterm a partitioned leader", async |ctx, log, _| {
+        sigterm_partitioned_run(ctx, log).await
+    })
+    .await
 }
 
 /// Latency added on the leader's connections, each way: beyond the renew
@@ -493,15 +480,11 @@ async fn latency_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latency_on_leader() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("latency beyond the renew deadline on the leader");
-    for i in 0..RUNS {
-        let log = EventLog::new();
-        let result = latency_run(&ctx, &log).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    scenario(
+        "latency beyond the renew deadline on the leader",
+        async |ctx, log, _| latency_run(ctx, log).await,
+    )
+    .await
 }
 
 /// How long the connection drops go on.
@@ -568,15 +551,11 @@ async fn drop_run(ctx: &Fixture, log: &EventLog, run: usize) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_leader_connections() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("drop the leader's connections mid-request");
-    for i in 0..RUNS {
-        let log = EventLog::new();
-        let result = drop_run(&ctx, &log, i).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    scenario(
+        "drop the leader's connections mid-request",
+        async |ctx, log, i| drop_run(ctx, log, i).await,
+    )
+    .await
 }
 
 // ---------------------------------------------------------------------------
@@ -634,13 +613,9 @@ async fn restart_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_restart() -> Result<()> {
-    let _serial = serial().await;
-    let ctx = Fixture::new().await?;
-    let mut runs = Runs::new("restart the apiserver under a running election");
-    for i in 0..RUNS {
-        let log = EventLog::new();
-        let result = restart_run(&ctx, &log).await;
-        runs.record(i, result, &log);
-    }
-    runs.finish()
+    scenario(
+        "restart the apiserver under a running election",
+        async |ctx, log, _| restart_run(ctx, log).await,
+    )
+    .await
 }
