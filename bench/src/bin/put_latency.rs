@@ -40,15 +40,10 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
-async fn measure(name: &str, client: Client, ns: &str, rounds: usize, idle: Duration) -> Result<()> {
-    let api: Api<Lease> = Api::namespaced(client, ns);
-    let lease_name = format!(
-        "lat-{}",
-        name.len() + name.matches('+').count() * 100 + name.matches('(').count() * 1000
-    );
+async fn create_lease(api: &Api<Lease>, name: &str) -> Result<()> {
     let lease = Lease {
         metadata: ObjectMeta {
-            name: Some(lease_name.clone()),
+            name: Some(name.to_owned()),
             ..ObjectMeta::default()
         },
         spec: Some(LeaseSpec {
@@ -58,6 +53,16 @@ async fn measure(name: &str, client: Client, ns: &str, rounds: usize, idle: Dura
         }),
     };
     api.create(&PostParams::default(), &lease).await?;
+    Ok(())
+}
+
+async fn measure(name: &str, client: Client, ns: &str, rounds: usize, idle: Duration) -> Result<()> {
+    let api: Api<Lease> = Api::namespaced(client, ns);
+    let lease_name = format!(
+        "lat-{}",
+        name.len() + name.matches('+').count() * 100 + name.matches('(').count() * 1000
+    );
+    create_lease(&api, &lease_name).await?;
     let (mut gets, mut puts) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         tokio::time::sleep(idle).await;
@@ -90,18 +95,7 @@ async fn measure_behind_watch(name: &str, client: Client, ns: &str, rounds: usiz
     use futures::StreamExt as _;
     let api: Api<Lease> = Api::namespaced(client, ns);
     let lease_name = format!("watched-{}", name.len());
-    let lease = Lease {
-        metadata: ObjectMeta {
-            name: Some(lease_name.clone()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("x".into()),
-            lease_duration_seconds: Some(15),
-            ..LeaseSpec::default()
-        }),
-    };
-    api.create(&PostParams::default(), &lease).await?;
+    create_lease(&api, &lease_name).await?;
     let mut puts = Vec::new();
     for _ in 0..rounds {
         let mut l = api.get(&lease_name).await?;
