@@ -377,7 +377,7 @@ fn main() {
                 (v / bare - 1.0) * 100.0
             );
             parts.insert(format!("work-1us {variant} (ns/item)"), json!(v / n));
-            parts.insert(format!("work-1us bare (ns/item)"), json!(bare / n));
+            parts.insert("work-1us bare (ns/item)".to_owned(), json!(bare / n));
         }
     }
     for part in ["guard-poll-pending", "guard-is-valid", "instant-now"] {
