@@ -33,8 +33,9 @@ pub fn init_tracing() {
 /// the write that takes the Lease opens a new one. With `KUBE_TCP_NODELAY=0`
 /// this returns kube's default client instead.
 ///
-/// The stack is kube's own (`ClientBuilder::try_from`) minus its connect/read
-/// timeouts, retries and tracing layers, which the examples do not need.
+/// The stack is kube's own (`ClientBuilder::try_from`: TLS, the configured
+/// connect/read/write timeouts, base URI, auth, extra headers) minus its
+/// optional retry and tracing layers.
 ///
 /// # Errors
 /// When no configuration can be found or loaded.
@@ -51,9 +52,13 @@ pub async fn client() -> anyhow::Result<Client> {
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    let https = config.rustls_https_connector_with_connector(http)?;
+    let mut connector = hyper_timeout::TimeoutConnector::new(config.rustls_https_connector_with_connector(http)?);
+    connector.set_connect_timeout(config.connect_timeout);
+    connector.set_read_timeout(config.read_timeout);
+    connector.set_write_timeout(config.write_timeout);
+    connector.set_reset_reader_on_write(config.reset_reader_on_write);
     let hyper = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build::<_, kube::client::Body>(https);
+        .build::<_, kube::client::Body>(connector);
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
         .option_layer(config.auth_layer()?)
