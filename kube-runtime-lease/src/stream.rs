@@ -214,7 +214,7 @@ fn poll_idle<S: Stream>(
 ) -> Poll<Option<S::Item>> {
     *this.since_clock = CLOCK_EVERY;
     let State::Leading(guard) = &mut *this.state else {
-        return Poll::Pending;
+        unreachable!("poll_idle is only called while leading");
     };
     // The guard keeps the last waker it was polled with until the term ends:
     // polling it again with the same one would only re-register it.
