@@ -553,6 +553,11 @@ impl Task {
             if !state.shutdown {
                 state.running = false;
             }
+            // Decided under the lock: no guard of this term may be handed out
+            // from now on (`end_term` ends it). A later `acquire` waits for the
+            // next task instead of receiving a guard of a term about to end as
+            // `Released`, which only a shutdown may cause.
+            state.term = None;
             self.exited = true;
             return true;
         }
@@ -944,9 +949,14 @@ impl Task {
         {
             let mut state = self.inner.lock();
             state.term = Some(term.clone());
-            for tx in state.waiters.drain(..) {
-                if let Some(guard) = term.guard(self.inner.wake.clone()) {
-                    let _ = tx.send(guard);
+            // A waiter that cannot get a guard (the renew deadline already
+            // passed) keeps waiting, for the next term.
+            for tx in std::mem::take(&mut state.waiters) {
+                match term.guard(self.inner.wake.clone()) {
+                    Some(guard) => {
+                        let _ = tx.send(guard);
+                    }
+                    None => state.waiters.push(tx),
                 }
             }
         }

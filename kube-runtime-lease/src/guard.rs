@@ -158,12 +158,15 @@ impl Term {
         }
     }
 
-    /// A new guard of this term, or `None` if the term already ended.
+    /// A new guard of this term, or `None` if the term already ended or its
+    /// renew deadline passed (the elector task may not have noticed yet: a
+    /// guard handed out now would end at once, and a caller that re-acquires
+    /// in a loop would spin on it instead of waiting for the next term).
     pub(crate) fn guard(self: &Arc<Self>, wake: Arc<Notify>) -> Option<LeaseGuard> {
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.lock();
-            if inner.lost.is_some() {
+            if inner.lost.is_some() || Instant::now() >= inner.deadline {
                 return None;
             }
             inner.senders.push(tx);

@@ -784,3 +784,37 @@ async fn fencing_helpers_follow_the_renew_deadline() {
     let g2 = other.acquire().await.unwrap();
     assert!(g2.fencing_token() > guard.fencing_token());
 }
+
+/// A caller that acquires again as soon as its guard ends (a guarded stream
+/// re-created in a loop) waits for the next term. Were it handed a guard of
+/// the term whose renew deadline just passed (the elector task not having
+/// noticed yet), the guard would end at once, the caller would spin, and the
+/// elector, finding neither guard nor waiter in between, would give the lease
+/// up as if shut down.
+#[tokio::test(start_paused = true)]
+async fn acquiring_at_the_renew_deadline_waits_for_the_next_term() {
+    let fake = free();
+    let (e, id) = elector(&fake, config("me").watch(false));
+    let guard = e.acquire().await.unwrap();
+    fake.partition(id, true);
+    sleep(guard.time_left()).await;
+    assert!(!guard.is_valid());
+    let mut again = Box::pin(e.acquire());
+    assert!(
+        poll!(&mut again).is_pending(),
+        "no guard of a term past its renew deadline"
+    );
+    assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+    sleep(S(1)).await;
+    assert!(poll!(&mut again).is_pending(), "partitioned: no new term");
+    fake.partition(id, false);
+    let next = again.await.unwrap();
+    assert!(next.is_valid());
+    assert_eq!(next.time_left(), S(10), "a fresh term");
+    assert_eq!(
+        spec(&fake).holder_identity.as_deref(),
+        Some("me"),
+        "never released"
+    );
+    assert!(e.is_leader());
+}

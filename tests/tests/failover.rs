@@ -2,7 +2,8 @@
 //! a real kube-apiserver, with the short timings of [`Timings::FAST`] (lease
 //! 2 s, renew deadline 1.5 s, retry period 0.5 s).
 //!
-//! Each scenario runs [`RUNS`] times, each run on its own namespace and
+//! Each scenario runs [`RUNS`] times (`KRL_FAILOVER_RUNS` overrides it, for
+//! soaking one scenario), each run on its own namespace and
 //! Lease, and every run's log is checked for overlapping leadership intervals
 //! (see `kube_runtime_lease_tests::check_log`). The tests share one control
 //! plane and run one at a time (`serial`): one of them restarts the apiserver.
@@ -17,6 +18,14 @@ use kube_runtime_lease_tests::{
 
 /// Runs of each scenario.
 const RUNS: usize = 3;
+
+/// [`RUNS`], or `KRL_FAILOVER_RUNS` when set.
+fn run_count() -> usize {
+    std::env::var("KRL_FAILOVER_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(RUNS)
+}
 const T: Timings = Timings::FAST;
 /// Scheduling slack allowed around the protocol's bounds.
 const SLACK: Duration = Duration::from_millis(250);
@@ -44,7 +53,7 @@ async fn scenario(name: &str, run: impl AsyncFn(&Fixture, &EventLog, usize) -> R
     let _serial = serial().await;
     let ctx = Fixture::new().await?;
     let mut runs = Runs::new(name);
-    for i in 0..RUNS {
+    for i in 0..run_count() {
         let log = EventLog::new();
         let result = run(&ctx, &log, i).await;
         runs.record(i, result, &log);
