@@ -1,7 +1,9 @@
 //! A deterministic simulation: several candidates on one Lease, thousands of
 //! random schedules of delays, failures, partitions, latency spikes, deletions
 //! and voluntary releases, on paused time. Asserts that no two candidates ever
-//! lead at the same virtual instant, and that someone leads once faults stop.
+//! lead at the same virtual instant, that someone leads once faults stop, that
+//! a guard is valid when handed out, and that no term ends as
+//! [`Lost::Released`] (which only a shutdown may cause).
 //!
 //! `KRL_SIM_SCHEDULES` sets the number of schedules (default 1000);
 //! `KRL_SIM_SEED` replays one schedule.
@@ -14,7 +16,7 @@ use std::{
 use tokio::time::{Instant, sleep};
 
 use crate::{
-    LeaderElector, LeaseConfig,
+    LeaderElector, LeaseConfig, LeaseGuard, Lost,
     fake::{FakeApi, Fault},
 };
 
@@ -35,6 +37,13 @@ fn config(i: usize, watch: bool) -> LeaseConfig {
         .retry_period(Duration::from_millis(800))
         .release_timeout(Duration::from_secs(1))
         .watch(watch)
+}
+
+/// Resolves once `guard`'s renew deadline has passed (or its term ended).
+async fn past_deadline(guard: &LeaseGuard) {
+    while !guard.time_left().is_zero() {
+        sleep(guard.time_left()).await;
+    }
 }
 
 fn ms(rng: &mut fastrand::Rng, max: u64) -> Duration {
@@ -60,6 +69,10 @@ async fn schedule(seed: u64) -> Vec<Interval> {
                 let Ok(guard) = elector.acquire().await else {
                     return;
                 };
+                assert!(
+                    guard.is_valid(),
+                    "seed {seed}: c{i} was handed a guard of an ended term"
+                );
                 let at = intervals.lock().unwrap().len();
                 tracing::info!(candidate = i, "SIM leads");
                 intervals.lock().unwrap().push(Interval {
@@ -73,15 +86,24 @@ async fn schedule(seed: u64) -> Vec<Interval> {
                 } else {
                     Duration::from_secs(3600)
                 };
-                let mut guard = guard;
                 tokio::select! {
-                    _ = &mut guard => {}
+                    () = guard.lost_signal() => assert_ne!(
+                        guard.lost(),
+                        Some(Lost::Released),
+                        "seed {seed}: c{i}'s term ended as Released without a shutdown"
+                    ),
+                    // Noticing the renew deadline before the elector task
+                    // does, as `WithLeaderElection` may.
+                    () = past_deadline(&guard) => {}
                     () = sleep(hold) => {}
                 }
                 intervals.lock().unwrap()[at].end = Some(Instant::now());
                 tracing::info!(candidate = i, "SIM stops leading");
                 drop(guard);
-                sleep(ms(&mut crng, 1500)).await;
+                // Often campaign again at once, as a guarded stream in a loop does.
+                if crng.bool() {
+                    sleep(ms(&mut crng, 1500)).await;
+                }
             }
         }));
     }
