@@ -50,6 +50,56 @@ fn ms(rng: &mut fastrand::Rng, max: u64) -> Duration {
     Duration::from_millis(rng.u64(0..=max))
 }
 
+/// One candidate: leads whenever it can, until aborted; records its terms.
+async fn candidate(
+    seed: u64,
+    i: usize,
+    elector: LeaderElector,
+    intervals: Arc<Mutex<Vec<Interval>>>,
+    mut crng: fastrand::Rng,
+) {
+    loop {
+        let Ok(guard) = elector.acquire().await else {
+            return;
+        };
+        assert!(
+            guard.is_valid(),
+            "seed {seed}: c{i} was handed a guard of an ended term"
+        );
+        let at = intervals.lock().unwrap().len();
+        tracing::info!(candidate = i, "SIM leads");
+        intervals.lock().unwrap().push(Interval {
+            who: i,
+            start: Instant::now(),
+            end: None,
+        });
+        // Sometimes give leadership up voluntarily after a while.
+        let hold = if crng.u8(0..4) == 0 {
+            ms(&mut crng, 5000)
+        } else {
+            Duration::from_secs(3600)
+        };
+        tokio::select! {
+            () = guard.lost_signal() => assert_ne!(
+                guard.lost(),
+                Some(Lost::Released),
+                "seed {seed}: c{i}'s term ended as Released without a shutdown"
+            ),
+            // Noticing the renew deadline before the elector task
+            // does, as `WithLeaderElection` may.
+            () = past_deadline(&guard) => {}
+            () = sleep(hold) => {}
+        }
+        intervals.lock().unwrap()[at].end = Some(Instant::now());
+        tracing::info!(candidate = i, "SIM stops leading");
+        drop(guard);
+        // Often campaign again at once, as a guarded stream in a loop does.
+        if crng.bool() {
+            sleep(ms(&mut crng, 1500)).await;
+        }
+    }
+}
+
 async fn schedule(seed: u64) -> Vec<Interval> {
     let mut rng = fastrand::Rng::with_seed(seed);
     // The library's own jitter draws from the thread-local generator: seed it too.
@@ -63,49 +113,8 @@ async fn schedule(seed: u64) -> Vec<Interval> {
         ids.push(id);
         let elector = LeaderElector::new(client, config(i, rng.bool())).unwrap();
         let intervals = intervals.clone();
-        let mut crng = fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(i as u64));
-        tasks.push(tokio::spawn(async move {
-            loop {
-                let Ok(guard) = elector.acquire().await else {
-                    return;
-                };
-                assert!(
-                    guard.is_valid(),
-                    "seed {seed}: c{i} was handed a guard of an ended term"
-                );
-                let at = intervals.lock().unwrap().len();
-                tracing::info!(candidate = i, "SIM leads");
-                intervals.lock().unwrap().push(Interval {
-                    who: i,
-                    start: Instant::now(),
-                    end: None,
-                });
-                // Sometimes give leadership up voluntarily after a while.
-                let hold = if crng.u8(0..4) == 0 {
-                    ms(&mut crng, 5000)
-                } else {
-                    Duration::from_secs(3600)
-                };
-                tokio::select! {
-                    () = guard.lost_signal() => assert_ne!(
-                        guard.lost(),
-                        Some(Lost::Released),
-                        "seed {seed}: c{i}'s term ended as Released without a shutdown"
-                    ),
-                    // Noticing the renew deadline before the elector task
-                    // does, as `WithLeaderElection` may.
-                    () = past_deadline(&guard) => {}
-                    () = sleep(hold) => {}
-                }
-                intervals.lock().unwrap()[at].end = Some(Instant::now());
-                tracing::info!(candidate = i, "SIM stops leading");
-                drop(guard);
-                // Often campaign again at once, as a guarded stream in a loop does.
-                if crng.bool() {
-                    sleep(ms(&mut crng, 1500)).await;
-                }
-            }
-        }));
+        let crng = fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(i as u64));
+        tasks.push(tokio::spawn(candidate(seed, i, elector, intervals, crng)));
     }
     let start = Instant::now();
     while start.elapsed() < CHAOS {
