@@ -166,7 +166,10 @@ impl LeaderElector {
     /// Waits until this candidate leads, then returns a guard for the term.
     ///
     /// Every caller waiting at the same time gets a guard of the same term.
-    /// If this candidate already leads, the guard is returned at once.
+    /// If this candidate already leads, the guard is returned at once, but
+    /// only while the term is valid ([`LeaseGuard::is_valid`]): once its renew
+    /// deadline has passed, even before the background task noticed, this
+    /// waits for the next term.
     ///
     /// # Errors
     /// [`Error::Shutdown`] once [`shutdown`](Self::shutdown) has been called.
