@@ -172,13 +172,19 @@ impl LeaderElector {
     /// waits for the next term.
     ///
     /// # Errors
-    /// [`Error::Shutdown`] once [`shutdown`](Self::shutdown) has been called.
+    /// [`Error::Shutdown`] once [`shutdown`](Self::shutdown) has been called;
+    /// [`Error::ElectorStopped`] if the background task stopped while this
+    /// waited (the runtime it was spawned on shut down, or it panicked).
     /// API failures are never returned: they are logged and retried with
     /// backoff (an unreachable API server means waiting, never leading).
     ///
     /// # Cancellation safety
     /// Dropping the future withdraws the request; if it was the only one, the
     /// elector stops campaigning.
+    ///
+    /// # Panics
+    /// The future panics if first polled outside a Tokio runtime: the elector
+    /// spawns its background task on the runtime that polls it.
     pub fn acquire(&self) -> Acquire {
         Acquire {
             inner: self.inner.clone(),
@@ -333,13 +339,24 @@ impl Future for Acquire {
                 if let Some(guard) = state.term.as_ref().and_then(|t| t.guard(this.inner.wake.clone())) {
                     return Poll::Ready(Ok(guard));
                 }
+                // Before any change of state: polled outside a runtime (a
+                // programming error, as for `tokio::spawn`), this panics
+                // without leaving the elector waiting for a task that never ran.
+                let runtime = (!state.running).then(|| {
+                    tokio::runtime::Handle::try_current()
+                        .expect("`LeaderElector::acquire` must be polled within a Tokio runtime")
+                });
                 let (tx, rx) = oneshot::channel();
                 state.waiters.push(tx);
-                if !state.running {
+                if let Some(runtime) = runtime {
                     state.running = true;
                     let previous = state.task.take();
                     let span = this.inner.span();
-                    state.task = Some(tokio::spawn(run(this.inner.clone(), previous).instrument(span)));
+                    // The task's state is built here, not in the future: were
+                    // the runtime to drop the future before its first poll,
+                    // `Task`'s drop still fails the waiters and resets `running`.
+                    let task = Task::new(this.inner.clone());
+                    state.task = Some(runtime.spawn(run(task, previous).instrument(span)));
                 }
                 drop(state);
                 // A running task re-counts who wants leadership.
@@ -355,7 +372,13 @@ impl Future for Acquire {
             }
             Poll::Ready(Err(oneshot::Canceled)) => {
                 this.rx = None;
-                Poll::Ready(Err(Error::Shutdown))
+                // Waiters are dropped by `shutdown`, or by the task when it
+                // is dropped without exiting (runtime shut down, panic).
+                Poll::Ready(Err(if this.inner.lock().shutdown {
+                    Error::Shutdown
+                } else {
+                    Error::ElectorStopped
+                }))
             }
         }
     }
@@ -414,26 +437,11 @@ impl Inner {
     }
 }
 
-async fn run(inner: Arc<Inner>, previous: Option<JoinHandle<Result<()>>>) -> Result<()> {
+async fn run(mut task: Task, previous: Option<JoinHandle<Result<()>>>) -> Result<()> {
     if let Some(previous) = previous {
         // Let the previous task finish its release before campaigning again.
         let _ = previous.await;
     }
-    let watch = inner.config.watch.then(|| {
-        let wc = watcher::Config::default().fields(&format!("metadata.name={}", inner.config.name));
-        watcher(inner.api.clone(), wc).default_backoff().boxed()
-    });
-    let mut task = Task {
-        inner,
-        obs: Obs::Unknown,
-        stale: true,
-        watch,
-        synced: false,
-        init_seen: false,
-        watch_warned: false,
-        cached: None,
-        exited: false,
-    };
     debug!("election task started");
     loop {
         let Some((lease, sent, created)) = task.campaign().await else {
@@ -481,6 +489,27 @@ struct Task {
     /// While leading: the object as we last wrote or verified it.
     cached: Option<Box<Lease>>,
     exited: bool,
+}
+
+impl Task {
+    fn new(inner: Arc<Inner>) -> Self {
+        // Lazy: the watch makes no request before it is first polled.
+        let watch = inner.config.watch.then(|| {
+            let wc = watcher::Config::default().fields(&format!("metadata.name={}", inner.config.name));
+            watcher(inner.api.clone(), wc).default_backoff().boxed()
+        });
+        Task {
+            inner,
+            obs: Obs::Unknown,
+            stale: true,
+            watch,
+            synced: false,
+            init_seen: false,
+            watch_warned: false,
+            cached: None,
+            exited: false,
+        }
+    }
 }
 
 impl Drop for Task {

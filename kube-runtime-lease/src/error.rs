@@ -33,6 +33,10 @@ pub enum Error {
     /// The elector has been shut down and no longer campaigns.
     #[error("the leader elector has been shut down")]
     Shutdown,
+    /// The elector's background task stopped without a shutdown: its runtime
+    /// shut down, or it panicked. Acquiring again starts a new task.
+    #[error("the leader election task stopped (its runtime shut down, or it panicked)")]
+    ElectorStopped,
 }
 
 /// `Result` with this crate's [`Error`].

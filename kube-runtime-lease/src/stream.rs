@@ -10,7 +10,7 @@ use futures::{Stream, stream::FusedStream};
 use pin_project::pin_project;
 use tracing::debug;
 
-use crate::{Acquire, LeaderElector, LeaseGuard, Lost};
+use crate::{Acquire, Error, LeaderElector, LeaseGuard, Lost};
 
 enum State {
     /// Waiting for leadership; the inner stream is not polled.
@@ -75,7 +75,9 @@ impl<S> WithLeaderElection<S> {
     }
 
     /// Why leadership ended, if this stream ended because it did; `None` while
-    /// running, or when the inner stream ended on its own.
+    /// running, or when the inner stream ended on its own. A stream that never
+    /// led ends with [`Lost::Released`] when the elector was shut down, and
+    /// with [`Lost::ElectorStopped`] when its background task stopped.
     pub fn lost(&self) -> Option<&Lost> {
         self.lost.as_ref()
     }
@@ -196,9 +198,13 @@ fn poll_not_leading<S: Stream>(
                 *this.since_clock = CLOCK_EVERY;
                 None
             }
-            Poll::Ready(Err(_)) => {
-                debug!("elector shut down before leading: dropping the guarded stream");
-                Some(finish(this, Some(Lost::Released)))
+            Poll::Ready(Err(e)) => {
+                debug!(error = %e, "no leadership to wait for: dropping the guarded stream");
+                let lost = match e {
+                    Error::ElectorStopped => Lost::ElectorStopped,
+                    _ => Lost::Released,
+                };
+                Some(finish(this, Some(lost)))
             }
         },
         State::Leading(_) => None,

@@ -409,3 +409,45 @@ fn controller_adapter_is_send(
         );
     is_send(s);
 }
+
+/// The election task stops without a shutdown when the runtime it was spawned
+/// on shuts down: every guard of the term ends as `ElectorStopped`, and what
+/// waited to lead ends with `ElectorStopped` too, not as if shut down (which
+/// `run_each_term` and a campaign loop read as "leave the election").
+#[test]
+fn a_runtime_shut_down_under_the_election_ends_everything_as_elector_stopped() {
+    let fake = free();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let (leader, guard, acquiring, mut guarded) = first.block_on(async {
+        let (leader, _) = elector(&fake, config("leader"));
+        let guard = leader.acquire().await.unwrap();
+        let (follower, _) = elector(&fake, config("follower"));
+        let mut acquiring = Box::pin(follower.acquire());
+        assert!(poll!(&mut acquiring).is_pending());
+        let mut guarded = Box::pin(stream::pending::<()>().with_leader_election(&follower));
+        assert!(poll!(guarded.next()).is_pending());
+        (leader, guard, acquiring, guarded)
+    });
+    assert!(leader.is_leader() && guard.is_valid());
+    drop(first);
+    assert!(!leader.is_leader());
+    assert_eq!(guard.lost(), Some(Lost::ElectorStopped));
+    // Everything is ready at once (polled once each: a regression fails
+    // instead of hanging).
+    let second = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    second.block_on(async {
+        let mut guard = guard;
+        assert_eq!(poll!(&mut guard), Poll::Ready(Lost::ElectorStopped));
+        let mut acquiring = acquiring;
+        assert!(matches!(
+            poll!(&mut acquiring),
+            Poll::Ready(Err(crate::Error::ElectorStopped))
+        ));
+        assert_eq!(poll!(guarded.next()), Poll::Ready(None));
+    });
+    assert_eq!(guarded.lost(), Some(&Lost::ElectorStopped));
+}
