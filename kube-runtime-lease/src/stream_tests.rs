@@ -451,3 +451,31 @@ fn a_runtime_shut_down_under_the_election_ends_everything_as_elector_stopped() {
     });
     assert_eq!(guarded.lost(), Some(&Lost::ElectorStopped));
 }
+
+/// Polling `acquire` outside a runtime is a programming error (the elector
+/// spawns its task on the runtime that polls it): it panics, as `tokio::spawn`
+/// does, with a message that says so, and leaves the elector usable.
+#[test]
+fn acquire_polled_outside_a_runtime_panics_and_leaves_the_elector_usable() {
+    let fake = free();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let (e, _) = rt.block_on(async { elector(&fake, config("me")) });
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut acquire = pin!(e.acquire());
+        let _ = acquire
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()));
+    }))
+    .unwrap_err();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("within a Tokio runtime"), "{message:?}");
+    let guard = rt
+        .block_on(async { tokio::time::timeout(S(60), e.acquire()).await })
+        .expect("no waiter left behind for a task that never ran")
+        .unwrap();
+    assert!(guard.is_valid());
+}
