@@ -1055,11 +1055,19 @@ impl Task {
             ));
             match self.inner.replace(&lease, deadline - sent).await {
                 Ok(lease) => {
-                    term.renewed(sent, cfg.renew_deadline);
-                    self.inner.metrics.renewal("success", sent.elapsed(), sent);
-                    debug!("renewed lease");
+                    let in_time = term.renewed(sent, cfg.renew_deadline);
                     self.observe(lease.clone(), sent);
                     self.cached = Some(Box::new(lease));
+                    if !in_time {
+                        self.inner.metrics.renewal("late", sent.elapsed(), sent);
+                        warn!(
+                            after = ?sent.elapsed(),
+                            "the renewal succeeded only after the renew deadline; giving the term up"
+                        );
+                        return Err(Lost::RenewDeadlineExceeded);
+                    }
+                    self.inner.metrics.renewal("success", sent.elapsed(), sent);
+                    debug!("renewed lease");
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {

@@ -101,13 +101,22 @@ impl Term {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A successful renewal, sent at `sent_at`.
-    pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) {
+    /// A successful renewal, sent at `sent_at`. Returns `false`, changing
+    /// nothing, if the renew deadline has already passed: its answer came too
+    /// late. A passed deadline is final: guards and guarded streams read it on
+    /// their own (`is_valid`), may already have stopped, and must never see
+    /// the term come back to life.
+    #[must_use]
+    pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) -> bool {
         let mut inner = self.lock();
+        if inner.lost.is_some() || Instant::now() >= inner.deadline {
+            return false;
+        }
         inner.deadline = sent_at + renew_deadline;
         self.deadline_nanos
             .store(nanos_after(self.base, inner.deadline), Ordering::Release);
         inner.last_renewal = sent_at;
+        true
     }
 
     pub(crate) fn deadline(&self) -> Instant {

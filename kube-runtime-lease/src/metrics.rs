@@ -74,7 +74,7 @@ mod enabled {
     /// |---|---|---|
     /// | `leader_election_is_leader` | gauge | 1 while this replica leads; summed over replicas it should be 1 |
     /// | `leader_election_transitions_total` | counter | changes of holder observed by this replica |
-    /// | `leader_election_renewals_total{outcome}` | counter | renewal writes by outcome: `success`, `conflict`, `not_found`, `error` |
+    /// | `leader_election_renewals_total{outcome}` | counter | renewal writes by outcome: `success`, `late` (answered after the renew deadline), `conflict`, `not_found`, `error` |
     /// | `leader_election_renew_duration_seconds` | histogram | latency of renewal writes |
     /// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal was sent |
     ///

@@ -818,3 +818,22 @@ async fn acquiring_at_the_renew_deadline_waits_for_the_next_term() {
     );
     assert!(e.is_leader());
 }
+
+/// A renewal sent in time but answered only at the renew deadline does not
+/// bring the term back: guards (and guarded streams) read the deadline on
+/// their own and may already have stopped, and a waiter would otherwise wait
+/// for a term that is never handed out again.
+#[tokio::test(start_paused = true)]
+async fn a_renewal_answered_at_the_renew_deadline_does_not_revive_the_term() {
+    let fake = free();
+    let (e, id) = elector(&fake, config("me").watch(false));
+    let guard = e.acquire().await.unwrap();
+    // The renewal at +2 s takes effect at once; its answer comes at +10 s,
+    // the renew deadline counted from the acquisition.
+    fake.fault(id, Some("update"), Fault::DelayResponse(S(8)));
+    sleep(S(10)).await;
+    assert!(!guard.is_valid());
+    sleep(Duration::from_millis(1)).await;
+    assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
+    assert!(!guard.is_valid() && !e.is_leader());
+}
