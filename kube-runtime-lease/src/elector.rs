@@ -97,6 +97,10 @@ pub(crate) struct Inner {
     api: Api<Lease>,
     wake: Arc<Notify>,
     state: Mutex<State>,
+    /// Held by the election task for as long as it lives (see [`run`]): at
+    /// most one runs at a time, and the next one starts only after the last
+    /// one finished its release, whatever runtime either was spawned on.
+    slot: Arc<tokio::sync::Mutex<()>>,
     status: watch::Sender<LeaderStatus>,
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
@@ -108,7 +112,10 @@ struct State {
     waiters: Vec<oneshot::Sender<LeaseGuard>>,
     term: Option<Arc<Term>>,
     running: bool,
+    /// The newest task, for `shutdown` to await its release.
     task: Option<JoinHandle<Result<()>>>,
+    /// Counts tasks spawned, so that a handle stored late never replaces a newer task's.
+    spawned: u64,
     /// The `uid` of the Lease object of our last term: a record naming us on
     /// any other object was not written in a term of ours.
     term_uid: Option<String>,
@@ -143,6 +150,7 @@ impl LeaderElector {
                 api,
                 wake: Arc::new(Notify::new()),
                 state: Mutex::new(State::default()),
+                slot: Arc::new(tokio::sync::Mutex::new(())),
                 status: watch::Sender::new(LeaderStatus::default()),
                 shutdown_tx: Mutex::new(Some(shutdown_tx)),
                 shutdown_rx: shutdown_rx.shared(),
@@ -282,14 +290,20 @@ impl LeaderElector {
             term.lose(&Lost::Released);
         }
         self.inner.wake.notify_one();
-        let Some(task) = task else { return Ok(()) };
-        match task.await {
-            Ok(result) => result,
-            Err(e) => {
-                error!(error = %e, "leader election task failed");
-                Ok(())
-            }
-        }
+        let result = match task {
+            None => Ok(()),
+            Some(task) => match task.await {
+                Ok(result) => result,
+                Err(e) => {
+                    error!(error = %e, "leader election task failed");
+                    Ok(())
+                }
+            },
+        };
+        // A task spawned while this ran (its handle not stored yet) sees the
+        // shutdown at its first check: wait until no task holds the slot.
+        drop(self.inner.slot.lock().await);
+        result
     }
 }
 
@@ -331,7 +345,7 @@ impl Future for Acquire {
         let rx = if let Some(rx) = &mut this.rx {
             rx
         } else {
-            {
+            let (rx, spawn) = {
                 let mut state = this.inner.lock();
                 if state.shutdown {
                     return Poll::Ready(Err(Error::Shutdown));
@@ -348,21 +362,29 @@ impl Future for Acquire {
                 });
                 let (tx, rx) = oneshot::channel();
                 state.waiters.push(tx);
-                if let Some(runtime) = runtime {
+                let spawn = runtime.map(|runtime| {
                     state.running = true;
-                    let previous = state.task.take();
-                    let span = this.inner.span();
-                    // The task's state is built here, not in the future: were
-                    // the runtime to drop the future before its first poll,
-                    // `Task`'s drop still fails the waiters and resets `running`.
-                    let task = Task::new(this.inner.clone());
-                    state.task = Some(runtime.spawn(run(task, previous).instrument(span)));
+                    state.spawned += 1;
+                    (runtime, state.spawned)
+                });
+                (rx, spawn)
+            };
+            if let Some((runtime, n)) = spawn {
+                // Spawned with the state unlocked: a runtime that is shutting
+                // down drops the future at once, and `Task`'s drop (which fails
+                // the waiters and resets `running`) takes the lock. The task's
+                // state is built here, not in the future, so that its drop runs
+                // even if the future is never polled.
+                let task = Task::new(this.inner.clone());
+                let handle = runtime.spawn(run(task).instrument(this.inner.span()));
+                let mut state = this.inner.lock();
+                if state.spawned == n {
+                    state.task = Some(handle);
                 }
-                drop(state);
-                // A running task re-counts who wants leadership.
-                this.inner.wake.notify_one();
-                this.rx.insert(rx)
             }
+            // A running task re-counts who wants leadership.
+            this.inner.wake.notify_one();
+            this.rx.insert(rx)
         };
         match Pin::new(rx).poll(cx) {
             Poll::Pending => Poll::Pending,
@@ -437,11 +459,11 @@ impl Inner {
     }
 }
 
-async fn run(mut task: Task, previous: Option<JoinHandle<Result<()>>>) -> Result<()> {
-    if let Some(previous) = previous {
-        // Let the previous task finish its release before campaigning again.
-        let _ = previous.await;
-    }
+/// The election task. It first takes the slot, so that it starts only after
+/// the previous task finished (its release included), and keeps it in `task`
+/// until it is dropped: after `Task`'s drop has cleaned up.
+async fn run(mut task: Task) -> Result<()> {
+    task.slot = Some(task.inner.slot.clone().lock_owned().await);
     debug!("election task started");
     loop {
         let Some((lease, sent, created)) = task.campaign().await else {
@@ -489,6 +511,8 @@ struct Task {
     /// While leading: the object as we last wrote or verified it.
     cached: Option<Box<Lease>>,
     exited: bool,
+    /// The slot (see [`Inner::slot`]), once taken; released after `Drop`.
+    slot: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Task {
@@ -508,6 +532,7 @@ impl Task {
             watch_warned: false,
             cached: None,
             exited: false,
+            slot: None,
         }
     }
 }

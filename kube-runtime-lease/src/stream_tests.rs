@@ -56,6 +56,14 @@ impl Drop for Probe {
 
 fn assert_send<T: Send>(_: &T) {}
 
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_inner_stream_is_not_polled_before_acquisition() {
     let fake = free();
@@ -417,11 +425,7 @@ fn controller_adapter_is_send(
 #[test]
 fn a_runtime_shut_down_under_the_election_ends_everything_as_elector_stopped() {
     let fake = free();
-    let first = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let first = paused_runtime();
     let (leader, guard, acquiring, mut guarded) = first.block_on(async {
         let (leader, _) = elector(&fake, config("leader"));
         let guard = leader.acquire().await.unwrap();
@@ -458,11 +462,7 @@ fn a_runtime_shut_down_under_the_election_ends_everything_as_elector_stopped() {
 #[test]
 fn acquire_polled_outside_a_runtime_panics_and_leaves_the_elector_usable() {
     let fake = free();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap();
+    let rt = paused_runtime();
     let (e, _) = rt.block_on(async { elector(&fake, config("me")) });
     let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut acquire = pin!(e.acquire());
@@ -478,4 +478,75 @@ fn acquire_polled_outside_a_runtime_panics_and_leaves_the_elector_usable() {
         .expect("no waiter left behind for a task that never ran")
         .unwrap();
     assert!(guard.is_valid());
+}
+
+/// A runtime that shut down must not let the next election task start before
+/// the previous one finished releasing, on whichever runtimes they run: two
+/// tasks of one identity at once could each believe the Lease theirs, and
+/// the old one's release would free the new one's term.
+#[test]
+fn a_task_lost_with_its_runtime_does_not_let_the_next_one_overtake_a_release() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, id) = main.block_on(async {
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        // The release's read takes 3 s (within the release timeout).
+        fake.fault(id, Some("get"), crate::fake::Fault::DelayRequest(S(3)));
+        drop(guard);
+        sleep(Duration::from_millis(1)).await;
+        (e, id)
+    });
+    let released_from = fake.seen().len();
+    // Leadership wanted on another runtime, which shuts down before its task runs.
+    let other = paused_runtime();
+    other.block_on(async {
+        let mut acquire = pin!(e.acquire());
+        assert!(poll!(&mut acquire).is_pending());
+    });
+    drop(other);
+    // Wanted again: the new task waits for the release still in flight.
+    let valid = main.block_on(async { e.acquire().await.unwrap().is_valid() });
+    assert!(valid);
+    let verbs: Vec<&str> = fake.seen()[released_from..]
+        .iter()
+        .filter(|s| s.client == id)
+        .map(|s| s.verb)
+        .collect();
+    assert_eq!(
+        verbs.first(),
+        Some(&"update"),
+        "the release's write comes before any request of the next task: {verbs:?}"
+    );
+    assert_eq!(
+        fake.lease().unwrap().spec.unwrap().lease_transitions,
+        Some(2),
+        "released, then taken again"
+    );
+}
+
+/// Polled in the context of a runtime that has shut down (a handle that
+/// outlived it), `acquire` cannot start its task: the runtime drops it at once.
+/// It fails with `ElectorStopped` instead of deadlocking on its own state.
+#[test]
+fn acquire_on_a_runtime_that_shut_down_fails_instead_of_deadlocking() {
+    let fake = free();
+    let rt = paused_runtime();
+    let (e, _) = rt.block_on(async { elector(&fake, config("me")) });
+    let handle = rt.handle().clone();
+    drop(rt);
+    // On its own thread, so that a deadlock fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _runtime = handle.enter();
+        let mut acquire = pin!(e.acquire());
+        let polled = acquire
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()));
+        let _ = tx.send(matches!(polled, Poll::Ready(Err(crate::Error::ElectorStopped))));
+    });
+    let failed = rx
+        .recv_timeout(S(30))
+        .expect("acquire deadlocked on a runtime that shut down");
+    assert!(failed, "acquire must fail with ElectorStopped");
 }
