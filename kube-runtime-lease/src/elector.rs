@@ -300,10 +300,21 @@ impl LeaderElector {
                 }
             },
         };
-        // A task spawned while this ran (its handle not stored yet) sees the
-        // shutdown at its first check: wait until no task holds the slot.
+        // A task spawned while this ran (its handle stored after it was
+        // taken above) sees the shutdown at its first check: wait until no
+        // task holds the slot, and for that task's release too.
         drop(self.inner.slot.lock().await);
-        result
+        let late = self.inner.lock().task.take();
+        match late {
+            Some(task) if result.is_ok() => match task.await {
+                Ok(late_result) => late_result,
+                Err(e) => {
+                    error!(error = %e, "leader election task failed");
+                    Ok(())
+                }
+            },
+            _ => result,
+        }
     }
 }
 
@@ -1083,6 +1094,11 @@ impl Task {
                     let in_time = term.renewed(sent, cfg.renew_deadline);
                     self.observe(lease.clone(), sent);
                     self.cached = Some(Box::new(lease));
+                    if !in_time && term.lost().is_some() {
+                        // Ended from outside while the request was in flight
+                        // (`shutdown`): the top of the loop handles it.
+                        return Ok(());
+                    }
                     if !in_time {
                         self.inner.metrics.renewal("late", sent.elapsed(), sent);
                         warn!(

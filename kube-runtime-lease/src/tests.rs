@@ -837,3 +837,19 @@ async fn a_renewal_answered_at_the_renew_deadline_does_not_revive_the_term() {
     assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
     assert!(!guard.is_valid() && !e.is_leader());
 }
+
+/// `shutdown` while a renewal is in flight: the renewal's answer, arriving
+/// after the term was ended for the shutdown, is not mistaken for a late
+/// renewal, and the Lease is still released.
+#[tokio::test(start_paused = true)]
+async fn shutdown_during_a_renewal_in_flight_still_releases() {
+    let fake = free();
+    let (e, id) = elector(&fake, config("me").watch(false));
+    let guard = e.acquire().await.unwrap();
+    // The renewal at +2 s is answered at +3 s.
+    fake.fault(id, Some("update"), Fault::DelayResponse(S(1)));
+    sleep(Duration::from_millis(2500)).await;
+    drop(guard);
+    e.shutdown(S(5)).await.unwrap();
+    assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""), "released");
+}
