@@ -108,6 +108,15 @@
 //!   preferred holder steps down and releases.
 //! - Releasing re-reads the Lease and writes it free only if it still names
 //!   this candidate, with the resourceVersion just read.
+//! - A passed renew deadline is final, as guards and guarded streams see it on
+//!   their own clock: a renewal answered after it does not bring the term
+//!   back, and no guard of that term is handed out any more.
+//! - Why a term ended is exact: [`Lost::Released`] only ever follows
+//!   [`LeaderElector::shutdown`], so a loop that campaigns again after any
+//!   other loss (as [`LeaderElector::run_each_term`] does) stops only when it
+//!   should; a background task lost with its runtime ends terms as
+//!   [`Lost::ElectorStopped`] and fails waiting acquisitions with
+//!   [`Error::ElectorStopped`].
 //!
 //! # Features
 //! - `metrics`: `LeaseMetrics`, leader-election metrics registered into a
