@@ -295,7 +295,7 @@ impl LeaderElector {
             Some(task) => match task.await {
                 Ok(result) => result,
                 Err(e) => {
-                    error!(error = %e, "leader election task failed");
+                    log_task_end(&e);
                     Ok(())
                 }
             },
@@ -309,7 +309,7 @@ impl LeaderElector {
             Some(task) if result.is_ok() => match task.await {
                 Ok(late_result) => late_result,
                 Err(e) => {
-                    error!(error = %e, "leader election task failed");
+                    log_task_end(&e);
                     Ok(())
                 }
             },
@@ -586,6 +586,16 @@ async fn next_event(watch: &mut Option<WatchStream>) -> Option<watcher::Result<w
     match watch {
         Some(w) => w.next().await,
         None => futures::future::pending().await,
+    }
+}
+
+/// Logs how the election task ended when it did not return: cancelled with
+/// its runtime (already reported as `ElectorStopped`), or panicked (a bug).
+fn log_task_end(e: &tokio::task::JoinError) {
+    if e.is_cancelled() {
+        debug!("the leader election task was cancelled (its runtime shut down)");
+    } else {
+        error!(error = %e, "leader election task panicked");
     }
 }
 
@@ -987,8 +997,13 @@ impl Task {
         }
         self.inner.metrics.leading(false);
         let release = match reason {
-            Lost::Released => {
+            Lost::Released if self.shutting_down() => {
                 info!(%reason, "leadership ended");
+                self.config().release_on_drop
+            }
+            Lost::Released => {
+                // No guard can see this reason: none is left.
+                info!("leadership given up: no guard or waiter wants it any more");
                 self.config().release_on_drop
             }
             Lost::SteppedDown { .. } => {
