@@ -290,31 +290,13 @@ impl LeaderElector {
             term.lose(&Lost::Released);
         }
         self.inner.wake.notify_one();
-        let result = match task {
-            None => Ok(()),
-            Some(task) => match task.await {
-                Ok(result) => result,
-                Err(e) => {
-                    log_task_end(&e);
-                    Ok(())
-                }
-            },
-        };
+        let result = join(task).await;
         // A task spawned while this ran (its handle stored after it was
         // taken above) sees the shutdown at its first check: wait until no
         // task holds the slot, and for that task's release too.
         drop(self.inner.slot.lock().await);
         let late = self.inner.lock().task.take();
-        match late {
-            Some(task) if result.is_ok() => match task.await {
-                Ok(late_result) => late_result,
-                Err(e) => {
-                    log_task_end(&e);
-                    Ok(())
-                }
-            },
-            _ => result,
-        }
+        result.and(join(late).await)
     }
 }
 
@@ -589,13 +571,21 @@ async fn next_event(watch: &mut Option<WatchStream>) -> Option<watcher::Result<w
     }
 }
 
-/// Logs how the election task ended when it did not return: cancelled with
-/// its runtime (already reported as `ElectorStopped`), or panicked (a bug).
-fn log_task_end(e: &tokio::task::JoinError) {
-    if e.is_cancelled() {
-        debug!("the leader election task was cancelled (its runtime shut down)");
-    } else {
-        error!(error = %e, "leader election task panicked");
+/// Awaits an election task: its release's result. A task that did not return
+/// is logged: cancelled with its runtime (already reported as
+/// `ElectorStopped`), or panicked (a bug).
+async fn join(task: Option<JoinHandle<Result<()>>>) -> Result<()> {
+    let Some(task) = task else { return Ok(()) };
+    match task.await {
+        Ok(result) => result,
+        Err(e) if e.is_cancelled() => {
+            debug!("the leader election task was cancelled (its runtime shut down)");
+            Ok(())
+        }
+        Err(e) => {
+            error!(error = %e, "leader election task panicked");
+            Ok(())
+        }
     }
 }
 
@@ -1109,12 +1099,12 @@ impl Task {
                     let in_time = term.renewed(sent, cfg.renew_deadline);
                     self.observe(lease.clone(), sent);
                     self.cached = Some(Box::new(lease));
-                    if !in_time && term.lost().is_some() {
-                        // Ended from outside while the request was in flight
-                        // (`shutdown`): the top of the loop handles it.
-                        return Ok(());
-                    }
                     if !in_time {
+                        if term.lost().is_some() {
+                            // Ended from outside while the request was in
+                            // flight (`shutdown`): the top of the loop handles it.
+                            return Ok(());
+                        }
                         self.inner.metrics.renewal("late", sent.elapsed(), sent);
                         warn!(
                             after = ?sent.elapsed(),

@@ -76,6 +76,14 @@ struct TermInner {
     senders: Vec<oneshot::Sender<Lost>>,
 }
 
+impl TermInner {
+    /// Not ended, and the renew deadline not passed: a passed deadline is
+    /// final, whether or not the elector task has noticed it yet.
+    fn holds(&self) -> bool {
+        self.lost.is_none() && Instant::now() < self.deadline
+    }
+}
+
 impl Term {
     pub(crate) fn new(transitions: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
         Term {
@@ -109,7 +117,7 @@ impl Term {
     #[must_use]
     pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) -> bool {
         let mut inner = self.lock();
-        if inner.lost.is_some() || Instant::now() >= inner.deadline {
+        if !inner.holds() {
             return false;
         }
         inner.deadline = sent_at + renew_deadline;
@@ -175,7 +183,7 @@ impl Term {
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.lock();
-            if inner.lost.is_some() || Instant::now() >= inner.deadline {
+            if !inner.holds() {
                 return None;
             }
             inner.senders.push(tx);
