@@ -163,6 +163,19 @@ impl LeaseConfig {
                 return Err(ConfigError::NotPositive(field));
             }
         }
+        for (field, value) in [
+            (Field::RenewDeadline, self.renew_deadline),
+            (Field::RetryPeriod, self.retry_period),
+            (Field::ReleaseTimeout, self.release_timeout),
+        ] {
+            if value > MAX_DURATION {
+                return Err(ConfigError::TooLong {
+                    field,
+                    value,
+                    max: MAX_DURATION,
+                });
+            }
+        }
         if self.identity.is_empty() {
             return Err(ConfigError::EmptyIdentity);
         }
@@ -187,6 +200,11 @@ impl LeaseConfig {
         Ok(())
     }
 }
+
+/// The longest duration any setting may have: the API's limit on
+/// `leaseDurationSeconds` (`int32` seconds, about 68 years). Every instant the
+/// elector computes from a setting then stays far from overflow.
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(i32::MAX as u64);
 
 /// A setting of [`LeaseConfig`], as named in [`ConfigError`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +251,16 @@ pub enum ConfigError {
     /// The lease duration is not whole seconds (the API's `leaseDurationSeconds` is an integer).
     #[error("leaseDuration must be whole seconds, got {0:?}")]
     LeaseDurationNotWholeSeconds(Duration),
+    /// A duration is longer than the API's `int32` seconds allow.
+    #[error("{field} must be at most {max:?}, got {value:?}")]
+    TooLong {
+        /// The setting.
+        field: Field,
+        /// The duration given.
+        value: Duration,
+        /// The longest allowed.
+        max: Duration,
+    },
     /// The lease duration does not fit the API's `int32` `leaseDurationSeconds`.
     #[error("leaseDuration must fit in int32 seconds, got {0:?}")]
     LeaseDurationTooLong(Duration),

@@ -11,13 +11,13 @@ use std::{
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::{FutureExt, StreamExt, channel::oneshot, future::Shared, stream::BoxStream};
-use k8s_openapi::{api::coordination::v1::Lease, jiff::Timestamp};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::{Api, Client, api::PostParams};
 use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
-    time::{Instant, sleep_until},
+    time::{Instant, Sleep, sleep, sleep_until},
 };
 use tracing::{Instrument, debug, error, info, warn};
 
@@ -26,7 +26,7 @@ use crate::{
     error::{Error, Result},
     guard::{LeaseGuard, Lost, Term},
     metrics::Metrics,
-    record::{self, Observed, Verdict},
+    record::{self, Observed, TermId, Verdict},
 };
 
 /// What this candidate knows of the election, as of its last observation.
@@ -97,10 +97,9 @@ pub(crate) struct Inner {
     api: Api<Lease>,
     wake: Arc<Notify>,
     state: Mutex<State>,
-    /// Held by the election task for as long as it lives (see [`run`]): at
-    /// most one runs at a time, and the next one starts only after the last
-    /// one finished its release, whatever runtime either was spawned on.
-    slot: Arc<tokio::sync::Mutex<()>>,
+    /// Notified whenever the slot (see [`State::active`]) is freed or a task
+    /// ends.
+    slot_freed: Notify,
     status: watch::Sender<LeaderStatus>,
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
@@ -110,16 +109,87 @@ pub(crate) struct Inner {
 #[derive(Default)]
 struct State {
     waiters: Vec<oneshot::Sender<LeaseGuard>>,
+    /// The term in force, once begun (not during a creation hold).
     term: Option<Arc<Term>>,
-    running: bool,
+    /// The generation of the task that campaigns now, if any.
+    current: Option<u64>,
+    /// The generation of the task that holds the slot: at most one task talks
+    /// to the API at a time, and the next one starts only after the last one
+    /// finished its release, whatever runtime either was spawned on.
+    active: Option<u64>,
     /// The newest task, for `shutdown` to await its release.
     task: Option<JoinHandle<Result<()>>>,
-    /// Counts tasks spawned, so that a handle stored late never replaces a newer task's.
+    /// Counts tasks spawned: each task's generation.
     spawned: u64,
-    /// The `uid` of the Lease object of our last term: a record naming us on
-    /// any other object was not written in a term of ours.
-    term_uid: Option<String>,
+    /// Counts the beats of the task holding the slot (one per retry period
+    /// while its runtime is driven): a task whose runtime is no longer driven
+    /// stops beating, and is replaced (see [`Acquire`]).
+    beats: u64,
     shutdown: bool,
+    memory: Memory,
+}
+
+/// What this elector remembers of the Lease across terms and tasks.
+#[derive(Default)]
+struct Memory {
+    /// Our last term: a record of it (same object, holder, acquireTime and
+    /// transitions) is our own write; any other record naming our identity is
+    /// not (another process with the same identity, or a write we gave up on).
+    own: Option<TermId>,
+    /// A term on this Lease object must not begin before this instant (the
+    /// creation hold), whichever task campaigns.
+    hold: Option<(Option<String>, Instant)>,
+    /// Until when the last holder of a Lease object that went away (deleted,
+    /// or replaced by another object) may still believe it leads.
+    risk_until: Option<Instant>,
+    /// The Lease object last seen, whether its last record named a holder,
+    /// and the longest lease duration seen on it.
+    seen_uid: Option<String>,
+    seen_held: bool,
+    seen_longest: Duration,
+    /// The largest `leaseTransitions` seen on this Lease name, any object.
+    max_transitions: Option<i32>,
+    /// The largest fencing token handed out.
+    last_token: Option<i64>,
+}
+
+impl Memory {
+    /// Remembers a record seen at `now` on the object `uid`.
+    fn saw(&mut self, uid: Option<&String>, spec: &LeaseSpec, fallback: Duration, now: Instant) {
+        if self.seen_uid.as_ref() != uid {
+            self.went_away(now);
+            self.seen_uid = uid.cloned();
+        }
+        self.seen_longest = self.seen_longest.max(record::lease_duration(spec, fallback));
+        self.seen_held = record::holder(spec).is_some();
+        self.max_transitions = self.max_transitions.max(spec.lease_transitions);
+    }
+
+    /// The object last seen is gone (seen missing at `now`, or replaced).
+    fn went_away(&mut self, now: Instant) {
+        if self.seen_uid.take().is_some() && self.seen_held {
+            let until = record::later(now, self.seen_longest);
+            self.risk_until = Some(self.risk_until.map_or(until, |u| u.max(until)));
+        }
+        self.seen_held = false;
+        self.seen_longest = Duration::ZERO;
+    }
+
+    /// The `leaseTransitions` to write when a term begins on a record with
+    /// `prev`: more than anything seen on this name.
+    fn next_transitions(&self, prev: Option<i32>) -> i32 {
+        prev.max(self.max_transitions).map_or(0, |t| t.saturating_add(1))
+    }
+
+    /// The fencing token of a term that wrote `transitions`: strictly more
+    /// than every token before it, also once the Lease's counter saturates.
+    fn next_token(&mut self, transitions: i32) -> i64 {
+        let token = self
+            .last_token
+            .map_or(i64::from(transitions), |last| (last + 1).max(i64::from(transitions)));
+        self.last_token = Some(token);
+        token
+    }
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -150,7 +220,7 @@ impl LeaderElector {
                 api,
                 wake: Arc::new(Notify::new()),
                 state: Mutex::new(State::default()),
-                slot: Arc::new(tokio::sync::Mutex::new(())),
+                slot_freed: Notify::new(),
                 status: watch::Sender::new(LeaderStatus::default()),
                 shutdown_tx: Mutex::new(Some(shutdown_tx)),
                 shutdown_rx: shutdown_rx.shared(),
@@ -197,12 +267,16 @@ impl LeaderElector {
         Acquire {
             inner: self.inner.clone(),
             rx: None,
+            watchdog: None,
         }
     }
 
-    /// What this candidate knows of the election now.
+    /// What this candidate knows of the election now. `is_leader` is as
+    /// [`is_leader`](Self::is_leader) says.
     pub fn status(&self) -> LeaderStatus {
-        self.inner.status.borrow().clone()
+        let mut status = self.inner.status.borrow().clone();
+        status.is_leader = self.is_leader();
+        status
     }
 
     /// Follows [`status`](Self::status): the receiver sees every change of
@@ -211,9 +285,12 @@ impl LeaderElector {
         self.inner.status.subscribe()
     }
 
-    /// Whether this candidate leads now.
+    /// Whether this candidate leads now: a term holds (its renew deadline has
+    /// not passed, even if the background task has not noticed yet) and
+    /// [`shutdown`](Self::shutdown) has not begun. Suited to a readiness gate.
     pub fn is_leader(&self) -> bool {
-        self.inner.status.borrow().is_leader
+        let state = self.inner.lock();
+        !state.shutdown && state.term.as_ref().is_some_and(|t| t.holds())
     }
 
     /// client-go's healthz watchdog: fails when this candidate believes it
@@ -231,7 +308,7 @@ impl LeaderElector {
             return Ok(());
         }
         let since = term.last_renewal().elapsed();
-        let limit = self.inner.config.lease_duration + tolerance;
+        let limit = self.inner.config.lease_duration.saturating_add(tolerance);
         if since > limit {
             return Err(HealthError::RenewalOverdue { since, limit });
         }
@@ -251,22 +328,35 @@ impl LeaderElector {
     /// In order, each step bounded so that the whole sequence fits a pod's
     /// termination grace period:
     /// 1. stop campaigning: pending [`acquire`](Self::acquire) calls fail with
-    ///    [`Error::Shutdown`] and [`shutdown_requested`](Self::shutdown_requested)
-    ///    resolves, so that controllers stop taking new work and let
-    ///    reconciles in flight finish;
+    ///    [`Error::Shutdown`], [`is_leader`](Self::is_leader) turns false (a
+    ///    readiness gate stops routing to this replica), and
+    ///    [`shutdown_requested`](Self::shutdown_requested) resolves, so that
+    ///    controllers stop taking new work and let reconciles in flight finish;
     /// 2. wait up to `grace` for every guard of the current term to be
     ///    dropped (guarded streams end when their controller finishes);
     /// 3. end the term with [`Lost::Released`], which drops what is still
     ///    guarded (aborting reconciles still in flight);
     /// 4. release the Lease (bounded by [`LeaseConfig::release_timeout`]) so
-    ///    that a standby takes over at once, if no guard is left;
+    ///    that a standby takes over at once, **only if every guard was dropped
+    ///    before the term ended**. Work stopped at step 3 may have sent
+    ///    requests that still land (an aborted future does not recall a
+    ///    request already sent): the Lease is then left to expire, and a
+    ///    standby leads one lease duration after the last renewal, as after a
+    ///    crash. client-go's `ReleaseOnCancel` asks the same of its users ("only
+    ///    if the lock's callers are guaranteed to have completed all their
+    ///    work"); here it is enforced. A Lease this candidate created and
+    ///    still holds before leading (the creation hold) is never released
+    ///    either;
     /// 5. wait for the background task to end.
     ///
     /// Worst case: `grace + release_timeout`, plus the time left on a renewal
-    /// in flight (at most the renew deadline).
+    /// in flight (at most the renew deadline), plus one retry period. A task
+    /// that does not end within that (its runtime is no longer driven) is
+    /// left behind: it can no longer write to the Lease, which expires.
     ///
     /// # Errors
-    /// The release's failure, if it failed. Leadership has ended either way;
+    /// The release's failure, if it failed; [`Error::ElectorStopped`] if the
+    /// background task did not end in time. Leadership has ended either way;
     /// an unreleased Lease expires after its lease duration.
     pub async fn shutdown(&self, grace: Duration) -> Result<()> {
         let (task, term) = {
@@ -275,6 +365,7 @@ impl LeaderElector {
             state.waiters.clear();
             (state.task.take(), state.term.clone())
         };
+        self.inner.update_status(|s| s.is_leader = false);
         if let Some(tx) = self
             .inner
             .shutdown_tx
@@ -286,17 +377,36 @@ impl LeaderElector {
         }
         info!(lease = %self.inner.config.name, "leader election shutting down");
         if let Some(term) = &term {
-            term.guards_dropped(Instant::now() + grace).await;
+            term.guards_dropped(record::later(Instant::now(), grace)).await;
             term.lose(&Lost::Released);
         }
         self.inner.wake.notify_one();
-        let result = join(task).await;
-        // A task spawned while this ran (its handle stored after it was
-        // taken above) sees the shutdown at its first check: wait until no
-        // task holds the slot, and for that task's release too.
-        drop(self.inner.slot.lock().await);
-        let late = self.inner.lock().task.take();
-        result.and(join(late).await)
+        let cfg = &self.inner.config;
+        let bound = cfg.renew_deadline + cfg.release_timeout + cfg.retry_period;
+        let ended = tokio::time::timeout(bound, async {
+            let result = join(task).await;
+            // A task spawned while this ran (its handle stored after it was
+            // taken above) sees the shutdown at its first check: wait until
+            // no task runs or holds the slot, and for that task's release too.
+            self.inner.idle().await;
+            let late = self.inner.lock().task.take();
+            result.and(join(late).await)
+        })
+        .await;
+        ended.unwrap_or_else(|_| {
+            warn!(
+                ?bound,
+                "the leader election task did not end in time (is its runtime still driven?); \
+                 leaving it behind: it can no longer write to the lease, which will expire"
+            );
+            self.inner.abandon();
+            Err(Error::ElectorStopped)
+        })
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has been called.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.inner.lock().shutdown
     }
 }
 
@@ -320,6 +430,9 @@ impl Inner {
 pub struct Acquire {
     inner: Arc<Inner>,
     rx: Option<oneshot::Receiver<LeaseGuard>>,
+    /// While waiting: a timer, and the beats of the task seen when it was set
+    /// (see [`State::beats`]).
+    watchdog: Option<(Pin<Box<Sleep>>, u64)>,
 }
 
 impl std::fmt::Debug for Acquire {
@@ -349,44 +462,35 @@ impl Future for Acquire {
                 // Before any change of state: polled outside a runtime (a
                 // programming error, as for `tokio::spawn`), this panics
                 // without leaving the elector waiting for a task that never ran.
-                let runtime = (!state.running).then(|| {
+                let runtime = state.current.is_none().then(|| {
                     tokio::runtime::Handle::try_current()
                         .expect("`LeaderElector::acquire` must be polled within a Tokio runtime")
                 });
                 let (tx, rx) = oneshot::channel();
                 state.waiters.push(tx);
-                let spawn = runtime.map(|runtime| {
-                    state.running = true;
-                    state.spawned += 1;
-                    (runtime, state.spawned)
-                });
+                let spawn = runtime.map(|runtime| (runtime, state.next_task()));
                 (rx, spawn)
             };
             if let Some((runtime, n)) = spawn {
-                // Spawned with the state unlocked: a runtime that is shutting
-                // down drops the future at once, and `Task`'s drop (which fails
-                // the waiters and resets `running`) takes the lock. The task's
-                // state is built here, not in the future, so that its drop runs
-                // even if the future is never polled.
-                let task = Task::new(this.inner.clone());
-                let handle = runtime.spawn(run(task).instrument(this.inner.span()));
-                let mut state = this.inner.lock();
-                if state.spawned == n {
-                    state.task = Some(handle);
-                }
+                this.inner.spawn(&runtime, n);
             }
             // A running task re-counts who wants leadership.
             this.inner.wake.notify_one();
             this.rx.insert(rx)
         };
         match Pin::new(rx).poll(cx) {
-            Poll::Pending => Poll::Pending,
+            Poll::Pending => {
+                this.watch_the_task(cx);
+                Poll::Pending
+            }
             Poll::Ready(Ok(guard)) => {
                 this.rx = None;
+                this.watchdog = None;
                 Poll::Ready(Ok(guard))
             }
             Poll::Ready(Err(oneshot::Canceled)) => {
                 this.rx = None;
+                this.watchdog = None;
                 // Waiters are dropped by `shutdown`, or by the task when it
                 // is dropped without exiting (runtime shut down, panic).
                 Poll::Ready(Err(if this.inner.lock().shutdown {
@@ -399,10 +503,72 @@ impl Future for Acquire {
     }
 }
 
+impl Acquire {
+    /// While waiting: if the task that should serve this waiter has not beaten
+    /// for [`Inner::stuck_after`] (the runtime it was spawned on is no longer
+    /// driven), leaves it behind and starts a new one on this runtime.
+    fn watch_the_task(&mut self, cx: &mut Context<'_>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let period = self.inner.stuck_after();
+        let (timer, seen) = self.watchdog.get_or_insert_with(|| {
+            let beats = self.inner.lock().beats;
+            (Box::pin(sleep(period)), beats)
+        });
+        while timer.as_mut().poll(cx).is_ready() {
+            let spawn = {
+                let mut state = self.inner.lock();
+                let stuck = state.beats == *seen
+                    && !state.shutdown
+                    && (state.current.is_some() || state.active.is_some());
+                *seen = state.beats;
+                stuck.then(|| {
+                    warn!(
+                        after = ?period,
+                        "the leader election task has not run (is its runtime still driven?); \
+                         leaving it behind and starting a new one"
+                    );
+                    state.abandon();
+                    state.next_task()
+                })
+            };
+            if let Some(n) = spawn {
+                self.inner.slot_freed.notify_waiters();
+                self.inner.update_status(|s| s.is_leader = false);
+                self.inner.metrics.leading(false);
+                self.inner.spawn(&runtime, n);
+            }
+            timer.as_mut().reset(Instant::now() + period);
+        }
+    }
+}
+
 impl Drop for Acquire {
     fn drop(&mut self) {
         if self.rx.take().is_some() {
             self.inner.wake.notify_one();
+        }
+    }
+}
+
+impl State {
+    /// Registers a new task as the one that campaigns; its generation.
+    fn next_task(&mut self) -> u64 {
+        self.spawned += 1;
+        self.current = Some(self.spawned);
+        self.spawned
+    }
+
+    /// Leaves the running task (and any holding the slot) behind: their
+    /// runtime is no longer driven. They can no longer write to the Lease
+    /// (each write checks the slot first), and their term ends.
+    fn abandon(&mut self) {
+        self.current = None;
+        self.active = None;
+        self.task = None;
+        if let Some(term) = self.term.take() {
+            term.lose(&Lost::ElectorStopped);
         }
     }
 }
@@ -416,6 +582,48 @@ impl Inner {
             lease.name = %self.config.name,
             identity = %self.config.identity,
         )
+    }
+
+    /// Spawns the task of generation `n` on `runtime`, with the state unlocked:
+    /// a runtime that is shutting down drops the future at once, and `Task`'s
+    /// drop (which fails the waiters and frees the generation) takes the lock.
+    /// The task's state is built here, not in the future, so that its drop
+    /// runs even if the future is never polled.
+    fn spawn(self: &Arc<Self>, runtime: &tokio::runtime::Handle, n: u64) {
+        let task = Task::new(self.clone(), n);
+        let handle = runtime.spawn(run(task).instrument(self.span()));
+        let mut state = self.lock();
+        if state.current == Some(n) {
+            state.task = Some(handle);
+        }
+    }
+
+    /// How long a task may go without a beat before a waiter leaves it behind.
+    fn stuck_after(&self) -> Duration {
+        self.config.renew_deadline + self.config.retry_period
+    }
+
+    /// Waits until no task campaigns or holds the slot.
+    async fn idle(&self) {
+        loop {
+            let mut freed = std::pin::pin!(self.slot_freed.notified());
+            freed.as_mut().enable();
+            {
+                let state = self.lock();
+                if state.current.is_none() && state.active.is_none() {
+                    return;
+                }
+            }
+            freed.await;
+        }
+    }
+
+    /// Leaves the running task behind (see [`State::abandon`]).
+    fn abandon(&self) {
+        self.lock().abandon();
+        self.slot_freed.notify_waiters();
+        self.update_status(|s| s.is_leader = false);
+        self.metrics.leading(false);
     }
 
     async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
@@ -453,18 +661,55 @@ impl Inner {
 }
 
 /// The election task. It first takes the slot, so that it starts only after
-/// the previous task finished (its release included), and keeps it in `task`
-/// until it is dropped: after `Task`'s drop has cleaned up.
+/// the previous task finished (its release included), and keeps it until it
+/// is dropped: after `Task`'s drop has cleaned up. While it holds the slot it
+/// beats once per retry period (see [`State::beats`]).
 async fn run(mut task: Task) -> Result<()> {
-    task.slot = Some(task.inner.slot.clone().lock_owned().await);
-    debug!("election task started");
+    let inner = task.inner.clone();
+    let n = task.generation;
     loop {
-        let Some((lease, sent, created)) = task.campaign().await else {
-            return Ok(());
-        };
-        if let Some(result) = task.lead(lease, sent, created).await {
-            return result;
+        let mut freed = std::pin::pin!(inner.slot_freed.notified());
+        freed.as_mut().enable();
+        {
+            let mut state = inner.lock();
+            if state.current != Some(n) {
+                // Left behind while waiting (or never wanted): nothing to do.
+                task.exited = true;
+                return Ok(());
+            }
+            if state.active.is_none() {
+                state.active = Some(n);
+                break;
+            }
         }
+        freed.await;
+    }
+    debug!("election task started");
+    // The wake-up stored by the `acquire` that spawned this task: the loops
+    // re-count demand before they wait anyway.
+    let _ = inner.wake.notified().now_or_never();
+    let pulse = async {
+        loop {
+            sleep(inner.config.retry_period).await;
+            let mut state = inner.lock();
+            if state.active == Some(n) {
+                state.beats += 1;
+            }
+        }
+    };
+    let elect = async move {
+        loop {
+            let Some((lease, sent, created)) = task.campaign().await else {
+                return Ok(());
+            };
+            if let Some(result) = task.lead(lease, sent, created).await {
+                return result;
+            }
+        }
+    };
+    futures::select_biased! {
+        result = elect.fuse() => result,
+        () = pulse.fuse() => unreachable!("the pulse never ends"),
     }
 }
 
@@ -487,11 +732,26 @@ enum Attempt {
     RetryNow,
 }
 
+/// Who wants leadership, as the task re-counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Demand {
+    /// A live guard of the term, or a waiter.
+    Wanted,
+    /// Nobody.
+    Unwanted,
+    /// [`LeaderElector::shutdown`] was called.
+    Shutdown,
+    /// This task was left behind (see [`State::abandon`]): stop at once,
+    /// without a write.
+    Abandoned,
+}
+
 type WatchStream = BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
 
 #[allow(clippy::struct_excessive_bools)] // independent flags of one state machine
 struct Task {
     inner: Arc<Inner>,
+    generation: u64,
     obs: Obs,
     /// The observation may be outdated (after a conflict, or carried over
     /// from an earlier task): read before acting on it.
@@ -503,13 +763,15 @@ struct Task {
     watch_warned: bool,
     /// While leading: the object as we last wrote or verified it.
     cached: Option<Box<Lease>>,
+    /// While leading: the watch has delivered our last write, so every later
+    /// event is newer than it.
+    caught_up: bool,
+    /// The task returned: its drop leaves the state alone.
     exited: bool,
-    /// The slot (see [`Inner::slot`]), once taken; released after `Drop`.
-    slot: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Task {
-    fn new(inner: Arc<Inner>) -> Self {
+    fn new(inner: Arc<Inner>, generation: u64) -> Self {
         // Lazy: the watch makes no request before it is first polled.
         let watch = inner.config.watch.then(|| {
             let wc = watcher::Config::default().fields(&format!("metadata.name={}", inner.config.name));
@@ -517,6 +779,7 @@ impl Task {
         });
         Task {
             inner,
+            generation,
             obs: Obs::Unknown,
             stale: true,
             watch,
@@ -524,28 +787,39 @@ impl Task {
             init_seen: false,
             watch_warned: false,
             cached: None,
+            caught_up: false,
             exited: false,
-            slot: None,
         }
     }
 }
 
 impl Drop for Task {
     fn drop(&mut self) {
-        if self.exited {
-            return;
-        }
-        // Aborted, panicked, or its runtime shut down: end the term so that no
-        // guard outlives its renewals, and fail the waiters.
         let mut state = self.inner.lock();
-        if let Some(term) = state.term.take() {
-            term.lose(&Lost::ElectorStopped);
+        let freed = state.active == Some(self.generation);
+        if freed {
+            state.active = None;
         }
-        state.waiters.clear();
-        state.running = false;
-        drop(state);
-        self.inner.update_status(|s| s.is_leader = false);
-        self.inner.metrics.leading(false);
+        let current = state.current == Some(self.generation);
+        if current {
+            state.current = None;
+        }
+        if current && !self.exited {
+            // Aborted, panicked, or its runtime shut down: end the term so
+            // that no guard outlives its renewals, and fail the waiters.
+            if let Some(term) = state.term.take() {
+                term.lose(&Lost::ElectorStopped);
+            }
+            state.waiters.clear();
+            drop(state);
+            self.inner.update_status(|s| s.is_leader = false);
+            self.inner.metrics.leading(false);
+        } else {
+            drop(state);
+        }
+        if freed || current {
+            self.inner.slot_freed.notify_waiters();
+        }
     }
 }
 
@@ -560,8 +834,6 @@ enum LeadWake {
     Demand,
     /// A watch event (or the watch's end).
     Watch(Option<watcher::Result<watcher::Event<Lease>>>),
-    /// Time to renew.
-    Tick,
 }
 
 async fn next_event(watch: &mut Option<WatchStream>) -> Option<watcher::Result<watcher::Event<Lease>>> {
@@ -602,38 +874,78 @@ async fn bounded<T>(
     }
 }
 
+/// The state of one term, as its loop sees it.
+struct TermRun {
+    term: Arc<Term>,
+    /// The record of this term (see [`TermId`]).
+    id: TermId,
+    /// The creation hold: the term is not handed out before this instant.
+    hold: Option<Instant>,
+    /// A `preferredHolder` already on the record when the term began: the
+    /// preferred holder was given its chance (one lease duration), so it does
+    /// not end this term; a preferred holder set during the term does.
+    tolerated: Option<String>,
+}
+
 impl Task {
     fn config(&self) -> &LeaseConfig {
         &self.inner.config
     }
 
-    /// Re-counts who wants leadership; decides (under the lock) to exit when
-    /// nobody does or the elector was shut down.
-    fn should_exit(&mut self) -> bool {
+    /// Re-counts who wants leadership (under the lock). With `giving_up`, when
+    /// nobody does, the term is removed from the state in the same step: no
+    /// guard of it may be handed out from then on (`end_term` ends it), so a
+    /// later `acquire` waits for the next term instead of receiving a guard of
+    /// a term about to end.
+    fn demand(&mut self, giving_up: bool) -> Demand {
         let mut state = self.inner.lock();
+        if state.active != Some(self.generation) {
+            return Demand::Abandoned;
+        }
         state.waiters.retain(|tx| !tx.is_canceled());
         let live = state
             .term
             .as_ref()
             .filter(|t| t.lost().is_none())
             .map_or(0, |t| t.live_guards());
-        if live == 0 && (state.shutdown || state.waiters.is_empty()) {
-            if !state.shutdown {
-                state.running = false;
-            }
-            // Decided under the lock: no guard of this term may be handed out
-            // from now on (`end_term` ends it). A later `acquire` waits for the
-            // next task instead of receiving a guard of a term about to end as
-            // `Released`, which only a shutdown may cause.
+        let demand = if live > 0 {
+            Demand::Wanted
+        } else if state.shutdown {
+            Demand::Shutdown
+        } else if state.waiters.is_empty() {
+            Demand::Unwanted
+        } else {
+            Demand::Wanted
+        };
+        if giving_up && demand != Demand::Wanted {
             state.term = None;
-            self.exited = true;
-            return true;
         }
-        false
+        demand
     }
 
-    fn shutting_down(&self) -> bool {
-        self.inner.lock().shutdown
+    /// Leaves the election if still nobody wants leadership (decided under the
+    /// lock, so that a waiter registering now finds no task and starts one).
+    fn exit(&mut self) -> bool {
+        if matches!(self.demand(false), Demand::Wanted) {
+            return false;
+        }
+        let mut state = self.inner.lock();
+        if state.current == Some(self.generation) {
+            state.current = None;
+        }
+        self.exited = true;
+        true
+    }
+
+    /// Whether this task still holds the slot: checked before every write, so
+    /// that a task left behind (its runtime no longer driven) never writes
+    /// again if it resumes.
+    fn may_write(&self) -> Result<()> {
+        if self.inner.lock().active == Some(self.generation) {
+            Ok(())
+        } else {
+            Err(Error::ElectorStopped)
+        }
     }
 
     async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
@@ -659,12 +971,19 @@ impl Task {
         let spec = lease.spec.clone().unwrap_or_default();
         let rv = lease.metadata.resource_version.clone();
         let (previous, changed) = match std::mem::replace(&mut self.obs, Obs::Unknown) {
-            Obs::Known { observed, .. } => {
-                let changed = observed.spec != spec;
-                (Some(observed), changed)
+            Obs::Known { observed, object } => {
+                let same_object = object.metadata.uid == lease.metadata.uid;
+                let changed = observed.spec != spec || !same_object;
+                (same_object.then_some(observed), changed)
             }
             _ => (None, true),
         };
+        self.inner.lock().memory.saw(
+            lease.metadata.uid.as_ref(),
+            &spec,
+            self.inner.config.lease_duration,
+            Instant::now(),
+        );
         self.inner.update_status(|s| {
             s.holder = record::holder(&spec).map(str::to_owned);
             s.transitions = spec.lease_transitions;
@@ -680,6 +999,7 @@ impl Task {
     fn observe_missing(&mut self) -> bool {
         let changed = !matches!(self.obs, Obs::Missing);
         self.obs = Obs::Missing;
+        self.inner.lock().memory.went_away(Instant::now());
         self.inner.update_status(|s| {
             s.holder = None;
             s.transitions = None;
@@ -749,12 +1069,38 @@ impl Task {
         }
     }
 
-    /// Campaigns until this candidate leads (`Some`) or nobody wants it (`None`).
+    /// Campaigns until this candidate leads (`Some`) or nobody wants it
+    /// (`None`). Nobody wanting it, the task lingers for one retry period,
+    /// keeping its watch, before it exits: demand that flaps (an `acquire`
+    /// created and dropped repeatedly) costs no new LIST, WATCH and GET.
     async fn campaign(&mut self) -> Option<(Box<Lease>, Instant, bool)> {
         let mut backoff = None;
+        let mut linger_until = None;
         loop {
-            if self.should_exit() {
-                return None;
+            match self.demand(false) {
+                Demand::Abandoned => {
+                    self.exited = true;
+                    return None;
+                }
+                Demand::Shutdown => {
+                    if self.exit() {
+                        return None;
+                    }
+                    continue;
+                }
+                Demand::Unwanted => {
+                    let until = *linger_until.get_or_insert_with(|| Instant::now() + self.config().retry_period);
+                    if Instant::now() >= until {
+                        if self.exit() {
+                            debug!("nobody wants leadership: leaving the election");
+                            return None;
+                        }
+                        continue;
+                    }
+                    self.idle_until(until).await;
+                    continue;
+                }
+                Demand::Wanted => linger_until = None,
             }
             let wait = match self.try_acquire().await {
                 Ok(Attempt::Acquired(lease, sent, created)) => return Some((lease, sent, created)),
@@ -767,6 +1113,10 @@ impl Task {
                     })
                 }
                 Ok(Attempt::RetryNow) => None,
+                Err(Error::ElectorStopped) => {
+                    self.exited = true;
+                    return None;
+                }
                 Err(e) => {
                     self.log_error("acquiring the lease", &e);
                     let delay = backoff
@@ -804,29 +1154,48 @@ impl Task {
         }
     }
 
+    /// The lease duration to write: our own, or, during a creation hold, as
+    /// much as is left of the hold, so that a candidate that only ever sees
+    /// our record does not take it before the hold ends.
+    fn seconds_to_write(&self, hold: Option<Instant>) -> i32 {
+        let ours = self.config().lease_duration_seconds();
+        let left = hold.map_or(Duration::ZERO, |h| h.saturating_duration_since(Instant::now()));
+        let left = i32::try_from(left.as_secs() + u64::from(left.subsec_nanos() > 0)).unwrap_or(i32::MAX);
+        ours.max(left)
+    }
+
     async fn try_acquire(&mut self) -> Result<Attempt> {
         let renew_deadline = self.config().renew_deadline;
         if !self.synced || self.stale || matches!(self.obs, Obs::Unknown) {
             self.get(renew_deadline).await?;
         }
         let now = Instant::now();
-        let cfg = &self.inner.config;
+        let cfg = self.inner.config.clone();
         match &self.obs {
             Obs::Unknown => Ok(Attempt::RetryNow),
             Obs::Missing => {
+                let (transitions, risk) = {
+                    let state = self.inner.lock();
+                    (state.memory.next_transitions(None), state.memory.risk_until)
+                };
+                let spec = record::taken(
+                    None,
+                    &cfg.identity,
+                    self.seconds_to_write(Some(risk.map_or(now + cfg.lease_duration, |r| {
+                        r.max(now + cfg.lease_duration)
+                    }))),
+                    transitions,
+                    record::now(),
+                );
                 let lease = Lease {
                     metadata: kube_client::core::ObjectMeta {
                         name: Some(cfg.name.clone()),
                         namespace: Some(cfg.namespace.clone()),
                         ..Default::default()
                     },
-                    spec: Some(record::acquired(
-                        None,
-                        &cfg.identity,
-                        cfg.lease_duration_seconds(),
-                        Timestamp::now(),
-                    )),
+                    spec: Some(spec.clone()),
                 };
+                self.may_write()?;
                 let sent = Instant::now();
                 let result = bounded(
                     "create",
@@ -837,39 +1206,39 @@ impl Task {
                 .await;
                 match result {
                     Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, true)),
-                    Err(Error::Conflict) => {
-                        debug!("lost the race to create the lease");
-                        self.stale = true;
-                        Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
-                    }
+                    Err(Error::Conflict) => self.after_conflict(&spec, sent, true).await,
                     Err(e) => Err(e),
                 }
             }
             Obs::Known { observed, object } => {
-                let ours_known =
-                    object.metadata.uid.is_some() && object.metadata.uid == self.inner.lock().term_uid;
-                match record::verdict(observed, &cfg.identity, ours_known, cfg.lease_duration, now) {
+                let (own, transitions) = {
+                    let state = self.inner.lock();
+                    (
+                        state.memory.own.as_ref().is_some_and(|o| o.matches(object)),
+                        state.memory.next_transitions(Some(observed.spec.lease_transitions.unwrap_or(0))),
+                    )
+                };
+                match record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now) {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
                         let mut lease = (**object).clone();
-                        lease.spec = Some(record::acquired(
+                        let spec = record::taken(
                             Some(&observed.spec),
                             &cfg.identity,
                             cfg.lease_duration_seconds(),
-                            Timestamp::now(),
-                        ));
+                            transitions,
+                            record::now(),
+                        );
+                        lease.spec = Some(spec.clone());
                         lease
                             .metadata
                             .resource_version
                             .clone_from(&observed.resource_version);
+                        self.may_write()?;
                         let sent = Instant::now();
                         match self.inner.replace(&lease, renew_deadline).await {
                             Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, false)),
-                            Err(Error::Conflict) => {
-                                debug!("lost the race to take the lease");
-                                self.stale = true;
-                                Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
-                            }
+                            Err(Error::Conflict) => self.after_conflict(&spec, sent, false).await,
                             Err(e) if e.status() == Some(404) => {
                                 self.stale = true;
                                 Ok(Attempt::RetryNow)
@@ -882,61 +1251,141 @@ impl Task {
         }
     }
 
+    /// A write to acquire was answered 409: someone else won the race, unless
+    /// the write was ours after all (applied, answered 504 and retried by the
+    /// client, whose retry met our own write). A read tells: the record is
+    /// exactly the one sent.
+    async fn after_conflict(&mut self, sent_spec: &LeaseSpec, sent: Instant, created: bool) -> Result<Attempt> {
+        self.stale = true;
+        let bound = self.config().renew_deadline.saturating_sub(sent.elapsed());
+        if let Ok(Some(lease)) = self.get(bound).await
+            && lease
+                .spec
+                .as_ref()
+                .is_some_and(|spec| record::same_write(spec, sent_spec))
+        {
+            info!("the write answered with a conflict had been applied (a retried request): it was ours");
+            return Ok(Attempt::Acquired(Box::new(lease), sent, created));
+        }
+        debug!("lost the race to acquire the lease");
+        Ok(Attempt::WaitUntil(Instant::now() + self.inner.jittered_retry()))
+    }
+
+    /// The creation hold for a term beginning on `lease`: until the previous
+    /// holder of a Lease object that went away may still lead (at least one
+    /// lease duration when we created it), and any hold a term of ours on the
+    /// same object already had.
+    fn hold_for(&self, lease: &Lease, created: bool) -> Option<Instant> {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        let memory = &mut state.memory;
+        let mut until = memory.risk_until.filter(|t| *t > now);
+        if created {
+            let ours = now + self.config().lease_duration;
+            until = Some(until.map_or(ours, |u| u.max(ours)));
+        }
+        if let Some((uid, held)) = &memory.hold
+            && *uid == lease.metadata.uid
+            && *held > now
+        {
+            until = Some(until.map_or(*held, |u| u.max(*held)));
+        }
+        if let Some(until) = until {
+            memory.hold = Some((lease.metadata.uid.clone(), until));
+        }
+        until
+    }
+
     /// Leads one term. `Some(result)` when the task should exit (with the
     /// release's result), `None` to campaign again.
     async fn lead(&mut self, lease: Box<Lease>, sent: Instant, created: bool) -> Option<Result<()>> {
         let cfg = self.inner.config.clone();
         let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
-        let term = Arc::new(Term::new(i64::from(transitions), sent, cfg.renew_deadline));
+        let id = TermId::of(&lease)?;
+        let token = {
+            let mut state = self.inner.lock();
+            state.memory.own = Some(id.clone());
+            state.memory.next_token(transitions)
+        };
+        let term = Arc::new(Term::new(token, sent, cfg.renew_deadline));
         self.observe((*lease).clone(), sent);
-        self.inner.lock().term_uid.clone_from(&lease.metadata.uid);
-        self.cached = Some(lease);
-        // A Lease has no version once deleted and `create` has no precondition,
-        // so the leader of a deleted incarnation may still believe it leads: its
-        // last renewal was sent before the deletion, before our create took
-        // effect. After creating, hold the Lease (renewing it) for one lease
-        // duration before leading, by which time that leader has given up.
-        let mut pending = created.then(|| {
-            info!("created the lease; holding it for one lease duration before leading");
-            Instant::now() + cfg.lease_duration
-        });
-        if pending.is_none() {
-            self.begin_term(&term);
+        // A Lease has no version once deleted and `create` has no
+        // precondition, so the leader of a deleted incarnation may still
+        // believe it leads: its last renewal was sent before the deletion.
+        // Hold the Lease (renewing it) until that leader has given up.
+        let hold = self.hold_for(&lease, created);
+        if hold.is_some() {
+            info!("holding the lease before leading: the holder of the object it replaced may still lead");
         }
+        let tolerated = lease
+            .spec
+            .as_ref()
+            .and_then(record::preferred_holder)
+            .map(str::to_owned);
+        self.cached = Some(lease);
+        self.caught_up = false;
+        let mut run = TermRun {
+            term,
+            id,
+            hold,
+            tolerated,
+        };
+        if run.hold.is_none() {
+            self.begin_term(&run.term);
+        }
+        let (reason, exiting) = self.lead_until_lost(&mut run, sent).await;
+        let result = self.end_term(&run, &reason).await;
+        exiting.then_some(result)
+    }
 
+    /// The loop of one term: why it ended, and whether the task should exit.
+    async fn lead_until_lost(&mut self, run: &mut TermRun, sent: Instant) -> (Lost, bool) {
+        let cfg = self.inner.config.clone();
         let wake = self.inner.wake.clone();
+        let term = run.term.clone();
         let mut next_tick = sent + cfg.retry_period;
-        let mut exiting = false;
-        let reason = loop {
+        loop {
             if let Some(lost) = term.lost() {
-                // Ended from outside: by `shutdown` once its grace ran out.
-                if self.shutting_down() {
+                // Ended from outside: by `shutdown` once its grace ran out, or
+                // by a guard that saw the renew deadline pass first.
+                return (lost, self.inner.lock().shutdown);
+            }
+            // Checked before waiting, so that no storm of wake-ups can starve
+            // the deadline or the renewals.
+            if Instant::now() >= term.deadline() {
+                return (Lost::RenewDeadlineExceeded, false);
+            }
+            if let Some(lost) = self.step_down(run) {
+                return (lost, false);
+            }
+            match self.demand(true) {
+                Demand::Wanted => {}
+                Demand::Unwanted => return (Lost::Released, false),
+                Demand::Shutdown => return (Lost::Released, true),
+                Demand::Abandoned => {
                     self.exited = true;
-                    exiting = true;
+                    return (Lost::ElectorStopped, true);
                 }
-                break lost;
             }
-            if let Some(preferred) = self
-                .cached
-                .as_ref()
-                .and_then(|l| l.spec.as_ref())
-                .and_then(record::preferred_holder)
-                && preferred != cfg.identity
-            {
-                break Lost::SteppedDown {
-                    preferred_holder: preferred.to_owned(),
-                };
-            }
-            if self.should_exit() {
-                exiting = true;
-                break Lost::Released;
-            }
-            if pending.is_some_and(|until| Instant::now() >= until) {
-                pending = None;
+            if run.hold.is_some_and(|until| Instant::now() >= until) {
+                run.hold = None;
                 self.begin_term(&term);
             }
-            let pending_elapsed = async {
-                match pending {
+            if Instant::now() >= next_tick {
+                let now = Instant::now();
+                while next_tick <= now {
+                    next_tick += cfg.retry_period;
+                }
+                if let Err(lost) = self.renew(run).await {
+                    let left_behind = lost == Lost::ElectorStopped;
+                    self.exited |= left_behind;
+                    return (lost, left_behind);
+                }
+                continue;
+            }
+            let hold = run.hold;
+            let hold_elapsed = async {
+                match hold {
                     Some(until) => sleep_until(until).await,
                     None => futures::future::pending().await,
                 }
@@ -944,38 +1393,98 @@ impl Task {
             // The branches' futures borrow `self.watch`: act once they are dropped.
             let cause = futures::select_biased! {
                 () = wake.notified().fuse() => LeadWake::Demand,
-                () = pending_elapsed.fuse() => LeadWake::Demand,
-                () = sleep_until(term.deadline()).fuse() => break Lost::RenewDeadlineExceeded,
+                () = hold_elapsed.fuse() => LeadWake::Demand,
+                () = sleep_until(term.deadline()).fuse() => LeadWake::Demand,
                 event = next_event(&mut self.watch).fuse() => LeadWake::Watch(event),
-                () = sleep_until(next_tick).fuse() => LeadWake::Tick,
+                () = sleep_until(next_tick).fuse() => LeadWake::Demand,
             };
-            match cause {
-                LeadWake::Demand => {}
-                LeadWake::Watch(event) => {
-                    if self.handle_watch(event)
-                        && self.foreign_record_observed()
-                        && let Err(lost) = self.verify(&term).await
-                    {
-                        break lost;
-                    }
-                }
-                LeadWake::Tick => {
-                    let now = Instant::now();
-                    while next_tick <= now {
-                        next_tick += cfg.retry_period;
-                    }
-                    if let Err(lost) = self.renew(&term).await {
-                        break lost;
-                    }
-                }
+            if let LeadWake::Watch(event) = cause
+                && let Err(lost) = self.on_watch_event(run, event).await
+            {
+                return (lost, false);
             }
-        };
-        let result = self.end_term(&term, &reason).await;
-        exiting.then_some(result)
+        }
     }
 
-    /// Ends `term` for `reason`, releasing the Lease when leadership was given up.
-    async fn end_term(&mut self, term: &Arc<Term>, reason: &Lost) -> Result<()> {
+    /// The `preferredHolder` marks the end of this term for another candidate
+    /// (set during the term: one already there when it began was given its
+    /// chance, and a preferred holder that never campaigns must not stop the
+    /// election).
+    fn step_down(&self, run: &mut TermRun) -> Option<Lost> {
+        let identity = &self.config().identity;
+        match self
+            .cached
+            .as_ref()
+            .and_then(|l| l.spec.as_ref())
+            .and_then(record::preferred_holder)
+        {
+            Some(p) if p != identity => (run.tolerated.as_deref() != Some(p)).then(|| Lost::SteppedDown {
+                preferred_holder: p.to_owned(),
+            }),
+            _ => {
+                run.tolerated = None;
+                None
+            }
+        }
+    }
+
+    /// A watch event while leading.
+    async fn on_watch_event(
+        &mut self,
+        run: &TermRun,
+        event: Option<watcher::Result<watcher::Event<Lease>>>,
+    ) -> Result<(), Lost> {
+        let changed = self.handle_watch(event);
+        let object = match &self.obs {
+            Obs::Known { object, .. } => Some(object.clone()),
+            _ => None,
+        };
+        let cached_rv = self.cached.as_ref().and_then(|c| c.metadata.resource_version.clone());
+        if let Some(object) = &object
+            && object.metadata.resource_version.is_some()
+            && object.metadata.resource_version == cached_rv
+        {
+            // Our own last write, delivered: every later event is newer.
+            self.caught_up = true;
+            return Ok(());
+        }
+        let foreign = match &object {
+            None => matches!(self.obs, Obs::Missing),
+            Some(object) => !run.id.matches(object),
+        };
+        if !foreign {
+            if self.caught_up && let Some(object) = object {
+                // Our record, changed by someone else since our last write
+                // (a `preferredHolder` set, labels): the newest version.
+                self.cached = Some(object);
+            }
+            return Ok(());
+        }
+        if !changed {
+            return Ok(());
+        }
+        if self.caught_up {
+            // Written after our last write: the term is over, now.
+            return Err(match object {
+                None => Lost::Deleted,
+                Some(object) => Lost::TakenOver {
+                    holder: object
+                        .spec
+                        .as_ref()
+                        .and_then(record::holder)
+                        .unwrap_or_default()
+                        .to_owned(),
+                },
+            });
+        }
+        // Possibly older than our last write: confirm with a read.
+        self.verify(run).await
+    }
+
+    /// Ends the term for `reason`, releasing the Lease only when leadership
+    /// was given up and the guarded work had ended before the term did.
+    async fn end_term(&mut self, run: &TermRun, reason: &Lost) -> Result<()> {
+        let term = &run.term;
         // Status first, so that `is_leader()` is false once a guard resolves.
         self.inner.update_status(|s| s.is_leader = false);
         term.lose(reason);
@@ -986,8 +1495,9 @@ impl Task {
             }
         }
         self.inner.metrics.leading(false);
-        let release = match reason {
-            Lost::Released if self.shutting_down() => {
+        let begun = run.hold.is_none();
+        let wants_release = match reason {
+            Lost::Released if self.inner.lock().shutdown => {
                 info!(%reason, "leadership ended");
                 self.config().release_on_drop
             }
@@ -1000,24 +1510,40 @@ impl Task {
                 info!(%reason, "leadership ended");
                 true
             }
+            Lost::ElectorStopped => false,
             _ => {
                 warn!(%reason, "leadership lost");
                 false
             }
         };
-        let result = if release {
-            self.release_after_guards(term).await
-        } else {
+        let result = if !wants_release {
             Ok(())
+        } else if !begun {
+            info!("not releasing during the creation hold: the lease will expire instead");
+            Ok(())
+        } else if term.stopped_work() {
+            warn!(
+                "guarded work was stopped, not finished, when the term ended (requests it sent may still land): \
+                 not releasing; the lease will expire after its lease duration"
+            );
+            Ok(())
+        } else {
+            let until = record::later(Instant::now(), self.config().release_timeout);
+            let result = self.release(&run.id, until).await;
+            if let Err(e) = &result {
+                self.log_error("releasing the lease", e);
+            }
+            result
         };
         self.cached = None;
+        self.caught_up = false;
         self.stale = true;
         result
     }
 
     /// Publishes `term`: hands guards to every waiter.
     fn begin_term(&mut self, term: &Arc<Term>) {
-        // Status first, so that `is_leader()` agrees with a guard as soon as it is handed out.
+        // Status first, so that subscribers agree with a guard as soon as it is handed out.
         self.inner.update_status(|s| s.is_leader = true);
         {
             let mut state = self.inner.lock();
@@ -1034,26 +1560,16 @@ impl Task {
             }
         }
         self.inner.metrics.leading(true);
-        info!(transitions = term.transitions, "acquired lease, now leading");
+        info!(fencing_token = term.token, "acquired lease, now leading");
     }
 
-    fn foreign_record_observed(&self) -> bool {
-        match &self.obs {
-            Obs::Missing => true,
-            Obs::Known { observed, .. } => {
-                record::holder(&observed.spec) != Some(self.config().identity.as_str())
-            }
-            Obs::Unknown => false,
-        }
-    }
-
-    /// The watch showed a record not ours: confirm with a read before
-    /// stepping down (the event may be older than our last write).
-    async fn verify(&mut self, term: &Term) -> Result<(), Lost> {
-        let left = term.deadline().saturating_duration_since(Instant::now());
+    /// The watch showed a record not of our term, possibly older than our last
+    /// write: confirm with a read before stepping down.
+    async fn verify(&mut self, run: &TermRun) -> Result<(), Lost> {
+        let left = run.term.deadline().saturating_duration_since(Instant::now());
         match self.get(left).await {
             Ok(None) => Err(Lost::Deleted),
-            Ok(Some(lease)) => self.check_still_ours(lease),
+            Ok(Some(lease)) => self.check_still_ours(run, lease),
             Err(e) => {
                 self.log_error("verifying the lease", &e);
                 Ok(())
@@ -1061,23 +1577,30 @@ impl Task {
         }
     }
 
-    fn check_still_ours(&mut self, lease: Lease) -> Result<(), Lost> {
-        let spec = lease.spec.clone().unwrap_or_default();
-        match record::holder(&spec) {
-            Some(h) if h == self.config().identity => {
-                self.cached = Some(Box::new(lease));
-                Ok(())
-            }
-            other => Err(Lost::TakenOver {
-                holder: other.unwrap_or_default().to_owned(),
-            }),
+    /// Whether `lease` (just read) still holds a record of our term: the same
+    /// identity is not enough (another process may share it).
+    fn check_still_ours(&mut self, run: &TermRun, lease: Lease) -> Result<(), Lost> {
+        if run.id.matches(&lease) {
+            self.cached = Some(Box::new(lease));
+            Ok(())
+        } else {
+            Err(Lost::TakenOver {
+                holder: lease
+                    .spec
+                    .as_ref()
+                    .and_then(record::holder)
+                    .unwrap_or_default()
+                    .to_owned(),
+            })
         }
     }
 
     /// One renewal: the fast path (one `replace` with the cached
-    /// resourceVersion), falling to a read and a retry on conflict.
-    async fn renew(&mut self, term: &Term) -> Result<(), Lost> {
+    /// resourceVersion), falling to a read and a retry on conflict. The renew
+    /// deadline moves to the instant before the successful request was sent.
+    async fn renew(&mut self, run: &TermRun) -> Result<(), Lost> {
         let cfg = self.inner.config.clone();
+        let term = &run.term;
         for attempt in 0..2 {
             let sent = Instant::now();
             let deadline = term.deadline();
@@ -1088,21 +1611,24 @@ impl Task {
                 return Err(Lost::ElectorStopped);
             };
             let mut lease = (**cached).clone();
-            lease.spec = Some(record::acquired(
-                lease.spec.as_ref(),
-                &cfg.identity,
-                cfg.lease_duration_seconds(),
-                Timestamp::now(),
+            lease.spec = Some(record::renewed(
+                &lease.spec.clone().unwrap_or_default(),
+                self.seconds_to_write(run.hold),
+                record::now(),
             ));
+            if self.may_write().is_err() {
+                return Err(Lost::ElectorStopped);
+            }
             match self.inner.replace(&lease, deadline - sent).await {
                 Ok(lease) => {
                     let in_time = term.renewed(sent, cfg.renew_deadline);
                     self.observe(lease.clone(), sent);
                     self.cached = Some(Box::new(lease));
+                    self.caught_up = false;
                     if !in_time {
                         if term.lost().is_some() {
                             // Ended from outside while the request was in
-                            // flight (`shutdown`): the top of the loop handles it.
+                            // flight: the top of the loop handles it.
                             return Ok(());
                         }
                         self.inner.metrics.renewal("late", sent.elapsed(), sent);
@@ -1126,7 +1652,7 @@ impl Task {
                     let left = deadline.saturating_duration_since(Instant::now());
                     match self.get(left).await {
                         Ok(None) => return Err(Lost::Deleted),
-                        Ok(Some(lease)) => self.check_still_ours(lease)?,
+                        Ok(Some(lease)) => self.check_still_ours(run, lease)?,
                         Err(e) => {
                             self.log_error("re-reading the lease", &e);
                             return Ok(());
@@ -1143,42 +1669,39 @@ impl Task {
         Ok(())
     }
 
-    /// Releases once every guard of `term` is gone (bounded by the release timeout).
-    async fn release_after_guards(&mut self, term: &Term) -> Result<()> {
-        let until = Instant::now() + self.config().release_timeout;
-        if !term.guards_dropped(until).await {
-            warn!(
-                "guarded work still running after the release timeout; not releasing, the lease will expire instead"
-            );
-            return Ok(());
+    /// Fetches the Lease and, if it still holds a record of our term, writes
+    /// it free; a conflict (the Lease modified between the read and the
+    /// write) is retried once after a fresh read, as client-go does.
+    async fn release(&mut self, own: &TermId, until: Instant) -> Result<()> {
+        for attempt in 0..2 {
+            let left = until.saturating_duration_since(Instant::now());
+            let Some(lease) = self.get(left).await? else {
+                return Ok(());
+            };
+            if !own.matches(&lease) {
+                info!(
+                    holder = lease.spec.as_ref().and_then(record::holder).unwrap_or(""),
+                    "not releasing: the lease is no longer ours"
+                );
+                return Ok(());
+            }
+            let spec = lease.spec.clone().unwrap_or_default();
+            let mut next = lease;
+            next.spec = Some(record::released(&spec, record::now()));
+            self.may_write()?;
+            let left = until.saturating_duration_since(Instant::now());
+            match self.inner.replace(&next, left).await {
+                Ok(released) => {
+                    self.observe(released, Instant::now());
+                    info!("released lease");
+                    return Ok(());
+                }
+                Err(Error::Conflict) if attempt == 0 => {
+                    debug!("the release conflicted; re-reading the lease");
+                }
+                Err(e) => return Err(e),
+            }
         }
-        let result = self.release(until).await;
-        if let Err(e) = &result {
-            self.log_error("releasing the lease", e);
-        }
-        result
-    }
-
-    /// Fetches the Lease and, if it is still ours, writes it free.
-    async fn release(&mut self, until: Instant) -> Result<()> {
-        let left = until.saturating_duration_since(Instant::now());
-        let Some(lease) = self.get(left).await? else {
-            return Ok(());
-        };
-        let spec = lease.spec.clone().unwrap_or_default();
-        if record::holder(&spec) != Some(self.config().identity.as_str()) {
-            info!(
-                holder = record::holder(&spec).unwrap_or(""),
-                "not releasing: the lease is no longer ours"
-            );
-            return Ok(());
-        }
-        let mut next = lease;
-        next.spec = Some(record::released(&spec, Timestamp::now()));
-        let left = until.saturating_duration_since(Instant::now());
-        let released = self.inner.replace(&next, left).await?;
-        self.observe(released, Instant::now());
-        info!("released lease");
-        Ok(())
+        Err(Error::Conflict)
     }
 }

@@ -30,6 +30,10 @@ pub(crate) enum Fault {
     DelayRequest(Duration),
     /// Handle the request at once, answer after this long (the write takes effect early).
     DelayResponse(Duration),
+    /// Handle the request (the write takes effect), then answer with this
+    /// status instead of the result: what a client sees when its write was
+    /// applied, answered 504, and its retry was answered 409.
+    AppliedThenStatus(u16),
 }
 
 /// One request seen by the double.
@@ -217,6 +221,10 @@ impl FakeApi {
                 return handle.await.map_err(std::io::Error::other);
             }
             Some(Fault::DelayResponse(d)) => respond_after = d,
+            Some(Fault::AppliedThenStatus(code)) => {
+                let _ = self.apply(client, verb, &query, &body);
+                return Ok(status(code, "Injected", "injected fault after the write was applied"));
+            }
             None => {}
         }
         if self.lock().clients[client].partitioned {

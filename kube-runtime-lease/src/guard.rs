@@ -50,8 +50,8 @@ pub enum Lost {
 
 /// One term of leadership, shared by every guard of the term and the elector task.
 pub(crate) struct Term {
-    /// `leaseTransitions` when this term began: the fencing token.
-    pub(crate) transitions: i64,
+    /// The fencing token (see [`LeaseGuard::fencing_token`]).
+    pub(crate) token: i64,
     inner: Mutex<TermInner>,
     /// Guards of this term not yet dropped.
     live: AtomicUsize,
@@ -70,6 +70,9 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
 
 struct TermInner {
     lost: Option<Lost>,
+    /// Whether guards were still alive when the term ended: their work was
+    /// stopped, not finished, and requests it sent may still land.
+    stopped_work: bool,
     /// The renew deadline: the instant before the last successful write was sent, plus the renew deadline.
     deadline: Instant,
     last_renewal: Instant,
@@ -85,11 +88,12 @@ impl TermInner {
 }
 
 impl Term {
-    pub(crate) fn new(transitions: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
+    pub(crate) fn new(token: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
         Term {
-            transitions,
+            token,
             inner: Mutex::new(TermInner {
                 lost: None,
+                stopped_work: false,
                 deadline: sent_at + renew_deadline,
                 last_renewal: sent_at,
                 senders: Vec::new(),
@@ -131,6 +135,16 @@ impl Term {
         self.lock().deadline
     }
 
+    /// Not ended, and the renew deadline not passed.
+    pub(crate) fn holds(&self) -> bool {
+        self.lock().holds()
+    }
+
+    /// Whether guards were still alive when the term ended (see [`Term::lose`]).
+    pub(crate) fn stopped_work(&self) -> bool {
+        self.lock().stopped_work
+    }
+
     pub(crate) fn last_renewal(&self) -> Instant {
         self.lock().last_renewal
     }
@@ -166,6 +180,9 @@ impl Term {
                 return;
             }
             inner.lost = Some(reason.clone());
+            // Guards are only created under this lock, and only while the term
+            // holds: the count cannot grow from here on.
+            inner.stopped_work = self.live_guards() > 0;
             self.ended.store(true, Ordering::Release);
             std::mem::take(&mut inner.senders)
         };
@@ -194,6 +211,7 @@ impl Term {
             wake,
             rx,
             done: None,
+            timer: None,
         })
     }
 }
@@ -225,6 +243,10 @@ pub struct LeaseGuard {
     wake: Arc<Notify>,
     rx: oneshot::Receiver<Lost>,
     done: Option<Lost>,
+    /// Fires at the renew deadline, so that the guard resolves on its own
+    /// clock even if the elector task never runs again (its runtime no
+    /// longer driven). Made at the first poll within a runtime.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl LeaseGuard {
@@ -242,9 +264,17 @@ impl LeaseGuard {
     /// Whether the renew deadline has passed (a clock read and an atomic load),
     /// even if the elector task has not noticed yet.
     pub(crate) fn deadline_passed(&self) -> bool {
-        let deadline =
-            self.term.base + Duration::from_nanos(self.term.deadline_nanos.load(Ordering::Acquire));
-        Instant::now() >= deadline
+        Instant::now() >= self.deadline()
+    }
+
+    /// The renew deadline, read without the term's lock.
+    fn deadline(&self) -> Instant {
+        self.term.base + Duration::from_nanos(self.term.deadline_nanos.load(Ordering::Acquire))
+    }
+
+    /// Whether this guard's timer is set for the current renew deadline.
+    pub(crate) fn timer_armed(&self) -> bool {
+        self.timer.as_ref().is_some_and(|t| t.deadline() == self.deadline())
     }
 
     /// The time left before the renew deadline (zero once the term ended):
@@ -257,11 +287,26 @@ impl LeaseGuard {
         inner.deadline.saturating_duration_since(Instant::now())
     }
 
-    /// The fencing token of this term: the Lease's `leaseTransitions` when the
-    /// term began. It grows with every change of holder, so a write tagged with
-    /// a smaller token than one already seen comes from an older term.
+    /// The fencing token of this term: the Lease's `leaseTransitions` as this
+    /// term wrote it when it began.
+    ///
+    /// Every term begins with a write that sets `leaseTransitions` to more than
+    /// any value this elector has seen on the Lease's name (across deletions
+    /// and re-creations of the object, and across takeovers by a process with
+    /// the same identity), so:
+    /// - within one process, each term's token is strictly larger than the
+    ///   token of every term before it on that name, including past
+    ///   `i32::MAX`, where the Lease's counter stops and the token goes on;
+    /// - across processes, the token is the number every candidate reads from
+    ///   the Lease: a term's token is larger than that of every term whose
+    ///   record its candidate saw, which includes the term it took over (a
+    ///   takeover writes on top of the record it read). A candidate that never
+    ///   saw an older, deleted Lease object may start again from lower numbers.
+    ///
+    /// Write it alongside side effects, and have readers reject writes tagged
+    /// with a smaller token than one already seen: they come from an older term.
     pub fn fencing_token(&self) -> i64 {
-        self.term.transitions
+        self.term.token
     }
 
     /// Why the term ended, or `None` while it holds.
@@ -290,7 +335,7 @@ impl LeaseGuard {
 impl std::fmt::Debug for LeaseGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseGuard")
-            .field("fencing_token", &self.term.transitions)
+            .field("fencing_token", &self.term.token)
             .field("lost", &self.term.lost())
             .finish_non_exhaustive()
     }
@@ -304,7 +349,15 @@ impl Future for LeaseGuard {
             return Poll::Ready(lost.clone());
         }
         let lost = match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Pending => return Poll::Pending,
+            Poll::Pending => match self.poll_deadline(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(()) => {
+                    // Final (see `Term::renewed`): the term ends for every
+                    // guard, whether or not the elector task ever notices.
+                    self.term.lose(&Lost::RenewDeadlineExceeded);
+                    self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded)
+                }
+            },
             Poll::Ready(Ok(lost)) => lost,
             // The term dropped its senders without a reason: only when the
             // elector task is gone.
@@ -312,6 +365,33 @@ impl Future for LeaseGuard {
         };
         self.done = Some(lost.clone());
         Poll::Ready(lost)
+    }
+}
+
+impl LeaseGuard {
+    /// Ready once the renew deadline has passed, on this guard's own timer.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        loop {
+            let deadline = self.deadline();
+            if Instant::now() >= deadline {
+                return Poll::Ready(());
+            }
+            let timer = match &mut self.timer {
+                Some(timer) => timer,
+                // Outside a runtime with timers (a guard polled by hand), the
+                // elector task's wake-up is all there is.
+                None if tokio::runtime::Handle::try_current().is_err() => return Poll::Pending,
+                None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            };
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            match timer.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                // Renewed since the timer was set: set it again.
+                Poll::Ready(()) => {}
+            }
+        }
     }
 }
 

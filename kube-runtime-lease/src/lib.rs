@@ -153,6 +153,8 @@ pub use stream::WithLeaderElection;
 #[cfg(test)]
 mod fake;
 #[cfg(test)]
+mod regressions;
+#[cfg(test)]
 mod simulation;
 #[cfg(test)]
 mod stream_tests;

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use k8s_openapi::{
-    api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp,
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::Timestamp,
 };
 use tokio::time::Instant;
 
@@ -28,32 +30,88 @@ pub(crate) fn lease_duration(spec: &LeaseSpec, fallback: Duration) -> Duration {
     }
 }
 
-/// The record written when `identity` takes or keeps the Lease whose current
-/// record is `prev` (`None` when the Lease does not exist yet).
+/// Now, to the microsecond: what the API stores of a `MicroTime`, so that a
+/// record we send compares equal, field by field, to the one read back.
+pub(crate) fn now() -> Timestamp {
+    let now = Timestamp::now();
+    Timestamp::from_microsecond(now.as_microsecond()).unwrap_or(now)
+}
+
+/// The record written when `identity` begins a term on the Lease whose
+/// current record is `prev` (`None` when the Lease does not exist yet):
+/// `acquireTime = renewTime = now`, `leaseTransitions = transitions`.
 ///
-/// As client-go: a change of holder sets `acquireTime = renewTime = now` and
-/// increments `leaseTransitions`; a renewal by the same holder keeps both and
-/// only moves `renewTime`. Every other field (`strategy`, `preferredHolder`) is
-/// carried over untouched.
-pub(crate) fn acquired(
+/// Every term is a new acquisition, even one that takes over a record naming
+/// `identity` (another process with the same identity, or a term of ours
+/// given up): its `acquireTime` and `leaseTransitions` tell the term apart
+/// from every other (see [`TermId`]), and the fencing token grows. Every other
+/// field (`strategy`, `preferredHolder`) is carried over untouched.
+pub(crate) fn taken(
     prev: Option<&LeaseSpec>,
     identity: &str,
     duration_seconds: i32,
+    transitions: i32,
     now: Timestamp,
 ) -> LeaseSpec {
     let mut next = prev.cloned().unwrap_or_default();
-    let keep = prev.is_some_and(|p| p.holder_identity.as_deref() == Some(identity));
-    if !keep {
-        next.acquire_time = Some(MicroTime(now));
-        next.lease_transitions = match prev {
-            None => Some(0),
-            Some(p) => Some(p.lease_transitions.unwrap_or(0).saturating_add(1)),
-        };
-    }
     next.holder_identity = Some(identity.to_owned());
+    next.lease_duration_seconds = Some(duration_seconds);
+    next.acquire_time = Some(MicroTime(now));
+    next.renew_time = Some(MicroTime(now));
+    next.lease_transitions = Some(transitions);
+    next
+}
+
+/// The record written to renew our own term: only `renewTime` (and the
+/// duration) move, as client-go's renewal.
+pub(crate) fn renewed(prev: &LeaseSpec, duration_seconds: i32, now: Timestamp) -> LeaseSpec {
+    let mut next = prev.clone();
     next.lease_duration_seconds = Some(duration_seconds);
     next.renew_time = Some(MicroTime(now));
     next
+}
+
+/// Whether `read` is exactly the record `sent` (holder, times, transitions):
+/// a write of ours that was applied although its answer said otherwise.
+pub(crate) fn same_write(read: &LeaseSpec, sent: &LeaseSpec) -> bool {
+    read.holder_identity == sent.holder_identity
+        && read.acquire_time == sent.acquire_time
+        && read.renew_time == sent.renew_time
+        && read.lease_transitions == sent.lease_transitions
+        && read.lease_duration_seconds == sent.lease_duration_seconds
+}
+
+/// What tells one term of a holder apart from every other: the Lease object,
+/// the holder, and the `acquireTime` and `leaseTransitions` written when the
+/// term began (renewals keep both).
+///
+/// A record is "ours" only if it is the record of our own term: the same
+/// identity on the same object is not enough, since another process with the
+/// same identity (a duplicate, or our own earlier process) may have written it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct TermId {
+    uid: Option<String>,
+    holder: String,
+    acquire_time: Option<MicroTime>,
+    transitions: Option<i32>,
+}
+
+impl TermId {
+    /// The term a Lease object's record belongs to; `None` when it is free.
+    pub(crate) fn of(lease: &Lease) -> Option<Self> {
+        let spec = lease.spec.as_ref()?;
+        Some(TermId {
+            uid: lease.metadata.uid.clone(),
+            holder: holder(spec)?.to_owned(),
+            acquire_time: spec.acquire_time.clone(),
+            transitions: spec.lease_transitions,
+        })
+    }
+
+    /// Whether `lease` holds a record of this term.
+    pub(crate) fn matches(&self, lease: &Lease) -> bool {
+        TermId::of(lease).is_some_and(|t| t == *self)
+    }
 }
 
 /// The record written to release a Lease held by us: holder `""`, a 1 s
@@ -113,23 +171,29 @@ pub(crate) enum Verdict {
 
 /// Decides whether `identity` may take the observed record at `now`.
 ///
-/// A free Lease whose `preferredHolder` names another candidate is treated as
-/// held by that candidate: it is given one lease duration to take it. A record
-/// naming us is ours to renew at once only if `ours_known`: it is the Lease
-/// object (same `uid`) of a term we led. Otherwise it was written by a request
-/// of ours that we gave up on (a create that timed out, say), possibly on a
-/// Lease just re-created while the leader of the deleted one still acts, and it
-/// is treated like anyone else's record.
+/// - A free Lease is taken at once, unless its `preferredHolder` names another
+///   candidate: that candidate is given one lease duration to take it.
+/// - A record of our own term (`own`: see [`TermId`]) is taken at once.
+/// - Any other held record is taken once it has been seen unchanged for its
+///   lease duration. If its `preferredHolder` names a third candidate (the end
+///   of the holder's term was marked), the preferred holder is given one more
+///   lease duration after the expiry, as on a free Lease.
+///
+/// A record naming `identity` that is not our own term's (another process
+/// with the same identity, or a write of ours we gave up on, possibly on a
+/// Lease just re-created while the leader of the deleted one still acts) is
+/// treated like anyone else's.
 pub(crate) fn verdict(
     observed: &Observed,
     identity: &str,
-    ours_known: bool,
+    own: bool,
     fallback: Duration,
     now: Instant,
 ) -> Verdict {
     let spec = &observed.spec;
-    let expiry = || {
-        let until = observed.at + lease_duration(spec, fallback);
+    let duration = lease_duration(spec, fallback);
+    let after = |times: u32| {
+        let until = later(observed.at, duration.saturating_mul(times));
         if now >= until {
             Verdict::Take
         } else {
@@ -140,11 +204,21 @@ pub(crate) fn verdict(
         // Free, and reserved for nobody or for us.
         (None, None) => Verdict::Take,
         (None, Some(p)) if p == identity => Verdict::Take,
-        // Ours, on a Lease object we led on.
-        (Some(h), _) if h == identity && ours_known => Verdict::Take,
-        // Held by someone else, reserved for someone else, or ours of unknown provenance.
-        _ => expiry(),
+        // Free, reserved for someone else.
+        (None, Some(_)) => after(1),
+        // Our own term's record.
+        (Some(h), _) if h == identity && own => Verdict::Take,
+        // Held, its end of term marked for a third candidate.
+        (Some(h), Some(p)) if p != identity && p != h => after(2),
+        // Held by someone else, or ours of unknown provenance.
+        _ => after(1),
     }
+}
+
+/// `at + d`, or as far ahead as an `Instant` goes.
+pub(crate) fn later(at: Instant, d: Duration) -> Instant {
+    at.checked_add(d)
+        .unwrap_or_else(|| at + Duration::from_secs(86_400 * 365 * 30))
 }
 
 #[cfg(test)]
@@ -171,7 +245,7 @@ mod tests {
     }
 
     #[test]
-    fn acquire_and_renew_follow_client_go_for_every_previous_record() {
+    fn a_term_begins_with_a_new_acquisition_whatever_the_previous_record() {
         let holders = [None, Some(""), Some(ME), Some("other")];
         let transitions = [None, Some(0), Some(7), Some(i32::MAX)];
         let durations = [None, Some(0), Some(-3), Some(1), Some(15)];
@@ -179,26 +253,24 @@ mod tests {
             for tr in transitions {
                 for d in durations {
                     let prev = spec(h, tr, d);
-                    let next = acquired(Some(&prev), ME, 30, t(0));
+                    let next = taken(Some(&prev), ME, 30, 9, t(0));
                     assert_eq!(next.holder_identity.as_deref(), Some(ME));
                     assert_eq!(next.lease_duration_seconds, Some(30));
+                    assert_eq!(next.acquire_time, Some(MicroTime(t(0))), "{h:?}: a new acquisition");
                     assert_eq!(next.renew_time, Some(MicroTime(t(0))));
+                    assert_eq!(next.lease_transitions, Some(9));
                     assert_eq!(next.strategy, prev.strategy, "strategy kept");
                     assert_eq!(
                         next.preferred_holder, prev.preferred_holder,
                         "preferredHolder kept"
                     );
-                    if h == Some(ME) {
-                        assert_eq!(next.acquire_time, prev.acquire_time, "renewal keeps acquireTime");
-                        assert_eq!(
-                            next.lease_transitions, prev.lease_transitions,
-                            "renewal keeps transitions"
-                        );
-                    } else {
-                        assert_eq!(next.acquire_time, Some(MicroTime(t(0))));
-                        let expected = tr.unwrap_or(0).saturating_add(1);
-                        assert_eq!(next.lease_transitions, Some(expected), "{h:?} {tr:?}");
-                    }
+                    let renewal = renewed(&next, 30, t(2));
+                    assert_eq!(renewal.acquire_time, next.acquire_time, "renewal keeps acquireTime");
+                    assert_eq!(renewal.lease_transitions, next.lease_transitions);
+                    assert_eq!(renewal.renew_time, Some(MicroTime(t(2))));
+                    assert_eq!(renewal.preferred_holder, prev.preferred_holder);
+                    assert!(same_write(&renewal, &renewal.clone()));
+                    assert!(!same_write(&renewal, &next), "another renewTime");
                     let rel = released(&next, t(5));
                     assert_eq!(rel.holder_identity.as_deref(), Some(""));
                     assert_eq!(rel.lease_duration_seconds, Some(1));
@@ -213,13 +285,39 @@ mod tests {
         }
     }
 
+    fn object(uid: &str, spec: LeaseSpec) -> Lease {
+        Lease {
+            metadata: kube_client::core::ObjectMeta {
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(spec),
+        }
+    }
+
     #[test]
-    fn create_starts_transitions_at_zero() {
-        let next = acquired(None, ME, 15, t(0));
-        assert_eq!(next.lease_transitions, Some(0));
-        assert_eq!(next.acquire_time, Some(MicroTime(t(0))));
-        assert_eq!(next.strategy, None);
-        assert_eq!(next.preferred_holder, None);
+    fn a_term_is_its_object_holder_acquire_time_and_transitions() {
+        let ours = taken(None, ME, 15, 3, t(0));
+        let term = TermId::of(&object("u1", ours.clone())).unwrap();
+        assert!(term.matches(&object("u1", renewed(&ours, 15, t(4)))), "renewed: same term");
+        let mut labelled = object("u1", ours.clone());
+        labelled.metadata.labels = Some([("k".to_owned(), "v".to_owned())].into());
+        assert!(term.matches(&labelled), "metadata does not matter");
+        assert!(!term.matches(&object("u2", ours.clone())), "another object");
+        assert!(
+            !term.matches(&object("u1", taken(Some(&ours), ME, 15, 3, t(1)))),
+            "the same identity, acquired again (another process)"
+        );
+        assert!(!term.matches(&object("u1", taken(Some(&ours), ME, 15, 4, t(0)))));
+        assert!(!term.matches(&object("u1", taken(Some(&ours), "other", 15, 3, t(0)))));
+        assert!(!term.matches(&object("u1", released(&ours, t(1)))), "free");
+        assert_eq!(TermId::of(&object("u1", released(&ours, t(1)))), None);
+    }
+
+    #[test]
+    fn now_is_whole_microseconds() {
+        let n = now();
+        assert_eq!(n.subsec_nanosecond() % 1000, 0);
     }
 
     #[test]
@@ -227,8 +325,6 @@ mod tests {
         let empty = LeaseSpec::default();
         assert_eq!(holder(&empty), None);
         assert_eq!(lease_duration(&empty, FALLBACK), FALLBACK);
-        let next = acquired(Some(&empty), ME, 15, t(0));
-        assert_eq!(next.lease_transitions, Some(1));
     }
 
     #[test]
@@ -248,7 +344,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn expiry_counts_from_the_first_sight_of_an_unchanged_record() {
         let start = Instant::now();
-        let rec = spec(Some("other"), Some(1), Some(10));
+        let mut rec = spec(Some("other"), Some(1), Some(10));
+        rec.preferred_holder = None;
         let o = Observed::observe(None, rec.clone(), Some("1".into()), start);
         let later = start + Duration::from_secs(4);
         // Seen again, unchanged: the clock does not restart.
@@ -286,7 +383,8 @@ mod tests {
             verdict(&Observed::observe(None, none, None, now), ME, true, FALLBACK, now),
             Verdict::Take
         );
-        let ours = spec(Some(ME), None, Some(10));
+        let mut ours = spec(Some(ME), None, Some(10));
+        ours.preferred_holder = None;
         let o = Observed::observe(None, ours, None, now);
         assert_eq!(verdict(&o, ME, true, FALLBACK, now), Verdict::Take);
         assert_eq!(
@@ -321,8 +419,18 @@ mod tests {
             verdict(&o, ME, true, FALLBACK, now),
             Verdict::WaitUntil(now + Duration::from_secs(3))
         );
+        // Held by another, its end of term marked for a third: expiry, then
+        // one more lease duration for the preferred holder.
+        let o = Observed::observe(None, spec(Some("other"), None, Some(3)), None, now);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(5)),
+            Verdict::WaitUntil(now + Duration::from_secs(6))
+        );
+        assert_eq!(verdict(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)), Verdict::Take);
         // Missing duration on a held record: our own duration, never zero.
-        let o = Observed::observe(None, spec(Some("other"), None, None), None, now);
+        let mut unmarked = spec(Some("other"), None, None);
+        unmarked.preferred_holder = None;
+        let o = Observed::observe(None, unmarked, None, now);
         assert_eq!(
             verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(14)),
             Verdict::WaitUntil(now + FALLBACK)

@@ -24,7 +24,9 @@ impl LeaderElector {
     ///
     /// Returns `None` when the work ended on its own (the Lease is then
     /// released), and `Some(`[`Lost::Released`]`)` when the elector was shut
-    /// down.
+    /// down, also when the work ended on its own because of it (a
+    /// `Controller` given [`shutdown_requested`](LeaderElector::shutdown_requested)
+    /// through `graceful_shutdown_on`).
     ///
     /// ```no_run
     /// use futures::StreamExt;
@@ -59,6 +61,9 @@ impl LeaderElector {
                 started.get_or_insert_with(Instant::now);
             }
             match guarded.as_mut().take_lost() {
+                // Work wired to `shutdown_requested` (`graceful_shutdown_on`)
+                // ends on its own when the elector is shut down: still a shutdown.
+                None if self.is_shut_down() => return Some(Lost::Released),
                 None => {
                     info!("guarded work ended on its own; leaving the election");
                     return None;

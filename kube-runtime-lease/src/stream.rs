@@ -35,11 +35,11 @@ enum State {
 ///   Lease is released once no other stream or guard shares the term.
 ///
 /// # Fairness
-/// Every poll checks whether the term ended (an atomic load) before polling
-/// the inner stream, so a busy inner stream cannot delay the reaction to a
-/// loss. The renew deadline itself is also checked against the clock whenever
-/// the inner stream was idle before a poll, and every 64 items of a busy one,
-/// in case the elector task has not run yet (after a process pause).
+/// Every poll checks whether the term ended (an atomic load) and whether its
+/// renew deadline has passed (a clock read) before polling the inner stream,
+/// so a busy inner stream cannot delay the reaction to a loss: it stops within
+/// one item of the deadline, even if the elector task has not run yet (after a
+/// process pause, or when its runtime is not driven).
 ///
 /// ## Warning
 /// The inner stream is dropped when this stream is polled after the loss; the
@@ -54,14 +54,9 @@ pub struct WithLeaderElection<S> {
     inner: Option<S>,
     state: State,
     lost: Option<Lost>,
-    /// Polls since the clock was last checked.
-    since_clock: u32,
     /// The waker the guard was last polled with (it keeps it until the term ends).
     registered: Option<Waker>,
 }
-
-/// A busy inner stream (always ready) has the clock checked every this many items.
-const CLOCK_EVERY: u32 = 64;
 
 impl<S> WithLeaderElection<S> {
     pub(crate) fn new(inner: S, elector: &LeaderElector) -> Self {
@@ -69,7 +64,6 @@ impl<S> WithLeaderElection<S> {
             inner: Some(inner),
             state: State::Acquiring(elector.acquire()),
             lost: None,
-            since_clock: CLOCK_EVERY,
             registered: None,
         }
     }
@@ -141,16 +135,12 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             unreachable!("poll_not_leading returns unless leading");
         };
         // The hot path, on every poll: the term's end flag (an atomic load)
-        // always; the clock only when the inner stream was idle before this
-        // poll (the moment a paused process resumes at) or every CLOCK_EVERY
-        // items, since after a pause (SIGSTOP, a frozen VM) this poll may run
-        // before the elector task has noticed that the term is over.
-        *this.since_clock += 1;
-        if guard.has_ended() || *this.since_clock >= CLOCK_EVERY {
-            *this.since_clock = 0;
-            if let Some(lost) = ended(guard) {
-                return finish(&mut this, Some(lost));
-            }
+        // and the renew deadline (a clock read), since after a pause
+        // (SIGSTOP, a frozen VM) this poll may run before the elector task has
+        // noticed that the term is over.
+        if guard.has_ended() || guard.deadline_passed() {
+            let lost = ended(guard);
+            return finish(&mut this, Some(lost));
         }
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             return finish(&mut this, None);
@@ -169,13 +159,11 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
 /// Whether the term of `guard` is over: ended by the elector, or past its
 /// renew deadline on the clock.
 #[cold]
-fn ended(guard: &LeaseGuard) -> Option<Lost> {
+fn ended(guard: &LeaseGuard) -> Lost {
     if guard.has_ended() {
-        Some(guard.lost().unwrap_or(Lost::ElectorStopped))
-    } else if guard.deadline_passed() {
-        Some(guard.lost().unwrap_or(Lost::RenewDeadlineExceeded))
+        guard.lost().unwrap_or(Lost::ElectorStopped)
     } else {
-        None
+        guard.lost().unwrap_or(Lost::RenewDeadlineExceeded)
     }
 }
 
@@ -195,7 +183,6 @@ fn poll_not_leading<S: Stream>(
                     "leading: starting the guarded stream"
                 );
                 *this.state = State::Leading(guard);
-                *this.since_clock = CLOCK_EVERY;
                 None
             }
             Poll::Ready(Err(e)) => {
@@ -212,19 +199,20 @@ fn poll_not_leading<S: Stream>(
     }
 }
 
-/// The inner stream is idle: be woken when the term ends, and check the clock
-/// on the next poll.
+/// The inner stream is idle: be woken when the term ends (the guard's own
+/// timer wakes it at the renew deadline).
 fn poll_idle<S: Stream>(
     this: &mut WithLeaderElectionProj<'_, S>,
     cx: &mut Context<'_>,
 ) -> Poll<Option<S::Item>> {
-    *this.since_clock = CLOCK_EVERY;
     let State::Leading(guard) = &mut *this.state else {
         unreachable!("poll_idle is only called while leading");
     };
-    // The guard keeps the last waker it was polled with until the term ends:
-    // polling it again with the same one would only re-register it.
-    if this.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+    // The guard keeps the last waker it was polled with until the term ends,
+    // and its timer keeps it until the renew deadline: polling it again with
+    // the same one would only re-register it, unless a renewal moved the
+    // deadline since (the timer is then set again).
+    if this.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && guard.timer_armed() {
         return Poll::Pending;
     }
     match Pin::new(guard).poll(cx) {

@@ -1,0 +1,663 @@
+//! Regression tests for the schedules that broke "exactly one leader, never
+//! none" (issue 10). Each test failed on the code before its fix; all run in
+//! the unit suite, on the in-memory Lease API double with paused time, except
+//! where a doc comment says otherwise. The numbers are the issue's items.
+
+use std::{
+    pin::pin,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt, poll, stream};
+use tokio::time::{Instant, advance, sleep, timeout};
+
+use crate::{
+    ConfigError, Error, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
+    fake::{FakeApi, Fault},
+    guard::Term,
+    tests::{config, count, elector, free, held_by, spec},
+};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+fn holder(fake: &FakeApi) -> Option<String> {
+    fake.lease()
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity)
+}
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+// ---- 1. The creation hold ---------------------------------------------------
+
+/// 1: a `shutdown` during the creation hold finds no guard (the hold has
+/// none); it must not write the Lease free, or another candidate leads while
+/// the deleted Lease's last holder may still lead.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_during_the_creation_hold_does_not_free_the_lease() {
+    let fake = FakeApi::default();
+    let (a, _) = elector(&fake, config("a"));
+    let (b, _) = elector(&fake, config("b"));
+    let created = Instant::now();
+    let mut acquire = pin!(a.acquire());
+    assert!(timeout(S(1), &mut acquire).await.is_err());
+    assert_eq!(holder(&fake).as_deref(), Some("a"), "created, now holding");
+    let (shutdown, acquired) = tokio::join!(a.shutdown(S(5)), acquire);
+    shutdown.unwrap();
+    assert!(matches!(acquired, Err(Error::Shutdown)));
+    assert_eq!(
+        holder(&fake).as_deref(),
+        Some("a"),
+        "never written free during the hold"
+    );
+    let _b = b.acquire().await.unwrap();
+    assert!(
+        created.elapsed() >= S(15),
+        "b led {:?} after the Lease was re-created",
+        created.elapsed()
+    );
+}
+
+/// 1: the only `acquire` dropped during the hold (a `timeout(acquire)`).
+#[tokio::test(start_paused = true)]
+async fn dropping_the_only_acquire_during_the_creation_hold_does_not_free_the_lease() {
+    let fake = FakeApi::default();
+    let (a, _) = elector(&fake, config("a"));
+    let created = Instant::now();
+    assert!(timeout(S(1), a.acquire()).await.is_err());
+    sleep(MS(10)).await;
+    assert_eq!(holder(&fake).as_deref(), Some("a"));
+    let (b, _) = elector(&fake, config("b"));
+    let _b = b.acquire().await.unwrap();
+    assert!(
+        created.elapsed() >= S(15),
+        "b led {:?} after the Lease was re-created",
+        created.elapsed()
+    );
+}
+
+/// 1: a later campaign (the same task lingering, or a new one) finds the
+/// record it wrote during the hold and must not begin a term before the hold
+/// ends.
+#[tokio::test(start_paused = true)]
+async fn campaigning_again_during_the_creation_hold_does_not_skip_it() {
+    for pause in [S(1), S(5)] {
+        let fake = FakeApi::default();
+        let (a, _) = elector(&fake, config("a").release_on_drop(false));
+        let created = Instant::now();
+        assert!(timeout(S(1), a.acquire()).await.is_err());
+        sleep(pause).await;
+        let guard = a.acquire().await.unwrap();
+        assert!(
+            created.elapsed() >= S(15),
+            "after a pause of {pause:?}: led {:?} after creating the Lease",
+            created.elapsed()
+        );
+        assert!(guard.is_valid());
+    }
+}
+
+/// 1: the hold lasts the longest lease duration seen on the deleted record
+/// (here a 40 s client-go lease), and what is written during the hold says so,
+/// so that a candidate that never saw the deleted record waits as long.
+#[tokio::test(start_paused = true)]
+async fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
+    let fake = FakeApi::default();
+    fake.put(held_by("go", 40));
+    let (a, _) = elector(&fake, config("a"));
+    let mut acquire = pin!(a.acquire());
+    assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
+    fake.delete();
+    let deleted = Instant::now();
+    sleep(MS(10)).await;
+    assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created");
+    assert_eq!(spec(&fake).lease_duration_seconds, Some(40));
+    // A candidate that never saw the deleted record.
+    let (b, _) = elector(&fake, config("b"));
+    let mut b_acquire = pin!(b.acquire());
+    assert!(poll!(&mut b_acquire).is_pending());
+    let guard = acquire.await.unwrap();
+    assert!(
+        deleted.elapsed() >= S(40),
+        "led {:?} after the deletion of a 40 s lease",
+        deleted.elapsed()
+    );
+    drop(guard);
+    let _b = b_acquire.await.unwrap();
+    assert!(deleted.elapsed() >= S(40));
+}
+
+// ---- 2. One identity, two processes -----------------------------------------
+
+/// 2: two processes with one identity; the leader stops (here: partitioned,
+/// as a paused process is) past the lease duration, the other takes over; the
+/// first comes back and campaigns: the record names its identity, but it is
+/// the other's write, so it waits like anyone else.
+#[tokio::test(start_paused = true)]
+async fn two_processes_with_one_identity_never_both_lead() {
+    let fake = free();
+    let (a, a_id) = elector(&fake, config("x"));
+    let (b, _) = elector(&fake, config("x"));
+    let a_guard = a.acquire().await.unwrap();
+    fake.partition(a_id, true);
+    let b_guard = timeout(S(60), b.acquire())
+        .await
+        .expect("b takes the record once it expired")
+        .unwrap();
+    assert!(!a_guard.is_valid(), "a's term ended at its renew deadline");
+    assert!(
+        b_guard.fencing_token() > a_guard.fencing_token(),
+        "8: a takeover by another process with the same identity is a new term"
+    );
+    drop(a_guard);
+    fake.partition(a_id, false);
+    let mut again = pin!(a.acquire());
+    assert!(
+        timeout(S(60), &mut again).await.is_err(),
+        "a must not lead while b renews"
+    );
+    assert!(b_guard.is_valid());
+    assert!(b.is_leader() && !a.is_leader());
+}
+
+// ---- 3. Release only after the guarded work ended ---------------------------
+
+/// 3: `shutdown`'s grace runs out with guarded work in flight; the work is
+/// stopped (here: it ends when its guard does, as a guarded stream is
+/// dropped), and requests it had sent may still land: the Lease is not written
+/// free, and a standby leads no earlier than lease duration − renew deadline
+/// after the term ended.
+#[tokio::test(start_paused = true)]
+async fn work_stopped_by_shutdown_is_not_followed_by_an_immediate_release() {
+    let fake = free();
+    let (a, _) = elector(&fake, config("a"));
+    let guard = a.acquire().await.unwrap();
+    let work = tokio::spawn(guard);
+    let (b, _) = elector(&fake, config("b"));
+    let mut b_acquire = pin!(b.acquire());
+    assert!(timeout(S(1), &mut b_acquire).await.is_err());
+    a.shutdown(S(2)).await.unwrap();
+    let ended = Instant::now();
+    assert_eq!(work.await.unwrap(), Lost::Released);
+    sleep(MS(10)).await;
+    assert_eq!(holder(&fake).as_deref(), Some("a"), "not written free");
+    let _b = b_acquire.await.unwrap();
+    assert!(
+        ended.elapsed() >= S(5),
+        "b led {:?} after a's work was stopped",
+        ended.elapsed()
+    );
+}
+
+/// 3: the same for a step-down (a `preferredHolder` set during the term).
+#[tokio::test(start_paused = true)]
+async fn a_step_down_with_work_in_flight_lets_the_lease_expire() {
+    let fake = free();
+    let (a, _) = elector(&fake, config("a"));
+    let guard = a.acquire().await.unwrap();
+    let work = tokio::spawn(guard);
+    let (p, _) = elector(&fake, config("p"));
+    let mut p_acquire = pin!(p.acquire());
+    assert!(timeout(S(1), &mut p_acquire).await.is_err());
+    let mut lease = fake.lease().unwrap();
+    lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
+    fake.put(lease);
+    let lost = timeout(S(3), work).await.expect("a steps down").unwrap();
+    let ended = Instant::now();
+    assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
+    sleep(MS(10)).await;
+    assert_eq!(holder(&fake).as_deref(), Some("a"), "not written free");
+    let _p = timeout(S(20), p_acquire)
+        .await
+        .expect("the preferred holder leads once a's record expired")
+        .unwrap();
+    assert!(ended.elapsed() >= S(5), "p led {:?} after", ended.elapsed());
+}
+
+// ---- 4. A free record written by someone else -------------------------------
+
+/// 4: an admin (or client-go ≥ 0.34's release path) writes the record free
+/// while we lead. A follower takes it within one event and one write; the
+/// leader, whose watch has already delivered its own last write, must end its
+/// term on the event itself, not after a confirming read.
+#[tokio::test(start_paused = true)]
+async fn a_free_record_written_by_someone_else_ends_the_term_on_the_event() {
+    let fake = free();
+    let (a, a_id) = elector(&fake, config("a"));
+    let a_guard = a.acquire().await.unwrap();
+    let (b, b_id) = elector(&fake, config("b"));
+    let mut b_acquire = pin!(b.acquire());
+    assert!(timeout(MS(2500), &mut b_acquire).await.is_err());
+    fake.set_latency(a_id, MS(50));
+    fake.set_latency(b_id, MS(10));
+    let mut lease = fake.lease().unwrap();
+    lease.spec.as_mut().unwrap().holder_identity = Some(String::new());
+    fake.put(lease);
+    let _b = b_acquire.await.unwrap();
+    assert!(!a_guard.is_valid(), "a still led when b took the Lease");
+    assert_eq!(
+        a_guard.lost(),
+        Some(Lost::TakenOver {
+            holder: String::new()
+        })
+    );
+}
+
+// ---- 5. A write applied, answered with an error ------------------------------
+
+/// 5: a takeover applied but answered 409 (a 504 retried by the client) is our
+/// own write: we lead at once instead of waiting a lease duration for it.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_applied_but_answered_409_is_recognised_as_ours() {
+    let fake = free();
+    let (a, id) = elector(&fake, config("a").watch(false));
+    fake.fault(id, Some("update"), Fault::AppliedThenStatus(409));
+    let guard = timeout(S(1), a.acquire())
+        .await
+        .expect("a lease duration lost with nobody leading")
+        .unwrap();
+    assert!(guard.is_valid());
+    assert_eq!(holder(&fake).as_deref(), Some("a"));
+}
+
+/// 5: the same for a creation: led once the creation hold ends.
+#[tokio::test(start_paused = true)]
+async fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
+    let fake = FakeApi::default();
+    let (a, id) = elector(&fake, config("a").watch(false));
+    fake.fault(id, Some("create"), Fault::AppliedThenStatus(409));
+    let start = Instant::now();
+    let _guard = a.acquire().await.unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited >= S(15) && waited <= S(15) + MS(10),
+        "led {waited:?} after creating"
+    );
+}
+
+// ---- 6. A preferred holder that never comes ---------------------------------
+
+/// Campaigns in a loop, as `run_each_term` does; counts step-downs.
+fn campaign_forever(e: LeaderElector, stepped_down: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok(guard) = e.acquire().await {
+            if let Lost::SteppedDown { .. } = guard.await {
+                stepped_down.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    })
+}
+
+/// 6: a free Lease whose `preferredHolder` names a pod that never campaigns:
+/// one candidate leads stably within two lease durations, the transitions
+/// stop growing, and no guard is handed out for a term that steps down.
+#[tokio::test(start_paused = true)]
+async fn a_preferred_holder_that_never_campaigns_does_not_stop_the_election() {
+    let fake = FakeApi::default();
+    let mut lease = held_by("", 1);
+    lease.spec.as_mut().unwrap().preferred_holder = Some("ghost".into());
+    fake.put(lease);
+    let stepped_down = Arc::new(AtomicUsize::new(0));
+    let (a, _) = elector(&fake, config("a"));
+    let (b, _) = elector(&fake, config("b"));
+    let tasks = [
+        campaign_forever(a.clone(), stepped_down.clone()),
+        campaign_forever(b.clone(), stepped_down.clone()),
+    ];
+    sleep(S(30)).await;
+    let transitions = spec(&fake).lease_transitions;
+    let leader = holder(&fake);
+    assert!(a.is_leader() ^ b.is_leader(), "one leader after two lease durations");
+    sleep(S(60)).await;
+    assert_eq!(spec(&fake).lease_transitions, transitions, "transitions stopped growing");
+    assert_eq!(holder(&fake), leader, "the same leader");
+    assert!(a.is_leader() ^ b.is_leader());
+    assert_eq!(stepped_down.load(Ordering::SeqCst), 0, "no term stepped down");
+    for t in tasks {
+        t.abort();
+    }
+}
+
+/// 6: a preferred holder that does campaign still gets the Lease promptly
+/// when the end of the term is marked: the leader steps down at once, and
+/// since its guard was still alive (work stopped, not finished) it lets the
+/// Lease expire; the preferred holder takes it at expiry, before anyone else.
+#[tokio::test(start_paused = true)]
+async fn a_campaigning_preferred_holder_gets_the_lease_promptly() {
+    let fake = free();
+    let (a, _) = elector(&fake, config("a"));
+    let a_guard = a.acquire().await.unwrap();
+    let (other, _) = elector(&fake, config("other"));
+    let mut other_acquire = pin!(other.acquire());
+    let (p, _) = elector(&fake, config("p"));
+    let mut p_acquire = pin!(p.acquire());
+    assert!(timeout(S(1), &mut p_acquire).await.is_err());
+    assert!(poll!(&mut other_acquire).is_pending());
+    let mut lease = fake.lease().unwrap();
+    lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
+    fake.put(lease);
+    let marked = Instant::now();
+    let lost = timeout(S(3), a_guard).await.expect("a steps down");
+    assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
+    let _p = timeout(S(17), p_acquire)
+        .await
+        .expect("the preferred holder leads within a lease duration of the mark")
+        .unwrap();
+    assert!(marked.elapsed() >= S(5), "no overlap with a's stopped work");
+    assert!(
+        timeout(S(30), other_acquire).await.is_err(),
+        "p keeps it; nobody else took it first"
+    );
+}
+
+// ---- 7, 9. An election task whose runtime is no longer driven ---------------
+
+/// Acquires on a helper current-thread runtime, on its own thread, while the
+/// caller's runtime keeps serving the client (the double's `kube::Client`
+/// runs its buffer on the runtime it was made on); returns the guard and the
+/// helper runtime, whose `block_on` has returned: its tasks, the election task
+/// among them, are not polled any more.
+async fn acquire_on_a_helper_runtime(
+    e: &LeaderElector,
+) -> (crate::LeaseGuard, tokio::runtime::Runtime) {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let e = e.clone();
+    std::thread::spawn(move || {
+        let helper = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let guard = helper.block_on(async { timeout(S(10), e.acquire()).await.unwrap().unwrap() });
+        let _ = tx.send((guard, helper));
+    });
+    rx.await.expect("acquired on the helper runtime")
+}
+
+/// 7, 9: the election task was spawned on a runtime that stopped being polled
+/// (a helper current-thread runtime whose `block_on` returned). Guards resolve
+/// at their renew deadline on their own timer, `is_leader` says no from then
+/// on, a new `acquire` starts a new task, and `shutdown` is bounded.
+#[test]
+fn an_election_task_on_a_runtime_no_longer_driven_does_not_hang_the_elector() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
+    // `helper` is kept alive and never driven again.
+    main.block_on(async {
+        assert!(e.is_leader());
+        let lost = timeout(S(11), guard)
+            .await
+            .expect("the guard resolves at its renew deadline on its own timer");
+        assert_eq!(lost, Lost::RenewDeadlineExceeded);
+        assert!(!e.is_leader(), "9: not a leader past the renew deadline");
+        assert!(!e.status().is_leader);
+        let again = timeout(S(120), e.acquire())
+            .await
+            .expect("a new election task starts")
+            .unwrap();
+        assert!(again.is_valid());
+        drop(again);
+        timeout(S(60), e.shutdown(S(1)))
+            .await
+            .expect("shutdown is bounded")
+            .unwrap();
+    });
+    drop(helper);
+}
+
+/// 7: `shutdown` while the only task is stuck on a runtime no longer driven.
+#[test]
+fn shutdown_is_bounded_when_the_election_task_is_not_driven() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
+    main.block_on(async {
+        let result = timeout(S(60), e.shutdown(S(1)))
+            .await
+            .expect("shutdown is bounded");
+        assert!(matches!(result, Err(Error::ElectorStopped)), "{result:?}");
+        assert!(!guard.is_valid());
+        assert!(!e.is_leader());
+    });
+    drop(helper);
+}
+
+// ---- 8. The fencing token ---------------------------------------------------
+
+/// 8: a re-created Lease restarts `leaseTransitions`; the fencing token must
+/// not go back.
+#[tokio::test(start_paused = true)]
+async fn the_fencing_token_grows_across_a_re_creation() {
+    let fake = free();
+    let (e, _) = elector(&fake, config("me"));
+    let first = e.acquire().await.unwrap();
+    let before = first.fencing_token();
+    fake.delete();
+    assert_eq!(first.await, Lost::Deleted);
+    let second = e.acquire().await.unwrap();
+    assert!(
+        second.fencing_token() > before,
+        "{before} then {}",
+        second.fencing_token()
+    );
+}
+
+/// 8: `leaseTransitions` saturates at `i32::MAX`; the token keeps growing.
+#[tokio::test(start_paused = true)]
+async fn the_fencing_token_grows_past_i32_max() {
+    let fake = FakeApi::default();
+    let mut lease = held_by("other", 1);
+    lease.spec.as_mut().unwrap().lease_transitions = Some(i32::MAX - 1);
+    fake.put(lease);
+    let (e, _) = elector(&fake, config("me"));
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let guard = e.acquire().await.unwrap();
+        tokens.push(guard.fencing_token());
+        drop(guard);
+        sleep(MS(10)).await;
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    assert_eq!(tokens[0], i64::from(i32::MAX));
+}
+
+/// 8: a term that continues our own record (re-acquired after every guard was
+/// dropped, the Lease not released) is still a new term.
+#[tokio::test(start_paused = true)]
+async fn every_term_gets_a_larger_token() {
+    let fake = free();
+    let (e, _) = elector(&fake, config("me").release_on_drop(false));
+    let first = e.acquire().await.unwrap().fencing_token();
+    sleep(S(5)).await;
+    let second = e.acquire().await.unwrap().fencing_token();
+    assert!(second > first, "{first} then {second}");
+}
+
+// ---- 9. is_leader after shutdown began --------------------------------------
+
+/// 9: `is_leader()` is a readiness gate: false as soon as `shutdown` began,
+/// while the guarded work is still given its grace.
+#[tokio::test(start_paused = true)]
+async fn is_leader_is_false_once_shutdown_began() {
+    let fake = free();
+    let (e, _) = elector(&fake, config("me"));
+    let guard = e.acquire().await.unwrap();
+    assert!(e.is_leader());
+    let shutting = tokio::spawn({
+        let e = e.clone();
+        async move { e.shutdown(S(10)).await }
+    });
+    sleep(MS(1)).await;
+    assert!(!e.is_leader());
+    assert!(!e.status().is_leader);
+    drop(guard);
+    shutting.await.unwrap().unwrap();
+}
+
+// ---- 10. run_each_term after a graceful shutdown ----------------------------
+
+/// 10: the guarded work ends on its own because it was wired to
+/// `shutdown_requested` (`graceful_shutdown_on`): still a shutdown.
+#[tokio::test(start_paused = true)]
+async fn run_each_term_reports_a_shutdown_when_the_work_ended_through_graceful_shutdown_on() {
+    let fake = free();
+    let (e, _) = elector(&fake, config("me"));
+    let run = tokio::spawn({
+        let e = e.clone();
+        async move {
+            e.run_each_term(|| stream::pending::<()>().take_until(e.shutdown_requested()))
+                .await
+        }
+    });
+    sleep(S(1)).await;
+    assert!(e.is_leader() || holder(&fake).as_deref() == Some("me"));
+    e.shutdown(S(5)).await.unwrap();
+    assert_eq!(run.await.unwrap(), Some(Lost::Released));
+}
+
+// ---- 11. No panic from any argument -----------------------------------------
+
+/// 11: every duration is bounded by validation, and no argument panics.
+#[tokio::test(start_paused = true)]
+async fn no_argument_panics() {
+    let max = Duration::MAX;
+    let base = || LeaseConfig::new("default", "lease", "me");
+    for config in [
+        base().lease_duration(max),
+        base().renew_deadline(max),
+        base().retry_period(max),
+        base().release_timeout(max),
+        base().release_timeout(S(u64::from(u32::MAX))),
+    ] {
+        assert!(config.validate().is_err(), "{config:?}");
+    }
+    assert!(matches!(
+        base().release_timeout(max).validate(),
+        Err(ConfigError::TooLong { .. })
+    ));
+    let fake = free();
+    let (e, _) = elector(&fake, config("me"));
+    let guard = e.acquire().await.unwrap();
+    assert!(e.health_check(max).is_ok());
+    let signal = e.shutdown_requested();
+    tokio::spawn(async move {
+        signal.await;
+        drop(guard);
+    });
+    e.shutdown(max).await.unwrap();
+    assert_eq!(holder(&fake).as_deref(), Some(""));
+}
+
+// ---- 12. A busy guarded stream ----------------------------------------------
+
+/// 12: a guarded stream that is always ready stops within one item once the
+/// renew deadline passes, even if the elector task has not noticed yet (here
+/// it never does: the term is set by hand).
+#[tokio::test(start_paused = true)]
+async fn a_busy_guarded_stream_stops_within_one_item_after_the_renew_deadline() {
+    let fake = free();
+    let (e, _) = elector(&fake, config("me"));
+    let deadline = Instant::now() + S(10);
+    e.set_term_for_test(Arc::new(Term::new(1, Instant::now(), S(10))));
+    let mut guarded = pin!(stream::repeat(()).with_leader_election(&e));
+    let mut late = 0;
+    let mut items = 0;
+    while let Some(()) = guarded.next().now_or_never().expect("always ready") {
+        items += 1;
+        if Instant::now() >= deadline {
+            late += 1;
+        }
+        advance(MS(30)).await;
+        assert!(items < 10_000, "never stopped");
+    }
+    assert_eq!(late, 0, "items yielded after the renew deadline");
+    assert_eq!(guarded.lost(), Some(&Lost::RenewDeadlineExceeded));
+}
+
+// ---- 13. Wake-up storms, and a release that meets a conflict -----------------
+
+/// 13: a storm of wake-ups (guards created and dropped without pause on
+/// another thread) must not starve the renewals. This test runs in real time
+/// on a multi-threaded runtime (a storm that starves needs a second thread; on
+/// paused time it would freeze the clock), with short timings: it observes
+/// that the term outlives several renew deadlines.
+#[test]
+fn a_storm_of_wake_ups_does_not_starve_the_renewals() {
+    let fake = free();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap();
+    let fast = config("me")
+        .lease_duration(S(2))
+        .renew_deadline(MS(900))
+        .retry_period(MS(300));
+    let (e, _) = rt.block_on(async { elector(&fake, fast) });
+    let guard = rt.block_on(async { timeout(S(10), e.acquire()).await.unwrap().unwrap() });
+    let stop = Arc::new(AtomicBool::new(false));
+    let storm = std::thread::spawn({
+        let (e, stop) = (e.clone(), stop.clone());
+        move || {
+            while !stop.load(Ordering::Relaxed) {
+                drop(e.acquire().now_or_never());
+            }
+        }
+    });
+    rt.block_on(async {
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(2500) {
+            assert!(guard.is_valid(), "renewals starved after {:?}", start.elapsed());
+            tokio::time::sleep(MS(50)).await;
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    storm.join().unwrap();
+}
+
+/// 13: a release that meets a conflict (the Lease was modified, say its
+/// `preferredHolder` set, between the read and the write) is retried once
+/// after a fresh read, like client-go's.
+#[tokio::test(start_paused = true)]
+async fn a_release_that_meets_a_conflict_is_retried_after_a_fresh_read() {
+    let fake = free();
+    let (e, id) = elector(&fake, config("me"));
+    let guard = e.acquire().await.unwrap();
+    fake.fault(id, Some("update"), Fault::Status(409));
+    drop(guard);
+    sleep(MS(10)).await;
+    assert_eq!(holder(&fake).as_deref(), Some(""), "released on the second try");
+}
+
+// ---- 14. Flapping demand ----------------------------------------------------
+
+/// 14: demand that flaps (an `acquire` created and dropped repeatedly) must
+/// not cost a LIST, a WATCH and a GET each time.
+#[tokio::test(start_paused = true)]
+async fn flapping_demand_keeps_one_observation() {
+    let fake = FakeApi::default();
+    fake.put(held_by("other", 15));
+    let (e, id) = elector(&fake, config("me"));
+    let start = Instant::now() - MS(1);
+    for _ in 0..10 {
+        assert!(timeout(MS(100), e.acquire()).await.is_err());
+        sleep(MS(100)).await;
+    }
+    for verb in ["list", "watch", "get"] {
+        let n = count(&fake, id, verb, start);
+        assert!(n <= 1, "{n} {verb} requests for 10 short-lived acquires: {:?}", fake.seen());
+    }
+}
