@@ -104,6 +104,9 @@ pub(crate) struct Inner {
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
     metrics: Metrics,
+    /// Tests: a wake-up between any two waits of the task (a storm of them).
+    #[cfg(test)]
+    pub(crate) storm: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -184,9 +187,9 @@ impl Memory {
     /// The fencing token of a term that wrote `transitions`: strictly more
     /// than every token before it, also once the Lease's counter saturates.
     fn next_token(&mut self, transitions: i32) -> i64 {
-        let token = self
-            .last_token
-            .map_or(i64::from(transitions), |last| (last + 1).max(i64::from(transitions)));
+        let token = self.last_token.map_or(i64::from(transitions), |last| {
+            (last + 1).max(i64::from(transitions))
+        });
         self.last_token = Some(token);
         token
     }
@@ -224,6 +227,8 @@ impl LeaderElector {
                 status: watch::Sender::new(LeaderStatus::default()),
                 shutdown_tx: Mutex::new(Some(shutdown_tx)),
                 shutdown_rx: shutdown_rx.shared(),
+                #[cfg(test)]
+                storm: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
@@ -414,6 +419,18 @@ impl LeaderElector {
 impl LeaderElector {
     pub(crate) fn set_term_for_test(&self, term: Arc<Term>) {
         self.inner.lock().term = Some(term);
+    }
+
+    /// A wake-up between any two waits of the election task, for ever.
+    pub(crate) fn storm_for_test(&self) {
+        self.inner.storm.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Ends [`storm_for_test`](Self::storm_for_test).
+    pub(crate) fn inner_storm_off_for_test(&self) {
+        self.inner
+            .storm
+            .store(false, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -898,6 +915,10 @@ impl Task {
     /// later `acquire` waits for the next term instead of receiving a guard of
     /// a term about to end.
     fn demand(&mut self, giving_up: bool) -> Demand {
+        #[cfg(test)]
+        if self.inner.storm.load(std::sync::atomic::Ordering::Relaxed) {
+            self.inner.wake.notify_one();
+        }
         let mut state = self.inner.lock();
         if state.active != Some(self.generation) {
             return Demand::Abandoned;
@@ -1089,7 +1110,8 @@ impl Task {
                     continue;
                 }
                 Demand::Unwanted => {
-                    let until = *linger_until.get_or_insert_with(|| Instant::now() + self.config().retry_period);
+                    let until =
+                        *linger_until.get_or_insert_with(|| Instant::now() + self.config().retry_period);
                     if Instant::now() >= until {
                         if self.exit() {
                             debug!("nobody wants leadership: leaving the election");
@@ -1181,9 +1203,9 @@ impl Task {
                 let spec = record::taken(
                     None,
                     &cfg.identity,
-                    self.seconds_to_write(Some(risk.map_or(now + cfg.lease_duration, |r| {
-                        r.max(now + cfg.lease_duration)
-                    }))),
+                    self.seconds_to_write(Some(
+                        risk.map_or(now + cfg.lease_duration, |r| r.max(now + cfg.lease_duration)),
+                    )),
                     transitions,
                     record::now(),
                 );
@@ -1215,7 +1237,9 @@ impl Task {
                     let state = self.inner.lock();
                     (
                         state.memory.own.as_ref().is_some_and(|o| o.matches(object)),
-                        state.memory.next_transitions(Some(observed.spec.lease_transitions.unwrap_or(0))),
+                        state
+                            .memory
+                            .next_transitions(Some(observed.spec.lease_transitions.unwrap_or(0))),
                     )
                 };
                 match record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now) {
@@ -1255,7 +1279,12 @@ impl Task {
     /// the write was ours after all (applied, answered 504 and retried by the
     /// client, whose retry met our own write). A read tells: the record is
     /// exactly the one sent.
-    async fn after_conflict(&mut self, sent_spec: &LeaseSpec, sent: Instant, created: bool) -> Result<Attempt> {
+    async fn after_conflict(
+        &mut self,
+        sent_spec: &LeaseSpec,
+        sent: Instant,
+        created: bool,
+    ) -> Result<Attempt> {
         self.stale = true;
         let bound = self.config().renew_deadline.saturating_sub(sent.elapsed());
         if let Ok(Some(lease)) = self.get(bound).await
@@ -1439,7 +1468,10 @@ impl Task {
             Obs::Known { object, .. } => Some(object.clone()),
             _ => None,
         };
-        let cached_rv = self.cached.as_ref().and_then(|c| c.metadata.resource_version.clone());
+        let cached_rv = self
+            .cached
+            .as_ref()
+            .and_then(|c| c.metadata.resource_version.clone());
         if let Some(object) = &object
             && object.metadata.resource_version.is_some()
             && object.metadata.resource_version == cached_rv
@@ -1453,7 +1485,9 @@ impl Task {
             Some(object) => !run.id.matches(object),
         };
         if !foreign {
-            if self.caught_up && let Some(object) = object {
+            if self.caught_up
+                && let Some(object) = object
+            {
                 // Our record, changed by someone else since our last write
                 // (a `preferredHolder` set, labels): the newest version.
                 self.cached = Some(object);

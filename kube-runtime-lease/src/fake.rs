@@ -223,7 +223,11 @@ impl FakeApi {
             Some(Fault::DelayResponse(d)) => respond_after = d,
             Some(Fault::AppliedThenStatus(code)) => {
                 let _ = self.apply(client, verb, &query, &body);
-                return Ok(status(code, "Injected", "injected fault after the write was applied"));
+                return Ok(status(
+                    code,
+                    "Injected",
+                    "injected fault after the write was applied",
+                ));
             }
             None => {}
         }

@@ -274,7 +274,9 @@ impl LeaseGuard {
 
     /// Whether this guard's timer is set for the current renew deadline.
     pub(crate) fn timer_armed(&self) -> bool {
-        self.timer.as_ref().is_some_and(|t| t.deadline() == self.deadline())
+        self.timer
+            .as_ref()
+            .is_some_and(|t| t.deadline() == self.deadline())
     }
 
     /// The time left before the renew deadline (zero once the term ended):

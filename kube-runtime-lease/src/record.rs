@@ -204,13 +204,12 @@ pub(crate) fn verdict(
         // Free, and reserved for nobody or for us.
         (None, None) => Verdict::Take,
         (None, Some(p)) if p == identity => Verdict::Take,
-        // Free, reserved for someone else.
-        (None, Some(_)) => after(1),
         // Our own term's record.
         (Some(h), _) if h == identity && own => Verdict::Take,
         // Held, its end of term marked for a third candidate.
         (Some(h), Some(p)) if p != identity && p != h => after(2),
-        // Held by someone else, or ours of unknown provenance.
+        // Free but reserved for someone else; held by someone else; or ours
+        // of unknown provenance.
         _ => after(1),
     }
 }
@@ -256,7 +255,11 @@ mod tests {
                     let next = taken(Some(&prev), ME, 30, 9, t(0));
                     assert_eq!(next.holder_identity.as_deref(), Some(ME));
                     assert_eq!(next.lease_duration_seconds, Some(30));
-                    assert_eq!(next.acquire_time, Some(MicroTime(t(0))), "{h:?}: a new acquisition");
+                    assert_eq!(
+                        next.acquire_time,
+                        Some(MicroTime(t(0))),
+                        "{h:?}: a new acquisition"
+                    );
                     assert_eq!(next.renew_time, Some(MicroTime(t(0))));
                     assert_eq!(next.lease_transitions, Some(9));
                     assert_eq!(next.strategy, prev.strategy, "strategy kept");
@@ -265,7 +268,10 @@ mod tests {
                         "preferredHolder kept"
                     );
                     let renewal = renewed(&next, 30, t(2));
-                    assert_eq!(renewal.acquire_time, next.acquire_time, "renewal keeps acquireTime");
+                    assert_eq!(
+                        renewal.acquire_time, next.acquire_time,
+                        "renewal keeps acquireTime"
+                    );
                     assert_eq!(renewal.lease_transitions, next.lease_transitions);
                     assert_eq!(renewal.renew_time, Some(MicroTime(t(2))));
                     assert_eq!(renewal.preferred_holder, prev.preferred_holder);
@@ -299,7 +305,10 @@ mod tests {
     fn a_term_is_its_object_holder_acquire_time_and_transitions() {
         let ours = taken(None, ME, 15, 3, t(0));
         let term = TermId::of(&object("u1", ours.clone())).unwrap();
-        assert!(term.matches(&object("u1", renewed(&ours, 15, t(4)))), "renewed: same term");
+        assert!(
+            term.matches(&object("u1", renewed(&ours, 15, t(4)))),
+            "renewed: same term"
+        );
         let mut labelled = object("u1", ours.clone());
         labelled.metadata.labels = Some([("k".to_owned(), "v".to_owned())].into());
         assert!(term.matches(&labelled), "metadata does not matter");
@@ -426,7 +435,10 @@ mod tests {
             verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(5)),
             Verdict::WaitUntil(now + Duration::from_secs(6))
         );
-        assert_eq!(verdict(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)), Verdict::Take);
+        assert_eq!(
+            verdict(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)),
+            Verdict::Take
+        );
         // Missing duration on a held record: our own duration, never zero.
         let mut unmarked = spec(Some("other"), None, None);
         unmarked.preferred_holder = None;
