@@ -7,7 +7,9 @@
 #      deterministic simulation, doc tests, and the integration tests against
 #      the real apiserver (API behaviour, cross-process failover, client-go)
 #   5. rustdoc with warnings denied
-#   6. cargo deny (advisories from the offline RustSec snapshot, bans, licenses, sources)
+#   6. cargo deny (advisories, bans, licenses, sources; advisories from the
+#      offline RustSec snapshot in ../shared/advisory-db when present, else
+#      fetched by cargo-deny: see scripts/deny.sh)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
