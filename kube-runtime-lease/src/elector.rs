@@ -154,6 +154,12 @@ struct Memory {
     max_transitions: Option<i32>,
     /// The largest fencing token handed out.
     last_token: Option<i64>,
+    /// Guarded work of a term that ended was stopped, not finished: requests
+    /// it sent may land until then (lease duration − renew deadline after the
+    /// term ended, the margin the protocol leaves for it). No later term of
+    /// ours releases the Lease before then: that would let a standby lead
+    /// at once, inside the margin.
+    stopped_until: Option<Instant>,
 }
 
 impl Memory {
@@ -1036,10 +1042,14 @@ impl Task {
                 warn!("lease watch ended; polling every retry period instead");
                 self.watch = None;
                 self.synced = false;
+                self.caught_up = false;
                 true
             }
             Some(Ok(watcher::Event::Init)) => {
+                // A re-list: what it shows is current, but until it is done
+                // the events before it may have been missed.
                 self.init_seen = false;
+                self.caught_up = false;
                 false
             }
             Some(Ok(watcher::Event::InitApply(lease))) => {
@@ -1058,6 +1068,7 @@ impl Task {
                 changed || !was_synced
             }
             Some(Err(e)) => {
+                self.caught_up = false;
                 let forbidden = matches!(&e, watcher::Error::InitialListFailed(kube_client::Error::Api(s))
                     | watcher::Error::WatchStartFailed(kube_client::Error::Api(s)) if s.code == 403 || s.code == 401);
                 self.synced = false;
@@ -1397,6 +1408,12 @@ impl Task {
                 }
             }
             if run.hold.is_some_and(|until| Instant::now() >= until) {
+                // Before handing out guards, one read: the record must still
+                // be ours (a watch, even one caught up with our last write,
+                // may have stalled or broken during the hold).
+                if let Err(lost) = self.verify(run).await {
+                    return (lost, false);
+                }
                 run.hold = None;
                 self.begin_term(&term);
             }
@@ -1530,6 +1547,15 @@ impl Task {
         }
         self.inner.metrics.leading(false);
         let begun = run.hold.is_none();
+        let stopped_until = {
+            let mut state = self.inner.lock();
+            if term.stopped_work() {
+                let cfg = self.config();
+                let until = record::later(Instant::now(), cfg.lease_duration - cfg.renew_deadline);
+                state.memory.stopped_until = Some(state.memory.stopped_until.map_or(until, |u| u.max(until)));
+            }
+            state.memory.stopped_until.filter(|u| *u > Instant::now())
+        };
         let wants_release = match reason {
             Lost::Released if self.inner.lock().shutdown => {
                 info!(%reason, "leadership ended");
@@ -1558,6 +1584,13 @@ impl Task {
         } else if term.stopped_work() {
             warn!(
                 "guarded work was stopped, not finished, when the term ended (requests it sent may still land): \
+                 not releasing; the lease will expire after its lease duration"
+            );
+            Ok(())
+        } else if let Some(until) = stopped_until {
+            warn!(
+                left = ?until.saturating_duration_since(Instant::now()),
+                "guarded work of an earlier term was stopped, not finished, too recently: \
                  not releasing; the lease will expire after its lease duration"
             );
             Ok(())

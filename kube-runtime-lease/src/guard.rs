@@ -59,6 +59,10 @@ pub(crate) struct Term {
     dropped: Notify,
     /// Set once the term ended: a cheap check for every poll of a guarded stream.
     ended: AtomicBool,
+    /// Whether guarded work was stopped rather than finished: a guard was
+    /// still alive when the term ended, or was dropped only after the renew
+    /// deadline had passed. Requests that work sent may still land.
+    stopped_work: AtomicBool,
     /// The renew deadline as nanoseconds after `base`, readable without the lock.
     base: Instant,
     deadline_nanos: AtomicU64,
@@ -70,9 +74,6 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
 
 struct TermInner {
     lost: Option<Lost>,
-    /// Whether guards were still alive when the term ended: their work was
-    /// stopped, not finished, and requests it sent may still land.
-    stopped_work: bool,
     /// The renew deadline: the instant before the last successful write was sent, plus the renew deadline.
     deadline: Instant,
     last_renewal: Instant,
@@ -93,7 +94,6 @@ impl Term {
             token,
             inner: Mutex::new(TermInner {
                 lost: None,
-                stopped_work: false,
                 deadline: sent_at + renew_deadline,
                 last_renewal: sent_at,
                 senders: Vec::new(),
@@ -101,6 +101,7 @@ impl Term {
             live: AtomicUsize::new(0),
             dropped: Notify::new(),
             ended: AtomicBool::new(false),
+            stopped_work: AtomicBool::new(false),
             base: sent_at,
             deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
         }
@@ -142,7 +143,7 @@ impl Term {
 
     /// Whether guards were still alive when the term ended (see [`Term::lose`]).
     pub(crate) fn stopped_work(&self) -> bool {
-        self.lock().stopped_work
+        self.stopped_work.load(Ordering::Acquire)
     }
 
     pub(crate) fn last_renewal(&self) -> Instant {
@@ -182,7 +183,9 @@ impl Term {
             inner.lost = Some(reason.clone());
             // Guards are only created under this lock, and only while the term
             // holds: the count cannot grow from here on.
-            inner.stopped_work = self.live_guards() > 0;
+            if self.live_guards() > 0 {
+                self.stopped_work.store(true, Ordering::Release);
+            }
             self.ended.store(true, Ordering::Release);
             std::mem::take(&mut inner.senders)
         };
@@ -357,6 +360,8 @@ impl Future for LeaseGuard {
                     // Final (see `Term::renewed`): the term ends for every
                     // guard, whether or not the elector task ever notices.
                     self.term.lose(&Lost::RenewDeadlineExceeded);
+                    // The elector task ends the term its way (status, metrics).
+                    self.wake.notify_one();
                     self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded)
                 }
             },
@@ -399,6 +404,10 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
+        if self.deadline_passed() {
+            // Kept past the deadline: whatever it guarded was stopped by it.
+            self.term.stopped_work.store(true, Ordering::Release);
+        }
         self.term.live.fetch_sub(1, Ordering::AcqRel);
         self.term.dropped.notify_waiters();
         self.wake.notify_one();

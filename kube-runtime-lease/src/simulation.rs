@@ -1,9 +1,14 @@
 //! A deterministic simulation: several candidates on one Lease, thousands of
-//! random schedules of delays, failures, partitions, latency spikes, deletions
-//! and voluntary releases, on paused time. Asserts that no two candidates ever
-//! lead at the same virtual instant, that someone leads once faults stop, that
-//! a guard is valid when handed out, and that no term ends as
-//! [`Lost::Released`] (which only a shutdown may cause).
+//! random schedules of delays, failures, partitions, latency spikes, deletions,
+//! foreign writes, writes applied but answered 409, voluntary releases,
+//! acquisitions given up, shutdowns (with guarded work that finishes in its
+//! grace or has to be stopped) and restarts, on paused time; in a third of the
+//! schedules two candidates share one identity. Asserts that no two candidates
+//! ever act as leader at the same virtual instant, counting, for guarded work
+//! that was stopped rather than finished, a tail of [`TAIL`] after the stop
+//! during which requests it sent may still land; that someone leads once
+//! faults stop; that a guard is valid when handed out; and that no term ends
+//! as [`Lost::Released`] without a shutdown.
 //!
 //! `KRL_SIM_SCHEDULES` sets the number of schedules (default 1000);
 //! `KRL_SIM_SEED` replays one schedule.
@@ -13,7 +18,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::time::{Instant, sleep};
+use tokio::time::{Instant, sleep, timeout};
 
 use crate::{
     LeaderElector, LeaseConfig, LeaseGuard, Lost,
@@ -22,6 +27,10 @@ use crate::{
 
 const CANDIDATES: usize = 3;
 const CHAOS: Duration = Duration::from_secs(60);
+/// How long after guarded work is stopped its requests may still land: less
+/// than lease duration − renew deadline (1 s here), the margin the protocol
+/// leaves for it.
+const TAIL: Duration = Duration::from_millis(300);
 
 #[derive(Clone, Copy, Debug)]
 struct Interval {
@@ -30,9 +39,9 @@ struct Interval {
     end: Option<Instant>,
 }
 
-fn config(i: usize, watch: bool) -> LeaseConfig {
-    LeaseConfig::new("default", "lease", format!("c{i}"))
-        .lease_duration(Duration::from_secs(3))
+fn config(identity: &str, watch: bool) -> LeaseConfig {
+    LeaseConfig::new("default", "lease", identity)
+        .lease_duration(LEASE)
         .renew_deadline(Duration::from_secs(2))
         .retry_period(Duration::from_millis(800))
         .release_timeout(Duration::from_secs(1))
@@ -50,77 +59,212 @@ fn ms(rng: &mut fastrand::Rng, max: u64) -> Duration {
     Duration::from_millis(rng.u64(0..=max))
 }
 
-/// One candidate: leads whenever it can, until aborted; records its terms.
-async fn candidate(
+/// How a term of a simulated candidate ended.
+enum End {
+    /// Lost (or its renew deadline passed): the work was stopped.
+    Lost,
+    /// Given up after the work finished.
+    Voluntary,
+    /// The candidate shuts down.
+    Shutdown,
+}
+
+/// One candidate process, and the processes that replace it when it shuts
+/// down (a restart, with the same identity).
+struct Candidate {
     seed: u64,
     i: usize,
-    elector: LeaderElector,
+    identity: String,
+    watch: bool,
+    fake: FakeApi,
+    client: kube_client::Client,
     intervals: Arc<Mutex<Vec<Interval>>>,
-    mut crng: fastrand::Rng,
-) {
-    loop {
-        let Ok(guard) = elector.acquire().await else {
-            return;
-        };
-        assert!(
-            guard.is_valid(),
-            "seed {seed}: c{i} was handed a guard of an ended term"
-        );
-        let at = intervals.lock().unwrap().len();
-        tracing::info!(candidate = i, "SIM leads");
-        intervals.lock().unwrap().push(Interval {
-            who: i,
+    rng: fastrand::Rng,
+    /// Random shutdowns, restarts and abandoned acquisitions stop then.
+    chaos_until: Instant,
+}
+
+impl Candidate {
+    fn elector(&self) -> LeaderElector {
+        LeaderElector::new(self.client.clone(), config(&self.identity, self.watch)).unwrap()
+    }
+
+    fn chaos(&self) -> bool {
+        Instant::now() < self.chaos_until
+    }
+
+    fn start(&self) -> usize {
+        tracing::info!(candidate = self.i, "SIM leads");
+        let mut intervals = self.intervals.lock().unwrap();
+        intervals.push(Interval {
+            who: self.i,
             start: Instant::now(),
             end: None,
         });
-        // Sometimes give leadership up voluntarily after a while.
-        let hold = if crng.u8(0..4) == 0 {
-            ms(&mut crng, 5000)
-        } else {
-            Duration::from_secs(3600)
-        };
-        tokio::select! {
-            () = guard.lost_signal() => assert_ne!(
-                guard.lost(),
-                Some(Lost::Released),
-                "seed {seed}: c{i}'s term ended as Released without a shutdown"
-            ),
-            // Noticing the renew deadline before the elector task
-            // does, as `WithLeaderElection` may.
-            () = past_deadline(&guard) => {}
-            () = sleep(hold) => {}
-        }
-        intervals.lock().unwrap()[at].end = Some(Instant::now());
-        tracing::info!(candidate = i, "SIM stops leading");
-        drop(guard);
-        // Often campaign again at once, as a guarded stream in a loop does.
-        if crng.bool() {
-            sleep(ms(&mut crng, 1500)).await;
+        intervals.len() - 1
+    }
+
+    fn end(&self, at: usize, end: Instant) {
+        tracing::info!(candidate = self.i, "SIM stops leading");
+        self.intervals.lock().unwrap()[at].end = Some(end);
+    }
+
+    /// Leads whenever it can, until aborted; records its terms.
+    async fn run(mut self) {
+        let _ = &self.fake;
+        let mut elector = self.elector();
+        loop {
+            // Sometimes give up waiting (a `timeout(acquire)`), or shut down
+            // while waiting (a rollout), possibly during a creation hold.
+            let give_up = if self.chaos() && self.rng.u8(0..4) == 0 {
+                ms(&mut self.rng, 4000)
+            } else {
+                Duration::from_secs(3600)
+            };
+            let shut_down = self.chaos() && self.rng.u8(0..3) == 0;
+            let guard = match timeout(give_up, elector.acquire()).await {
+                Ok(Ok(guard)) => guard,
+                Ok(Err(_)) => return,
+                Err(_) if shut_down => {
+                    let _ = elector.shutdown(ms(&mut self.rng, 2000)).await;
+                    elector = self.elector();
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            // Valid when handed out: if it is no longer valid when this task
+            // runs, the term was ended in between by what the elector task saw
+            // next (a takeover, a deletion queued on its watch), never by a
+            // renew deadline that had passed before (or a release).
+            assert!(
+                guard.is_valid()
+                    || !matches!(
+                        guard.lost(),
+                        None | Some(Lost::RenewDeadlineExceeded | Lost::Released)
+                    ),
+                "seed {}: c{} was handed a guard of an ended term: {:?}",
+                self.seed,
+                self.i,
+                guard.lost()
+            );
+            let at = self.start();
+            // Sometimes give leadership up after a while, or shut down.
+            let hold = if self.rng.u8(0..4) == 0 {
+                ms(&mut self.rng, 5000)
+            } else {
+                Duration::from_secs(3600)
+            };
+            let shutdown_at = if self.chaos() && self.rng.u8(0..4) == 0 {
+                ms(&mut self.rng, 5000)
+            } else {
+                Duration::from_secs(3600)
+            };
+            let end = tokio::select! {
+                () = guard.lost_signal() => {
+                    assert_ne!(
+                        guard.lost(),
+                        Some(Lost::Released),
+                        "seed {}: c{}'s term ended as Released without a shutdown",
+                        self.seed, self.i
+                    );
+                    End::Lost
+                }
+                // Noticing the renew deadline before the elector task
+                // does, as `WithLeaderElection` may.
+                () = past_deadline(&guard) => End::Lost,
+                () = sleep(hold) => End::Voluntary,
+                () = sleep(shutdown_at) => End::Shutdown,
+            };
+            match end {
+                // Work stopped in flight: its requests may land a while later,
+                // unless someone else wrote the record free (an admin): a
+                // follower takes that at once, and nothing can tell it from a
+                // release; the term ends on the event itself.
+                End::Lost if matches!(guard.lost(), Some(Lost::TakenOver { holder }) if holder.is_empty()) => {
+                    self.end(at, Instant::now());
+                }
+                End::Lost => self.end(at, Instant::now() + TAIL),
+                // Work finished: nothing more lands.
+                End::Voluntary => self.end(at, Instant::now()),
+                End::Shutdown => {
+                    let grace = ms(&mut self.rng, 2000);
+                    let shutting = tokio::spawn({
+                        let elector = elector.clone();
+                        async move { elector.shutdown(grace).await }
+                    });
+                    if self.rng.bool() {
+                        // The work finishes within its grace.
+                        let finish = ms(&mut self.rng, grace.as_millis().try_into().unwrap_or(0));
+                        tokio::select! {
+                            () = guard.lost_signal() => self.end(at, Instant::now() + TAIL),
+                            () = past_deadline(&guard) => self.end(at, Instant::now() + TAIL),
+                            () = sleep(finish) => self.end(at, Instant::now()),
+                        }
+                    } else {
+                        // The work ignores the request; it is stopped when
+                        // the grace runs out (or the term ends first).
+                        tokio::select! {
+                            () = guard.lost_signal() => {}
+                            () = past_deadline(&guard) => {}
+                        }
+                        self.end(at, Instant::now() + TAIL);
+                    }
+                    drop(guard);
+                    let _ = shutting.await;
+                    elector = self.elector();
+                    continue;
+                }
+            }
+            drop(guard);
+            // Often campaign again at once, as a guarded stream in a loop does.
+            if self.rng.bool() {
+                sleep(ms(&mut self.rng, 1500)).await;
+            }
         }
     }
 }
 
-async fn schedule(seed: u64) -> Vec<Interval> {
+async fn schedule(seed: u64) -> Run {
     let mut rng = fastrand::Rng::with_seed(seed);
     // The library's own jitter draws from the thread-local generator: seed it too.
     fastrand::seed(seed);
     let fake = FakeApi::default();
     let intervals = Arc::new(Mutex::new(Vec::<Interval>::new()));
+    let shared_identity = rng.u8(0..3) == 0;
+    let start = Instant::now();
     let mut ids = Vec::new();
+    let mut latency = Vec::new();
     let mut tasks = Vec::new();
+    let mut foreign_free = Vec::new();
     for i in 0..CANDIDATES {
         let (client, id) = fake.client();
         ids.push(id);
-        let elector = LeaderElector::new(client, config(i, rng.bool())).unwrap();
-        let intervals = intervals.clone();
-        let crng = fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(i as u64));
-        tasks.push(tokio::spawn(candidate(seed, i, elector, intervals, crng)));
+        // Every request takes a little while: a read to confirm is never free.
+        latency.push(ms(&mut rng, 20));
+        fake.set_latency(id, latency[i]);
+        let identity = if shared_identity && i == CANDIDATES - 1 {
+            "c0".to_owned()
+        } else {
+            format!("c{i}")
+        };
+        let candidate = Candidate {
+            seed,
+            i,
+            identity,
+            watch: rng.bool(),
+            fake: fake.clone(),
+            client,
+            intervals: intervals.clone(),
+            rng: fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(i as u64)),
+            chaos_until: start + CHAOS,
+        };
+        tasks.push(tokio::spawn(candidate.run()));
     }
-    let start = Instant::now();
     while start.elapsed() < CHAOS {
         sleep(ms(&mut rng, 1500)).await;
-        let victim = ids[rng.usize(0..CANDIDATES)];
-        let action = rng.u8(0..10);
+        let k = rng.usize(0..CANDIDATES);
+        let victim = ids[k];
+        let action = rng.u8(0..12);
         tracing::info!(victim, action, "SIM fault");
         match action {
             0 => fake.fault(
@@ -140,13 +284,27 @@ async fn schedule(seed: u64) -> Vec<Interval> {
             }
             4 => {
                 fake.set_latency(victim, ms(&mut rng, 2500));
-                let (f, d) = (fake.clone(), ms(&mut rng, 5000));
+                let (f, d, base) = (fake.clone(), ms(&mut rng, 5000), latency[k]);
                 tokio::spawn(async move {
                     sleep(d).await;
-                    f.set_latency(victim, Duration::ZERO);
+                    f.set_latency(victim, base);
                 });
             }
             5 => fake.delete(),
+            // Someone else (an admin, client-go >= 0.34's release path)
+            // writes the record free.
+            6 => {
+                foreign_free.push(Instant::now());
+                if let Some(mut lease) = fake.lease() {
+                    if let Some(spec) = lease.spec.as_mut() {
+                        spec.holder_identity = Some(String::new());
+                    }
+                    fake.put(lease);
+                }
+            }
+            // A write applied, answered 504, retried, answered 409.
+            7 => fake.fault(victim, Some("update"), Fault::AppliedThenStatus(409)),
+            8 => fake.fault(victim, Some("create"), Fault::AppliedThenStatus(409)),
             _ => {}
         }
     }
@@ -161,7 +319,7 @@ async fn schedule(seed: u64) -> Vec<Interval> {
         t.abort();
     }
     let now = Instant::now();
-    intervals
+    let intervals = intervals
         .lock()
         .unwrap()
         .iter()
@@ -169,18 +327,50 @@ async fn schedule(seed: u64) -> Vec<Interval> {
             end: Some(iv.end.unwrap_or(now)),
             ..*iv
         })
-        .collect()
+        .collect();
+    Run {
+        intervals,
+        foreign_free,
+    }
 }
 
-fn check(seed: u64, intervals: &[Interval]) {
+/// What a schedule did, for [`check`].
+struct Run {
+    intervals: Vec<Interval>,
+    /// When someone else wrote the record free.
+    foreign_free: Vec<Instant>,
+}
+
+/// The simulated lease duration.
+const LEASE: Duration = Duration::from_secs(3);
+
+fn check(seed: u64, run: &Run) {
+    let intervals = &run.intervals;
     for (k, a) in intervals.iter().enumerate() {
-        for b in &intervals[k + 1..] {
+        // A candidate's own next term may begin within its last one's tail:
+        // one process, whose fencing token tells its terms apart.
+        for b in intervals[k + 1..].iter().filter(|b| b.who != a.who) {
             let (a_end, b_end) = (a.end.unwrap(), b.end.unwrap());
             let disjoint = a_end <= b.start || b_end <= a.start;
+            // A free record written by someone else (an admin) while `a`
+            // led: a follower takes it within one event and one write, and
+            // the leader ends its term on that event only if its watch had
+            // delivered its own last write and it was not waiting on a
+            // request of its own (a renewal in flight answers 409 first): an
+            // overlap right after such a write is the writer's doing, and the
+            // unit suite pins down the caught-up case
+            // (`regressions::a_free_record_written_by_someone_else_ends_the_term_on_the_event`).
+            let (first, second) = if a.start <= b.start { (a, b) } else { (b, a) };
+            // (`first` may hold a guard of a term begun before the write.)
+            let excused = run
+                .foreign_free
+                .iter()
+                .any(|&w| first.start < w + LEASE && w <= second.start && second.start < w + LEASE);
             assert!(
-                disjoint,
+                disjoint || excused,
                 "seed {seed}: c{} and c{} both led: {a:?} {b:?}",
-                a.who, b.who
+                a.who,
+                b.who
             );
         }
     }
@@ -225,8 +415,9 @@ fn no_two_candidates_ever_lead_at_the_same_instant() {
                             .start_paused(true)
                             .build()
                             .unwrap();
-                        let intervals = rt.block_on(schedule(seed));
-                        check(seed, &intervals);
+                        let run = rt.block_on(schedule(seed));
+                        check(seed, &run);
+                        let intervals = run.intervals;
                         terms += intervals.len();
                         handovers += intervals.windows(2).filter(|w| w[0].who != w[1].who).count();
                     }
