@@ -1551,7 +1551,10 @@ impl Task {
             let mut state = self.inner.lock();
             if term.stopped_work() {
                 let cfg = self.config();
-                let until = record::later(Instant::now(), cfg.lease_duration - cfg.renew_deadline);
+                let until = record::later(
+                    Instant::now(),
+                    cfg.lease_duration.saturating_sub(cfg.renew_deadline),
+                );
                 state.memory.stopped_until = Some(state.memory.stopped_until.map_or(until, |u| u.max(until)));
             }
             state.memory.stopped_until.filter(|u| *u > Instant::now())

@@ -266,47 +266,7 @@ async fn schedule(seed: u64) -> Run {
         let victim = ids[k];
         let action = rng.u8(0..12);
         tracing::info!(victim, action, "SIM fault");
-        match action {
-            0 => fake.fault(
-                victim,
-                None,
-                Fault::Status(*[500u16, 503, 409, 429, 403].get(rng.usize(0..5)).unwrap()),
-            ),
-            1 => fake.fault(victim, Some("update"), Fault::DelayResponse(ms(&mut rng, 4000))),
-            2 => fake.fault(victim, None, Fault::DelayRequest(ms(&mut rng, 4000))),
-            3 => {
-                fake.partition(victim, true);
-                let (f, d) = (fake.clone(), ms(&mut rng, 6000));
-                tokio::spawn(async move {
-                    sleep(d).await;
-                    f.partition(victim, false);
-                });
-            }
-            4 => {
-                fake.set_latency(victim, ms(&mut rng, 2500));
-                let (f, d, base) = (fake.clone(), ms(&mut rng, 5000), latency[k]);
-                tokio::spawn(async move {
-                    sleep(d).await;
-                    f.set_latency(victim, base);
-                });
-            }
-            5 => fake.delete(),
-            // Someone else (an admin, client-go >= 0.34's release path)
-            // writes the record free.
-            6 => {
-                foreign_free.push(Instant::now());
-                if let Some(mut lease) = fake.lease() {
-                    if let Some(spec) = lease.spec.as_mut() {
-                        spec.holder_identity = Some(String::new());
-                    }
-                    fake.put(lease);
-                }
-            }
-            // A write applied, answered 504, retried, answered 409.
-            7 => fake.fault(victim, Some("update"), Fault::AppliedThenStatus(409)),
-            8 => fake.fault(victim, Some("create"), Fault::AppliedThenStatus(409)),
-            _ => {}
-        }
+        inject(&fake, &mut rng, victim, latency[k], action, &mut foreign_free);
     }
     // Heal; partitions and latency end within 6 s, queued faults are few.
     sleep(Duration::from_secs(30)).await;
@@ -343,6 +303,59 @@ struct Run {
 
 /// The simulated lease duration.
 const LEASE: Duration = Duration::from_secs(3);
+
+/// Injects fault `action` on the client `victim` (whose usual latency is
+/// `base_latency`).
+fn inject(
+    fake: &FakeApi,
+    rng: &mut fastrand::Rng,
+    victim: usize,
+    base_latency: Duration,
+    action: u8,
+    foreign_free: &mut Vec<Instant>,
+) {
+    match action {
+        0 => fake.fault(
+            victim,
+            None,
+            Fault::Status(*[500u16, 503, 409, 429, 403].get(rng.usize(0..5)).unwrap()),
+        ),
+        1 => fake.fault(victim, Some("update"), Fault::DelayResponse(ms(rng, 4000))),
+        2 => fake.fault(victim, None, Fault::DelayRequest(ms(rng, 4000))),
+        3 => {
+            fake.partition(victim, true);
+            let (f, d) = (fake.clone(), ms(rng, 6000));
+            tokio::spawn(async move {
+                sleep(d).await;
+                f.partition(victim, false);
+            });
+        }
+        4 => {
+            fake.set_latency(victim, ms(rng, 2500));
+            let (f, d) = (fake.clone(), ms(rng, 5000));
+            tokio::spawn(async move {
+                sleep(d).await;
+                f.set_latency(victim, base_latency);
+            });
+        }
+        5 => fake.delete(),
+        // Someone else (an admin, client-go >= 0.34's release path)
+        // writes the record free.
+        6 => {
+            foreign_free.push(Instant::now());
+            if let Some(mut lease) = fake.lease() {
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.holder_identity = Some(String::new());
+                }
+                fake.put(lease);
+            }
+        }
+        // A write applied, answered 504, retried, answered 409.
+        7 => fake.fault(victim, Some("update"), Fault::AppliedThenStatus(409)),
+        8 => fake.fault(victim, Some("create"), Fault::AppliedThenStatus(409)),
+        _ => {}
+    }
+}
 
 fn check(seed: u64, run: &Run) {
     let intervals = &run.intervals;
