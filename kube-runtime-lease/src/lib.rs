@@ -95,28 +95,83 @@
 //! does not depend on it.
 //!
 //! # Choices this crate makes (where client-go is silent or unsafe)
+//! The one promise is "exactly one leader, never none": where client-go's
+//! protocol leaves a schedule open, this crate closes it, at the cost noted.
+//!
 //! - A record with a missing, zero or negative `leaseDurationSeconds` is held
 //!   for this candidate's own lease duration (client-go would take it at once).
-//! - A candidate that *creates* the Lease holds it, renewing, for one lease
-//!   duration before it starts leading: a deleted Lease leaves no trace, and
-//!   its last holder may still believe it leads until its renew deadline.
-//! - A record naming this candidate is renewed at once only if it is the
-//!   Lease object of one of its own terms; otherwise (a write of ours that we
-//!   gave up on, landing late) it is treated like anyone else's.
-//! - A free Lease whose `preferredHolder` names another candidate is left to
-//!   that candidate for one lease duration; a leader whose Lease names another
-//!   preferred holder steps down and releases.
-//! - Releasing re-reads the Lease and writes it free only if it still names
-//!   this candidate, with the resourceVersion just read.
+//! - **The creation hold.** A deleted Lease leaves no trace, and its last
+//!   holder may still believe it leads until its renew deadline. A candidate
+//!   that *creates* the Lease, or takes over a Lease object that replaced one
+//!   it saw held, holds it (renewing) until the longest lease duration seen on
+//!   the replaced record has passed since it saw it go (at least one lease
+//!   duration after creating) before it leads, and every record it writes
+//!   during the hold carries a `leaseDurationSeconds` that covers the rest of
+//!   the hold, so that candidates that never saw the old record wait as long.
+//!   The Lease is never written free during the hold (a shutdown or a dropped
+//!   `acquire` lets it expire), a later campaign of the same elector keeps the
+//!   hold, and its end is confirmed with a read before any guard is handed out.
+//!   Cost: a brand-new Lease is led one lease duration after its creation.
+//! - **"Ours" means our own term's record**: the same Lease object (`uid`),
+//!   holder, `acquireTime` and `leaseTransitions` as the write that began our
+//!   term. Every term begins with a new acquisition (`acquireTime = now`,
+//!   `leaseTransitions` above every value seen on the Lease's name), also when
+//!   the record it takes names our identity. So a record written by another
+//!   process with the same identity (a duplicate, a paused leader's successor)
+//!   or by a write of ours that we gave up on is waited out like anyone
+//!   else's, and a leader that finds such a record at a renewal has been taken
+//!   over.
+//! - A write answered 409 that was in fact applied (a request answered 504
+//!   and retried by the client) is recognised by one read: the record is
+//!   exactly the one sent (holder, times to the microsecond, transitions).
+//! - **Release only after the guarded work ended.** A Lease is written free
+//!   (on [`LeaderElector::shutdown`], when the last guard is dropped, or on a
+//!   step-down) only if every guard of the term had been dropped before the
+//!   term ended. If guarded work had to be stopped (a grace that ran out, a
+//!   step-down, a loss), requests it sent may still land, so the Lease is left
+//!   to expire instead, and for lease duration − renew deadline after such a
+//!   stop no later term of this elector releases either. client-go's
+//!   `ReleaseOnCancel` asks its users for the same; here it is enforced.
+//! - Once the watch has delivered our own last write, a later event showing a
+//!   record not of our term (a takeover, a deletion, a free record written by
+//!   an admin or by client-go ≥ 0.34's release path) ends the term on the
+//!   event itself; an event that may be older is confirmed with a read first.
+//! - **`preferredHolder`** (Coordinated Leader Election): a free Lease whose
+//!   `preferredHolder` names another candidate is left to it for one lease
+//!   duration; a held Lease whose end of term is marked for a third candidate
+//!   is left to the preferred holder for one lease duration after it expires.
+//!   A leader steps down only for a `preferredHolder` set during its term: one
+//!   already on the record when it took the Lease was given its chance, so a
+//!   preferred holder that never campaigns (a pod that no longer exists)
+//!   cannot stop the election. The term ends at once, and the Lease is
+//!   released only if no guarded work had to be stopped.
+//! - Releasing re-reads the Lease and writes it free only if it still holds a
+//!   record of our term, with the resourceVersion just read; a conflict is
+//!   retried once after a fresh read, as client-go does.
 //! - A passed renew deadline is final, as guards and guarded streams see it on
 //!   their own clock: a renewal answered after it does not bring the term
-//!   back, and no guard of that term is handed out any more.
+//!   back, no guard of that term is handed out any more, a [`LeaseGuard`]
+//!   resolves at the deadline on its own timer (also when the elector's task
+//!   can no longer run), a guarded stream stops within one item of it, and
+//!   [`LeaderElector::is_leader`] says no from then on (and from the moment
+//!   [`LeaderElector::shutdown`] begins).
+//! - The fencing token ([`LeaseGuard::fencing_token`]) grows with every term,
+//!   across re-creations of the Lease object and past `i32::MAX`.
 //! - Why a term ended is exact: [`Lost::Released`] only ever follows
 //!   [`LeaderElector::shutdown`], so a loop that campaigns again after any
 //!   other loss (as [`LeaderElector::run_each_term`] does) stops only when it
 //!   should; a background task lost with its runtime ends terms as
 //!   [`Lost::ElectorStopped`] and fails waiting acquisitions with
 //!   [`Error::ElectorStopped`].
+//! - A background task whose runtime is no longer driven (spawned on a helper
+//!   runtime that stopped being polled) is left behind by the next `acquire`
+//!   that waits a renew deadline and a retry period without hearing from it:
+//!   a new task starts on the waiter's runtime, and the old one can never
+//!   write to the Lease again. [`LeaderElector::shutdown`] is bounded the same
+//!   way.
+//! - When nobody wants leadership any more, the task keeps its watch for one
+//!   retry period before it stops, so that demand that flaps (an `acquire`
+//!   created and dropped repeatedly) costs no new LIST, WATCH and GET.
 //!
 //! # Features
 //! - `metrics`: `LeaseMetrics`, leader-election metrics registered into a
