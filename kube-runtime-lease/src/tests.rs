@@ -861,3 +861,46 @@ async fn shutdown_during_a_renewal_in_flight_still_releases() {
     e.shutdown(S(5)).await.unwrap();
     assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""), "released");
 }
+
+/// The renew deadline counts from the instant before the successful request
+/// was sent, not from its answer: a renewal applied at once but answered late
+/// extends the term only from when it was sent. (Counted from the answer, a
+/// leader would believe it leads up to the response delay longer than any
+/// follower allows.)
+#[tokio::test(start_paused = true)]
+async fn the_renew_deadline_counts_from_before_the_request_not_from_its_answer() {
+    let fake = free();
+    let (e, id) = elector(&fake, config("me").watch(false));
+    let guard = e.acquire().await.unwrap();
+    // The renewal at +2 s takes effect at once and is answered at +3.5 s.
+    fake.fault(
+        id,
+        Some("update"),
+        Fault::DelayResponse(Duration::from_millis(1500)),
+    );
+    sleep(Duration::from_millis(3600)).await;
+    assert!(guard.is_valid());
+    assert_eq!(
+        guard.time_left(),
+        Duration::from_millis(8400),
+        "deadline = sent (+2 s) + 10 s, not answered (+3.5 s) + 10 s"
+    );
+}
+
+/// Releasing never clears a record that is not our term's, even when our own
+/// term ends as a release (a shutdown) and we never saw the other record: it
+/// was written after our last renewal, and we poll.
+#[tokio::test(start_paused = true)]
+async fn a_release_reads_first_and_never_frees_another_candidates_record() {
+    let fake = free();
+    let (e, _) = elector(&fake, config("me").watch(false));
+    let guard = e.acquire().await.unwrap();
+    sleep(Duration::from_millis(500)).await;
+    // Someone else's record lands (a forced takeover) between our renewals.
+    let mut lease = fake.lease().unwrap();
+    lease.spec.as_mut().unwrap().holder_identity = Some("other".into());
+    fake.put(lease);
+    drop(guard);
+    e.shutdown(S(1)).await.unwrap();
+    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("other"));
+}
