@@ -1536,7 +1536,12 @@ impl Task {
     /// was given up and the guarded work had ended before the term did.
     async fn end_term(&mut self, run: &TermRun, reason: &Lost) -> Result<()> {
         let term = &run.term;
-        // Status first, so that `is_leader()` is false once a guard resolves.
+        if self.may_write().is_err() {
+            // Left behind: the state is the new task's now; only end our term.
+            term.lose(reason);
+            return Ok(());
+        }
+        // Status first, so that subscribers see no leader once a guard resolves.
         self.inner.update_status(|s| s.is_leader = false);
         term.lose(reason);
         {
