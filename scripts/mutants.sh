@@ -5,6 +5,8 @@
 # simulation as the test command. Slow on a 2-core machine (about a minute per
 # mutant), so it is not part of scripts/test.sh: run it by hand, one file at a
 # time, and resume with --iterate (mutants already caught are skipped).
+# Mutants per file at 8b8b00e+: record.rs 61, guard.rs 74, stream.rs 60,
+# elector.rs 243 (`cargo mutants --list`).
 #
 #   scripts/mutants.sh                      # every file of the safety core, in turn
 #   scripts/mutants.sh src/record.rs        # one file
@@ -38,7 +40,7 @@ for file in "${files[@]}"; do
     echo "mutants.sh: $file -> $out" >&2
     # shellcheck disable=SC2086 # KRL_MUTANTS_ARGS is a list of flags
     "$mutants" mutants --package kube-runtime-lease --file "kube-runtime-lease/$file" \
-        --output "$out" --iterate --timeout 300 ${KRL_MUTANTS_ARGS:-} \
-        -- --lib --all-features || true
+        --all-features --cargo-test-arg=--lib \
+        --output "$out" --iterate --timeout 300 ${KRL_MUTANTS_ARGS:-} || true
 done
 echo "mutants.sh: done; missed mutants are listed in mutants.out/*/mutants.out/missed.txt" >&2
