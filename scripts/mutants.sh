@@ -23,7 +23,7 @@ tools="$cache/tools"
 mutants_version="27.1.0"
 mutants="$tools/bin/cargo-mutants"
 
-if ! "$mutants" --version 2>/dev/null | grep -q "$mutants_version"; then
+if ! "$mutants" mutants --version 2>/dev/null | grep -q "$mutants_version"; then
     echo "mutants.sh: installing cargo-mutants $mutants_version into $tools (a few minutes, once)" >&2
     cargo install cargo-mutants --version "$mutants_version" --locked --root "$tools" >&2
 fi
