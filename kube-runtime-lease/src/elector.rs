@@ -1410,12 +1410,23 @@ impl Task {
             if run.hold.is_some_and(|until| Instant::now() >= until) {
                 // Before handing out guards, one read: the record must still
                 // be ours (a watch, even one caught up with our last write,
-                // may have stalled or broken during the hold).
-                if let Err(lost) = self.verify(run).await {
-                    return (lost, false);
+                // may have stalled or broken during the hold). A read that
+                // fails leaves the hold on for another retry period.
+                let left = term.deadline().saturating_duration_since(Instant::now());
+                match self.get(left).await {
+                    Ok(None) => return (Lost::Deleted, false),
+                    Ok(Some(lease)) => {
+                        if let Err(lost) = self.check_still_ours(run, lease) {
+                            return (lost, false);
+                        }
+                        run.hold = None;
+                        self.begin_term(&term);
+                    }
+                    Err(e) => {
+                        self.log_error("confirming the lease at the end of the creation hold", &e);
+                        run.hold = Some(Instant::now() + cfg.retry_period);
+                    }
                 }
-                run.hold = None;
-                self.begin_term(&term);
             }
             if Instant::now() >= next_tick {
                 let now = Instant::now();

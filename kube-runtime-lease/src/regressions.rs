@@ -136,6 +136,22 @@ async fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
     assert!(deleted.elapsed() >= S(40));
 }
 
+/// 1 (found with the simulation): the end of the hold is confirmed with a
+/// read before any guard is handed out; a read that fails keeps the hold on
+/// for another retry period instead of leading unconfirmed.
+#[tokio::test(start_paused = true)]
+async fn a_failed_read_at_the_end_of_the_creation_hold_keeps_holding() {
+    let fake = FakeApi::default();
+    let (a, id) = elector(&fake, config("a"));
+    let start = Instant::now();
+    let mut acquire = pin!(a.acquire());
+    assert!(timeout(S(1), &mut acquire).await.is_err());
+    fake.fault(id, Some("get"), Fault::Status(503));
+    let guard = acquire.await.unwrap();
+    assert_eq!(start.elapsed(), S(17), "the hold (15 s), then one retry period");
+    assert!(guard.is_valid());
+}
+
 // ---- 2. One identity, two processes -----------------------------------------
 
 /// 2: two processes with one identity; the leader stops (here: partitioned,
