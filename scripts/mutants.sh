@@ -41,6 +41,6 @@ for file in "${files[@]}"; do
     # shellcheck disable=SC2086 # KRL_MUTANTS_ARGS is a list of flags
     "$mutants" mutants --package kube-runtime-lease --file "kube-runtime-lease/$file" \
         --all-features --cargo-test-arg=--lib \
-        --output "$out" --iterate --timeout 300 ${KRL_MUTANTS_ARGS:-} || true
+        --output "$out" --iterate ${KRL_MUTANTS_ARGS:-} || true
 done
 echo "mutants.sh: done; missed mutants are listed in mutants.out/*/mutants.out/missed.txt" >&2
