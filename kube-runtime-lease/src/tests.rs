@@ -436,7 +436,9 @@ async fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honour
     let mut l = fake.lease().unwrap();
     l.spec.as_mut().unwrap().preferred_holder = Some("pref".into());
     fake.put(l);
-    let lost = guard.await;
+    let lost = tokio::time::timeout(S(5), guard)
+        .await
+        .expect("stepped down for the preferred holder");
     assert_eq!(
         lost,
         Lost::SteppedDown {
