@@ -1354,8 +1354,19 @@ impl Task {
         // believe it leads: its last renewal was sent before the deletion.
         // Hold the Lease (renewing it) until that leader has given up.
         let hold = self.hold_for(&lease, created);
-        if hold.is_some() {
-            info!("holding the lease before leading: the holder of the object it replaced may still lead");
+        if let Some(until) = hold {
+            let left = until.saturating_duration_since(Instant::now());
+            if created {
+                info!(
+                    ?left,
+                    "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
+                );
+            } else {
+                info!(
+                    ?left,
+                    "holding the lease before leading: the holder of the object it replaced may still lead"
+                );
+            }
         }
         let tolerated = lease
             .spec
