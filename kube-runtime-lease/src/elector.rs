@@ -557,9 +557,7 @@ impl Acquire {
                 })
             };
             if let Some(n) = spawn {
-                self.inner.slot_freed.notify_waiters();
-                self.inner.update_status(|s| s.is_leader = false);
-                self.inner.metrics.leading(false);
+                self.inner.abandoned();
                 self.inner.spawn(&runtime, n);
             }
             timer.as_mut().reset(Instant::now() + period);
@@ -644,6 +642,12 @@ impl Inner {
     /// Leaves the running task behind (see [`State::abandon`]).
     fn abandon(&self) {
         self.lock().abandon();
+        self.abandoned();
+    }
+
+    /// What follows [`State::abandon`], with the state unlocked: wake whoever
+    /// waits for the slot, and say that nobody leads.
+    fn abandoned(&self) {
         self.slot_freed.notify_waiters();
         self.update_status(|s| s.is_leader = false);
         self.metrics.leading(false);
@@ -894,6 +898,19 @@ async fn bounded<T>(
         Err(_) => Err(Error::Timeout { verb, after: bound }),
         Ok(Err(kube_client::Error::Api(s))) if s.code == 409 => Err(Error::Conflict),
         Ok(r) => r.map_err(wrap),
+    }
+}
+
+/// The loss of a term whose Lease now holds `lease`, someone else's record
+/// (its holder is `""` when someone else wrote it free).
+fn taken_over(lease: &Lease) -> Lost {
+    Lost::TakenOver {
+        holder: lease
+            .spec
+            .as_ref()
+            .and_then(record::holder)
+            .unwrap_or_default()
+            .to_owned(),
     }
 }
 
@@ -1423,20 +1440,16 @@ impl Task {
                 // be ours (a watch, even one caught up with our last write,
                 // may have stalled or broken during the hold). A read that
                 // fails leaves the hold on for another retry period.
-                let left = term.deadline().saturating_duration_since(Instant::now());
-                match self.get(left).await {
-                    Ok(None) => return (Lost::Deleted, false),
-                    Ok(Some(lease)) => {
-                        if let Err(lost) = self.check_still_ours(run, lease) {
-                            return (lost, false);
-                        }
+                match self
+                    .reread(run, "confirming the lease at the end of the creation hold")
+                    .await
+                {
+                    Some(Err(lost)) => return (lost, false),
+                    Some(Ok(())) => {
                         run.hold = None;
                         self.begin_term(&term);
                     }
-                    Err(e) => {
-                        self.log_error("confirming the lease at the end of the creation hold", &e);
-                        run.hold = Some(Instant::now() + cfg.retry_period);
-                    }
+                    None => run.hold = Some(Instant::now() + cfg.retry_period),
                 }
             }
             if Instant::now() >= next_tick {
@@ -1538,17 +1551,7 @@ impl Task {
         }
         if self.caught_up {
             // Written after our last write: the term is over, now.
-            return Err(match object {
-                None => Lost::Deleted,
-                Some(object) => Lost::TakenOver {
-                    holder: object
-                        .spec
-                        .as_ref()
-                        .and_then(record::holder)
-                        .unwrap_or_default()
-                        .to_owned(),
-                },
-            });
+            return Err(object.map_or(Lost::Deleted, |object| taken_over(&object)));
         }
         // Possibly older than our last write: confirm with a read.
         self.verify(run).await
@@ -1663,32 +1666,26 @@ impl Task {
     /// The watch showed a record not of our term, possibly older than our last
     /// write: confirm with a read before stepping down.
     async fn verify(&mut self, run: &TermRun) -> Result<(), Lost> {
-        let left = run.term.deadline().saturating_duration_since(Instant::now());
-        match self.get(left).await {
-            Ok(None) => Err(Lost::Deleted),
-            Ok(Some(lease)) => self.check_still_ours(run, lease),
-            Err(e) => {
-                self.log_error("verifying the lease", &e);
-                Ok(())
-            }
-        }
+        self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
     }
 
-    /// Whether `lease` (just read) still holds a record of our term: the same
-    /// identity is not enough (another process may share it).
-    fn check_still_ours(&mut self, run: &TermRun, lease: Lease) -> Result<(), Lost> {
-        if run.id.matches(&lease) {
-            self.cached = Some(Box::new(lease));
-            Ok(())
-        } else {
-            Err(Lost::TakenOver {
-                holder: lease
-                    .spec
-                    .as_ref()
-                    .and_then(record::holder)
-                    .unwrap_or_default()
-                    .to_owned(),
-            })
+    /// Reads the Lease (bounded by the renew deadline): whether it still holds
+    /// a record of our term (the same identity is not enough: another process
+    /// may share it), which then becomes the cached object; `None` if the read
+    /// failed (logged as `what`).
+    async fn reread(&mut self, run: &TermRun, what: &str) -> Option<Result<(), Lost>> {
+        let left = run.term.deadline().saturating_duration_since(Instant::now());
+        match self.get(left).await {
+            Ok(None) => Some(Err(Lost::Deleted)),
+            Ok(Some(lease)) if run.id.matches(&lease) => {
+                self.cached = Some(Box::new(lease));
+                Some(Ok(()))
+            }
+            Ok(Some(lease)) => Some(Err(taken_over(&lease))),
+            Err(e) => {
+                self.log_error(what, &e);
+                None
+            }
         }
     }
 
@@ -1746,14 +1743,9 @@ impl Task {
                 Err(Error::Conflict) if attempt == 0 => {
                     self.inner.metrics.renewal("conflict", sent.elapsed(), sent);
                     debug!("renewal conflicted; re-reading the lease");
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    match self.get(left).await {
-                        Ok(None) => return Err(Lost::Deleted),
-                        Ok(Some(lease)) => self.check_still_ours(run, lease)?,
-                        Err(e) => {
-                            self.log_error("re-reading the lease", &e);
-                            return Ok(());
-                        }
+                    match self.reread(run, "re-reading the lease").await {
+                        Some(still_ours) => still_ours?,
+                        None => return Ok(()),
                     }
                 }
                 Err(e) => {

@@ -19,6 +19,7 @@ use crate::{
     ConfigError, Error, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     fake::{FakeApi, Fault},
     guard::Term,
+    stream_tests::paused_runtime,
     tests::{config, count, elector, free, held_by, spec},
 };
 
@@ -27,14 +28,6 @@ const MS: fn(u64) -> Duration = Duration::from_millis;
 
 fn holder(fake: &FakeApi) -> Option<String> {
     fake.lease().and_then(|l| l.spec).and_then(|s| s.holder_identity)
-}
-
-fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .unwrap()
 }
 
 // ---- 1. The creation hold ---------------------------------------------------

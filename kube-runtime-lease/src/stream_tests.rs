@@ -56,7 +56,7 @@ impl Drop for Probe {
 
 fn assert_send<T: Send>(_: &T) {}
 
-fn paused_runtime() -> tokio::runtime::Runtime {
+pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)

@@ -241,6 +241,16 @@ impl Recorder {
         self.seen.borrow().clone()
     }
 
+    /// Asserts that no version after the `n`th is free: the leader let the
+    /// Lease expire instead of releasing it.
+    fn assert_never_written_free_after(&self, n: usize) {
+        let all = self.all();
+        assert!(
+            all.iter().all(|v| v.n <= n || v.holder() != Some("")),
+            "never written free: {all:#?}"
+        );
+    }
+
     /// The first version (in the whole history) that matches.
     async fn first(&self, within: Duration, pred: impl Fn(&Seen) -> bool) -> Result<Seen> {
         let mut rx = self.seen.clone();
@@ -949,13 +959,7 @@ async fn strategy_and_preferred_holder_are_kept_and_honoured() -> Result<()> {
             v.n > acquired.n && v.holder() == Some("b")
         })
         .await?;
-    assert!(
-        rec.all()
-            .iter()
-            .all(|v| v.n <= acquired.n || v.holder() != Some("")),
-        "never written free: {:#?}",
-        rec.all()
-    );
+    rec.assert_never_written_free_after(acquired.n);
     let (b_at, guard_b) = timeout(Duration::from_secs(5), b_acquiring).await??;
     let guard_b = guard_b?;
     let s = fx.spec().await?;
@@ -1009,13 +1013,7 @@ async fn a_released_lease_goes_to_its_preferred_holder_first() -> Result<()> {
         Some("b"),
         "the preferred holder takes it, not c: {taken:?}"
     );
-    assert!(
-        rec.all()
-            .iter()
-            .all(|v| v.n <= acquired.n || v.holder() != Some("")),
-        "never written free: {:#?}",
-        rec.all()
-    );
+    rec.assert_never_written_free_after(acquired.n);
     let took = b_at - stepped_down;
     assert!(
         took <= LEASE_DURATION + ms(1500),
