@@ -214,4 +214,6 @@ mod simulation;
 #[cfg(test)]
 mod stream_tests;
 #[cfg(test)]
+mod test_support;
+#[cfg(test)]
 mod tests;

@@ -19,130 +19,135 @@ use crate::{
     ConfigError, Error, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     fake::{FakeApi, Fault},
     guard::Term,
-    stream_tests::paused_runtime,
-    tests::{config, count, elector, free, held_by, spec},
+    test_support::{config, count, elector, free, held_by, holder, paused, paused_runtime, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
-
-fn holder(fake: &FakeApi) -> Option<String> {
-    fake.lease().and_then(|l| l.spec).and_then(|s| s.holder_identity)
-}
 
 // ---- 1. The creation hold ---------------------------------------------------
 
 /// 1: a `shutdown` during the creation hold finds no guard (the hold has
 /// none); it must not write the Lease free, or another candidate leads while
 /// the deleted Lease's last holder may still lead.
-#[tokio::test(start_paused = true)]
-async fn a_shutdown_during_the_creation_hold_does_not_free_the_lease() {
-    let fake = FakeApi::default();
-    let (a, _) = elector(&fake, config("a"));
-    let (b, _) = elector(&fake, config("b"));
-    let created = Instant::now();
-    let mut acquire = pin!(a.acquire());
-    assert!(timeout(S(1), &mut acquire).await.is_err());
-    assert_eq!(holder(&fake).as_deref(), Some("a"), "created, now holding");
-    let (shutdown, acquired) = tokio::join!(a.shutdown(S(5)), acquire);
-    shutdown.unwrap();
-    assert!(matches!(acquired, Err(Error::Shutdown)));
-    assert_eq!(
-        holder(&fake).as_deref(),
-        Some("a"),
-        "never written free during the hold"
-    );
-    let _b = b.acquire().await.unwrap();
-    assert!(
-        created.elapsed() >= S(15),
-        "b led {:?} after the Lease was re-created",
-        created.elapsed()
-    );
+#[test]
+fn a_shutdown_during_the_creation_hold_does_not_free_the_lease() {
+    paused(async {
+        let fake = FakeApi::default();
+        let (a, _) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let created = Instant::now();
+        let mut acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err());
+        assert_eq!(holder(&fake).as_deref(), Some("a"), "created, now holding");
+        let (shutdown, acquired) = tokio::join!(a.shutdown(S(5)), acquire);
+        shutdown.unwrap();
+        assert!(matches!(acquired, Err(Error::Shutdown)));
+        assert_eq!(
+            holder(&fake).as_deref(),
+            Some("a"),
+            "never written free during the hold"
+        );
+        let _b = b.acquire().await.unwrap();
+        assert!(
+            created.elapsed() >= S(15),
+            "b led {:?} after the Lease was re-created",
+            created.elapsed()
+        );
+    });
 }
 
 /// 1: the only `acquire` dropped during the hold (a `timeout(acquire)`).
-#[tokio::test(start_paused = true)]
-async fn dropping_the_only_acquire_during_the_creation_hold_does_not_free_the_lease() {
-    let fake = FakeApi::default();
-    let (a, _) = elector(&fake, config("a"));
-    let created = Instant::now();
-    assert!(timeout(S(1), a.acquire()).await.is_err());
-    sleep(MS(10)).await;
-    assert_eq!(holder(&fake).as_deref(), Some("a"));
-    let (b, _) = elector(&fake, config("b"));
-    let _b = b.acquire().await.unwrap();
-    assert!(
-        created.elapsed() >= S(15),
-        "b led {:?} after the Lease was re-created",
-        created.elapsed()
-    );
+#[test]
+fn dropping_the_only_acquire_during_the_creation_hold_does_not_free_the_lease() {
+    paused(async {
+        let fake = FakeApi::default();
+        let (a, _) = elector(&fake, config("a"));
+        let created = Instant::now();
+        assert!(timeout(S(1), a.acquire()).await.is_err());
+        sleep(MS(10)).await;
+        assert_eq!(holder(&fake).as_deref(), Some("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let _b = b.acquire().await.unwrap();
+        assert!(
+            created.elapsed() >= S(15),
+            "b led {:?} after the Lease was re-created",
+            created.elapsed()
+        );
+    });
 }
 
 /// 1: a later campaign (the same task lingering, or a new one) finds the
 /// record it wrote during the hold and must not begin a term before the hold
 /// ends.
-#[tokio::test(start_paused = true)]
-async fn campaigning_again_during_the_creation_hold_does_not_skip_it() {
-    for pause in [S(1), S(5)] {
-        let fake = FakeApi::default();
-        let (a, _) = elector(&fake, config("a").release_on_drop(false));
-        let created = Instant::now();
-        assert!(timeout(S(1), a.acquire()).await.is_err());
-        sleep(pause).await;
-        let guard = a.acquire().await.unwrap();
-        assert!(
-            created.elapsed() >= S(15),
-            "after a pause of {pause:?}: led {:?} after creating the Lease",
-            created.elapsed()
-        );
-        assert!(guard.is_valid());
-    }
+#[test]
+fn campaigning_again_during_the_creation_hold_does_not_skip_it() {
+    paused(async {
+        for pause in [S(1), S(5)] {
+            let fake = FakeApi::default();
+            let (a, _) = elector(&fake, config("a").release_on_drop(false));
+            let created = Instant::now();
+            assert!(timeout(S(1), a.acquire()).await.is_err());
+            sleep(pause).await;
+            let guard = a.acquire().await.unwrap();
+            assert!(
+                created.elapsed() >= S(15),
+                "after a pause of {pause:?}: led {:?} after creating the Lease",
+                created.elapsed()
+            );
+            assert!(guard.is_valid());
+        }
+    });
 }
 
 /// 1: the hold lasts the longest lease duration seen on the deleted record
 /// (here a 40 s client-go lease), and what is written during the hold says so,
 /// so that a candidate that never saw the deleted record waits as long.
-#[tokio::test(start_paused = true)]
-async fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
-    let fake = FakeApi::default();
-    fake.put(held_by("go", 40));
-    let (a, _) = elector(&fake, config("a"));
-    let mut acquire = pin!(a.acquire());
-    assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
-    fake.delete();
-    let deleted = Instant::now();
-    sleep(MS(10)).await;
-    assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created");
-    assert_eq!(spec(&fake).lease_duration_seconds, Some(40));
-    // A candidate that never saw the deleted record.
-    let (b, _) = elector(&fake, config("b"));
-    let mut b_acquire = pin!(b.acquire());
-    assert!(poll!(&mut b_acquire).is_pending());
-    let guard = acquire.await.unwrap();
-    assert!(
-        deleted.elapsed() >= S(40),
-        "led {:?} after the deletion of a 40 s lease",
-        deleted.elapsed()
-    );
-    drop(guard);
-    let _b = b_acquire.await.unwrap();
-    assert!(deleted.elapsed() >= S(40));
+#[test]
+fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
+    paused(async {
+        let fake = FakeApi::default();
+        fake.put(held_by("go", 40));
+        let (a, _) = elector(&fake, config("a"));
+        let mut acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
+        fake.delete();
+        let deleted = Instant::now();
+        sleep(MS(10)).await;
+        assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created");
+        assert_eq!(spec(&fake).lease_duration_seconds, Some(40));
+        // A candidate that never saw the deleted record.
+        let (b, _) = elector(&fake, config("b"));
+        let mut b_acquire = pin!(b.acquire());
+        assert!(poll!(&mut b_acquire).is_pending());
+        let guard = acquire.await.unwrap();
+        assert!(
+            deleted.elapsed() >= S(40),
+            "led {:?} after the deletion of a 40 s lease",
+            deleted.elapsed()
+        );
+        drop(guard);
+        let _b = b_acquire.await.unwrap();
+        assert!(deleted.elapsed() >= S(40));
+    });
 }
 
 /// 1 (found with the simulation): the end of the hold is confirmed with a
 /// read before any guard is handed out; a read that fails keeps the hold on
 /// for another retry period instead of leading unconfirmed.
-#[tokio::test(start_paused = true)]
-async fn a_failed_read_at_the_end_of_the_creation_hold_keeps_holding() {
-    let fake = FakeApi::default();
-    let (a, id) = elector(&fake, config("a"));
-    let start = Instant::now();
-    let mut acquire = pin!(a.acquire());
-    assert!(timeout(S(1), &mut acquire).await.is_err());
-    fake.fault(id, Some("get"), Fault::Status(503));
-    let guard = acquire.await.unwrap();
-    assert_eq!(start.elapsed(), S(17), "the hold (15 s), then one retry period");
-    assert!(guard.is_valid());
+#[test]
+fn a_failed_read_at_the_end_of_the_creation_hold_keeps_holding() {
+    paused(async {
+        let fake = FakeApi::default();
+        let (a, id) = elector(&fake, config("a"));
+        let start = Instant::now();
+        let mut acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err());
+        fake.fault(id, Some("get"), Fault::Status(503));
+        let guard = acquire.await.unwrap();
+        assert_eq!(start.elapsed(), S(17), "the hold (15 s), then one retry period");
+        assert!(guard.is_valid());
+    });
 }
 
 // ---- 2. One identity, two processes -----------------------------------------
@@ -151,31 +156,33 @@ async fn a_failed_read_at_the_end_of_the_creation_hold_keeps_holding() {
 /// as a paused process is) past the lease duration, the other takes over; the
 /// first comes back and campaigns: the record names its identity, but it is
 /// the other's write, so it waits like anyone else.
-#[tokio::test(start_paused = true)]
-async fn two_processes_with_one_identity_never_both_lead() {
-    let fake = free();
-    let (a, a_id) = elector(&fake, config("x"));
-    let (b, _) = elector(&fake, config("x"));
-    let a_guard = a.acquire().await.unwrap();
-    fake.partition(a_id, true);
-    let b_guard = timeout(S(60), b.acquire())
-        .await
-        .expect("b takes the record once it expired")
-        .unwrap();
-    assert!(!a_guard.is_valid(), "a's term ended at its renew deadline");
-    assert!(
-        b_guard.fencing_token() > a_guard.fencing_token(),
-        "8: a takeover by another process with the same identity is a new term"
-    );
-    drop(a_guard);
-    fake.partition(a_id, false);
-    let mut again = pin!(a.acquire());
-    assert!(
-        timeout(S(60), &mut again).await.is_err(),
-        "a must not lead while b renews"
-    );
-    assert!(b_guard.is_valid());
-    assert!(b.is_leader() && !a.is_leader());
+#[test]
+fn two_processes_with_one_identity_never_both_lead() {
+    paused(async {
+        let fake = free();
+        let (a, a_id) = elector(&fake, config("x"));
+        let (b, _) = elector(&fake, config("x"));
+        let a_guard = a.acquire().await.unwrap();
+        fake.partition(a_id, true);
+        let b_guard = timeout(S(60), b.acquire())
+            .await
+            .expect("b takes the record once it expired")
+            .unwrap();
+        assert!(!a_guard.is_valid(), "a's term ended at its renew deadline");
+        assert!(
+            b_guard.fencing_token() > a_guard.fencing_token(),
+            "8: a takeover by another process with the same identity is a new term"
+        );
+        drop(a_guard);
+        fake.partition(a_id, false);
+        let mut again = pin!(a.acquire());
+        assert!(
+            timeout(S(60), &mut again).await.is_err(),
+            "a must not lead while b renews"
+        );
+        assert!(b_guard.is_valid());
+        assert!(b.is_leader() && !a.is_leader());
+    });
 }
 
 // ---- 3. Release only after the guarded work ended ---------------------------
@@ -185,51 +192,55 @@ async fn two_processes_with_one_identity_never_both_lead() {
 /// dropped), and requests it had sent may still land: the Lease is not written
 /// free, and a standby leads no earlier than lease duration − renew deadline
 /// after the term ended.
-#[tokio::test(start_paused = true)]
-async fn work_stopped_by_shutdown_is_not_followed_by_an_immediate_release() {
-    let fake = free();
-    let (a, _) = elector(&fake, config("a"));
-    let guard = a.acquire().await.unwrap();
-    let work = tokio::spawn(guard);
-    let (b, _) = elector(&fake, config("b"));
-    let mut b_acquire = pin!(b.acquire());
-    assert!(timeout(S(1), &mut b_acquire).await.is_err());
-    a.shutdown(S(2)).await.unwrap();
-    let ended = Instant::now();
-    assert_eq!(work.await.unwrap(), Lost::Released);
-    sleep(MS(10)).await;
-    assert_eq!(holder(&fake).as_deref(), Some("a"), "not written free");
-    let _b = b_acquire.await.unwrap();
-    assert!(
-        ended.elapsed() >= S(5),
-        "b led {:?} after a's work was stopped",
-        ended.elapsed()
-    );
+#[test]
+fn work_stopped_by_shutdown_is_not_followed_by_an_immediate_release() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        let work = tokio::spawn(guard);
+        let (b, _) = elector(&fake, config("b"));
+        let mut b_acquire = pin!(b.acquire());
+        assert!(timeout(S(1), &mut b_acquire).await.is_err());
+        a.shutdown(S(2)).await.unwrap();
+        let ended = Instant::now();
+        assert_eq!(work.await.unwrap(), Lost::Released);
+        sleep(MS(10)).await;
+        assert_eq!(holder(&fake).as_deref(), Some("a"), "not written free");
+        let _b = b_acquire.await.unwrap();
+        assert!(
+            ended.elapsed() >= S(5),
+            "b led {:?} after a's work was stopped",
+            ended.elapsed()
+        );
+    });
 }
 
 /// 3: the same for a step-down (a `preferredHolder` set during the term).
-#[tokio::test(start_paused = true)]
-async fn a_step_down_with_work_in_flight_lets_the_lease_expire() {
-    let fake = free();
-    let (a, _) = elector(&fake, config("a"));
-    let guard = a.acquire().await.unwrap();
-    let work = tokio::spawn(guard);
-    let (p, _) = elector(&fake, config("p"));
-    let mut p_acquire = pin!(p.acquire());
-    assert!(timeout(S(1), &mut p_acquire).await.is_err());
-    let mut lease = fake.lease().unwrap();
-    lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
-    fake.put(lease);
-    let lost = timeout(S(3), work).await.expect("a steps down").unwrap();
-    let ended = Instant::now();
-    assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
-    sleep(MS(10)).await;
-    assert_eq!(holder(&fake).as_deref(), Some("a"), "not written free");
-    let _p = timeout(S(20), p_acquire)
-        .await
-        .expect("the preferred holder leads once a's record expired")
-        .unwrap();
-    assert!(ended.elapsed() >= S(5), "p led {:?} after", ended.elapsed());
+#[test]
+fn a_step_down_with_work_in_flight_lets_the_lease_expire() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        let work = tokio::spawn(guard);
+        let (p, _) = elector(&fake, config("p"));
+        let mut p_acquire = pin!(p.acquire());
+        assert!(timeout(S(1), &mut p_acquire).await.is_err());
+        let mut lease = fake.lease().unwrap();
+        lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
+        fake.put(lease);
+        let lost = timeout(S(3), work).await.expect("a steps down").unwrap();
+        let ended = Instant::now();
+        assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
+        sleep(MS(10)).await;
+        assert_eq!(holder(&fake).as_deref(), Some("a"), "not written free");
+        let _p = timeout(S(20), p_acquire)
+            .await
+            .expect("the preferred holder leads once a's record expired")
+            .unwrap();
+        assert!(ended.elapsed() >= S(5), "p led {:?} after", ended.elapsed());
+    });
 }
 
 // ---- 4. A free record written by someone else -------------------------------
@@ -238,67 +249,73 @@ async fn a_step_down_with_work_in_flight_lets_the_lease_expire() {
 /// while we lead. A follower takes it within one event and one write; the
 /// leader, whose watch has already delivered its own last write, must end its
 /// term on the event itself, not after a confirming read.
-#[tokio::test(start_paused = true)]
-async fn a_free_record_written_by_someone_else_ends_the_term_on_the_event() {
-    let fake = free();
-    let (a, a_id) = elector(&fake, config("a"));
-    let a_guard = a.acquire().await.unwrap();
-    let (b, b_id) = elector(&fake, config("b"));
-    let mut b_acquire = pin!(b.acquire());
-    assert!(timeout(MS(2500), &mut b_acquire).await.is_err());
-    fake.set_latency(a_id, MS(50));
-    fake.set_latency(b_id, MS(10));
-    let mut lease = fake.lease().unwrap();
-    lease.spec.as_mut().unwrap().holder_identity = Some(String::new());
-    fake.put(lease);
-    let _b = b_acquire.await.unwrap();
-    assert!(!a_guard.is_valid(), "a still led when b took the Lease");
-    assert_eq!(
-        a_guard.lost(),
-        Some(Lost::TakenOver {
-            holder: String::new()
-        })
-    );
+#[test]
+fn a_free_record_written_by_someone_else_ends_the_term_on_the_event() {
+    paused(async {
+        let fake = free();
+        let (a, a_id) = elector(&fake, config("a"));
+        let a_guard = a.acquire().await.unwrap();
+        let (b, b_id) = elector(&fake, config("b"));
+        let mut b_acquire = pin!(b.acquire());
+        assert!(timeout(MS(2500), &mut b_acquire).await.is_err());
+        fake.set_latency(a_id, MS(50));
+        fake.set_latency(b_id, MS(10));
+        let mut lease = fake.lease().unwrap();
+        lease.spec.as_mut().unwrap().holder_identity = Some(String::new());
+        fake.put(lease);
+        let _b = b_acquire.await.unwrap();
+        assert!(!a_guard.is_valid(), "a still led when b took the Lease");
+        assert_eq!(
+            a_guard.lost(),
+            Some(Lost::TakenOver {
+                holder: String::new()
+            })
+        );
+    });
 }
 
 // ---- 5. A write applied, answered with an error ------------------------------
 
 /// 5: a takeover applied but answered 409 (a 504 retried by the client) is our
 /// own write: we lead at once instead of waiting a lease duration for it.
-#[tokio::test(start_paused = true)]
-async fn a_takeover_applied_but_answered_409_is_recognised_as_ours() {
-    let fake = free();
-    let (a, id) = elector(&fake, config("a").watch(false));
-    fake.fault(id, Some("update"), Fault::AppliedThenStatus(409));
-    let guard = timeout(S(1), a.acquire())
-        .await
-        .expect("a lease duration lost with nobody leading")
-        .unwrap();
-    assert!(guard.is_valid());
-    assert_eq!(holder(&fake).as_deref(), Some("a"));
+#[test]
+fn a_takeover_applied_but_answered_409_is_recognised_as_ours() {
+    paused(async {
+        let fake = free();
+        let (a, id) = elector(&fake, config("a").watch(false));
+        fake.fault(id, Some("update"), Fault::AppliedThenStatus(409));
+        let guard = timeout(S(1), a.acquire())
+            .await
+            .expect("a lease duration lost with nobody leading")
+            .unwrap();
+        assert!(guard.is_valid());
+        assert_eq!(holder(&fake).as_deref(), Some("a"));
+    });
 }
 
 /// 5: the same for a creation: the record is renewed through the creation
 /// hold (not left unrenewed for a lease duration, as a stranger's would be,
 /// for anyone to take), and led once the hold ends.
-#[tokio::test(start_paused = true)]
-async fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
-    let fake = FakeApi::default();
-    let (a, id) = elector(&fake, config("a").watch(false));
-    fake.fault(id, Some("create"), Fault::AppliedThenStatus(409));
-    let start = Instant::now();
-    let _guard = a.acquire().await.unwrap();
-    let waited = start.elapsed();
-    assert!(
-        waited >= S(15) && waited <= S(15) + MS(10),
-        "led {waited:?} after creating"
-    );
-    let renewals = fake
-        .seen()
-        .iter()
-        .filter(|s| s.verb == "update" && s.at > start + MS(1) && s.at < start + S(15))
-        .count();
-    assert_eq!(renewals, 7, "renewed every retry period during the hold");
+#[test]
+fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
+    paused(async {
+        let fake = FakeApi::default();
+        let (a, id) = elector(&fake, config("a").watch(false));
+        fake.fault(id, Some("create"), Fault::AppliedThenStatus(409));
+        let start = Instant::now();
+        let _guard = a.acquire().await.unwrap();
+        let waited = start.elapsed();
+        assert!(
+            waited >= S(15) && waited <= S(15) + MS(10),
+            "led {waited:?} after creating"
+        );
+        let renewals = fake
+            .seen()
+            .iter()
+            .filter(|s| s.verb == "update" && s.at > start + MS(1) && s.at < start + S(15))
+            .count();
+        assert_eq!(renewals, 7, "renewed every retry period during the hold");
+    });
 }
 
 // ---- 6. A preferred holder that never comes ---------------------------------
@@ -317,70 +334,74 @@ fn campaign_forever(e: LeaderElector, stepped_down: Arc<AtomicUsize>) -> tokio::
 /// 6: a free Lease whose `preferredHolder` names a pod that never campaigns:
 /// one candidate leads stably within two lease durations, the transitions
 /// stop growing, and no guard is handed out for a term that steps down.
-#[tokio::test(start_paused = true)]
-async fn a_preferred_holder_that_never_campaigns_does_not_stop_the_election() {
-    let fake = FakeApi::default();
-    let mut lease = held_by("", 1);
-    lease.spec.as_mut().unwrap().preferred_holder = Some("ghost".into());
-    fake.put(lease);
-    let stepped_down = Arc::new(AtomicUsize::new(0));
-    let (a, _) = elector(&fake, config("a"));
-    let (b, _) = elector(&fake, config("b"));
-    let tasks = [
-        campaign_forever(a.clone(), stepped_down.clone()),
-        campaign_forever(b.clone(), stepped_down.clone()),
-    ];
-    sleep(S(30)).await;
-    let transitions = spec(&fake).lease_transitions;
-    let leader = holder(&fake);
-    assert!(
-        a.is_leader() ^ b.is_leader(),
-        "one leader after two lease durations"
-    );
-    sleep(S(60)).await;
-    assert_eq!(
-        spec(&fake).lease_transitions,
-        transitions,
-        "transitions stopped growing"
-    );
-    assert_eq!(holder(&fake), leader, "the same leader");
-    assert!(a.is_leader() ^ b.is_leader());
-    assert_eq!(stepped_down.load(Ordering::SeqCst), 0, "no term stepped down");
-    for t in tasks {
-        t.abort();
-    }
+#[test]
+fn a_preferred_holder_that_never_campaigns_does_not_stop_the_election() {
+    paused(async {
+        let fake = FakeApi::default();
+        let mut lease = held_by("", 1);
+        lease.spec.as_mut().unwrap().preferred_holder = Some("ghost".into());
+        fake.put(lease);
+        let stepped_down = Arc::new(AtomicUsize::new(0));
+        let (a, _) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let tasks = [
+            campaign_forever(a.clone(), stepped_down.clone()),
+            campaign_forever(b.clone(), stepped_down.clone()),
+        ];
+        sleep(S(30)).await;
+        let transitions = spec(&fake).lease_transitions;
+        let leader = holder(&fake);
+        assert!(
+            a.is_leader() ^ b.is_leader(),
+            "one leader after two lease durations"
+        );
+        sleep(S(60)).await;
+        assert_eq!(
+            spec(&fake).lease_transitions,
+            transitions,
+            "transitions stopped growing"
+        );
+        assert_eq!(holder(&fake), leader, "the same leader");
+        assert!(a.is_leader() ^ b.is_leader());
+        assert_eq!(stepped_down.load(Ordering::SeqCst), 0, "no term stepped down");
+        for t in tasks {
+            t.abort();
+        }
+    });
 }
 
 /// 6: a preferred holder that does campaign still gets the Lease promptly
 /// when the end of the term is marked: the leader steps down at once, and
 /// since its guard was still alive (work stopped, not finished) it lets the
 /// Lease expire; the preferred holder takes it at expiry, before anyone else.
-#[tokio::test(start_paused = true)]
-async fn a_campaigning_preferred_holder_gets_the_lease_promptly() {
-    let fake = free();
-    let (a, _) = elector(&fake, config("a"));
-    let a_guard = a.acquire().await.unwrap();
-    let (other, _) = elector(&fake, config("other"));
-    let mut other_acquire = pin!(other.acquire());
-    let (p, _) = elector(&fake, config("p"));
-    let mut p_acquire = pin!(p.acquire());
-    assert!(timeout(S(1), &mut p_acquire).await.is_err());
-    assert!(poll!(&mut other_acquire).is_pending());
-    let mut lease = fake.lease().unwrap();
-    lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
-    fake.put(lease);
-    let marked = Instant::now();
-    let lost = timeout(S(3), a_guard).await.expect("a steps down");
-    assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
-    let _p = timeout(S(17), p_acquire)
-        .await
-        .expect("the preferred holder leads within a lease duration of the mark")
-        .unwrap();
-    assert!(marked.elapsed() >= S(5), "no overlap with a's stopped work");
-    assert!(
-        timeout(S(30), other_acquire).await.is_err(),
-        "p keeps it; nobody else took it first"
-    );
+#[test]
+fn a_campaigning_preferred_holder_gets_the_lease_promptly() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let a_guard = a.acquire().await.unwrap();
+        let (other, _) = elector(&fake, config("other"));
+        let mut other_acquire = pin!(other.acquire());
+        let (p, _) = elector(&fake, config("p"));
+        let mut p_acquire = pin!(p.acquire());
+        assert!(timeout(S(1), &mut p_acquire).await.is_err());
+        assert!(poll!(&mut other_acquire).is_pending());
+        let mut lease = fake.lease().unwrap();
+        lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
+        fake.put(lease);
+        let marked = Instant::now();
+        let lost = timeout(S(3), a_guard).await.expect("a steps down");
+        assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
+        let _p = timeout(S(17), p_acquire)
+            .await
+            .expect("the preferred holder leads within a lease duration of the mark")
+            .unwrap();
+        assert!(marked.elapsed() >= S(5), "no overlap with a's stopped work");
+        assert!(
+            timeout(S(30), other_acquire).await.is_err(),
+            "p keeps it; nobody else took it first"
+        );
+    });
 }
 
 // ---- 7, 9. An election task whose runtime is no longer driven ---------------
@@ -462,126 +483,138 @@ fn shutdown_is_bounded_when_the_election_task_is_not_driven() {
 
 /// 8: a re-created Lease restarts `leaseTransitions`; the fencing token must
 /// not go back.
-#[tokio::test(start_paused = true)]
-async fn the_fencing_token_grows_across_a_re_creation() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let first = e.acquire().await.unwrap();
-    let before = first.fencing_token();
-    fake.delete();
-    assert_eq!(first.await, Lost::Deleted);
-    let second = e.acquire().await.unwrap();
-    assert!(
-        second.fencing_token() > before,
-        "{before} then {}",
-        second.fencing_token()
-    );
+#[test]
+fn the_fencing_token_grows_across_a_re_creation() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let first = e.acquire().await.unwrap();
+        let before = first.fencing_token();
+        fake.delete();
+        assert_eq!(first.await, Lost::Deleted);
+        let second = e.acquire().await.unwrap();
+        assert!(
+            second.fencing_token() > before,
+            "{before} then {}",
+            second.fencing_token()
+        );
+    });
 }
 
 /// 8: `leaseTransitions` saturates at `i32::MAX`; the token keeps growing.
-#[tokio::test(start_paused = true)]
-async fn the_fencing_token_grows_past_i32_max() {
-    let fake = FakeApi::default();
-    let mut lease = held_by("other", 1);
-    lease.spec.as_mut().unwrap().lease_transitions = Some(i32::MAX - 1);
-    fake.put(lease);
-    let (e, _) = elector(&fake, config("me"));
-    let mut tokens = Vec::new();
-    for _ in 0..3 {
-        let guard = e.acquire().await.unwrap();
-        tokens.push(guard.fencing_token());
-        drop(guard);
-        sleep(MS(10)).await;
-    }
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
-    assert_eq!(tokens[0], i64::from(i32::MAX));
+#[test]
+fn the_fencing_token_grows_past_i32_max() {
+    paused(async {
+        let fake = FakeApi::default();
+        let mut lease = held_by("other", 1);
+        lease.spec.as_mut().unwrap().lease_transitions = Some(i32::MAX - 1);
+        fake.put(lease);
+        let (e, _) = elector(&fake, config("me"));
+        let mut tokens = Vec::new();
+        for _ in 0..3 {
+            let guard = e.acquire().await.unwrap();
+            tokens.push(guard.fencing_token());
+            drop(guard);
+            sleep(MS(10)).await;
+        }
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+        assert_eq!(tokens[0], i64::from(i32::MAX));
+    });
 }
 
 /// 8: a term that continues our own record (re-acquired after every guard was
 /// dropped, the Lease not released) is still a new term.
-#[tokio::test(start_paused = true)]
-async fn every_term_gets_a_larger_token() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me").release_on_drop(false));
-    let first = e.acquire().await.unwrap().fencing_token();
-    sleep(S(5)).await;
-    let second = e.acquire().await.unwrap().fencing_token();
-    assert!(second > first, "{first} then {second}");
+#[test]
+fn every_term_gets_a_larger_token() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me").release_on_drop(false));
+        let first = e.acquire().await.unwrap().fencing_token();
+        sleep(S(5)).await;
+        let second = e.acquire().await.unwrap().fencing_token();
+        assert!(second > first, "{first} then {second}");
+    });
 }
 
 // ---- 9. is_leader after shutdown began --------------------------------------
 
 /// 9: `is_leader()` is a readiness gate: false as soon as `shutdown` began,
 /// while the guarded work is still given its grace.
-#[tokio::test(start_paused = true)]
-async fn is_leader_is_false_once_shutdown_began() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    assert!(e.is_leader());
-    let shutting = tokio::spawn({
-        let e = e.clone();
-        async move { e.shutdown(S(10)).await }
+#[test]
+fn is_leader_is_false_once_shutdown_began() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        assert!(e.is_leader());
+        let shutting = tokio::spawn({
+            let e = e.clone();
+            async move { e.shutdown(S(10)).await }
+        });
+        sleep(MS(1)).await;
+        assert!(!e.is_leader());
+        assert!(!e.status().is_leader);
+        drop(guard);
+        shutting.await.unwrap().unwrap();
     });
-    sleep(MS(1)).await;
-    assert!(!e.is_leader());
-    assert!(!e.status().is_leader);
-    drop(guard);
-    shutting.await.unwrap().unwrap();
 }
 
 // ---- 10. run_each_term after a graceful shutdown ----------------------------
 
 /// 10: the guarded work ends on its own because it was wired to
 /// `shutdown_requested` (`graceful_shutdown_on`): still a shutdown.
-#[tokio::test(start_paused = true)]
-async fn run_each_term_reports_a_shutdown_when_the_work_ended_through_graceful_shutdown_on() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let run = tokio::spawn({
-        let e = e.clone();
-        async move {
-            e.run_each_term(|| stream::pending::<()>().take_until(e.shutdown_requested()))
-                .await
-        }
+#[test]
+fn run_each_term_reports_a_shutdown_when_the_work_ended_through_graceful_shutdown_on() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let run = tokio::spawn({
+            let e = e.clone();
+            async move {
+                e.run_each_term(|| stream::pending::<()>().take_until(e.shutdown_requested()))
+                    .await
+            }
+        });
+        sleep(S(1)).await;
+        assert!(e.is_leader() || holder(&fake).as_deref() == Some("me"));
+        e.shutdown(S(5)).await.unwrap();
+        assert_eq!(run.await.unwrap(), Some(Lost::Released));
     });
-    sleep(S(1)).await;
-    assert!(e.is_leader() || holder(&fake).as_deref() == Some("me"));
-    e.shutdown(S(5)).await.unwrap();
-    assert_eq!(run.await.unwrap(), Some(Lost::Released));
 }
 
 // ---- 11. No panic from any argument -----------------------------------------
 
 /// 11: every duration is bounded by validation, and no argument panics.
-#[tokio::test(start_paused = true)]
-async fn no_argument_panics() {
-    let max = Duration::MAX;
-    let base = || LeaseConfig::new("default", "lease", "me");
-    for config in [
-        base().lease_duration(max),
-        base().renew_deadline(max),
-        base().retry_period(max),
-        base().release_timeout(max),
-        base().release_timeout(S(u64::from(u32::MAX))),
-    ] {
-        assert!(config.validate().is_err(), "{config:?}");
-    }
-    assert!(matches!(
-        base().release_timeout(max).validate(),
-        Err(ConfigError::TooLong { .. })
-    ));
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    assert!(e.health_check(max).is_ok());
-    let signal = e.shutdown_requested();
-    tokio::spawn(async move {
-        signal.await;
-        drop(guard);
+#[test]
+fn no_argument_panics() {
+    paused(async {
+        let max = Duration::MAX;
+        let base = || LeaseConfig::new("default", "lease", "me");
+        for config in [
+            base().lease_duration(max),
+            base().renew_deadline(max),
+            base().retry_period(max),
+            base().release_timeout(max),
+            base().release_timeout(S(u64::from(u32::MAX))),
+        ] {
+            assert!(config.validate().is_err(), "{config:?}");
+        }
+        assert!(matches!(
+            base().release_timeout(max).validate(),
+            Err(ConfigError::TooLong { .. })
+        ));
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        assert!(e.health_check(max).is_ok());
+        let signal = e.shutdown_requested();
+        tokio::spawn(async move {
+            signal.await;
+            drop(guard);
+        });
+        e.shutdown(max).await.unwrap();
+        assert_eq!(holder(&fake).as_deref(), Some(""));
     });
-    e.shutdown(max).await.unwrap();
-    assert_eq!(holder(&fake).as_deref(), Some(""));
 }
 
 // ---- 12. A busy guarded stream ----------------------------------------------
@@ -589,25 +622,27 @@ async fn no_argument_panics() {
 /// 12: a guarded stream that is always ready stops within one item once the
 /// renew deadline passes, even if the elector task has not noticed yet (here
 /// it never does: the term is set by hand).
-#[tokio::test(start_paused = true)]
-async fn a_busy_guarded_stream_stops_within_one_item_after_the_renew_deadline() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let deadline = Instant::now() + S(10);
-    e.set_term_for_test(Arc::new(Term::new(1, Instant::now(), S(10))));
-    let mut guarded = pin!(stream::repeat(()).with_leader_election(&e));
-    let mut late = 0;
-    let mut items = 0;
-    while let Some(()) = guarded.next().now_or_never().expect("always ready") {
-        items += 1;
-        if Instant::now() >= deadline {
-            late += 1;
+#[test]
+fn a_busy_guarded_stream_stops_within_one_item_after_the_renew_deadline() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let deadline = Instant::now() + S(10);
+        e.set_term_for_test(Arc::new(Term::new(1, Instant::now(), S(10))));
+        let mut guarded = pin!(stream::repeat(()).with_leader_election(&e));
+        let mut late = 0;
+        let mut items = 0;
+        while let Some(()) = guarded.next().now_or_never().expect("always ready") {
+            items += 1;
+            if Instant::now() >= deadline {
+                late += 1;
+            }
+            advance(MS(30)).await;
+            assert!(items < 10_000, "never stopped");
         }
-        advance(MS(30)).await;
-        assert!(items < 10_000, "never stopped");
-    }
-    assert_eq!(late, 0, "items yielded after the renew deadline");
-    assert_eq!(guarded.lost(), Some(&Lost::RenewDeadlineExceeded));
+        assert_eq!(late, 0, "items yielded after the renew deadline");
+        assert_eq!(guarded.lost(), Some(&Lost::RenewDeadlineExceeded));
+    });
 }
 
 // ---- 13. Wake-up storms, and a release that meets a conflict -----------------
@@ -654,37 +689,41 @@ fn a_storm_of_wake_ups_does_not_starve_the_renewals() {
 /// 13: a release that meets a conflict (the Lease was modified, say its
 /// `preferredHolder` set, between the read and the write) is retried once
 /// after a fresh read, like client-go's.
-#[tokio::test(start_paused = true)]
-async fn a_release_that_meets_a_conflict_is_retried_after_a_fresh_read() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    fake.fault(id, Some("update"), Fault::Status(409));
-    drop(guard);
-    sleep(MS(10)).await;
-    assert_eq!(holder(&fake).as_deref(), Some(""), "released on the second try");
+#[test]
+fn a_release_that_meets_a_conflict_is_retried_after_a_fresh_read() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        fake.fault(id, Some("update"), Fault::Status(409));
+        drop(guard);
+        sleep(MS(10)).await;
+        assert_eq!(holder(&fake).as_deref(), Some(""), "released on the second try");
+    });
 }
 
 // ---- 14. Flapping demand ----------------------------------------------------
 
 /// 14: demand that flaps (an `acquire` created and dropped repeatedly) must
 /// not cost a LIST, a WATCH and a GET each time.
-#[tokio::test(start_paused = true)]
-async fn flapping_demand_keeps_one_observation() {
-    let fake = FakeApi::default();
-    fake.put(held_by("other", 15));
-    let (e, id) = elector(&fake, config("me"));
-    let start = Instant::now() - MS(1);
-    for _ in 0..10 {
-        assert!(timeout(MS(100), e.acquire()).await.is_err());
-        sleep(MS(100)).await;
-    }
-    for verb in ["list", "watch", "get"] {
-        let n = count(&fake, id, verb, start);
-        assert!(
-            n <= 1,
-            "{n} {verb} requests for 10 short-lived acquires: {:?}",
-            fake.seen()
-        );
-    }
+#[test]
+fn flapping_demand_keeps_one_observation() {
+    paused(async {
+        let fake = FakeApi::default();
+        fake.put(held_by("other", 15));
+        let (e, id) = elector(&fake, config("me"));
+        let start = Instant::now() - MS(1);
+        for _ in 0..10 {
+            assert!(timeout(MS(100), e.acquire()).await.is_err());
+            sleep(MS(100)).await;
+        }
+        for verb in ["list", "watch", "get"] {
+            let n = count(&fake, id, verb, start);
+            assert!(
+                n <= 1,
+                "{n} {verb} requests for 10 short-lived acquires: {:?}",
+                fake.seen()
+            );
+        }
+    });
 }

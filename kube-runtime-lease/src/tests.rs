@@ -3,796 +3,812 @@
 use std::time::Duration;
 
 use futures::{FutureExt, poll};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube_client::core::ObjectMeta;
 use tokio::time::{Instant, advance, sleep};
 
 use crate::{
-    ConfigError, LeaderElector, LeaseConfig, Lost,
+    ConfigError, LeaderElector, Lost,
     fake::{FakeApi, Fault},
+    test_support::{config, count, elector, free, held_by, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
-/// A double holding a free (released) Lease, so that acquisition is one write.
-pub(crate) fn free() -> FakeApi {
-    let fake = FakeApi::default();
-    let mut lease = held_by("", 1);
-    lease.spec.as_mut().unwrap().lease_transitions = Some(0);
-    lease.metadata.labels = None;
-    fake.put(lease);
-    fake
-}
-
-pub(crate) fn config(identity: &str) -> LeaseConfig {
-    LeaseConfig::new("default", "lease", identity)
-}
-
-pub(crate) fn elector(fake: &FakeApi, config: LeaseConfig) -> (LeaderElector, usize) {
-    let (client, id) = fake.client();
-    (LeaderElector::new(client, config).unwrap(), id)
-}
-
-pub(crate) fn held_by(holder: &str, duration: i32) -> Lease {
-    Lease {
-        metadata: ObjectMeta {
-            name: Some("lease".into()),
-            namespace: Some("default".into()),
-            labels: Some([("app".to_owned(), "x".to_owned())].into()),
-            ..Default::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some(holder.into()),
-            lease_duration_seconds: Some(duration),
-            lease_transitions: Some(4),
-            ..Default::default()
-        }),
-    }
-}
-
-pub(crate) fn spec(fake: &FakeApi) -> LeaseSpec {
-    fake.lease().unwrap().spec.unwrap()
-}
-
-pub(crate) fn count(fake: &FakeApi, client: usize, verb: &str, since: Instant) -> usize {
-    fake.seen()
-        .iter()
-        .filter(|s| s.client == client && s.verb == verb && s.at > since)
-        .count()
-}
-
 fn assert_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
 
-#[tokio::test(start_paused = true)]
-async fn invalid_config_is_an_error_before_any_api_call() {
-    let fake = FakeApi::default();
-    let (client, _) = fake.client();
-    let err = LeaderElector::new(client, config("me").renew_deadline(S(20))).unwrap_err();
-    assert_eq!(err, ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
-    assert!(fake.seen().is_empty());
-}
-
-#[tokio::test(start_paused = true)]
-async fn creates_a_missing_lease_and_leads() {
-    let fake = FakeApi::default();
-    let (e, _) = elector(&fake, config("me"));
-    assert!(!e.is_leader());
-    let start = Instant::now();
-    let mut acquire = Box::pin(e.acquire());
-    assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
-    assert_eq!(
-        spec(&fake).holder_identity.as_deref(),
-        Some("me"),
-        "created at once"
-    );
-    assert!(!e.is_leader(), "but held one lease duration before leading");
-    let guard = acquire.await.unwrap();
-    assert_eq!(start.elapsed(), S(15));
-    assert_send_sync_static(&guard);
-    assert!(e.is_leader());
-    assert!(guard.is_valid());
-    assert_eq!(guard.fencing_token(), 0);
-    let s = spec(&fake);
-    assert_eq!(s.holder_identity.as_deref(), Some("me"));
-    assert_eq!(s.lease_duration_seconds, Some(15));
-    assert_eq!(s.lease_transitions, Some(0));
-    assert!(
-        s.acquire_time.is_some() && s.acquire_time < s.renew_time,
-        "renewed while held"
-    );
-    let st = e.status();
-    assert_eq!(st.holder.as_deref(), Some("me"));
-    assert!(st.is_leader);
-}
-
-#[tokio::test(start_paused = true)]
-async fn leader_renews_with_one_write_per_retry_period_and_no_reads() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    let start = Instant::now();
-    let acquire_time = spec(&fake).acquire_time;
-    sleep(S(60) + Duration::from_millis(1)).await;
-    assert_eq!(count(&fake, id, "update", start), 30, "one renewal every 2 s");
-    assert_eq!(
-        count(&fake, id, "get", start),
-        0,
-        "fast path: no reads: {:?}",
-        fake.seen()
-    );
-    assert_eq!(count(&fake, id, "create", start), 0);
-    let s = spec(&fake);
-    assert_eq!(s.acquire_time, acquire_time, "renewals keep acquireTime");
-    assert_eq!(s.lease_transitions, Some(1));
-    assert!(guard.is_valid());
-    assert_eq!(guard.time_left(), Duration::from_millis(9999));
-}
-
-#[tokio::test(start_paused = true)]
-async fn renewal_cadence_does_not_drift_when_a_request_is_slow() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let _guard = e.acquire().await.unwrap();
-    let start = Instant::now();
-    fake.fault(
-        id,
-        Some("update"),
-        Fault::DelayRequest(Duration::from_millis(1500)),
-    );
-    sleep(S(20) + Duration::from_millis(1)).await;
-    let times: Vec<_> = fake
-        .seen()
-        .iter()
-        .filter(|s| s.verb == "update" && s.at > start)
-        .map(|s| s.at - start)
-        .collect();
-    assert_eq!(times, (1..=10).map(|k| S(2 * k)).collect::<Vec<_>>());
-}
-
-#[tokio::test(start_paused = true)]
-async fn takeover_waits_exactly_one_lease_duration_after_the_last_observed_change() {
-    for watch in [true, false] {
+#[test]
+fn invalid_config_is_an_error_before_any_api_call() {
+    paused(async {
         let fake = FakeApi::default();
-        fake.put(held_by("other", 7));
-        let (e, _) = elector(&fake, config("me").watch(watch));
+        let (client, _) = fake.client();
+        let err = LeaderElector::new(client, config("me").renew_deadline(S(20))).unwrap_err();
+        assert_eq!(err, ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
+        assert!(fake.seen().is_empty());
+    });
+}
+
+#[test]
+fn creates_a_missing_lease_and_leads() {
+    paused(async {
+        let fake = FakeApi::default();
+        let (e, _) = elector(&fake, config("me"));
+        assert!(!e.is_leader());
         let start = Instant::now();
-        let guard = e.acquire().await.unwrap();
-        let waited = start.elapsed();
-        assert!(waited >= S(7), "took over after {waited:?}");
-        if watch {
-            assert_eq!(waited, S(7), "on a timer, at the exact expiry");
-        } else {
-            assert!(
-                waited <= S(7) + Duration::from_secs_f64(2.0 * 2.2),
-                "polling: {waited:?}"
-            );
-        }
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        assert_eq!(
+            spec(&fake).holder_identity.as_deref(),
+            Some("me"),
+            "created at once"
+        );
+        assert!(!e.is_leader(), "but held one lease duration before leading");
+        let guard = acquire.await.unwrap();
+        assert_eq!(start.elapsed(), S(15));
+        assert_send_sync_static(&guard);
+        assert!(e.is_leader());
+        assert!(guard.is_valid());
+        assert_eq!(guard.fencing_token(), 0);
         let s = spec(&fake);
         assert_eq!(s.holder_identity.as_deref(), Some("me"));
-        assert_eq!(s.lease_transitions, Some(5), "a change of holder");
-        assert_eq!(guard.fencing_token(), 5);
-        assert_eq!(
-            fake.lease().unwrap().metadata.labels.unwrap()["app"],
-            "x",
-            "metadata kept"
+        assert_eq!(s.lease_duration_seconds, Some(15));
+        assert_eq!(s.lease_transitions, Some(0));
+        assert!(
+            s.acquire_time.is_some() && s.acquire_time < s.renew_time,
+            "renewed while held"
         );
-    }
+        let st = e.status();
+        assert_eq!(st.holder.as_deref(), Some("me"));
+        assert!(st.is_leader);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_renewing_holder_is_never_taken_over() {
-    let fake = FakeApi::default();
-    fake.put(held_by("other", 3));
-    let (e, _) = elector(&fake, config("me"));
-    let mut acquire = e.acquire();
-    for _ in 0..30 {
-        sleep(S(2)).await;
-        let mut l = fake.lease().unwrap();
-        l.spec.as_mut().unwrap().renew_time = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
-        );
-        fake.put(l);
-        assert!(poll!(&mut acquire).is_pending());
-    }
-    assert!(!e.is_leader());
-    assert_eq!(e.status().holder.as_deref(), Some("other"));
-    sleep(S(3)).await;
-    assert!(acquire.await.is_ok(), "taken once the holder stops renewing");
-}
-
-#[tokio::test(start_paused = true)]
-async fn leader_gives_up_at_the_renew_deadline_after_its_last_successful_renewal_was_sent() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    sleep(S(3)).await; // one renewal at +2 s
-    let last_sent = Instant::now() - S(1);
-    fake.partition(id, true);
-    let lost = guard.await;
-    assert_eq!(lost, Lost::RenewDeadlineExceeded);
-    assert_eq!(Instant::now(), last_sent + S(10));
-    assert!(!e.is_leader());
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_slow_response_does_not_stretch_the_renew_deadline() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    let start = Instant::now();
-    // The renewal at +2 s takes effect at once but its answer takes 60 s.
-    fake.fault(id, Some("update"), Fault::DelayResponse(S(60)));
-    let lost = guard.await;
-    assert_eq!(lost, Lost::RenewDeadlineExceeded);
-    assert_eq!(
-        start.elapsed(),
-        S(10),
-        "bounded from the acquisition, not from the slow write"
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn transient_errors_and_timeouts_are_retried_until_the_deadline() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    fake.fault(id, Some("update"), Fault::Status(500));
-    fake.fault(id, Some("update"), Fault::Status(503));
-    fake.fault(id, Some("update"), Fault::DelayRequest(S(3)));
-    sleep(S(20)).await;
-    assert!(
-        guard.is_valid(),
-        "renewed after two errors and one slow request within the deadline"
-    );
-    assert!(e.is_leader());
-    // A request that hangs is cut at the deadline: one renewal at +22 s hangs, the term ends at +30 s.
-    let start = Instant::now();
-    fake.fault(id, Some("update"), Fault::DelayRequest(S(3600)));
-    fake.fault(id, Some("update"), Fault::DelayRequest(S(3600)));
-    fake.fault(id, Some("update"), Fault::DelayRequest(S(3600)));
-    let lost = guard.await;
-    assert_eq!(lost, Lost::RenewDeadlineExceeded);
-    assert!(start.elapsed() <= S(10), "{:?}", start.elapsed());
-}
-
-#[tokio::test(start_paused = true)]
-async fn conflict_falls_to_a_read_and_keeps_a_lease_still_ours() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    // Someone touches the object (say, a label) without taking it.
-    let mut l = fake.lease().unwrap();
-    l.metadata.labels = Some([("touched".to_owned(), "yes".to_owned())].into());
-    fake.put(l);
-    let start = Instant::now();
-    sleep(S(5)).await;
-    assert_eq!(count(&fake, id, "get", start), 1, "one read after the conflict");
-    assert!(guard.is_valid());
-    assert_eq!(fake.lease().unwrap().metadata.labels.unwrap()["touched"], "yes");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_takeover_is_noticed_at_once_with_a_watch_and_at_the_next_renewal_without() {
-    for watch in [true, false] {
+#[test]
+fn leader_renews_with_one_write_per_retry_period_and_no_reads() {
+    paused(async {
         let fake = free();
-        let (e, _) = elector(&fake, config("me").watch(watch));
+        let (e, id) = elector(&fake, config("me"));
         let guard = e.acquire().await.unwrap();
-        sleep(Duration::from_millis(500)).await;
-        let mut l = fake.lease().unwrap();
-        l.spec.as_mut().unwrap().holder_identity = Some("intruder".into());
         let start = Instant::now();
-        fake.put(l);
+        let acquire_time = spec(&fake).acquire_time;
+        sleep(S(60) + Duration::from_millis(1)).await;
+        assert_eq!(count(&fake, id, "update", start), 30, "one renewal every 2 s");
         assert_eq!(
-            guard.await,
-            Lost::TakenOver {
-                holder: "intruder".into()
-            }
+            count(&fake, id, "get", start),
+            0,
+            "fast path: no reads: {:?}",
+            fake.seen()
         );
-        let took = start.elapsed();
-        if watch {
-            assert_eq!(took, Duration::ZERO);
-        } else {
-            assert_eq!(took, Duration::from_millis(1500));
-        }
-        assert_eq!(e.status().holder.as_deref(), Some("intruder"));
-    }
+        assert_eq!(count(&fake, id, "create", start), 0);
+        let s = spec(&fake);
+        assert_eq!(s.acquire_time, acquire_time, "renewals keep acquireTime");
+        assert_eq!(s.lease_transitions, Some(1));
+        assert!(guard.is_valid());
+        assert_eq!(guard.time_left(), Duration::from_millis(9999));
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_lease_deleted_while_held_ends_the_term_and_can_be_recreated() {
-    for watch in [true, false] {
+#[test]
+fn renewal_cadence_does_not_drift_when_a_request_is_slow() {
+    paused(async {
         let fake = free();
-        let (e, _) = elector(&fake, config("me").watch(watch));
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let _guard = e.acquire().await.unwrap();
+        let start = Instant::now();
+        fake.fault(
+            id,
+            Some("update"),
+            Fault::DelayRequest(Duration::from_millis(1500)),
+        );
+        sleep(S(20) + Duration::from_millis(1)).await;
+        let times: Vec<_> = fake
+            .seen()
+            .iter()
+            .filter(|s| s.verb == "update" && s.at > start)
+            .map(|s| s.at - start)
+            .collect();
+        assert_eq!(times, (1..=10).map(|k| S(2 * k)).collect::<Vec<_>>());
+    });
+}
+
+#[test]
+fn takeover_waits_exactly_one_lease_duration_after_the_last_observed_change() {
+    paused(async {
+        for watch in [true, false] {
+            let fake = FakeApi::default();
+            fake.put(held_by("other", 7));
+            let (e, _) = elector(&fake, config("me").watch(watch));
+            let start = Instant::now();
+            let guard = e.acquire().await.unwrap();
+            let waited = start.elapsed();
+            assert!(waited >= S(7), "took over after {waited:?}");
+            if watch {
+                assert_eq!(waited, S(7), "on a timer, at the exact expiry");
+            } else {
+                assert!(
+                    waited <= S(7) + Duration::from_secs_f64(2.0 * 2.2),
+                    "polling: {waited:?}"
+                );
+            }
+            let s = spec(&fake);
+            assert_eq!(s.holder_identity.as_deref(), Some("me"));
+            assert_eq!(s.lease_transitions, Some(5), "a change of holder");
+            assert_eq!(guard.fencing_token(), 5);
+            assert_eq!(
+                fake.lease().unwrap().metadata.labels.unwrap()["app"],
+                "x",
+                "metadata kept"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_renewing_holder_is_never_taken_over() {
+    paused(async {
+        let fake = FakeApi::default();
+        fake.put(held_by("other", 3));
+        let (e, _) = elector(&fake, config("me"));
+        let mut acquire = e.acquire();
+        for _ in 0..30 {
+            sleep(S(2)).await;
+            let mut l = fake.lease().unwrap();
+            l.spec.as_mut().unwrap().renew_time = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(k8s_openapi::jiff::Timestamp::now()),
+            );
+            fake.put(l);
+            assert!(poll!(&mut acquire).is_pending());
+        }
+        assert!(!e.is_leader());
+        assert_eq!(e.status().holder.as_deref(), Some("other"));
+        sleep(S(3)).await;
+        assert!(acquire.await.is_ok(), "taken once the holder stops renewing");
+    });
+}
+
+#[test]
+fn leader_gives_up_at_the_renew_deadline_after_its_last_successful_renewal_was_sent() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
         let guard = e.acquire().await.unwrap();
-        sleep(Duration::from_millis(500)).await;
+        sleep(S(3)).await; // one renewal at +2 s
+        let last_sent = Instant::now() - S(1);
+        fake.partition(id, true);
+        let lost = guard.await;
+        assert_eq!(lost, Lost::RenewDeadlineExceeded);
+        assert_eq!(Instant::now(), last_sent + S(10));
+        assert!(!e.is_leader());
+    });
+}
+
+#[test]
+fn a_slow_response_does_not_stretch_the_renew_deadline() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        let start = Instant::now();
+        // The renewal at +2 s takes effect at once but its answer takes 60 s.
+        fake.fault(id, Some("update"), Fault::DelayResponse(S(60)));
+        let lost = guard.await;
+        assert_eq!(lost, Lost::RenewDeadlineExceeded);
+        assert_eq!(
+            start.elapsed(),
+            S(10),
+            "bounded from the acquisition, not from the slow write"
+        );
+    });
+}
+
+#[test]
+fn transient_errors_and_timeouts_are_retried_until_the_deadline() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        fake.fault(id, Some("update"), Fault::Status(500));
+        fake.fault(id, Some("update"), Fault::Status(503));
+        fake.fault(id, Some("update"), Fault::DelayRequest(S(3)));
+        sleep(S(20)).await;
+        assert!(
+            guard.is_valid(),
+            "renewed after two errors and one slow request within the deadline"
+        );
+        assert!(e.is_leader());
+        // A request that hangs is cut at the deadline: one renewal at +22 s hangs, the term ends at +30 s.
+        let start = Instant::now();
+        fake.fault(id, Some("update"), Fault::DelayRequest(S(3600)));
+        fake.fault(id, Some("update"), Fault::DelayRequest(S(3600)));
+        fake.fault(id, Some("update"), Fault::DelayRequest(S(3600)));
+        let lost = guard.await;
+        assert_eq!(lost, Lost::RenewDeadlineExceeded);
+        assert!(start.elapsed() <= S(10), "{:?}", start.elapsed());
+    });
+}
+
+#[test]
+fn conflict_falls_to_a_read_and_keeps_a_lease_still_ours() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        // Someone touches the object (say, a label) without taking it.
+        let mut l = fake.lease().unwrap();
+        l.metadata.labels = Some([("touched".to_owned(), "yes".to_owned())].into());
+        fake.put(l);
+        let start = Instant::now();
+        sleep(S(5)).await;
+        assert_eq!(count(&fake, id, "get", start), 1, "one read after the conflict");
+        assert!(guard.is_valid());
+        assert_eq!(fake.lease().unwrap().metadata.labels.unwrap()["touched"], "yes");
+    });
+}
+
+#[test]
+fn a_takeover_is_noticed_at_once_with_a_watch_and_at_the_next_renewal_without() {
+    paused(async {
+        for watch in [true, false] {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me").watch(watch));
+            let guard = e.acquire().await.unwrap();
+            sleep(Duration::from_millis(500)).await;
+            let mut l = fake.lease().unwrap();
+            l.spec.as_mut().unwrap().holder_identity = Some("intruder".into());
+            let start = Instant::now();
+            fake.put(l);
+            assert_eq!(
+                guard.await,
+                Lost::TakenOver {
+                    holder: "intruder".into()
+                }
+            );
+            let took = start.elapsed();
+            if watch {
+                assert_eq!(took, Duration::ZERO);
+            } else {
+                assert_eq!(took, Duration::from_millis(1500));
+            }
+            assert_eq!(e.status().holder.as_deref(), Some("intruder"));
+        }
+    });
+}
+
+#[test]
+fn a_lease_deleted_while_held_ends_the_term_and_can_be_recreated() {
+    paused(async {
+        for watch in [true, false] {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me").watch(watch));
+            let guard = e.acquire().await.unwrap();
+            sleep(Duration::from_millis(500)).await;
+            let deleted = Instant::now();
+            fake.delete();
+            assert_eq!(guard.await, Lost::Deleted);
+            assert_eq!(
+                deleted.elapsed(),
+                if watch {
+                    Duration::ZERO
+                } else {
+                    Duration::from_millis(1500)
+                }
+            );
+            let lost_at = deleted.elapsed();
+            let again = e.acquire().await.unwrap();
+            // Re-created at once, led one lease duration later: whoever might have
+            // held another incarnation meanwhile has given up by then.
+            assert_eq!(deleted.elapsed(), lost_at + S(15));
+            assert!(again.is_valid());
+            assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
+            assert_eq!(
+                spec(&fake).lease_transitions,
+                Some(2),
+                "re-created, with more transitions than the deleted object had (a fencing token never goes back)"
+            );
+        }
+    });
+}
+
+#[test]
+fn a_candidate_that_saw_the_lease_waits_a_lease_duration_after_its_deletion() {
+    paused(async {
+        let fake = free();
+        let (leader, _) = elector(&fake, config("leader"));
+        let g = leader.acquire().await.unwrap();
+        let (f, _) = elector(&fake, config("follower"));
+        let mut acquire = Box::pin(f.acquire());
+        assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
         let deleted = Instant::now();
         fake.delete();
-        assert_eq!(guard.await, Lost::Deleted);
+        assert_eq!(g.await, Lost::Deleted);
+        drop(leader);
+        let _g = acquire.await.unwrap();
         assert_eq!(
             deleted.elapsed(),
-            if watch {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(1500)
-            }
+            S(15),
+            "created at once, led after one lease duration"
         );
-        let lost_at = deleted.elapsed();
-        let again = e.acquire().await.unwrap();
-        // Re-created at once, led one lease duration later: whoever might have
-        // held another incarnation meanwhile has given up by then.
-        assert_eq!(deleted.elapsed(), lost_at + S(15));
-        assert!(again.is_valid());
-        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
-        assert_eq!(
-            spec(&fake).lease_transitions,
-            Some(2),
-            "re-created, with more transitions than the deleted object had (a fencing token never goes back)"
-        );
-    }
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("follower"));
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_candidate_that_saw_the_lease_waits_a_lease_duration_after_its_deletion() {
-    let fake = free();
-    let (leader, _) = elector(&fake, config("leader"));
-    let g = leader.acquire().await.unwrap();
-    let (f, _) = elector(&fake, config("follower"));
-    let mut acquire = Box::pin(f.acquire());
-    assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
-    let deleted = Instant::now();
-    fake.delete();
-    assert_eq!(g.await, Lost::Deleted);
-    drop(leader);
-    let _g = acquire.await.unwrap();
-    assert_eq!(
-        deleted.elapsed(),
-        S(15),
-        "created at once, led after one lease duration"
-    );
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("follower"));
+#[test]
+fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_never_lead() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        for _ in 0..1000 {
+            fake.fault(id, None, Fault::Status(403));
+        }
+        let mut acquire = std::pin::pin!(e.acquire());
+        let start = Instant::now();
+        assert!(tokio::time::timeout(S(120), &mut acquire).await.is_err());
+        assert!(!e.is_leader());
+        let gets = count(&fake, id, "get", start);
+        // Exponential from 2 s, capped at the 15 s lease duration (jittered).
+        assert!((5..=40).contains(&gets), "{gets} reads in 120 s");
+        let seen = fake.seen();
+        let gaps: Vec<_> = seen.windows(2).map(|w| w[1].at - w[0].at).collect();
+        assert!(gaps.iter().all(|g| *g <= S(30)), "{gaps:?}");
+        assert!(gaps.last().unwrap() > &S(5), "backed off: {gaps:?}");
+        // The API server comes back (or RBAC is fixed): it leads.
+        let (e2, id2) = elector(&fake, config("other").watch(false));
+        drop(e2);
+        let _ = id2;
+        fake.partition(id, true);
+        assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
+        fake.partition(id, false);
+        let seen_before = fake.seen().len();
+        // Clear the remaining injected faults by consuming them quickly is not possible; use a fresh client.
+        let (e3, _) = elector(&fake, config("me-again").watch(false));
+        assert!(tokio::time::timeout(S(60), e3.acquire()).await.unwrap().is_ok());
+        assert!(fake.seen().len() > seen_before);
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_never_lead() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    for _ in 0..1000 {
-        fake.fault(id, None, Fault::Status(403));
-    }
-    let mut acquire = std::pin::pin!(e.acquire());
-    let start = Instant::now();
-    assert!(tokio::time::timeout(S(120), &mut acquire).await.is_err());
-    assert!(!e.is_leader());
-    let gets = count(&fake, id, "get", start);
-    // Exponential from 2 s, capped at the 15 s lease duration (jittered).
-    assert!((5..=40).contains(&gets), "{gets} reads in 120 s");
-    let seen = fake.seen();
-    let gaps: Vec<_> = seen.windows(2).map(|w| w[1].at - w[0].at).collect();
-    assert!(gaps.iter().all(|g| *g <= S(30)), "{gaps:?}");
-    assert!(gaps.last().unwrap() > &S(5), "backed off: {gaps:?}");
-    // The API server comes back (or RBAC is fixed): it leads.
-    let (e2, id2) = elector(&fake, config("other").watch(false));
-    drop(e2);
-    let _ = id2;
-    fake.partition(id, true);
-    assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
-    fake.partition(id, false);
-    let seen_before = fake.seen().len();
-    // Clear the remaining injected faults by consuming them quickly is not possible; use a fresh client.
-    let (e3, _) = elector(&fake, config("me-again").watch(false));
-    assert!(tokio::time::timeout(S(60), e3.acquire()).await.unwrap().is_ok());
-    assert!(fake.seen().len() > seen_before);
+#[test]
+fn malformed_records_have_defined_outcomes() {
+    paused(async {
+        // (spec, how long until we may take it)
+        let mut no_spec = held_by("x", 1);
+        no_spec.spec = None;
+        let mut no_holder = held_by("x", 1);
+        no_holder.spec.as_mut().unwrap().holder_identity = None;
+        let mut no_times = held_by("x", 5);
+        no_times.spec.as_mut().unwrap().acquire_time = None;
+        no_times.spec.as_mut().unwrap().renew_time = None;
+        let mut no_duration = held_by("x", 1);
+        no_duration.spec.as_mut().unwrap().lease_duration_seconds = None;
+        let cases = [
+            ("no spec: free", no_spec, S(0), Some(1)),
+            ("no holder: free", no_holder, S(0), Some(5)),
+            ("zero duration: ours (15 s)", held_by("x", 0), S(15), Some(5)),
+            ("negative duration: ours (15 s)", held_by("x", -5), S(15), Some(5)),
+            ("missing duration: ours (15 s)", no_duration, S(15), Some(5)),
+            ("missing times: record's duration", no_times, S(5), Some(5)),
+        ];
+        for (what, lease, after, transitions) in cases {
+            let fake = FakeApi::default();
+            fake.put(lease);
+            let (e, _) = elector(&fake, config("me"));
+            let start = Instant::now();
+            let _guard = e.acquire().await.unwrap();
+            assert_eq!(start.elapsed(), after, "{what}");
+            let s = spec(&fake);
+            assert_eq!(s.holder_identity.as_deref(), Some("me"), "{what}");
+            assert_eq!(s.lease_duration_seconds, Some(15), "{what}");
+            assert_eq!(s.lease_transitions, transitions, "{what}");
+        }
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn malformed_records_have_defined_outcomes() {
-    // (spec, how long until we may take it)
-    let mut no_spec = held_by("x", 1);
-    no_spec.spec = None;
-    let mut no_holder = held_by("x", 1);
-    no_holder.spec.as_mut().unwrap().holder_identity = None;
-    let mut no_times = held_by("x", 5);
-    no_times.spec.as_mut().unwrap().acquire_time = None;
-    no_times.spec.as_mut().unwrap().renew_time = None;
-    let mut no_duration = held_by("x", 1);
-    no_duration.spec.as_mut().unwrap().lease_duration_seconds = None;
-    let cases = [
-        ("no spec: free", no_spec, S(0), Some(1)),
-        ("no holder: free", no_holder, S(0), Some(5)),
-        ("zero duration: ours (15 s)", held_by("x", 0), S(15), Some(5)),
-        ("negative duration: ours (15 s)", held_by("x", -5), S(15), Some(5)),
-        ("missing duration: ours (15 s)", no_duration, S(15), Some(5)),
-        ("missing times: record's duration", no_times, S(5), Some(5)),
-    ];
-    for (what, lease, after, transitions) in cases {
+#[test]
+fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honoured() {
+    paused(async {
         let fake = FakeApi::default();
+        let mut lease = held_by("", 1);
+        lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
         fake.put(lease);
         let (e, _) = elector(&fake, config("me"));
-        let start = Instant::now();
-        let _guard = e.acquire().await.unwrap();
-        assert_eq!(start.elapsed(), after, "{what}");
+        let guard = e.acquire().await.unwrap();
+        sleep(S(5)).await;
+        assert_eq!(
+            spec(&fake).strategy.as_deref(),
+            Some("OldestEmulationVersion"),
+            "kept on acquire and renew"
+        );
+        // The coordinated leader election controller prefers someone else.
+        let mut l = fake.lease().unwrap();
+        l.spec.as_mut().unwrap().preferred_holder = Some("pref".into());
+        fake.put(l);
+        let lost = tokio::time::timeout(S(5), guard)
+            .await
+            .expect("stepped down for the preferred holder");
+        assert_eq!(
+            lost,
+            Lost::SteppedDown {
+                preferred_holder: "pref".into()
+            }
+        );
+        sleep(Duration::from_millis(1)).await;
         let s = spec(&fake);
-        assert_eq!(s.holder_identity.as_deref(), Some("me"), "{what}");
-        assert_eq!(s.lease_duration_seconds, Some(15), "{what}");
-        assert_eq!(s.lease_transitions, transitions, "{what}");
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honoured() {
-    let fake = FakeApi::default();
-    let mut lease = held_by("", 1);
-    lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
-    fake.put(lease);
-    let (e, _) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    sleep(S(5)).await;
-    assert_eq!(
-        spec(&fake).strategy.as_deref(),
-        Some("OldestEmulationVersion"),
-        "kept on acquire and renew"
-    );
-    // The coordinated leader election controller prefers someone else.
-    let mut l = fake.lease().unwrap();
-    l.spec.as_mut().unwrap().preferred_holder = Some("pref".into());
-    fake.put(l);
-    let lost = tokio::time::timeout(S(5), guard)
-        .await
-        .expect("stepped down for the preferred holder");
-    assert_eq!(
-        lost,
-        Lost::SteppedDown {
-            preferred_holder: "pref".into()
-        }
-    );
-    sleep(Duration::from_millis(1)).await;
-    let s = spec(&fake);
-    assert_eq!(
-        s.holder_identity.as_deref(),
-        Some("me"),
-        "the guarded work was stopped, not finished: left to expire, not released"
-    );
-    assert_eq!(s.preferred_holder.as_deref(), Some("pref"), "kept");
-    assert_eq!(s.strategy.as_deref(), Some("OldestEmulationVersion"));
-    // The expired lease is reserved for the preferred holder: it takes it at
-    // expiry, while anyone else would wait one more lease duration.
-    let (other, _) = elector(&fake, config("other"));
-    let mut other_acquire = Box::pin(other.acquire());
-    assert!(poll!(&mut other_acquire).is_pending());
-    let (pref, _) = elector(&fake, config("pref"));
-    let start = Instant::now();
-    let g = pref.acquire().await.unwrap();
-    assert_eq!(
-        start.elapsed(),
-        S(15),
-        "the preferred holder takes it one lease duration after it first saw it"
-    );
-    assert!(g.is_valid());
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("pref"));
-    assert!(
-        tokio::time::timeout(S(30), &mut other_acquire).await.is_err(),
-        "pref keeps it"
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn dropping_the_last_guard_releases_the_lease() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    sleep(S(3)).await;
-    let before = spec(&fake);
-    drop(guard);
-    sleep(Duration::from_millis(1)).await;
-    let s = spec(&fake);
-    assert_eq!(s.holder_identity.as_deref(), Some(""));
-    assert_eq!(s.lease_duration_seconds, Some(1));
-    assert_eq!(s.lease_transitions, before.lease_transitions);
-    assert!(!e.is_leader());
-    // A standby takes it over at once.
-    let (b, _) = elector(&fake, config("b"));
-    let start = Instant::now();
-    let _g = b.acquire().await.unwrap();
-    assert_eq!(start.elapsed(), Duration::ZERO);
-    assert_eq!(spec(&fake).lease_transitions, Some(2));
-}
-
-#[tokio::test(start_paused = true)]
-async fn release_off_lets_the_lease_expire() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me").release_on_drop(false));
-    drop(e.acquire().await.unwrap());
-    sleep(S(1)).await;
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
-}
-
-#[tokio::test(start_paused = true)]
-async fn release_never_clears_a_lease_someone_else_took() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    // Our renewals fail; meanwhile another candidate legitimately takes the lease.
-    fake.partition(id, true);
-    assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
-    fake.partition(id, false);
-    fake.put(held_by("new-leader", 15));
-    e.shutdown(S(1)).await.unwrap();
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("new-leader"));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_guard_never_polled_keeps_the_lease_for_many_renew_deadlines() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    sleep(S(35)).await;
-    assert!(guard.is_valid());
-    assert!(e.is_leader());
-    assert!(guard.lost().is_none());
-}
-
-#[tokio::test(start_paused = true)]
-async fn every_waiter_gets_a_guard_of_the_same_term() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me"));
-    let (a, b) = tokio::join!(e.acquire(), e.acquire());
-    let (a, b) = (a.unwrap(), b.unwrap());
-    let c = e
-        .acquire()
-        .now_or_never()
-        .expect("already leading: at once")
-        .unwrap();
-    assert_eq!(
-        count(&fake, id, "update", Instant::now() - S(100)),
-        1,
-        "one acquisition for all waiters"
-    );
-    drop(a);
-    drop(b);
-    sleep(S(5)).await;
-    assert!(c.is_valid(), "one guard left keeps leadership");
-    drop(c);
-    sleep(Duration::from_millis(1)).await;
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""));
-}
-
-#[tokio::test(start_paused = true)]
-async fn shutdown_waits_for_guards_then_releases_and_fails_pending_acquires() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    let signal = e.shutdown_requested();
-    assert_send_sync_static(&signal);
-    let worker = tokio::spawn(async move {
-        signal.await;
-        sleep(S(2)).await; // finishing work in flight
-        drop(guard);
+        assert_eq!(
+            s.holder_identity.as_deref(),
+            Some("me"),
+            "the guarded work was stopped, not finished: left to expire, not released"
+        );
+        assert_eq!(s.preferred_holder.as_deref(), Some("pref"), "kept");
+        assert_eq!(s.strategy.as_deref(), Some("OldestEmulationVersion"));
+        // The expired lease is reserved for the preferred holder: it takes it at
+        // expiry, while anyone else would wait one more lease duration.
+        let (other, _) = elector(&fake, config("other"));
+        let mut other_acquire = Box::pin(other.acquire());
+        assert!(poll!(&mut other_acquire).is_pending());
+        let (pref, _) = elector(&fake, config("pref"));
+        let start = Instant::now();
+        let g = pref.acquire().await.unwrap();
+        assert_eq!(
+            start.elapsed(),
+            S(15),
+            "the preferred holder takes it one lease duration after it first saw it"
+        );
+        assert!(g.is_valid());
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("pref"));
+        assert!(
+            tokio::time::timeout(S(30), &mut other_acquire).await.is_err(),
+            "pref keeps it"
+        );
     });
-    let start = Instant::now();
-    e.shutdown(S(30)).await.unwrap();
-    assert_eq!(start.elapsed(), S(2));
-    worker.await.unwrap();
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""));
-    assert!(matches!(e.acquire().await, Err(crate::Error::Shutdown)));
 }
 
-#[tokio::test(start_paused = true)]
-async fn shutdown_is_bounded_when_guarded_work_does_not_stop() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    let start = Instant::now();
-    e.shutdown(S(3)).await.unwrap();
-    // The grace, then the term ends and the work is stopped: no release, so
-    // nothing more to wait for.
-    assert_eq!(start.elapsed(), S(3));
-    assert_eq!(guard.lost(), Some(Lost::Released));
-    assert!(!guard.is_valid());
-    assert_eq!(
-        spec(&fake).holder_identity.as_deref(),
-        Some("me"),
-        "not released under live work"
-    );
+#[test]
+fn dropping_the_last_guard_releases_the_lease() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        sleep(S(3)).await;
+        let before = spec(&fake);
+        drop(guard);
+        sleep(Duration::from_millis(1)).await;
+        let s = spec(&fake);
+        assert_eq!(s.holder_identity.as_deref(), Some(""));
+        assert_eq!(s.lease_duration_seconds, Some(1));
+        assert_eq!(s.lease_transitions, before.lease_transitions);
+        assert!(!e.is_leader());
+        // A standby takes it over at once.
+        let (b, _) = elector(&fake, config("b"));
+        let start = Instant::now();
+        let _g = b.acquire().await.unwrap();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(spec(&fake).lease_transitions, Some(2));
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn an_unwanted_election_stops_campaigning() {
-    let fake = FakeApi::default();
-    fake.put(held_by("other", 15));
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let mut acquire = Box::pin(e.acquire());
-    assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
-    drop(acquire);
-    sleep(Duration::from_millis(1)).await;
-    let since = Instant::now();
-    sleep(S(60)).await;
-    assert_eq!(
-        fake.seen()
-            .iter()
+#[test]
+fn release_off_lets_the_lease_expire() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me").release_on_drop(false));
+        drop(e.acquire().await.unwrap());
+        sleep(S(1)).await;
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
+    });
+}
+
+#[test]
+fn release_never_clears_a_lease_someone_else_took() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        // Our renewals fail; meanwhile another candidate legitimately takes the lease.
+        fake.partition(id, true);
+        assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+        fake.partition(id, false);
+        fake.put(held_by("new-leader", 15));
+        e.shutdown(S(1)).await.unwrap();
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("new-leader"));
+    });
+}
+
+#[test]
+fn a_guard_never_polled_keeps_the_lease_for_many_renew_deadlines() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        sleep(S(35)).await;
+        assert!(guard.is_valid());
+        assert!(e.is_leader());
+        assert!(guard.lost().is_none());
+    });
+}
+
+#[test]
+fn every_waiter_gets_a_guard_of_the_same_term() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let (a, b) = tokio::join!(e.acquire(), e.acquire());
+        let (a, b) = (a.unwrap(), b.unwrap());
+        let c = e
+            .acquire()
+            .now_or_never()
+            .expect("already leading: at once")
+            .unwrap();
+        assert_eq!(
+            count(&fake, id, "update", Instant::now() - S(100)),
+            1,
+            "one acquisition for all waiters"
+        );
+        drop(a);
+        drop(b);
+        sleep(S(5)).await;
+        assert!(c.is_valid(), "one guard left keeps leadership");
+        drop(c);
+        sleep(Duration::from_millis(1)).await;
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""));
+    });
+}
+
+#[test]
+fn shutdown_waits_for_guards_then_releases_and_fails_pending_acquires() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        let signal = e.shutdown_requested();
+        assert_send_sync_static(&signal);
+        let worker = tokio::spawn(async move {
+            signal.await;
+            sleep(S(2)).await; // finishing work in flight
+            drop(guard);
+        });
+        let start = Instant::now();
+        e.shutdown(S(30)).await.unwrap();
+        assert_eq!(start.elapsed(), S(2));
+        worker.await.unwrap();
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""));
+        assert!(matches!(e.acquire().await, Err(crate::Error::Shutdown)));
+    });
+}
+
+#[test]
+fn shutdown_is_bounded_when_guarded_work_does_not_stop() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        let start = Instant::now();
+        e.shutdown(S(3)).await.unwrap();
+        // The grace, then the term ends and the work is stopped: no release, so
+        // nothing more to wait for.
+        assert_eq!(start.elapsed(), S(3));
+        assert_eq!(guard.lost(), Some(Lost::Released));
+        assert!(!guard.is_valid());
+        assert_eq!(
+            spec(&fake).holder_identity.as_deref(),
+            Some("me"),
+            "not released under live work"
+        );
+    });
+}
+
+#[test]
+fn an_unwanted_election_stops_campaigning() {
+    paused(async {
+        let fake = FakeApi::default();
+        fake.put(held_by("other", 15));
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
+        drop(acquire);
+        sleep(Duration::from_millis(1)).await;
+        let since = Instant::now();
+        sleep(S(60)).await;
+        assert_eq!(
+            fake.seen()
+                .iter()
+                .filter(|s| s.client == id && s.at >= since)
+                .count(),
+            0
+        );
+    });
+}
+
+#[test]
+fn health_check_fails_only_for_an_overdue_leader() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        assert!(e.health_check(S(20)).is_ok(), "healthy while not leading");
+        let guard = e.acquire().await.unwrap();
+        sleep(S(100)).await;
+        assert!(e.health_check(S(0)).is_ok(), "renewing on time");
+        assert!(guard.is_valid());
+        // A leader whose election task is stuck (its renewals stopped without the
+        // term ending): overdue past lease duration + tolerance.
+        let stuck = std::sync::Arc::new(crate::guard::Term::new(1, Instant::now() - S(40), S(10)));
+        e.set_term_for_test(stuck);
+        let err = e.health_check(S(20)).unwrap_err();
+        assert_eq!(
+            err,
+            crate::HealthError::RenewalOverdue {
+                since: S(40),
+                limit: S(35)
+            }
+        );
+        assert!(e.health_check(S(30)).is_ok(), "within a larger tolerance");
+    });
+}
+
+#[test]
+fn followers_make_no_requests_beyond_their_watch() {
+    paused(async {
+        let fake = free();
+        let (leader, _) = elector(&fake, config("leader"));
+        let _g = leader.acquire().await.unwrap();
+        let (f, id) = elector(&fake, config("follower"));
+        let mut acquire = std::pin::pin!(f.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        let since = Instant::now();
+        assert!(tokio::time::timeout(S(600), &mut acquire).await.is_err());
+        let requests: Vec<_> = fake
+            .seen()
+            .into_iter()
             .filter(|s| s.client == id && s.at >= since)
-            .count(),
-        0
-    );
+            .collect();
+        assert!(requests.is_empty(), "{requests:?}");
+        assert_eq!(f.status().holder.as_deref(), Some("leader"));
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn health_check_fails_only_for_an_overdue_leader() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me"));
-    assert!(e.health_check(S(20)).is_ok(), "healthy while not leading");
-    let guard = e.acquire().await.unwrap();
-    sleep(S(100)).await;
-    assert!(e.health_check(S(0)).is_ok(), "renewing on time");
-    assert!(guard.is_valid());
-    // A leader whose election task is stuck (its renewals stopped without the
-    // term ending): overdue past lease duration + tolerance.
-    let stuck = std::sync::Arc::new(crate::guard::Term::new(1, Instant::now() - S(40), S(10)));
-    e.set_term_for_test(stuck);
-    let err = e.health_check(S(20)).unwrap_err();
-    assert_eq!(
-        err,
-        crate::HealthError::RenewalOverdue {
-            since: S(40),
-            limit: S(35)
-        }
-    );
-    assert!(e.health_check(S(30)).is_ok(), "within a larger tolerance");
+#[test]
+fn a_forbidden_watch_falls_back_to_polling() {
+    paused(async {
+        let fake = free();
+        let (leader, _) = elector(&fake, config("leader"));
+        let g = leader.acquire().await.unwrap();
+        let (f, id) = elector(&fake, config("follower"));
+        fake.forbid_watch(id);
+        let mut acquire = std::pin::pin!(f.acquire());
+        let since = Instant::now();
+        assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
+        let gets = count(&fake, id, "get", since);
+        assert!(
+            (13..=31).contains(&gets),
+            "polls every jittered retry period: {gets}"
+        );
+        drop(g);
+        let start = Instant::now();
+        let guard = acquire.await.unwrap();
+        assert!(guard.is_valid());
+        assert!(
+            start.elapsed() <= Duration::from_secs_f64(4.4),
+            "next poll after the release"
+        );
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn followers_make_no_requests_beyond_their_watch() {
-    let fake = free();
-    let (leader, _) = elector(&fake, config("leader"));
-    let _g = leader.acquire().await.unwrap();
-    let (f, id) = elector(&fake, config("follower"));
-    let mut acquire = std::pin::pin!(f.acquire());
-    assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
-    let since = Instant::now();
-    assert!(tokio::time::timeout(S(600), &mut acquire).await.is_err());
-    let requests: Vec<_> = fake
-        .seen()
-        .into_iter()
-        .filter(|s| s.client == id && s.at >= since)
-        .collect();
-    assert!(requests.is_empty(), "{requests:?}");
-    assert_eq!(f.status().holder.as_deref(), Some("leader"));
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_forbidden_watch_falls_back_to_polling() {
-    let fake = free();
-    let (leader, _) = elector(&fake, config("leader"));
-    let g = leader.acquire().await.unwrap();
-    let (f, id) = elector(&fake, config("follower"));
-    fake.forbid_watch(id);
-    let mut acquire = std::pin::pin!(f.acquire());
-    let since = Instant::now();
-    assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
-    let gets = count(&fake, id, "get", since);
-    assert!(
-        (13..=31).contains(&gets),
-        "polls every jittered retry period: {gets}"
-    );
-    drop(g);
-    let start = Instant::now();
-    let guard = acquire.await.unwrap();
-    assert!(guard.is_valid());
-    assert!(
-        start.elapsed() <= Duration::from_secs_f64(4.4),
-        "next poll after the release"
-    );
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_release_is_taken_within_one_watch_event_and_one_write() {
-    let fake = free();
-    let (leader, _) = elector(&fake, config("leader"));
-    let g = leader.acquire().await.unwrap();
-    let (f, id) = elector(&fake, config("follower"));
-    let mut acquire = std::pin::pin!(f.acquire());
-    assert!(tokio::time::timeout(S(30), &mut acquire).await.is_err());
-    let since = Instant::now();
-    drop(g);
-    let guard = acquire.await.unwrap();
-    assert_eq!(since.elapsed(), Duration::ZERO);
-    let requests: Vec<_> = fake
-        .seen()
-        .into_iter()
-        .filter(|s| s.client == id && s.at >= since)
-        .map(|s| s.verb)
-        .collect();
-    assert_eq!(requests, ["update"]);
-    assert_eq!(guard.fencing_token(), 2);
-    advance(Duration::from_millis(1)).await;
+#[test]
+fn a_release_is_taken_within_one_watch_event_and_one_write() {
+    paused(async {
+        let fake = free();
+        let (leader, _) = elector(&fake, config("leader"));
+        let g = leader.acquire().await.unwrap();
+        let (f, id) = elector(&fake, config("follower"));
+        let mut acquire = std::pin::pin!(f.acquire());
+        assert!(tokio::time::timeout(S(30), &mut acquire).await.is_err());
+        let since = Instant::now();
+        drop(g);
+        let guard = acquire.await.unwrap();
+        assert_eq!(since.elapsed(), Duration::ZERO);
+        let requests: Vec<_> = fake
+            .seen()
+            .into_iter()
+            .filter(|s| s.client == id && s.at >= since)
+            .map(|s| s.verb)
+            .collect();
+        assert_eq!(requests, ["update"]);
+        assert_eq!(guard.fencing_token(), 2);
+        advance(Duration::from_millis(1)).await;
+    });
 }
 
 #[cfg(feature = "metrics")]
-#[tokio::test(start_paused = true)]
-async fn metrics_are_read_back_from_a_registry() {
-    use prometheus_client::{encoding::text::encode, registry::Registry};
+#[test]
+fn metrics_are_read_back_from_a_registry() {
+    paused(async {
+        use prometheus_client::{encoding::text::encode, registry::Registry};
 
-    fn scrape(registry: &Registry) -> String {
-        let mut out = String::new();
-        encode(&mut out, registry).unwrap();
-        out
-    }
+        fn scrape(registry: &Registry) -> String {
+            let mut out = String::new();
+            encode(&mut out, registry).unwrap();
+            out
+        }
 
-    let mut registry = Registry::default();
-    let metrics = crate::LeaseMetrics::register(&mut registry);
-    let fake = free();
-    let (e, id) = elector(&fake, config("me"));
-    let e = e.with_metrics(&metrics);
-    let text = scrape(&registry);
-    assert!(
-        text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
-        "{text}"
-    );
-    let guard = e.acquire().await.unwrap();
-    sleep(S(4) + Duration::from_millis(500)).await;
-    let text = scrape(&registry);
-    assert!(
-        text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#),
-        "{text}"
-    );
-    assert!(
-        text.contains(
-            r#"leader_election_renewals_total{namespace="default",lease="lease",outcome="success"} 2"#
-        ),
-        "{text}"
-    );
-    assert!(
-        text.contains(r#"leader_election_seconds_since_last_renewal{namespace="default",lease="lease"} 0.5"#),
-        "{text}"
-    );
-    assert!(
-        text.contains(r#"leader_election_renew_duration_seconds_count{namespace="default",lease="lease"} 2"#),
-        "{text}"
-    );
-    // free -> me: one change of holder seen.
-    assert!(
-        text.contains(r#"leader_election_transitions_total{namespace="default",lease="lease"} 1"#),
-        "{text}"
-    );
-    fake.partition(id, true);
-    assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
-    // The guard may resolve on its own timer, in the instant before the
-    // elector task ends the term (and updates the metrics).
-    advance(Duration::from_millis(1)).await;
-    let text = scrape(&registry);
-    assert!(
-        text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
-        "{text}"
-    );
-    assert!(text.contains(r#"outcome="error"} 4"#), "{text}");
-    assert!(
-        !text.contains("leader_election_seconds_since_last_renewal{"),
-        "{text}"
-    );
+        let mut registry = Registry::default();
+        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let e = e.with_metrics(&metrics);
+        let text = scrape(&registry);
+        assert!(
+            text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
+            "{text}"
+        );
+        let guard = e.acquire().await.unwrap();
+        sleep(S(4) + Duration::from_millis(500)).await;
+        let text = scrape(&registry);
+        assert!(
+            text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"leader_election_renewals_total{namespace="default",lease="lease",outcome="success"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"leader_election_seconds_since_last_renewal{namespace="default",lease="lease"} 0.5"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"leader_election_renew_duration_seconds_count{namespace="default",lease="lease"} 2"#
+            ),
+            "{text}"
+        );
+        // free -> me: one change of holder seen.
+        assert!(
+            text.contains(r#"leader_election_transitions_total{namespace="default",lease="lease"} 1"#),
+            "{text}"
+        );
+        fake.partition(id, true);
+        assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+        // The guard may resolve on its own timer, in the instant before the
+        // elector task ends the term (and updates the metrics).
+        advance(Duration::from_millis(1)).await;
+        let text = scrape(&registry);
+        assert!(
+            text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"outcome="error"} 4"#), "{text}");
+        assert!(
+            !text.contains("leader_election_seconds_since_last_renewal{"),
+            "{text}"
+        );
+    });
 }
 
-#[tokio::test(start_paused = true)]
-async fn fencing_helpers_follow_the_renew_deadline() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me"));
-    let guard = e.acquire().await.unwrap();
-    assert_eq!(guard.fencing_token(), 1);
-    assert_eq!(guard.time_left(), S(10));
-    sleep(Duration::from_millis(2500)).await;
-    assert_eq!(guard.time_left(), Duration::from_millis(9500), "renewed at +2 s");
-    fake.partition(id, true);
-    sleep(S(9)).await;
-    assert_eq!(guard.time_left(), Duration::from_millis(500));
-    assert!(guard.is_valid());
-    sleep(Duration::from_millis(500)).await;
-    assert!(!guard.is_valid(), "not valid from the deadline on");
-    assert_eq!(guard.time_left(), Duration::ZERO);
-    sleep(Duration::from_millis(1)).await;
-    assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
-    // The next term has a larger token.
-    fake.partition(id, false);
-    let (other, _) = elector(&fake, config("other"));
-    let g2 = other.acquire().await.unwrap();
-    assert!(g2.fencing_token() > guard.fencing_token());
+#[test]
+fn fencing_helpers_follow_the_renew_deadline() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        assert_eq!(guard.fencing_token(), 1);
+        assert_eq!(guard.time_left(), S(10));
+        sleep(Duration::from_millis(2500)).await;
+        assert_eq!(guard.time_left(), Duration::from_millis(9500), "renewed at +2 s");
+        fake.partition(id, true);
+        sleep(S(9)).await;
+        assert_eq!(guard.time_left(), Duration::from_millis(500));
+        assert!(guard.is_valid());
+        sleep(Duration::from_millis(500)).await;
+        assert!(!guard.is_valid(), "not valid from the deadline on");
+        assert_eq!(guard.time_left(), Duration::ZERO);
+        sleep(Duration::from_millis(1)).await;
+        assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
+        // The next term has a larger token.
+        fake.partition(id, false);
+        let (other, _) = elector(&fake, config("other"));
+        let g2 = other.acquire().await.unwrap();
+        assert!(g2.fencing_token() > guard.fencing_token());
+    });
 }
 
 /// A caller that acquires again as soon as its guard ends (a guarded stream
@@ -801,67 +817,73 @@ async fn fencing_helpers_follow_the_renew_deadline() {
 /// noticed yet), the guard would end at once, the caller would spin, and the
 /// elector, finding neither guard nor waiter in between, would give the lease
 /// up as if shut down.
-#[tokio::test(start_paused = true)]
-async fn acquiring_at_the_renew_deadline_waits_for_the_next_term() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    fake.partition(id, true);
-    sleep(guard.time_left()).await;
-    assert!(!guard.is_valid());
-    let mut again = Box::pin(e.acquire());
-    assert!(
-        poll!(&mut again).is_pending(),
-        "no guard of a term past its renew deadline"
-    );
-    assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
-    sleep(S(1)).await;
-    assert!(poll!(&mut again).is_pending(), "partitioned: no new term");
-    fake.partition(id, false);
-    let next = again.await.unwrap();
-    assert!(next.is_valid());
-    assert_eq!(next.time_left(), S(10), "a fresh term");
-    assert_eq!(
-        spec(&fake).holder_identity.as_deref(),
-        Some("me"),
-        "never released"
-    );
-    assert!(e.is_leader());
+#[test]
+fn acquiring_at_the_renew_deadline_waits_for_the_next_term() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        fake.partition(id, true);
+        sleep(guard.time_left()).await;
+        assert!(!guard.is_valid());
+        let mut again = Box::pin(e.acquire());
+        assert!(
+            poll!(&mut again).is_pending(),
+            "no guard of a term past its renew deadline"
+        );
+        assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+        sleep(S(1)).await;
+        assert!(poll!(&mut again).is_pending(), "partitioned: no new term");
+        fake.partition(id, false);
+        let next = again.await.unwrap();
+        assert!(next.is_valid());
+        assert_eq!(next.time_left(), S(10), "a fresh term");
+        assert_eq!(
+            spec(&fake).holder_identity.as_deref(),
+            Some("me"),
+            "never released"
+        );
+        assert!(e.is_leader());
+    });
 }
 
 /// A renewal sent in time but answered only at the renew deadline does not
 /// bring the term back: guards (and guarded streams) read the deadline on
 /// their own and may already have stopped, and a waiter would otherwise wait
 /// for a term that is never handed out again.
-#[tokio::test(start_paused = true)]
-async fn a_renewal_answered_at_the_renew_deadline_does_not_revive_the_term() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    // The renewal at +2 s takes effect at once; its answer comes at +10 s,
-    // the renew deadline counted from the acquisition.
-    fake.fault(id, Some("update"), Fault::DelayResponse(S(8)));
-    sleep(S(10)).await;
-    assert!(!guard.is_valid());
-    sleep(Duration::from_millis(1)).await;
-    assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
-    assert!(!guard.is_valid() && !e.is_leader());
+#[test]
+fn a_renewal_answered_at_the_renew_deadline_does_not_revive_the_term() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        // The renewal at +2 s takes effect at once; its answer comes at +10 s,
+        // the renew deadline counted from the acquisition.
+        fake.fault(id, Some("update"), Fault::DelayResponse(S(8)));
+        sleep(S(10)).await;
+        assert!(!guard.is_valid());
+        sleep(Duration::from_millis(1)).await;
+        assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
+        assert!(!guard.is_valid() && !e.is_leader());
+    });
 }
 
 /// `shutdown` while a renewal is in flight: the renewal's answer, arriving
 /// after the term was ended for the shutdown, is not mistaken for a late
 /// renewal, and the Lease is still released.
-#[tokio::test(start_paused = true)]
-async fn shutdown_during_a_renewal_in_flight_still_releases() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    // The renewal at +2 s is answered at +3 s.
-    fake.fault(id, Some("update"), Fault::DelayResponse(S(1)));
-    sleep(Duration::from_millis(2500)).await;
-    drop(guard);
-    e.shutdown(S(5)).await.unwrap();
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""), "released");
+#[test]
+fn shutdown_during_a_renewal_in_flight_still_releases() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        // The renewal at +2 s is answered at +3 s.
+        fake.fault(id, Some("update"), Fault::DelayResponse(S(1)));
+        sleep(Duration::from_millis(2500)).await;
+        drop(guard);
+        e.shutdown(S(5)).await.unwrap();
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""), "released");
+    });
 }
 
 /// The renew deadline counts from the instant before the successful request
@@ -869,40 +891,44 @@ async fn shutdown_during_a_renewal_in_flight_still_releases() {
 /// extends the term only from when it was sent. (Counted from the answer, a
 /// leader would believe it leads up to the response delay longer than any
 /// follower allows.)
-#[tokio::test(start_paused = true)]
-async fn the_renew_deadline_counts_from_before_the_request_not_from_its_answer() {
-    let fake = free();
-    let (e, id) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    // The renewal at +2 s takes effect at once and is answered at +3.5 s.
-    fake.fault(
-        id,
-        Some("update"),
-        Fault::DelayResponse(Duration::from_millis(1500)),
-    );
-    sleep(Duration::from_millis(3600)).await;
-    assert!(guard.is_valid());
-    assert_eq!(
-        guard.time_left(),
-        Duration::from_millis(8400),
-        "deadline = sent (+2 s) + 10 s, not answered (+3.5 s) + 10 s"
-    );
+#[test]
+fn the_renew_deadline_counts_from_before_the_request_not_from_its_answer() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        // The renewal at +2 s takes effect at once and is answered at +3.5 s.
+        fake.fault(
+            id,
+            Some("update"),
+            Fault::DelayResponse(Duration::from_millis(1500)),
+        );
+        sleep(Duration::from_millis(3600)).await;
+        assert!(guard.is_valid());
+        assert_eq!(
+            guard.time_left(),
+            Duration::from_millis(8400),
+            "deadline = sent (+2 s) + 10 s, not answered (+3.5 s) + 10 s"
+        );
+    });
 }
 
 /// Releasing never clears a record that is not our term's, even when our own
 /// term ends as a release (a shutdown) and we never saw the other record: it
 /// was written after our last renewal, and we poll.
-#[tokio::test(start_paused = true)]
-async fn a_release_reads_first_and_never_frees_another_candidates_record() {
-    let fake = free();
-    let (e, _) = elector(&fake, config("me").watch(false));
-    let guard = e.acquire().await.unwrap();
-    sleep(Duration::from_millis(500)).await;
-    // Someone else's record lands (a forced takeover) between our renewals.
-    let mut lease = fake.lease().unwrap();
-    lease.spec.as_mut().unwrap().holder_identity = Some("other".into());
-    fake.put(lease);
-    drop(guard);
-    e.shutdown(S(1)).await.unwrap();
-    assert_eq!(spec(&fake).holder_identity.as_deref(), Some("other"));
+#[test]
+fn a_release_reads_first_and_never_frees_another_candidates_record() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me").watch(false));
+        let guard = e.acquire().await.unwrap();
+        sleep(Duration::from_millis(500)).await;
+        // Someone else's record lands (a forced takeover) between our renewals.
+        let mut lease = fake.lease().unwrap();
+        lease.spec.as_mut().unwrap().holder_identity = Some("other".into());
+        fake.put(lease);
+        drop(guard);
+        e.shutdown(S(1)).await.unwrap();
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("other"));
+    });
 }

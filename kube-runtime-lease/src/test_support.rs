@@ -1,0 +1,93 @@
+//! Helpers shared by the unit tests: the paused-time runner that bounds every
+//! test, and the Lease fixtures on the in-memory double.
+
+use std::{future::Future, time::Duration};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube_client::core::ObjectMeta;
+use tokio::time::Instant;
+
+use crate::{LeaderElector, LeaseConfig, fake::FakeApi};
+
+/// How much paused time a unit test may take before it fails as hung. The
+/// longest test waits a few simulated minutes; a wait that never ends (a bug,
+/// or a mutant) reaches this bound in well under a second of real time,
+/// because paused time jumps from timer to timer.
+pub(crate) const PAUSED_TEST_BOUND: Duration = Duration::from_secs(6 * 3600);
+
+/// A current-thread runtime with paused time, as `#[tokio::test(start_paused
+/// = true)]` builds it.
+pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+/// Runs a test body on a paused runtime and fails it if it has not finished
+/// within [`PAUSED_TEST_BOUND`] of paused time, so that a wait that never ends
+/// fails with a message instead of spinning until a real-time timeout.
+#[track_caller]
+pub(crate) fn paused(test: impl Future<Output = ()>) {
+    let caller = std::panic::Location::caller();
+    paused_runtime().block_on(async {
+        let finished = tokio::time::timeout(PAUSED_TEST_BOUND, test).await;
+        assert!(
+            finished.is_ok(),
+            "the test at {caller} did not finish within {PAUSED_TEST_BOUND:?} of paused time: \
+             something it waits for never happens"
+        );
+    });
+}
+
+/// A double holding a free (released) Lease, so that acquisition is one write.
+pub(crate) fn free() -> FakeApi {
+    let fake = FakeApi::default();
+    let mut lease = held_by("", 1);
+    lease.spec.as_mut().unwrap().lease_transitions = Some(0);
+    lease.metadata.labels = None;
+    fake.put(lease);
+    fake
+}
+
+pub(crate) fn config(identity: &str) -> LeaseConfig {
+    LeaseConfig::new("default", "lease", identity)
+}
+
+pub(crate) fn elector(fake: &FakeApi, config: LeaseConfig) -> (LeaderElector, usize) {
+    let (client, id) = fake.client();
+    (LeaderElector::new(client, config).unwrap(), id)
+}
+
+pub(crate) fn held_by(holder: &str, duration: i32) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some("lease".into()),
+            namespace: Some("default".into()),
+            labels: Some([("app".to_owned(), "x".to_owned())].into()),
+            ..Default::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(duration),
+            lease_transitions: Some(4),
+            ..Default::default()
+        }),
+    }
+}
+
+pub(crate) fn spec(fake: &FakeApi) -> LeaseSpec {
+    fake.lease().unwrap().spec.unwrap()
+}
+
+pub(crate) fn count(fake: &FakeApi, client: usize, verb: &str, since: Instant) -> usize {
+    fake.seen()
+        .iter()
+        .filter(|s| s.client == client && s.verb == verb && s.at > since)
+        .count()
+}
+
+pub(crate) fn holder(fake: &FakeApi) -> Option<String> {
+    fake.lease().and_then(|l| l.spec).and_then(|s| s.holder_identity)
+}
