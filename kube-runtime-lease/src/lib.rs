@@ -212,8 +212,4 @@ mod regressions;
 #[cfg(test)]
 mod simulation;
 #[cfg(test)]
-mod stream_tests;
-#[cfg(test)]
 mod test_support;
-#[cfg(test)]
-mod tests;

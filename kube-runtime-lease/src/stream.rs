@@ -1,5 +1,8 @@
 //! [`WithLeaderElection`]: the adapter returned by `with_leader_election`.
 
+#[cfg(test)]
+mod tests;
+
 use std::{
     future::Future,
     pin::Pin,

@@ -1,0 +1,76 @@
+//! All of the election's Lease API I/O, in one small type: `get`, `create`,
+//! `replace` (each bounded by the time its caller has left) and the watch.
+
+use std::{future::Future, time::Duration};
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_client::{Api, Client, api::PostParams};
+use kube_runtime::{WatchStreamExt, watcher};
+
+use super::task::WatchStream;
+use crate::error::{Error, Result};
+
+/// The Lease named by the configuration, in its namespace.
+pub(super) struct LeaseApi {
+    api: Api<Lease>,
+    name: String,
+}
+
+impl LeaseApi {
+    pub(super) fn new(client: Client, namespace: &str, name: &str) -> Self {
+        LeaseApi {
+            api: Api::namespaced(client, namespace),
+            name: name.to_owned(),
+        }
+    }
+
+    /// Reads the Lease; `None` if it does not exist.
+    pub(super) async fn get(&self, bound: Duration) -> Result<Option<Lease>> {
+        bounded("get", bound, self.api.get_opt(&self.name), Error::GetLease).await
+    }
+
+    /// Creates the Lease (`create` has no precondition: it fails with a
+    /// conflict if the object exists).
+    pub(super) async fn create(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
+        bounded(
+            "create",
+            bound,
+            self.api.create(&PostParams::default(), lease),
+            Error::CreateLease,
+        )
+        .await
+    }
+
+    /// Replaces the Lease, with the resourceVersion `lease` carries as the
+    /// precondition: a lost race is a conflict, never a silent overwrite.
+    pub(super) async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
+        bounded(
+            "update",
+            bound,
+            self.api.replace(&self.name, &PostParams::default(), lease),
+            Error::ReplaceLease,
+        )
+        .await
+    }
+
+    /// Watches the Lease (lazy: no request before it is first polled).
+    pub(super) fn watch(&self) -> WatchStream {
+        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
+        watcher(self.api.clone(), config).default_backoff().boxed()
+    }
+}
+
+/// Runs one request, failing it with [`Error::Timeout`] once `bound` passed.
+async fn bounded<T>(
+    verb: &'static str,
+    bound: Duration,
+    fut: impl Future<Output = kube_client::Result<T>>,
+    wrap: fn(kube_client::Error) -> Error,
+) -> Result<T> {
+    match tokio::time::timeout(bound, fut).await {
+        Err(_) => Err(Error::Timeout { verb, after: bound }),
+        Ok(Err(kube_client::Error::Api(s))) if s.code == 409 => Err(Error::Conflict),
+        Ok(r) => r.map_err(wrap),
+    }
+}

@@ -1,0 +1,79 @@
+//! What an elector remembers of its Lease across terms and tasks: our own
+//! term's record, the creation hold and the risk a vanished object leaves, the
+//! largest transitions and fencing token, and stopped work.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::LeaseSpec;
+use tokio::time::Instant;
+
+use crate::record::{self, TermId};
+
+/// What this elector remembers of the Lease across terms and tasks.
+#[derive(Default)]
+pub(super) struct Memory {
+    /// Our last term: a record of it (same object, holder, acquireTime and
+    /// transitions) is our own write; any other record naming our identity is
+    /// not (another process with the same identity, or a write we gave up on).
+    pub(super) own: Option<TermId>,
+    /// A term on this Lease object must not begin before this instant (the
+    /// creation hold), whichever task campaigns.
+    pub(super) hold: Option<(Option<String>, Instant)>,
+    /// Until when the last holder of a Lease object that went away (deleted,
+    /// or replaced by another object) may still believe it leads.
+    pub(super) risk_until: Option<Instant>,
+    /// The Lease object last seen, whether its last record named a holder,
+    /// and the longest lease duration seen on it.
+    pub(super) seen_uid: Option<String>,
+    pub(super) seen_held: bool,
+    pub(super) seen_longest: Duration,
+    /// The largest `leaseTransitions` seen on this Lease name, any object.
+    pub(super) max_transitions: Option<i32>,
+    /// The largest fencing token handed out.
+    pub(super) last_token: Option<i64>,
+    /// Guarded work of a term that ended was stopped, not finished: requests
+    /// it sent may land until then (lease duration − renew deadline after the
+    /// term ended, the margin the protocol leaves for it). No later term of
+    /// ours releases the Lease before then: that would let a standby lead
+    /// at once, inside the margin.
+    pub(super) stopped_until: Option<Instant>,
+}
+
+impl Memory {
+    /// Remembers a record seen at `now` on the object `uid`.
+    pub(super) fn saw(&mut self, uid: Option<&String>, spec: &LeaseSpec, fallback: Duration, now: Instant) {
+        if self.seen_uid.as_ref() != uid {
+            self.went_away(now);
+            self.seen_uid = uid.cloned();
+        }
+        self.seen_longest = self.seen_longest.max(record::lease_duration(spec, fallback));
+        self.seen_held = record::holder(spec).is_some();
+        self.max_transitions = self.max_transitions.max(spec.lease_transitions);
+    }
+
+    /// The object last seen is gone (seen missing at `now`, or replaced).
+    pub(super) fn went_away(&mut self, now: Instant) {
+        if self.seen_uid.take().is_some() && self.seen_held {
+            let until = record::later(now, self.seen_longest);
+            self.risk_until = Some(self.risk_until.map_or(until, |u| u.max(until)));
+        }
+        self.seen_held = false;
+        self.seen_longest = Duration::ZERO;
+    }
+
+    /// The `leaseTransitions` to write when a term begins on a record with
+    /// `prev`: more than anything seen on this name.
+    pub(super) fn next_transitions(&self, prev: Option<i32>) -> i32 {
+        prev.max(self.max_transitions).map_or(0, |t| t.saturating_add(1))
+    }
+
+    /// The fencing token of a term that wrote `transitions`: strictly more
+    /// than every token before it, also once the Lease's counter saturates.
+    pub(super) fn next_token(&mut self, transitions: i32) -> i64 {
+        let token = self.last_token.map_or(i64::from(transitions), |last| {
+            (last + 1).max(i64::from(transitions))
+        });
+        self.last_token = Some(token);
+        token
+    }
+}

@@ -1,0 +1,307 @@
+//! [`LeaderElector`]: the election loop (acquire, renew, release, observe) and
+//! the handle that shares it.
+
+mod acquire;
+mod api;
+mod memory;
+mod status;
+mod supervise;
+mod task;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    future::Future,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use futures::{FutureExt, channel::oneshot, future::Shared};
+use kube_client::Client;
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+    time::Instant,
+};
+use tracing::{info, warn};
+
+pub use self::{
+    acquire::Acquire,
+    status::{HealthError, LeaderStatus},
+};
+use self::{api::LeaseApi, memory::Memory, supervise::join};
+use crate::{
+    config::{ConfigError, LeaseConfig},
+    error::{Error, Result},
+    guard::{LeaseGuard, Lost, Term},
+    metrics::Metrics,
+    record,
+};
+
+/// A candidate in the election for one Lease: a cheap, cloneable handle.
+///
+/// One elector runs one background task per Lease, however many streams,
+/// controllers and guards share it: one renewal loop and one set of API calls.
+/// Leadership is campaigned for only while somebody wants it (a pending
+/// [`acquire`](Self::acquire), a guarded stream, or a live [`LeaseGuard`]);
+/// when the last of them is gone the Lease is released.
+///
+/// # Protocol
+/// client-go's `leaderelection` protocol on a `coordination.k8s.io/v1` Lease,
+/// so that Go and Rust candidates honour each other:
+/// - expiry is judged only from how long this candidate has seen the record
+///   unchanged, on its own monotonic clock, for the record's
+///   `leaseDurationSeconds` (never from `renewTime`);
+/// - writes are `replace` calls carrying the resourceVersion read, so a lost
+///   race is a 409 and never a silent overwrite; `strategy` and
+///   `preferredHolder` are never cleared;
+/// - the leader renews every retry period with one request (no read while its
+///   cached record is valid) and gives up when no renewal succeeded within the
+///   renew deadline, counted from the instant before the request was sent;
+///   every request is bounded by the time left;
+/// - candidates also watch the Lease, so that a released Lease is taken
+///   within one event and one write, and an expired one on a timer at the
+///   exact instant it expires (see [`LeaseConfig::watch`]).
+#[derive(Clone)]
+pub struct LeaderElector {
+    inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    config: LeaseConfig,
+    api: LeaseApi,
+    wake: Arc<Notify>,
+    state: Mutex<State>,
+    /// Notified whenever the slot (see [`State::active`]) is freed or a task
+    /// ends.
+    slot_freed: Notify,
+    status: watch::Sender<LeaderStatus>,
+    shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
+    shutdown_rx: Shared<oneshot::Receiver<()>>,
+    metrics: Metrics,
+    /// Tests: a wake-up between any two waits of the task (a storm of them).
+    #[cfg(test)]
+    pub(crate) storm: std::sync::atomic::AtomicBool,
+}
+
+#[derive(Default)]
+struct State {
+    waiters: Vec<oneshot::Sender<LeaseGuard>>,
+    /// The term in force, once begun (not during a creation hold).
+    term: Option<Arc<Term>>,
+    /// The generation of the task that campaigns now, if any.
+    current: Option<u64>,
+    /// The generation of the task that holds the slot: at most one task talks
+    /// to the API at a time, and the next one starts only after the last one
+    /// finished its release, whatever runtime either was spawned on.
+    active: Option<u64>,
+    /// The newest task, for `shutdown` to await its release.
+    task: Option<JoinHandle<Result<()>>>,
+    /// Counts tasks spawned: each task's generation.
+    spawned: u64,
+    /// Counts the beats of the task holding the slot (one per retry period
+    /// while its runtime is driven): a task whose runtime is no longer driven
+    /// stops beating, and is replaced (see [`Acquire`]).
+    beats: u64,
+    shutdown: bool,
+    memory: Memory,
+}
+
+impl std::fmt::Debug for LeaderElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElector")
+            .field("config", &self.inner.config)
+            .field("status", &*self.inner.status.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LeaderElector {
+    /// A candidate for the Lease described by `config`, using `client`.
+    ///
+    /// Makes no API call: the election starts when leadership is first wanted
+    /// ([`acquire`](Self::acquire) or a guarded stream is polled).
+    ///
+    /// # Errors
+    /// The first rule `config` breaks (see [`LeaseConfig::validate`]).
+    pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        let api = LeaseApi::new(client, &config.namespace, &config.name);
+        let (shutdown_tx, shutdown_rx) = oneshot::channel();
+        Ok(LeaderElector {
+            inner: Arc::new(Inner {
+                metrics: Metrics::default(),
+                config,
+                api,
+                wake: Arc::new(Notify::new()),
+                state: Mutex::new(State::default()),
+                slot_freed: Notify::new(),
+                status: watch::Sender::new(LeaderStatus::default()),
+                shutdown_tx: Mutex::new(Some(shutdown_tx)),
+                shutdown_rx: shutdown_rx.shared(),
+                #[cfg(test)]
+                storm: std::sync::atomic::AtomicBool::new(false),
+            }),
+        })
+    }
+
+    /// Records this elector's metrics into `metrics` (see [`LeaseMetrics`](crate::LeaseMetrics)).
+    #[cfg(feature = "metrics")]
+    #[must_use]
+    pub fn with_metrics(self, metrics: &crate::LeaseMetrics) -> Self {
+        self.inner.metrics.attach(metrics, &self.inner.config);
+        self
+    }
+
+    /// The configuration of this candidate.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.inner.config
+    }
+
+    /// Waits until this candidate leads, then returns a guard for the term.
+    ///
+    /// Every caller waiting at the same time gets a guard of the same term.
+    /// If this candidate already leads, the guard is returned at once, but
+    /// only while the term is valid ([`LeaseGuard::is_valid`]): once its renew
+    /// deadline has passed, even before the background task noticed, this
+    /// waits for the next term.
+    ///
+    /// # Errors
+    /// [`Error::Shutdown`] once [`shutdown`](Self::shutdown) has been called;
+    /// [`Error::ElectorStopped`] if the background task stopped while this
+    /// waited (the runtime it was spawned on shut down, or it panicked).
+    /// API failures are never returned: they are logged and retried with
+    /// backoff (an unreachable API server means waiting, never leading).
+    ///
+    /// # Cancellation safety
+    /// Dropping the future withdraws the request; if it was the only one, the
+    /// elector stops campaigning.
+    ///
+    /// # Panics
+    /// The future panics if first polled outside a Tokio runtime: the elector
+    /// spawns its background task on the runtime that polls it.
+    pub fn acquire(&self) -> Acquire {
+        Acquire::new(self.inner.clone())
+    }
+
+    /// A `Send + Sync + 'static` future that resolves once
+    /// [`shutdown`](Self::shutdown) has been called: give it to
+    /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on)
+    /// so that reconciles in flight finish before the Lease is released.
+    pub fn shutdown_requested(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
+        self.inner.shutdown_rx.clone().map(|_| ())
+    }
+
+    /// Leaves the election for good and hands leadership over.
+    ///
+    /// In order, each step bounded so that the whole sequence fits a pod's
+    /// termination grace period:
+    /// 1. stop campaigning: pending [`acquire`](Self::acquire) calls fail with
+    ///    [`Error::Shutdown`], [`is_leader`](Self::is_leader) turns false (a
+    ///    readiness gate stops routing to this replica), and
+    ///    [`shutdown_requested`](Self::shutdown_requested) resolves, so that
+    ///    controllers stop taking new work and let reconciles in flight finish;
+    /// 2. wait up to `grace` for every guard of the current term to be
+    ///    dropped (guarded streams end when their controller finishes);
+    /// 3. end the term with [`Lost::Released`], which drops what is still
+    ///    guarded (aborting reconciles still in flight);
+    /// 4. release the Lease (bounded by [`LeaseConfig::release_timeout`]) so
+    ///    that a standby takes over at once, **only if every guard was dropped
+    ///    before the term ended**. Work stopped at step 3 may have sent
+    ///    requests that still land (an aborted future does not recall a
+    ///    request already sent): the Lease is then left to expire, and a
+    ///    standby leads one lease duration after the last renewal, as after a
+    ///    crash. client-go's `ReleaseOnCancel` asks the same of its users ("only
+    ///    if the lock's callers are guaranteed to have completed all their
+    ///    work"); here it is enforced. A Lease this candidate created and
+    ///    still holds before leading (the creation hold) is never released
+    ///    either;
+    /// 5. wait for the background task to end.
+    ///
+    /// Worst case: `grace + release_timeout`, plus the time left on a renewal
+    /// in flight (at most the renew deadline), plus one retry period. A task
+    /// that does not end within that (its runtime is no longer driven) is
+    /// left behind: it can no longer write to the Lease, which expires.
+    ///
+    /// # Errors
+    /// The release's failure, if it failed; [`Error::ElectorStopped`] if the
+    /// background task did not end in time. Leadership has ended either way;
+    /// an unreleased Lease expires after its lease duration.
+    pub async fn shutdown(&self, grace: Duration) -> Result<()> {
+        let (task, term) = {
+            let mut state = self.inner.lock();
+            state.shutdown = true;
+            state.waiters.clear();
+            (state.task.take(), state.term.clone())
+        };
+        self.inner.update_status(|s| s.is_leader = false);
+        if let Some(tx) = self
+            .inner
+            .shutdown_tx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+        {
+            let _ = tx.send(());
+        }
+        info!(lease = %self.inner.config.name, "leader election shutting down");
+        if let Some(term) = &term {
+            term.guards_dropped(record::later(Instant::now(), grace)).await;
+            term.lose(&Lost::Released);
+        }
+        self.inner.wake.notify_one();
+        let cfg = &self.inner.config;
+        let bound = cfg.renew_deadline + cfg.release_timeout + cfg.retry_period;
+        let ended = tokio::time::timeout(bound, async {
+            let result = join(task).await;
+            // A task spawned while this ran (its handle stored after it was
+            // taken above) sees the shutdown at its first check: wait until
+            // no task runs or holds the slot, and for that task's release too.
+            self.inner.idle().await;
+            let late = self.inner.lock().task.take();
+            result.and(join(late).await)
+        })
+        .await;
+        ended.unwrap_or_else(|_| {
+            warn!(
+                ?bound,
+                "the leader election task did not end in time (is its runtime still driven?); \
+                 leaving it behind: it can no longer write to the lease, which will expire"
+            );
+            self.inner.abandon();
+            Err(Error::ElectorStopped)
+        })
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has been called.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.inner.lock().shutdown
+    }
+}
+
+#[cfg(test)]
+impl LeaderElector {
+    pub(crate) fn set_term_for_test(&self, term: Arc<Term>) {
+        self.inner.lock().term = Some(term);
+    }
+
+    /// A wake-up between any two waits of the election task, for ever.
+    pub(crate) fn storm_for_test(&self) {
+        self.inner.storm.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Ends [`storm_for_test`](Self::storm_for_test).
+    pub(crate) fn inner_storm_off_for_test(&self) {
+        self.inner
+            .storm
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,108 @@
+//! What a candidate knows of the election ([`LeaderStatus`]) and its health
+//! ([`LeaderElector::health_check`]).
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::info;
+
+use super::{Inner, LeaderElector};
+
+/// What this candidate knows of the election, as of its last observation.
+///
+/// Read it with [`LeaderElector::status`], or follow every change with
+/// [`LeaderElector::subscribe`] (client-go's `OnNewLeader`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeaderStatus {
+    /// Whether this candidate leads now.
+    pub is_leader: bool,
+    /// The holder named by the last observed record, `None` when the Lease
+    /// is free, missing or not yet observed.
+    pub holder: Option<String>,
+    /// The Lease's `leaseTransitions` in the last observed record.
+    pub transitions: Option<i32>,
+}
+
+/// Why a [`LeaderElector::health_check`] failed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HealthError {
+    /// This candidate believes it leads, but its last successful renewal is
+    /// older than the lease duration plus the tolerance: its election task is
+    /// stuck, and another candidate may already lead.
+    #[error(
+        "leader election: last successful renewal was {since:?} ago, more than lease duration + tolerance ({limit:?})"
+    )]
+    RenewalOverdue {
+        /// Time since the instant before the last successful renewal was sent.
+        since: Duration,
+        /// The lease duration plus the tolerance.
+        limit: Duration,
+    },
+}
+
+impl LeaderElector {
+    /// What this candidate knows of the election now. `is_leader` is as
+    /// [`is_leader`](Self::is_leader) says.
+    pub fn status(&self) -> LeaderStatus {
+        let mut status = self.inner.status.borrow().clone();
+        status.is_leader = self.is_leader();
+        status
+    }
+
+    /// Follows [`status`](Self::status): the receiver sees every change of
+    /// leader observed by this candidate (client-go's `OnNewLeader`).
+    pub fn subscribe(&self) -> watch::Receiver<LeaderStatus> {
+        self.inner.status.subscribe()
+    }
+
+    /// Whether this candidate leads now: a term holds (its renew deadline has
+    /// not passed, even if the background task has not noticed yet) and
+    /// [`shutdown`](Self::shutdown) has not begun. Suited to a readiness gate.
+    pub fn is_leader(&self) -> bool {
+        let state = self.inner.lock();
+        !state.shutdown && state.term.as_ref().is_some_and(|t| t.holds())
+    }
+
+    /// client-go's healthz watchdog: fails when this candidate believes it
+    /// leads but its last successful renewal is older than the lease duration
+    /// plus `tolerance` (client-go's default tolerance is 20 s). Healthy
+    /// otherwise, including when it does not lead. Suited to a liveness probe:
+    /// restarting a stuck leader lets another take over.
+    ///
+    /// # Errors
+    /// [`HealthError::RenewalOverdue`] as above.
+    pub fn health_check(&self, tolerance: Duration) -> Result<(), HealthError> {
+        let term = self.inner.lock().term.clone();
+        let Some(term) = term else { return Ok(()) };
+        if term.lost().is_some() {
+            return Ok(());
+        }
+        let since = term.last_renewal().elapsed();
+        let limit = self.inner.config.lease_duration.saturating_add(tolerance);
+        if since > limit {
+            return Err(HealthError::RenewalOverdue { since, limit });
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// Changes the published status; a change of holder is logged and counted.
+    pub(super) fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
+        self.status.send_if_modified(|s| {
+            let before = s.clone();
+            f(s);
+            if s.holder != before.holder {
+                if let Some(holder) = &s.holder {
+                    info!(%holder, "new leader observed");
+                } else {
+                    info!("lease observed free or missing");
+                }
+                self.metrics.holder_changed();
+            }
+            *s != before
+        });
+    }
+}

@@ -1,0 +1,243 @@
+//! Campaigning: one attempt to acquire (create a missing Lease, or take a
+//! free, expired or own record), the backoff between failed attempts, and the
+//! creation hold that delays leadership on a Lease whose last holder may still
+//! lead.
+
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use tokio::time::Instant;
+use tracing::{debug, info};
+
+use super::{Attempt, Obs, Task};
+use crate::{
+    config::JITTER_FACTOR,
+    elector::supervise::Demand,
+    error::{Error, Result},
+    record::{self, Verdict},
+};
+
+impl Task {
+    /// Campaigns until this candidate leads (`Some`) or nobody wants it
+    /// (`None`). Nobody wanting it, the task lingers for one retry period,
+    /// keeping its watch, before it exits: demand that flaps (an `acquire`
+    /// created and dropped repeatedly) costs no new LIST, WATCH and GET.
+    pub(in crate::elector) async fn campaign(&mut self) -> Option<(Box<Lease>, Instant, bool)> {
+        let mut backoff = None;
+        let mut linger_until = None;
+        loop {
+            match self.demand(false) {
+                Demand::Abandoned => {
+                    self.exited = true;
+                    return None;
+                }
+                Demand::Shutdown => {
+                    if self.exit() {
+                        return None;
+                    }
+                    continue;
+                }
+                Demand::Unwanted => {
+                    let until =
+                        *linger_until.get_or_insert_with(|| Instant::now() + self.config().retry_period);
+                    if Instant::now() >= until {
+                        if self.exit() {
+                            debug!("nobody wants leadership: leaving the election");
+                            return None;
+                        }
+                        continue;
+                    }
+                    self.idle_until(until).await;
+                    continue;
+                }
+                Demand::Wanted => linger_until = None,
+            }
+            let wait = match self.try_acquire().await {
+                Ok(Attempt::Acquired(lease, sent, created)) => return Some((lease, sent, created)),
+                Ok(Attempt::WaitUntil(until)) => {
+                    backoff = None;
+                    Some(if self.synced {
+                        until
+                    } else {
+                        until.min(Instant::now() + self.jittered_retry())
+                    })
+                }
+                Ok(Attempt::RetryNow) => None,
+                Err(Error::ElectorStopped) => {
+                    self.exited = true;
+                    return None;
+                }
+                Err(e) => {
+                    self.log_error("acquiring the lease", &e);
+                    let delay = backoff
+                        .get_or_insert_with(|| {
+                            ExponentialBuilder::new()
+                                .with_min_delay(self.config().retry_period)
+                                .with_max_delay(self.config().lease_duration)
+                                .with_jitter()
+                                .without_max_times()
+                                .build()
+                        })
+                        .next()
+                        .unwrap_or(self.config().lease_duration);
+                    Some(Instant::now() + delay)
+                }
+            };
+            if let Some(until) = wait {
+                self.idle_until(until).await;
+            }
+        }
+    }
+
+    /// The lease duration to write: our own, or, during a creation hold, as
+    /// much as is left of the hold, so that a candidate that only ever sees
+    /// our record does not take it before the hold ends.
+    pub(in crate::elector) fn seconds_to_write(&self, hold: Option<Instant>) -> i32 {
+        let ours = self.config().lease_duration_seconds();
+        let left = hold.map_or(Duration::ZERO, |h| h.saturating_duration_since(Instant::now()));
+        let left = i32::try_from(left.as_secs() + u64::from(left.subsec_nanos() > 0)).unwrap_or(i32::MAX);
+        ours.max(left)
+    }
+
+    pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
+        let renew_deadline = self.config().renew_deadline;
+        if !self.synced || self.stale || matches!(self.obs, Obs::Unknown) {
+            self.get(renew_deadline).await?;
+        }
+        let now = Instant::now();
+        let cfg = self.inner.config.clone();
+        match &self.obs {
+            Obs::Unknown => Ok(Attempt::RetryNow),
+            Obs::Missing => {
+                let (transitions, risk) = {
+                    let state = self.inner.lock();
+                    (state.memory.next_transitions(None), state.memory.risk_until)
+                };
+                let spec = record::taken(
+                    None,
+                    &cfg.identity,
+                    self.seconds_to_write(Some(
+                        risk.map_or(now + cfg.lease_duration, |r| r.max(now + cfg.lease_duration)),
+                    )),
+                    transitions,
+                    record::now(),
+                );
+                let lease = Lease {
+                    metadata: kube_client::core::ObjectMeta {
+                        name: Some(cfg.name.clone()),
+                        namespace: Some(cfg.namespace.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(spec.clone()),
+                };
+                self.may_write()?;
+                let sent = Instant::now();
+                let result = self.inner.api.create(&lease, renew_deadline).await;
+                match result {
+                    Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, true)),
+                    Err(Error::Conflict) => self.after_conflict(&spec, sent, true).await,
+                    Err(e) => Err(e),
+                }
+            }
+            Obs::Known { observed, object } => {
+                let (own, transitions) = {
+                    let state = self.inner.lock();
+                    (
+                        state.memory.own.as_ref().is_some_and(|o| o.matches(object)),
+                        state
+                            .memory
+                            .next_transitions(Some(observed.spec.lease_transitions.unwrap_or(0))),
+                    )
+                };
+                match record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now) {
+                    Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
+                    Verdict::Take => {
+                        let mut lease = (**object).clone();
+                        let spec = record::taken(
+                            Some(&observed.spec),
+                            &cfg.identity,
+                            cfg.lease_duration_seconds(),
+                            transitions,
+                            record::now(),
+                        );
+                        lease.spec = Some(spec.clone());
+                        lease
+                            .metadata
+                            .resource_version
+                            .clone_from(&observed.resource_version);
+                        self.may_write()?;
+                        let sent = Instant::now();
+                        match self.inner.api.replace(&lease, renew_deadline).await {
+                            Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, false)),
+                            Err(Error::Conflict) => self.after_conflict(&spec, sent, false).await,
+                            Err(e) if e.status() == Some(404) => {
+                                self.stale = true;
+                                Ok(Attempt::RetryNow)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A write to acquire was answered 409: someone else won the race, unless
+    /// the write was ours after all (applied, answered 504 and retried by the
+    /// client, whose retry met our own write). A read tells: the record is
+    /// exactly the one sent.
+    pub(in crate::elector) async fn after_conflict(
+        &mut self,
+        sent_spec: &LeaseSpec,
+        sent: Instant,
+        created: bool,
+    ) -> Result<Attempt> {
+        self.stale = true;
+        let bound = self.config().renew_deadline.saturating_sub(sent.elapsed());
+        if let Ok(Some(lease)) = self.get(bound).await
+            && lease
+                .spec
+                .as_ref()
+                .is_some_and(|spec| record::same_write(spec, sent_spec))
+        {
+            info!("the write answered with a conflict had been applied (a retried request): it was ours");
+            return Ok(Attempt::Acquired(Box::new(lease), sent, created));
+        }
+        debug!("lost the race to acquire the lease");
+        Ok(Attempt::WaitUntil(Instant::now() + self.jittered_retry()))
+    }
+
+    /// The creation hold for a term beginning on `lease`: until the previous
+    /// holder of a Lease object that went away may still lead (at least one
+    /// lease duration when we created it), and any hold a term of ours on the
+    /// same object already had.
+    pub(in crate::elector) fn hold_for(&self, lease: &Lease, created: bool) -> Option<Instant> {
+        let now = Instant::now();
+        let mut state = self.inner.lock();
+        let memory = &mut state.memory;
+        let mut until = memory.risk_until.filter(|t| *t > now);
+        if created {
+            let ours = now + self.config().lease_duration;
+            until = Some(until.map_or(ours, |u| u.max(ours)));
+        }
+        if let Some((uid, held)) = &memory.hold
+            && *uid == lease.metadata.uid
+            && *held > now
+        {
+            until = Some(until.map_or(*held, |u| u.max(*held)));
+        }
+        if let Some(until) = until {
+            memory.hold = Some((lease.metadata.uid.clone(), until));
+        }
+        until
+    }
+
+    /// The retry period with client-go's jitter (up to 20 % longer).
+    pub(in crate::elector) fn jittered_retry(&self) -> Duration {
+        self.inner
+            .config
+            .retry_period
+            .mul_f64(1.0 + fastrand::f64() * JITTER_FACTOR)
+    }
+}

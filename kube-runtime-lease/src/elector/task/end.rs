@@ -1,0 +1,136 @@
+//! Ending a term: why it ended, and the release, which writes the Lease free
+//! only when leadership was given up and the guarded work had ended first.
+
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::{Task, term::TermRun};
+use crate::{
+    error::{Error, Result},
+    guard::Lost,
+    record::{self, TermId},
+};
+
+impl Task {
+    /// Ends the term for `reason`, releasing the Lease only when leadership
+    /// was given up and the guarded work had ended before the term did.
+    pub(in crate::elector) async fn end_term(&mut self, run: &TermRun, reason: &Lost) -> Result<()> {
+        let term = &run.term;
+        if self.may_write().is_err() {
+            // Left behind: the state is the new task's now; only end our term.
+            term.lose(reason);
+            return Ok(());
+        }
+        // Status first, so that subscribers see no leader once a guard resolves.
+        self.inner.update_status(|s| s.is_leader = false);
+        term.lose(reason);
+        {
+            let mut state = self.inner.lock();
+            if state.term.as_ref().is_some_and(|t| Arc::ptr_eq(t, term)) {
+                state.term = None;
+            }
+        }
+        self.inner.metrics.leading(false);
+        let begun = run.hold.is_none();
+        let stopped_until = {
+            let mut state = self.inner.lock();
+            if term.stopped_work() {
+                let cfg = self.config();
+                let until = record::later(
+                    Instant::now(),
+                    cfg.lease_duration.saturating_sub(cfg.renew_deadline),
+                );
+                state.memory.stopped_until = Some(state.memory.stopped_until.map_or(until, |u| u.max(until)));
+            }
+            state.memory.stopped_until.filter(|u| *u > Instant::now())
+        };
+        let wants_release = match reason {
+            Lost::Released if self.inner.lock().shutdown => {
+                info!(%reason, "leadership ended");
+                self.config().release_on_drop
+            }
+            Lost::Released => {
+                // No guard can see this reason: none is left.
+                info!("leadership given up: no guard or waiter wants it any more");
+                self.config().release_on_drop
+            }
+            Lost::SteppedDown { .. } => {
+                info!(%reason, "leadership ended");
+                true
+            }
+            Lost::ElectorStopped => false,
+            _ => {
+                warn!(%reason, "leadership lost");
+                false
+            }
+        };
+        let result = if !wants_release {
+            Ok(())
+        } else if !begun {
+            info!("not releasing during the creation hold: the lease will expire instead");
+            Ok(())
+        } else if term.stopped_work() {
+            warn!(
+                "guarded work was stopped, not finished, when the term ended (requests it sent may still land): \
+                 not releasing; the lease will expire after its lease duration"
+            );
+            Ok(())
+        } else if let Some(until) = stopped_until {
+            warn!(
+                left = ?until.saturating_duration_since(Instant::now()),
+                "guarded work of an earlier term was stopped, not finished, too recently: \
+                 not releasing; the lease will expire after its lease duration"
+            );
+            Ok(())
+        } else {
+            let until = record::later(Instant::now(), self.config().release_timeout);
+            let result = self.release(&run.id, until).await;
+            if let Err(e) = &result {
+                self.log_error("releasing the lease", e);
+            }
+            result
+        };
+        self.cached = None;
+        self.caught_up = false;
+        self.stale = true;
+        result
+    }
+
+    /// Fetches the Lease and, if it still holds a record of our term, writes
+    /// it free; a conflict (the Lease modified between the read and the
+    /// write) is retried once after a fresh read, as client-go does.
+    pub(in crate::elector) async fn release(&mut self, own: &TermId, until: Instant) -> Result<()> {
+        for attempt in 0..2 {
+            let left = until.saturating_duration_since(Instant::now());
+            let Some(lease) = self.get(left).await? else {
+                return Ok(());
+            };
+            if !own.matches(&lease) {
+                info!(
+                    holder = lease.spec.as_ref().and_then(record::holder).unwrap_or(""),
+                    "not releasing: the lease is no longer ours"
+                );
+                return Ok(());
+            }
+            let spec = lease.spec.clone().unwrap_or_default();
+            let mut next = lease;
+            next.spec = Some(record::released(&spec, record::now()));
+            self.may_write()?;
+            let left = until.saturating_duration_since(Instant::now());
+            match self.inner.api.replace(&next, left).await {
+                Ok(released) => {
+                    self.observe(released, Instant::now());
+                    info!("released lease");
+                    return Ok(());
+                }
+                Err(Error::Conflict) if attempt == 0 => {
+                    debug!("the release conflicted; re-reading the lease");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Conflict)
+    }
+}

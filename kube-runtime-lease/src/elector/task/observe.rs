@@ -1,0 +1,159 @@
+//! The task's view of the Lease: reads, watch events (with the polling
+//! fallback when the watch is unavailable), and what they change.
+
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt, stream::BoxStream};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_runtime::watcher;
+use tokio::time::{Instant, sleep_until};
+use tracing::{info, warn};
+
+use super::{Obs, Task};
+use crate::{
+    error::Result,
+    record::{self, Observed},
+};
+
+pub(in crate::elector) type WatchStream = BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
+
+pub(in crate::elector) async fn next_event(
+    watch: &mut Option<WatchStream>,
+) -> Option<watcher::Result<watcher::Event<Lease>>> {
+    match watch {
+        Some(w) => w.next().await,
+        None => futures::future::pending().await,
+    }
+}
+
+impl Task {
+    pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
+        let result = self.inner.api.get(bound).await;
+        if result.is_ok() {
+            self.stale = false;
+        }
+        match &result {
+            Ok(Some(lease)) => {
+                self.observe(lease.clone(), Instant::now());
+            }
+            Ok(None) => {
+                self.observe_missing();
+            }
+            Err(_) => {}
+        }
+        result
+    }
+
+    /// Records a Lease seen at `at`; returns whether the record changed.
+    pub(in crate::elector) fn observe(&mut self, lease: Lease, at: Instant) -> bool {
+        let spec = lease.spec.clone().unwrap_or_default();
+        let rv = lease.metadata.resource_version.clone();
+        let (previous, changed) = match std::mem::replace(&mut self.obs, Obs::Unknown) {
+            Obs::Known { observed, object } => {
+                let same_object = object.metadata.uid == lease.metadata.uid;
+                let changed = observed.spec != spec || !same_object;
+                (same_object.then_some(observed), changed)
+            }
+            _ => (None, true),
+        };
+        self.inner.lock().memory.saw(
+            lease.metadata.uid.as_ref(),
+            &spec,
+            self.inner.config.lease_duration,
+            Instant::now(),
+        );
+        self.inner.update_status(|s| {
+            s.holder = record::holder(&spec).map(str::to_owned);
+            s.transitions = spec.lease_transitions;
+        });
+        let observed = Observed::observe(previous, spec, rv, at);
+        self.obs = Obs::Known {
+            observed,
+            object: Box::new(lease),
+        };
+        changed
+    }
+
+    pub(in crate::elector) fn observe_missing(&mut self) -> bool {
+        let changed = !matches!(self.obs, Obs::Missing);
+        self.obs = Obs::Missing;
+        self.inner.lock().memory.went_away(Instant::now());
+        self.inner.update_status(|s| {
+            s.holder = None;
+            s.transitions = None;
+        });
+        changed
+    }
+
+    /// Handles one watch event; returns whether the election should be re-evaluated.
+    pub(in crate::elector) fn handle_watch(
+        &mut self,
+        event: Option<watcher::Result<watcher::Event<Lease>>>,
+    ) -> bool {
+        let now = Instant::now();
+        match event {
+            None => {
+                warn!("lease watch ended; polling every retry period instead");
+                self.watch = None;
+                self.synced = false;
+                self.caught_up = false;
+                true
+            }
+            Some(Ok(watcher::Event::Init)) => {
+                // A re-list: what it shows is current, but until it is done
+                // the events before it may have been missed.
+                self.init_seen = false;
+                self.caught_up = false;
+                false
+            }
+            Some(Ok(watcher::Event::InitApply(lease))) => {
+                self.init_seen = true;
+                self.observe(lease, now)
+            }
+            Some(Ok(watcher::Event::Apply(lease))) => self.observe(lease, now),
+            Some(Ok(watcher::Event::Delete(_))) => self.observe_missing(),
+            Some(Ok(watcher::Event::InitDone)) => {
+                if self.watch_warned {
+                    info!("lease watch recovered");
+                }
+                self.watch_warned = false;
+                let changed = !self.init_seen && self.observe_missing();
+                let was_synced = std::mem::replace(&mut self.synced, true);
+                changed || !was_synced
+            }
+            Some(Err(e)) => {
+                self.caught_up = false;
+                let forbidden = matches!(&e, watcher::Error::InitialListFailed(kube_client::Error::Api(s))
+                    | watcher::Error::WatchStartFailed(kube_client::Error::Api(s)) if s.code == 403 || s.code == 401);
+                self.synced = false;
+                if forbidden {
+                    warn!(
+                        error = %e,
+                        "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
+                         falling back to polling every retry period"
+                    );
+                    self.watch = None;
+                } else if !self.watch_warned {
+                    warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
+                    self.watch_warned = true;
+                }
+                true
+            }
+        }
+    }
+
+    /// Waits until `until`, a change of demand, or a watch event that changes the record.
+    pub(in crate::elector) async fn idle_until(&mut self, until: Instant) {
+        let wake = self.inner.wake.clone();
+        loop {
+            let event = futures::select_biased! {
+                () = wake.notified().fuse() => return,
+                event = next_event(&mut self.watch).fuse() => event,
+                () = sleep_until(until).fuse() => return,
+            };
+            if self.handle_watch(event) {
+                return;
+            }
+        }
+    }
+}

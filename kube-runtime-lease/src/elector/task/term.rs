@@ -1,0 +1,390 @@
+//! Leading one term: publishing it, the loop that renews every retry period,
+//! follows the watch and honours the creation hold, verifying foreign records,
+//! and stepping down for a preferred holder.
+
+use std::sync::Arc;
+
+use futures::FutureExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_runtime::watcher;
+use tokio::time::{Instant, sleep_until};
+use tracing::{debug, info, warn};
+
+use super::{Obs, Task, observe::next_event};
+use crate::{
+    elector::supervise::Demand,
+    error::{Error, Result},
+    guard::{Lost, Term},
+    record::{self, TermId},
+};
+
+/// What woke a leading term's loop.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "lives on the stack for one turn of the loop, like the event it carries"
+)]
+enum LeadWake {
+    /// A change of demand (a guard dropped, a shutdown) or the end of the hold
+    /// after creating the Lease: re-check at the top of the loop.
+    Demand,
+    /// A watch event (or the watch's end).
+    Watch(Option<watcher::Result<watcher::Event<Lease>>>),
+}
+
+/// The loss of a term whose Lease now holds `lease`, someone else's record
+/// (its holder is `""` when someone else wrote it free).
+fn taken_over(lease: &Lease) -> Lost {
+    Lost::TakenOver {
+        holder: lease
+            .spec
+            .as_ref()
+            .and_then(record::holder)
+            .unwrap_or_default()
+            .to_owned(),
+    }
+}
+
+/// The state of one term, as its loop sees it.
+pub(in crate::elector) struct TermRun {
+    pub(in crate::elector) term: Arc<Term>,
+    /// The record of this term (see [`TermId`]).
+    pub(in crate::elector) id: TermId,
+    /// The creation hold: the term is not handed out before this instant.
+    pub(in crate::elector) hold: Option<Instant>,
+    /// A `preferredHolder` already on the record when the term began: the
+    /// preferred holder was given its chance (one lease duration), so it does
+    /// not end this term; a preferred holder set during the term does.
+    pub(in crate::elector) tolerated: Option<String>,
+}
+
+impl Task {
+    /// Leads one term. `Some(result)` when the task should exit (with the
+    /// release's result), `None` to campaign again.
+    pub(in crate::elector) async fn lead(
+        &mut self,
+        lease: Box<Lease>,
+        sent: Instant,
+        created: bool,
+    ) -> Option<Result<()>> {
+        let cfg = self.inner.config.clone();
+        let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
+        let id = TermId::of(&lease)?;
+        let token = {
+            let mut state = self.inner.lock();
+            state.memory.own = Some(id.clone());
+            state.memory.next_token(transitions)
+        };
+        let term = Arc::new(Term::new(token, sent, cfg.renew_deadline));
+        self.observe((*lease).clone(), sent);
+        // A Lease has no version once deleted and `create` has no
+        // precondition, so the leader of a deleted incarnation may still
+        // believe it leads: its last renewal was sent before the deletion.
+        // Hold the Lease (renewing it) until that leader has given up.
+        let hold = self.hold_for(&lease, created);
+        if let Some(until) = hold {
+            let left = until.saturating_duration_since(Instant::now());
+            if created {
+                info!(
+                    ?left,
+                    "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
+                );
+            } else {
+                info!(
+                    ?left,
+                    "holding the lease before leading: the holder of the object it replaced may still lead"
+                );
+            }
+        }
+        let tolerated = lease
+            .spec
+            .as_ref()
+            .and_then(record::preferred_holder)
+            .map(str::to_owned);
+        self.cached = Some(lease);
+        self.caught_up = false;
+        let mut run = TermRun {
+            term,
+            id,
+            hold,
+            tolerated,
+        };
+        if run.hold.is_none() {
+            self.begin_term(&run.term);
+        }
+        let (reason, exiting) = self.lead_until_lost(&mut run, sent).await;
+        let result = self.end_term(&run, &reason).await;
+        exiting.then_some(result)
+    }
+
+    /// The loop of one term: why it ended, and whether the task should exit.
+    pub(in crate::elector) async fn lead_until_lost(
+        &mut self,
+        run: &mut TermRun,
+        sent: Instant,
+    ) -> (Lost, bool) {
+        let cfg = self.inner.config.clone();
+        let wake = self.inner.wake.clone();
+        let term = run.term.clone();
+        let mut next_tick = sent + cfg.retry_period;
+        loop {
+            if let Some(lost) = term.lost() {
+                // Ended from outside: by `shutdown` once its grace ran out, or
+                // by a guard that saw the renew deadline pass first.
+                return (lost, self.inner.lock().shutdown);
+            }
+            // Checked before waiting, so that no storm of wake-ups can starve
+            // the deadline or the renewals.
+            if Instant::now() >= term.deadline() {
+                return (Lost::RenewDeadlineExceeded, false);
+            }
+            if let Some(lost) = self.step_down(run) {
+                return (lost, false);
+            }
+            match self.demand(true) {
+                Demand::Wanted => {}
+                Demand::Unwanted => return (Lost::Released, false),
+                Demand::Shutdown => return (Lost::Released, true),
+                Demand::Abandoned => {
+                    self.exited = true;
+                    return (Lost::ElectorStopped, true);
+                }
+            }
+            if run.hold.is_some_and(|until| Instant::now() >= until) {
+                // Before handing out guards, one read: the record must still
+                // be ours (a watch, even one caught up with our last write,
+                // may have stalled or broken during the hold). A read that
+                // fails leaves the hold on for another retry period.
+                match self
+                    .reread(run, "confirming the lease at the end of the creation hold")
+                    .await
+                {
+                    Some(Err(lost)) => return (lost, false),
+                    Some(Ok(())) => {
+                        run.hold = None;
+                        self.begin_term(&term);
+                    }
+                    None => run.hold = Some(Instant::now() + cfg.retry_period),
+                }
+            }
+            if Instant::now() >= next_tick {
+                let now = Instant::now();
+                while next_tick <= now {
+                    next_tick += cfg.retry_period;
+                }
+                if let Err(lost) = self.renew(run).await {
+                    let left_behind = lost == Lost::ElectorStopped;
+                    self.exited |= left_behind;
+                    return (lost, left_behind);
+                }
+                continue;
+            }
+            let hold = run.hold;
+            let hold_elapsed = async {
+                match hold {
+                    Some(until) => sleep_until(until).await,
+                    None => futures::future::pending().await,
+                }
+            };
+            // The branches' futures borrow `self.watch`: act once they are dropped.
+            let cause = futures::select_biased! {
+                () = wake.notified().fuse() => LeadWake::Demand,
+                () = hold_elapsed.fuse() => LeadWake::Demand,
+                () = sleep_until(term.deadline()).fuse() => LeadWake::Demand,
+                event = next_event(&mut self.watch).fuse() => LeadWake::Watch(event),
+                () = sleep_until(next_tick).fuse() => LeadWake::Demand,
+            };
+            if let LeadWake::Watch(event) = cause
+                && let Err(lost) = self.on_watch_event(run, event).await
+            {
+                return (lost, false);
+            }
+        }
+    }
+
+    /// The `preferredHolder` marks the end of this term for another candidate
+    /// (set during the term: one already there when it began was given its
+    /// chance, and a preferred holder that never campaigns must not stop the
+    /// election).
+    pub(in crate::elector) fn step_down(&self, run: &mut TermRun) -> Option<Lost> {
+        let identity = &self.config().identity;
+        match self
+            .cached
+            .as_ref()
+            .and_then(|l| l.spec.as_ref())
+            .and_then(record::preferred_holder)
+        {
+            Some(p) if p != identity => (run.tolerated.as_deref() != Some(p)).then(|| Lost::SteppedDown {
+                preferred_holder: p.to_owned(),
+            }),
+            _ => {
+                run.tolerated = None;
+                None
+            }
+        }
+    }
+
+    /// A watch event while leading.
+    pub(in crate::elector) async fn on_watch_event(
+        &mut self,
+        run: &TermRun,
+        event: Option<watcher::Result<watcher::Event<Lease>>>,
+    ) -> Result<(), Lost> {
+        let changed = self.handle_watch(event);
+        let object = match &self.obs {
+            Obs::Known { object, .. } => Some(object.clone()),
+            _ => None,
+        };
+        let cached_rv = self
+            .cached
+            .as_ref()
+            .and_then(|c| c.metadata.resource_version.clone());
+        if let Some(object) = &object
+            && object.metadata.resource_version.is_some()
+            && object.metadata.resource_version == cached_rv
+        {
+            // Our own last write, delivered: every later event is newer.
+            self.caught_up = true;
+            return Ok(());
+        }
+        let foreign = match &object {
+            None => matches!(self.obs, Obs::Missing),
+            Some(object) => !run.id.matches(object),
+        };
+        if !foreign {
+            if self.caught_up
+                && let Some(object) = object
+            {
+                // Our record, changed by someone else since our last write
+                // (a `preferredHolder` set, labels): the newest version.
+                self.cached = Some(object);
+            }
+            return Ok(());
+        }
+        if !changed {
+            return Ok(());
+        }
+        if self.caught_up {
+            // Written after our last write: the term is over, now.
+            return Err(object.map_or(Lost::Deleted, |object| taken_over(&object)));
+        }
+        // Possibly older than our last write: confirm with a read.
+        self.verify(run).await
+    }
+
+    /// Publishes `term`: hands guards to every waiter.
+    pub(in crate::elector) fn begin_term(&mut self, term: &Arc<Term>) {
+        // Status first, so that subscribers agree with a guard as soon as it is handed out.
+        self.inner.update_status(|s| s.is_leader = true);
+        {
+            let mut state = self.inner.lock();
+            state.term = Some(term.clone());
+            // A waiter that cannot get a guard (the renew deadline already
+            // passed) keeps waiting, for the next term.
+            for tx in std::mem::take(&mut state.waiters) {
+                match term.guard(self.inner.wake.clone()) {
+                    Some(guard) => {
+                        let _ = tx.send(guard);
+                    }
+                    None => state.waiters.push(tx),
+                }
+            }
+        }
+        self.inner.metrics.leading(true);
+        info!(fencing_token = term.token, "acquired lease, now leading");
+    }
+
+    /// The watch showed a record not of our term, possibly older than our last
+    /// write: confirm with a read before stepping down.
+    pub(in crate::elector) async fn verify(&mut self, run: &TermRun) -> Result<(), Lost> {
+        self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
+    }
+
+    /// Reads the Lease (bounded by the renew deadline): whether it still holds
+    /// a record of our term (the same identity is not enough: another process
+    /// may share it), which then becomes the cached object; `None` if the read
+    /// failed (logged as `what`).
+    pub(in crate::elector) async fn reread(&mut self, run: &TermRun, what: &str) -> Option<Result<(), Lost>> {
+        let left = run.term.deadline().saturating_duration_since(Instant::now());
+        match self.get(left).await {
+            Ok(None) => Some(Err(Lost::Deleted)),
+            Ok(Some(lease)) if run.id.matches(&lease) => {
+                self.cached = Some(Box::new(lease));
+                Some(Ok(()))
+            }
+            Ok(Some(lease)) => Some(Err(taken_over(&lease))),
+            Err(e) => {
+                self.log_error(what, &e);
+                None
+            }
+        }
+    }
+
+    /// One renewal: the fast path (one `replace` with the cached
+    /// resourceVersion), falling to a read and a retry on conflict. The renew
+    /// deadline moves to the instant before the successful request was sent.
+    pub(in crate::elector) async fn renew(&mut self, run: &TermRun) -> Result<(), Lost> {
+        let cfg = self.inner.config.clone();
+        let term = &run.term;
+        for attempt in 0..2 {
+            let sent = Instant::now();
+            let deadline = term.deadline();
+            if sent >= deadline {
+                return Err(Lost::RenewDeadlineExceeded);
+            }
+            let Some(cached) = &self.cached else {
+                return Err(Lost::ElectorStopped);
+            };
+            let mut lease = (**cached).clone();
+            lease.spec = Some(record::renewed(
+                &lease.spec.clone().unwrap_or_default(),
+                self.seconds_to_write(run.hold),
+                record::now(),
+            ));
+            if self.may_write().is_err() {
+                return Err(Lost::ElectorStopped);
+            }
+            match self.inner.api.replace(&lease, deadline - sent).await {
+                Ok(lease) => {
+                    let in_time = term.renewed(sent, cfg.renew_deadline);
+                    self.observe(lease.clone(), sent);
+                    self.cached = Some(Box::new(lease));
+                    self.caught_up = false;
+                    if !in_time {
+                        if term.lost().is_some() {
+                            // Ended from outside while the request was in
+                            // flight: the top of the loop handles it.
+                            return Ok(());
+                        }
+                        self.inner.metrics.renewal("late", sent.elapsed(), sent);
+                        warn!(
+                            after = ?sent.elapsed(),
+                            "the renewal succeeded only after the renew deadline; giving the term up"
+                        );
+                        return Err(Lost::RenewDeadlineExceeded);
+                    }
+                    self.inner.metrics.renewal("success", sent.elapsed(), sent);
+                    debug!("renewed lease");
+                    return Ok(());
+                }
+                Err(e) if e.status() == Some(404) => {
+                    self.inner.metrics.renewal("not_found", sent.elapsed(), sent);
+                    return Err(Lost::Deleted);
+                }
+                Err(Error::Conflict) if attempt == 0 => {
+                    self.inner.metrics.renewal("conflict", sent.elapsed(), sent);
+                    debug!("renewal conflicted; re-reading the lease");
+                    match self.reread(run, "re-reading the lease").await {
+                        Some(still_ours) => still_ours?,
+                        None => return Ok(()),
+                    }
+                }
+                Err(e) => {
+                    self.inner.metrics.renewal("error", sent.elapsed(), sent);
+                    self.log_error("renewing the lease", &e);
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
