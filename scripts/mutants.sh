@@ -33,6 +33,9 @@ if [ ${#files[@]} -eq 0 ]; then
     files=(src/record.rs src/guard.rs src/stream.rs src/elector.rs)
 fi
 # A shorter simulation per mutant; the full 1000 schedules run in scripts/test.sh.
+# The unit suite takes ~8 s; a mutant that makes the election loop hot (a retry
+# with no wait against the instant double never yields to paused time, so no
+# test's paused-time bound can fire) is cut off after KRL_MUTANTS_TIMEOUT s.
 export KRL_SIM_SCHEDULES="${KRL_SIM_SCHEDULES:-200}"
 for file in "${files[@]}"; do
     out="mutants.out/$(basename "$file" .rs)"
@@ -41,6 +44,6 @@ for file in "${files[@]}"; do
     # shellcheck disable=SC2086 # KRL_MUTANTS_ARGS is a list of flags
     "$mutants" mutants --package kube-runtime-lease --file "kube-runtime-lease/$file" \
         --all-features --cargo-test-arg=--lib \
-        --output "$out" --iterate ${KRL_MUTANTS_ARGS:-} || true
+        --timeout "${KRL_MUTANTS_TIMEOUT:-25}" --output "$out" --iterate ${KRL_MUTANTS_ARGS:-} || true
 done
 echo "mutants.sh: done; missed mutants are listed in mutants.out/*/mutants.out/missed.txt" >&2

@@ -1,24 +1,60 @@
-//! Errors of the election's API calls.
+//! The errors of the public API, one type per function that can fail:
+//! [`AcquireError`] for [`LeaderElector::acquire`](crate::LeaderElector::acquire),
+//! [`ShutdownError`] for [`LeaderElector::shutdown`](crate::LeaderElector::shutdown),
+//! and [`ApiError`], a failed call to the Lease API, the source of a failed
+//! release (and of the election's log lines).
 
 use std::time::Duration;
 
-/// A failed call to the Lease API, or a stopped elector.
-///
-/// The elector itself never gives up on these: they are logged, retried with
-/// backoff, and exposed here for [`LeaderElector::shutdown`](crate::LeaderElector::shutdown)
-/// and for logs.
+/// Why [`LeaderElector::acquire`](crate::LeaderElector::acquire) returned no
+/// guard. API failures are not among them: the election logs and retries
+/// those (an unreachable API server means waiting, never leading).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AcquireError {
+    /// [`LeaderElector::shutdown`](crate::LeaderElector::shutdown) was
+    /// called: the elector no longer campaigns.
+    #[error("the leader elector has been shut down")]
+    Shutdown,
+    /// The elector's background task stopped while this waited: the runtime
+    /// it was spawned on shut down, or it panicked. Acquiring again starts a
+    /// new task.
+    #[error("the leader election task stopped (its runtime shut down, or it panicked)")]
+    ElectorStopped,
+}
+
+/// Why [`LeaderElector::shutdown`](crate::LeaderElector::shutdown) did not hand
+/// leadership over cleanly. Leadership has ended either way; an unreleased
+/// Lease expires after its lease duration, as after a crash.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum ShutdownError {
+    /// Releasing the Lease failed.
+    #[error("failed to release the lease")]
+    Release(#[source] ApiError),
+    /// The election task did not end within `after` (its runtime is no longer
+    /// driven): it was left behind, and can no longer write to the Lease.
+    #[error("the leader election task did not end within {after:?}")]
+    TaskDidNotEnd {
+        /// How long shutdown waited for it.
+        after: Duration,
+    },
+}
+
+/// A failed call to the Lease API.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
     /// Reading the Lease failed.
     #[error("failed to get lease")]
-    GetLease(#[source] kube_client::Error),
+    Get(#[source] kube_client::Error),
     /// Creating the Lease failed.
     #[error("failed to create lease")]
-    CreateLease(#[source] kube_client::Error),
-    /// Replacing (acquiring, renewing or releasing) the Lease failed.
+    Create(#[source] kube_client::Error),
+    /// Replacing (acquiring, renewing or releasing) the Lease failed, also
+    /// when the Lease changed between our read and our write (HTTP 409).
     #[error("failed to update lease")]
-    ReplaceLease(#[source] kube_client::Error),
+    Replace(#[source] kube_client::Error),
     /// A request did not answer within its bound.
     #[error("lease {verb} request timed out after {after:?}")]
     Timeout {
@@ -27,32 +63,27 @@ pub enum Error {
         /// The bound it exceeded.
         after: Duration,
     },
-    /// The Lease changed between our read and our write (HTTP 409).
-    #[error("lease changed concurrently (conflict)")]
-    Conflict,
-    /// The elector has been shut down and no longer campaigns.
-    #[error("the leader elector has been shut down")]
-    Shutdown,
-    /// The elector's background task stopped without a shutdown: its runtime
-    /// shut down, or it panicked. Acquiring again starts a new task.
-    #[error("the leader election task stopped (its runtime shut down, or it panicked)")]
-    ElectorStopped,
 }
 
-/// `Result` with this crate's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+/// `Result` of the election's API calls.
+pub(crate) type Result<T, E = ApiError> = std::result::Result<T, E>;
 
-impl Error {
+impl ApiError {
     /// The HTTP status of the API's answer, if the API answered.
-    pub(crate) fn status(&self) -> Option<u16> {
+    pub fn status(&self) -> Option<u16> {
         match self {
-            Error::GetLease(e) | Error::CreateLease(e) | Error::ReplaceLease(e) => match e {
+            ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => match e {
                 kube_client::Error::Api(s) => Some(s.code),
                 _ => None,
             },
-            Error::Conflict => Some(409),
-            _ => None,
+            ApiError::Timeout { .. } => None,
         }
+    }
+
+    /// Whether someone else wrote first: a `replace` whose resourceVersion was
+    /// outdated, or a `create` of a Lease that exists (both HTTP 409).
+    pub(crate) fn is_conflict(&self) -> bool {
+        self.status() == Some(409)
     }
 
     /// The RBAC verb a 401/403 answer shows to be missing.
@@ -61,10 +92,10 @@ impl Error {
             return None;
         }
         match self {
-            Error::GetLease(_) => Some("get"),
-            Error::CreateLease(_) => Some("create"),
-            Error::ReplaceLease(_) => Some("update"),
-            _ => None,
+            ApiError::Get(_) => Some("get"),
+            ApiError::Create(_) => Some("create"),
+            ApiError::Replace(_) => Some("update"),
+            ApiError::Timeout { .. } => None,
         }
     }
 }

@@ -4,7 +4,7 @@ use std::{
     future::Future,
     pin::Pin,
     sync::{
-        Arc, Mutex, MutexGuard,
+        Arc,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::{Context, Poll},
@@ -12,6 +12,7 @@ use std::{
 };
 
 use futures::channel::oneshot;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::{sync::Notify, time::Instant};
 
 /// Why leadership ended. The output of [`LeaseGuard`].
@@ -38,10 +39,12 @@ pub enum Lost {
         /// The preferred holder.
         preferred_holder: String,
     },
-    /// Leadership was given up on purpose, through
-    /// [`LeaderElector::shutdown`](crate::LeaderElector::shutdown).
+    /// Leadership was given up on purpose: the elector was shut down
+    /// ([`LeaderElector::shutdown`](crate::LeaderElector::shutdown)). No
+    /// other loss ends with this reason, so work that rejoins the election
+    /// after a loss stops on this one.
     #[error("leadership given up: the elector was shut down")]
-    Released,
+    Shutdown,
     /// The elector's background task ended without releasing, because its
     /// runtime shut down or it panicked.
     #[error("leadership lost: the elector task stopped")]
@@ -108,10 +111,7 @@ impl Term {
     }
 
     fn lock(&self) -> MutexGuard<'_, TermInner> {
-        // A panic while holding this lock leaves consistent data: recover it.
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.lock()
     }
 
     /// A successful renewal, sent at `sent_at`. Returns `false`, changing

@@ -157,12 +157,12 @@
 //!   [`LeaderElector::shutdown`] begins).
 //! - The fencing token ([`LeaseGuard::fencing_token`]) grows with every term,
 //!   across re-creations of the Lease object and past `i32::MAX`.
-//! - Why a term ended is exact: [`Lost::Released`] only ever follows
+//! - Why a term ended is exact: [`Lost::Shutdown`] only ever follows
 //!   [`LeaderElector::shutdown`], so a loop that campaigns again after any
 //!   other loss (as [`LeaderElector::run_each_term`] does) stops only when it
 //!   should; a background task lost with its runtime ends terms as
 //!   [`Lost::ElectorStopped`] and fails waiting acquisitions with
-//!   [`Error::ElectorStopped`].
+//!   [`AcquireError::ElectorStopped`].
 //! - A background task whose runtime is no longer driven (spawned on a helper
 //!   runtime that stopped being polled) is left behind by the next `acquire`
 //!   that waits a renew deadline and a retry period without hearing from it:
@@ -198,11 +198,12 @@ mod stream;
 
 pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
-pub use error::{Error, Result};
+pub use error::{AcquireError, ApiError, ShutdownError};
 pub use ext::{ControllerWithLeaderElection, LeaderElectionControllerExt, LeaderElectionStreamExt};
 pub use guard::{LeaseGuard, Lost};
 #[cfg(feature = "metrics")]
 pub use metrics::LeaseMetrics;
+pub use rejoin::RunEnded;
 pub use stream::WithLeaderElection;
 
 #[cfg(test)]

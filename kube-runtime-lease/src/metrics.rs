@@ -31,10 +31,11 @@ mod disabled {
 mod enabled {
     use std::{
         collections::BTreeMap,
-        sync::{Arc, Mutex, OnceLock},
+        sync::{Arc, OnceLock},
         time::Duration,
     };
 
+    use parking_lot::Mutex;
     use prometheus_client::{
         collector::Collector,
         encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
@@ -154,13 +155,7 @@ mod enabled {
     impl Collector for SinceLastRenewal {
         fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
             let now = Instant::now();
-            let snapshot: Vec<_> = self
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-                .map(|(l, t)| (l.clone(), now - *t))
-                .collect();
+            let snapshot: Vec<_> = self.0.lock().iter().map(|(l, t)| (l.clone(), now - *t)).collect();
             let mut metric = encoder.encode_descriptor(
                 "leader_election_seconds_since_last_renewal",
                 "While leading: seconds since the last successful renewal was sent",
@@ -196,10 +191,7 @@ mod enabled {
             };
             m.is_leader.get_or_create(labels).set(i64::from(leading));
             if !leading {
-                m.last_renewal
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(labels);
+                m.last_renewal.lock().remove(labels);
             }
         }
 
@@ -217,10 +209,7 @@ mod enabled {
                 .get_or_create(labels)
                 .observe(latency.as_secs_f64());
             if outcome == "success" {
-                m.last_renewal
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(labels.clone(), sent);
+                m.last_renewal.lock().insert(labels.clone(), sent);
             }
         }
 

@@ -16,7 +16,7 @@ use futures::{FutureExt, StreamExt, poll, stream};
 use tokio::time::{Instant, advance, sleep, timeout};
 
 use crate::{
-    ConfigError, Error, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
+    AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     fake::{FakeApi, Fault},
     guard::Term,
     test_support::{config, count, elector, free, held_by, holder, paused, paused_runtime, spec},
@@ -42,7 +42,7 @@ fn a_shutdown_during_the_creation_hold_does_not_free_the_lease() {
         assert_eq!(holder(&fake).as_deref(), Some("a"), "created, now holding");
         let (shutdown, acquired) = tokio::join!(a.shutdown(S(5)), acquire);
         shutdown.unwrap();
-        assert!(matches!(acquired, Err(Error::Shutdown)));
+        assert!(matches!(acquired, Err(AcquireError::Shutdown)));
         assert_eq!(
             holder(&fake).as_deref(),
             Some("a"),
@@ -204,7 +204,7 @@ fn work_stopped_by_shutdown_is_not_followed_by_an_immediate_release() {
         assert!(timeout(S(1), &mut b_acquire).await.is_err());
         a.shutdown(S(2)).await.unwrap();
         let ended = Instant::now();
-        assert_eq!(work.await.unwrap(), Lost::Released);
+        assert_eq!(work.await.unwrap(), Lost::Shutdown);
         sleep(MS(10)).await;
         assert_eq!(holder(&fake).as_deref(), Some("a"), "not written free");
         let _b = b_acquire.await.unwrap();
@@ -472,7 +472,10 @@ fn shutdown_is_bounded_when_the_election_task_is_not_driven() {
         let result = timeout(S(60), e.shutdown(S(1)))
             .await
             .expect("shutdown is bounded");
-        assert!(matches!(result, Err(Error::ElectorStopped)), "{result:?}");
+        assert!(
+            matches!(result, Err(crate::ShutdownError::TaskDidNotEnd { .. })),
+            "{result:?}"
+        );
         assert!(!guard.is_valid());
         assert!(!e.is_leader());
     });
@@ -578,7 +581,7 @@ fn run_each_term_reports_a_shutdown_when_the_work_ended_through_graceful_shutdow
         sleep(S(1)).await;
         assert!(e.is_leader() || holder(&fake).as_deref() == Some("me"));
         e.shutdown(S(5)).await.unwrap();
-        assert_eq!(run.await.unwrap(), Some(Lost::Released));
+        assert_eq!(run.await.unwrap(), crate::RunEnded::Shutdown);
     });
 }
 
@@ -641,7 +644,7 @@ fn a_busy_guarded_stream_stops_within_one_item_after_the_renew_deadline() {
             assert!(items < 10_000, "never stopped");
         }
         assert_eq!(late, 0, "items yielded after the renew deadline");
-        assert_eq!(guarded.lost(), Some(&Lost::RenewDeadlineExceeded));
+        assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
     });
 }
 

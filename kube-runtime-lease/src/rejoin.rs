@@ -1,11 +1,25 @@
 //! Rejoining the election after a loss, without restarting the process.
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 use futures::{Stream, StreamExt};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::{LeaderElectionStreamExt, LeaderElector, Lost};
+
+/// Why [`LeaderElector::run_each_term`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunEnded {
+    /// The elector was shut down ([`LeaderElector::shutdown`]), also when the
+    /// work ended on its own because of it (a `Controller` given
+    /// [`shutdown_requested`](LeaderElector::shutdown_requested) through
+    /// `graceful_shutdown_on`).
+    Shutdown,
+    /// The work ended on its own while leading (its stream finished): the
+    /// election was left and the Lease released.
+    WorkEnded,
+}
 
 impl LeaderElector {
     /// Runs the work that `make` builds under leadership, again each time
@@ -22,11 +36,8 @@ impl LeaderElector {
     /// lasted longer than the lease duration), so that a flapping candidate
     /// does not hammer the API server.
     ///
-    /// Returns `None` when the work ended on its own (the Lease is then
-    /// released), and `Some(`[`Lost::Released`]`)` when the elector was shut
-    /// down, also when the work ended on its own because of it (a
-    /// `Controller` given [`shutdown_requested`](LeaderElector::shutdown_requested)
-    /// through `graceful_shutdown_on`).
+    /// Returns why it stopped ([`RunEnded`]): every other end of a term
+    /// ([`Lost`] other than [`Lost::Shutdown`]) is followed by a new campaign.
     ///
     /// ```no_run
     /// use futures::StreamExt;
@@ -41,17 +52,13 @@ impl LeaderElector {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn run_each_term<F, S>(&self, mut make: F) -> Option<Lost>
+    pub async fn run_each_term<F, S>(&self, mut make: F) -> RunEnded
     where
         F: FnMut() -> S,
         S: Stream,
     {
         let config = self.config();
-        let builder = ExponentialBuilder::new()
-            .with_min_delay(config.retry_period)
-            .with_max_delay(config.lease_duration)
-            .with_jitter()
-            .without_max_times();
+        let builder = config.retry_backoff();
         let mut backoff = builder.build();
         loop {
             let guarded = make().with_leader_election(self);
@@ -63,12 +70,12 @@ impl LeaderElector {
             match guarded.as_mut().take_lost() {
                 // Work wired to `shutdown_requested` (`graceful_shutdown_on`)
                 // ends on its own when the elector is shut down: still a shutdown.
-                None if self.is_shut_down() => return Some(Lost::Released),
+                None if self.is_shut_down() => return RunEnded::Shutdown,
                 None => {
                     info!("guarded work ended on its own; leaving the election");
-                    return None;
+                    return RunEnded::WorkEnded;
                 }
-                Some(Lost::Released) => return Some(Lost::Released),
+                Some(Lost::Shutdown) => return RunEnded::Shutdown,
                 Some(lost) => {
                     if started.is_some_and(|s| s.elapsed() > config.lease_duration) {
                         backoff = builder.build();

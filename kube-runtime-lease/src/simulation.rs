@@ -8,7 +8,7 @@
 //! that was stopped rather than finished, a tail of [`TAIL`] after the stop
 //! during which requests it sent may still land; that someone leads once
 //! faults stop; that a guard is valid when handed out; and that no term ends
-//! as [`Lost::Released`] without a shutdown.
+//! as [`Lost::Shutdown`] without a shutdown.
 //!
 //! `KRL_SIM_SCHEDULES` sets the number of schedules (default 1000);
 //! `KRL_SIM_SEED` replays one schedule.
@@ -140,7 +140,7 @@ impl Candidate {
                 guard.is_valid()
                     || !matches!(
                         guard.lost(),
-                        None | Some(Lost::RenewDeadlineExceeded | Lost::Released)
+                        None | Some(Lost::RenewDeadlineExceeded | Lost::Shutdown)
                     ),
                 "seed {}: c{} was handed a guard of an ended term: {:?}",
                 self.seed,
@@ -163,7 +163,7 @@ impl Candidate {
                 () = guard.lost_signal() => {
                     assert_ne!(
                         guard.lost(),
-                        Some(Lost::Released),
+                        Some(Lost::Shutdown),
                         "seed {}: c{}'s term ended as Released without a shutdown",
                         self.seed, self.i
                     );

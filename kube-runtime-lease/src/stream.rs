@@ -13,7 +13,7 @@ use futures::{Stream, stream::FusedStream};
 use pin_project::pin_project;
 use tracing::debug;
 
-use crate::{Acquire, Error, LeaderElector, LeaseGuard, Lost};
+use crate::{Acquire, AcquireError, LeaderElector, LeaseGuard, Lost};
 
 enum State {
     /// Waiting for leadership; the inner stream is not polled.
@@ -73,10 +73,11 @@ impl<S> WithLeaderElection<S> {
 
     /// Why leadership ended, if this stream ended because it did; `None` while
     /// running, or when the inner stream ended on its own. A stream that never
-    /// led ends with [`Lost::Released`] when the elector was shut down, and
-    /// with [`Lost::ElectorStopped`] when its background task stopped.
-    pub fn lost(&self) -> Option<&Lost> {
-        self.lost.as_ref()
+    /// led ends with [`Lost::Shutdown`] when the elector was shut down, and
+    /// with [`Lost::ElectorStopped`] when its background task stopped. The
+    /// same type as [`LeaseGuard::lost`].
+    pub fn lost(&self) -> Option<Lost> {
+        self.lost.clone()
     }
 
     /// Takes the reason leadership ended, leaving `None`.
@@ -191,8 +192,8 @@ fn poll_not_leading<S: Stream>(
             Poll::Ready(Err(e)) => {
                 debug!(error = %e, "no leadership to wait for: dropping the guarded stream");
                 let lost = match e {
-                    Error::ElectorStopped => Lost::ElectorStopped,
-                    _ => Lost::Released,
+                    AcquireError::ElectorStopped => Lost::ElectorStopped,
+                    AcquireError::Shutdown => Lost::Shutdown,
                 };
                 Some(finish(this, Some(lost)))
             }

@@ -13,19 +13,16 @@ use tokio::time::{Instant, Sleep, sleep};
 use tracing::warn;
 
 use super::Inner;
-use crate::{
-    error::{Error, Result},
-    guard::LeaseGuard,
-};
+use crate::{error::AcquireError, guard::LeaseGuard};
 
-/// Future returned by [`LeaderElector::acquire`]: resolves to a [`LeaseGuard`]
+/// Future returned by [`LeaderElector::acquire`](super::LeaderElector::acquire): resolves to a [`LeaseGuard`]
 /// once this candidate leads.
 #[must_use = "futures do nothing unless polled"]
 pub struct Acquire {
     inner: Arc<Inner>,
     rx: Option<oneshot::Receiver<LeaseGuard>>,
     /// While waiting: a timer, and the beats of the task seen when it was set
-    /// (see [`State::beats`]).
+    /// (see [`State::beats`](super::State::beats)).
     watchdog: Option<(Pin<Box<Sleep>>, u64)>,
 }
 
@@ -48,7 +45,7 @@ impl std::fmt::Debug for Acquire {
 }
 
 impl Future for Acquire {
-    type Output = Result<LeaseGuard>;
+    type Output = Result<LeaseGuard, AcquireError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
@@ -58,7 +55,7 @@ impl Future for Acquire {
             let (rx, spawn) = {
                 let mut state = this.inner.lock();
                 if state.shutdown {
-                    return Poll::Ready(Err(Error::Shutdown));
+                    return Poll::Ready(Err(AcquireError::Shutdown));
                 }
                 if let Some(guard) = state.term.as_ref().and_then(|t| t.guard(this.inner.wake.clone())) {
                     return Poll::Ready(Ok(guard));
@@ -98,9 +95,9 @@ impl Future for Acquire {
                 // Waiters are dropped by `shutdown`, or by the task when it
                 // is dropped without exiting (runtime shut down, panic).
                 Poll::Ready(Err(if this.inner.lock().shutdown {
-                    Error::Shutdown
+                    AcquireError::Shutdown
                 } else {
-                    Error::ElectorStopped
+                    AcquireError::ElectorStopped
                 }))
             }
         }

@@ -9,7 +9,7 @@ use kube_client::{Api, Client, api::PostParams};
 use kube_runtime::{WatchStreamExt, watcher};
 
 use super::task::WatchStream;
-use crate::error::{Error, Result};
+use crate::error::{ApiError, Result};
 
 /// The Lease named by the configuration, in its namespace.
 pub(super) struct LeaseApi {
@@ -27,17 +27,17 @@ impl LeaseApi {
 
     /// Reads the Lease; `None` if it does not exist.
     pub(super) async fn get(&self, bound: Duration) -> Result<Option<Lease>> {
-        bounded("get", bound, self.api.get_opt(&self.name), Error::GetLease).await
+        bounded("get", bound, self.api.get_opt(&self.name), ApiError::Get).await
     }
 
     /// Creates the Lease (`create` has no precondition: it fails with a
-    /// conflict if the object exists).
+    /// conflict, 409, if the object exists).
     pub(super) async fn create(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
         bounded(
             "create",
             bound,
             self.api.create(&PostParams::default(), lease),
-            Error::CreateLease,
+            ApiError::Create,
         )
         .await
     }
@@ -49,7 +49,7 @@ impl LeaseApi {
             "update",
             bound,
             self.api.replace(&self.name, &PostParams::default(), lease),
-            Error::ReplaceLease,
+            ApiError::Replace,
         )
         .await
     }
@@ -61,16 +61,15 @@ impl LeaseApi {
     }
 }
 
-/// Runs one request, failing it with [`Error::Timeout`] once `bound` passed.
+/// Runs one request, failing it with [`ApiError::Timeout`] once `bound` passed.
 async fn bounded<T>(
     verb: &'static str,
     bound: Duration,
     fut: impl Future<Output = kube_client::Result<T>>,
-    wrap: fn(kube_client::Error) -> Error,
+    wrap: fn(kube_client::Error) -> ApiError,
 ) -> Result<T> {
     match tokio::time::timeout(bound, fut).await {
-        Err(_) => Err(Error::Timeout { verb, after: bound }),
-        Ok(Err(kube_client::Error::Api(s))) if s.code == 409 => Err(Error::Conflict),
+        Err(_) => Err(ApiError::Timeout { verb, after: bound }),
         Ok(r) => r.map_err(wrap),
     }
 }

@@ -61,6 +61,14 @@ impl Memory {
         self.seen_longest = Duration::ZERO;
     }
 
+    /// Until when a Lease created at `now` is held before a term begins on it:
+    /// one lease duration, or longer while the holder of an object that went
+    /// away may still lead.
+    pub(super) fn creation_hold(&self, now: Instant, lease_duration: Duration) -> Instant {
+        let ours = now + lease_duration;
+        self.risk_until.map_or(ours, |risk| risk.max(ours))
+    }
+
     /// The `leaseTransitions` to write when a term begins on a record with
     /// `prev`: more than anything seen on this name.
     pub(super) fn next_transitions(&self, prev: Option<i32>) -> i32 {

@@ -10,14 +10,11 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-use std::{
-    future::Future,
-    sync::{Arc, Mutex, MutexGuard},
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt, channel::oneshot, future::Shared};
 use kube_client::Client;
+use parking_lot::{Mutex, MutexGuard};
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
@@ -32,7 +29,7 @@ pub use self::{
 use self::{api::LeaseApi, memory::Memory, supervise::join};
 use crate::{
     config::{ConfigError, LeaseConfig},
-    error::{Error, Result},
+    error::{Result, ShutdownError},
     guard::{LeaseGuard, Lost, Term},
     metrics::Metrics,
     record,
@@ -167,8 +164,8 @@ impl LeaderElector {
     /// waits for the next term.
     ///
     /// # Errors
-    /// [`Error::Shutdown`] once [`shutdown`](Self::shutdown) has been called;
-    /// [`Error::ElectorStopped`] if the background task stopped while this
+    /// [`AcquireError::Shutdown`](crate::AcquireError::Shutdown) once [`shutdown`](Self::shutdown) has been called;
+    /// [`AcquireError::ElectorStopped`](crate::AcquireError::ElectorStopped) if the background task stopped while this
     /// waited (the runtime it was spawned on shut down, or it panicked).
     /// API failures are never returned: they are logged and retried with
     /// backoff (an unreachable API server means waiting, never leading).
@@ -197,13 +194,13 @@ impl LeaderElector {
     /// In order, each step bounded so that the whole sequence fits a pod's
     /// termination grace period:
     /// 1. stop campaigning: pending [`acquire`](Self::acquire) calls fail with
-    ///    [`Error::Shutdown`], [`is_leader`](Self::is_leader) turns false (a
+    ///    [`AcquireError::Shutdown`](crate::AcquireError::Shutdown), [`is_leader`](Self::is_leader) turns false (a
     ///    readiness gate stops routing to this replica), and
     ///    [`shutdown_requested`](Self::shutdown_requested) resolves, so that
     ///    controllers stop taking new work and let reconciles in flight finish;
     /// 2. wait up to `grace` for every guard of the current term to be
     ///    dropped (guarded streams end when their controller finishes);
-    /// 3. end the term with [`Lost::Released`], which drops what is still
+    /// 3. end the term with [`Lost::Shutdown`], which drops what is still
     ///    guarded (aborting reconciles still in flight);
     /// 4. release the Lease (bounded by [`LeaseConfig::release_timeout`]) so
     ///    that a standby takes over at once, **only if every guard was dropped
@@ -224,10 +221,11 @@ impl LeaderElector {
     /// left behind: it can no longer write to the Lease, which expires.
     ///
     /// # Errors
-    /// The release's failure, if it failed; [`Error::ElectorStopped`] if the
-    /// background task did not end in time. Leadership has ended either way;
-    /// an unreleased Lease expires after its lease duration.
-    pub async fn shutdown(&self, grace: Duration) -> Result<()> {
+    /// [`ShutdownError::Release`] if the release failed;
+    /// [`ShutdownError::TaskDidNotEnd`] if the background task did not end in
+    /// time. Leadership has ended either way; an unreleased Lease expires
+    /// after its lease duration.
+    pub async fn shutdown(&self, grace: Duration) -> Result<(), ShutdownError> {
         let (task, term) = {
             let mut state = self.inner.lock();
             state.shutdown = true;
@@ -235,19 +233,13 @@ impl LeaderElector {
             (state.task.take(), state.term.clone())
         };
         self.inner.update_status(|s| s.is_leader = false);
-        if let Some(tx) = self
-            .inner
-            .shutdown_tx
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
-        {
+        if let Some(tx) = self.inner.shutdown_tx.lock().take() {
             let _ = tx.send(());
         }
         info!(lease = %self.inner.config.name, "leader election shutting down");
         if let Some(term) = &term {
             term.guards_dropped(record::later(Instant::now(), grace)).await;
-            term.lose(&Lost::Released);
+            term.lose(&Lost::Shutdown);
         }
         self.inner.wake.notify_one();
         let cfg = &self.inner.config;
@@ -259,7 +251,7 @@ impl LeaderElector {
             // no task runs or holds the slot, and for that task's release too.
             self.inner.idle().await;
             let late = self.inner.lock().task.take();
-            result.and(join(late).await)
+            result.and(join(late).await).map_err(ShutdownError::Release)
         })
         .await;
         ended.unwrap_or_else(|_| {
@@ -269,7 +261,7 @@ impl LeaderElector {
                  leaving it behind: it can no longer write to the lease, which will expire"
             );
             self.inner.abandon();
-            Err(Error::ElectorStopped)
+            Err(ShutdownError::TaskDidNotEnd { after: bound })
         })
     }
 
@@ -300,8 +292,6 @@ impl LeaderElector {
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.state.lock()
     }
 }

@@ -10,10 +10,7 @@ use tokio::{task::JoinHandle, time::sleep};
 use tracing::{Instrument, debug, error};
 
 use super::{Inner, State, task::Task};
-use crate::{
-    error::{Error, Result},
-    guard::Lost,
-};
+use crate::{error::Result, guard::Lost};
 
 impl State {
     /// Registers a new task as the one that campaigns; its generation.
@@ -156,7 +153,7 @@ pub(super) enum Demand {
     Wanted,
     /// Nobody.
     Unwanted,
-    /// [`LeaderElector::shutdown`] was called.
+    /// [`LeaderElector::shutdown`](super::LeaderElector::shutdown) was called.
     Shutdown,
     /// This task was left behind (see [`State::abandon`]): stop at once,
     /// without a write.
@@ -264,11 +261,7 @@ impl Task {
     /// Whether this task still holds the slot: checked before every write, so
     /// that a task left behind (its runtime no longer driven) never writes
     /// again if it resumes.
-    pub(super) fn may_write(&self) -> Result<()> {
-        if self.inner.lock().active == Some(self.generation) {
-            Ok(())
-        } else {
-            Err(Error::ElectorStopped)
-        }
+    pub(super) fn may_write(&self) -> bool {
+        self.inner.lock().active == Some(self.generation)
     }
 }

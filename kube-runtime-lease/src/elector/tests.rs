@@ -568,7 +568,7 @@ fn shutdown_waits_for_guards_then_releases_and_fails_pending_acquires() {
         assert_eq!(start.elapsed(), S(2));
         worker.await.unwrap();
         assert_eq!(spec(&fake).holder_identity.as_deref(), Some(""));
-        assert!(matches!(e.acquire().await, Err(crate::Error::Shutdown)));
+        assert!(matches!(e.acquire().await, Err(crate::AcquireError::Shutdown)));
     });
 }
 
@@ -583,7 +583,7 @@ fn shutdown_is_bounded_when_guarded_work_does_not_stop() {
         // The grace, then the term ends and the work is stopped: no release, so
         // nothing more to wait for.
         assert_eq!(start.elapsed(), S(3));
-        assert_eq!(guard.lost(), Some(Lost::Released));
+        assert_eq!(guard.lost(), Some(Lost::Shutdown));
         assert!(!guard.is_valid());
         assert_eq!(
             spec(&fake).holder_identity.as_deref(),

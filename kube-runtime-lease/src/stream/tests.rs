@@ -100,7 +100,7 @@ fn the_inner_stream_is_dropped_as_soon_as_leadership_is_lost() {
         assert!(dropped.load(Ordering::SeqCst));
         assert!(guarded.get_ref().is_none());
         assert!(guarded.is_stopped());
-        assert_eq!(guarded.lost(), Some(&Lost::RenewDeadlineExceeded));
+        assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
         assert_eq!(guarded.next().await, None, "fused");
     });
 }
@@ -123,7 +123,7 @@ fn a_takeover_drops_the_inner_stream_in_the_same_instant() {
         assert!(dropped.load(Ordering::SeqCst));
         assert_eq!(
             guarded.lost(),
-            Some(&Lost::TakenOver {
+            Some(Lost::TakenOver {
                 holder: "thief".into()
             })
         );
@@ -206,7 +206,7 @@ fn an_idle_stream_is_woken_at_the_loss_by_the_waker_it_was_last_polled_with() {
             );
             assert_eq!(
                 guarded.lost(),
-                Some(&Lost::TakenOver {
+                Some(Lost::TakenOver {
                     holder: "thief".into()
                 })
             );
@@ -246,12 +246,12 @@ fn streams_sharing_a_lease_start_and_stop_together_with_one_renewal_loop() {
             tokio::spawn(async move {
                 let mut a = pin!(a);
                 while a.next().await.is_some() {}
-                a.lost().cloned()
+                a.lost()
             }),
             tokio::spawn(async move {
                 let mut b = pin!(b);
                 while b.next().await.is_some() {}
-                b.lost().cloned()
+                b.lost()
             }),
         );
         sleep(S(5)).await;
@@ -354,7 +354,7 @@ fn run_each_term_rejoins_after_a_loss_and_returns_on_shutdown() {
         );
         assert_eq!(terms.load(Ordering::SeqCst), 2, "the work was built again");
         e.shutdown(S(1)).await.unwrap();
-        assert_eq!(runner.await.unwrap(), Some(Lost::Released));
+        assert_eq!(runner.await.unwrap(), crate::RunEnded::Shutdown);
     });
 }
 
@@ -363,7 +363,10 @@ fn run_each_term_returns_when_the_work_ends() {
     paused(async {
         let fake = free();
         let (e, _) = elector(&fake, config("me"));
-        assert_eq!(e.run_each_term(|| stream::iter([1, 2])).await, None);
+        assert_eq!(
+            e.run_each_term(|| stream::iter([1, 2])).await,
+            crate::RunEnded::WorkEnded
+        );
     });
 }
 
@@ -463,11 +466,11 @@ fn a_runtime_shut_down_under_the_election_ends_everything_as_elector_stopped() {
         let mut acquiring = acquiring;
         assert!(matches!(
             poll!(&mut acquiring),
-            Poll::Ready(Err(crate::Error::ElectorStopped))
+            Poll::Ready(Err(crate::AcquireError::ElectorStopped))
         ));
         assert_eq!(poll!(guarded.next()), Poll::Ready(None));
     });
-    assert_eq!(guarded.lost(), Some(&Lost::ElectorStopped));
+    assert_eq!(guarded.lost(), Some(Lost::ElectorStopped));
 }
 
 /// Polling `acquire` outside a runtime is a programming error (the elector
@@ -557,7 +560,10 @@ fn acquire_on_a_runtime_that_shut_down_fails_instead_of_deadlocking() {
         let polled = acquire
             .as_mut()
             .poll(&mut Context::from_waker(std::task::Waker::noop()));
-        let _ = tx.send(matches!(polled, Poll::Ready(Err(crate::Error::ElectorStopped))));
+        let _ = tx.send(matches!(
+            polled,
+            Poll::Ready(Err(crate::AcquireError::ElectorStopped))
+        ));
     });
     let failed = rx
         .recv_timeout(S(30))

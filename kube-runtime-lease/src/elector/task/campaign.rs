@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use backon::BackoffBuilder;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -14,7 +14,7 @@ use super::{Attempt, Obs, Task};
 use crate::{
     config::JITTER_FACTOR,
     elector::supervise::Demand,
-    error::{Error, Result},
+    error::Result,
     record::{self, Verdict},
 };
 
@@ -64,21 +64,14 @@ impl Task {
                     })
                 }
                 Ok(Attempt::RetryNow) => None,
-                Err(Error::ElectorStopped) => {
+                Ok(Attempt::LeftBehind) => {
                     self.exited = true;
                     return None;
                 }
                 Err(e) => {
                     self.log_error("acquiring the lease", &e);
                     let delay = backoff
-                        .get_or_insert_with(|| {
-                            ExponentialBuilder::new()
-                                .with_min_delay(self.config().retry_period)
-                                .with_max_delay(self.config().lease_duration)
-                                .with_jitter()
-                                .without_max_times()
-                                .build()
-                        })
+                        .get_or_insert_with(|| self.config().retry_backoff().build())
                         .next()
                         .unwrap_or(self.config().lease_duration);
                     Some(Instant::now() + delay)
@@ -110,76 +103,79 @@ impl Task {
         match &self.obs {
             Obs::Unknown => Ok(Attempt::RetryNow),
             Obs::Missing => {
-                let (transitions, risk) = {
-                    let state = self.inner.lock();
-                    (state.memory.next_transitions(None), state.memory.risk_until)
-                };
-                let spec = record::taken(
-                    None,
-                    &cfg.identity,
-                    self.seconds_to_write(Some(
-                        risk.map_or(now + cfg.lease_duration, |r| r.max(now + cfg.lease_duration)),
-                    )),
-                    transitions,
-                    record::now(),
-                );
+                let hold = self.inner.lock().memory.creation_hold(now, cfg.lease_duration);
                 let lease = Lease {
                     metadata: kube_client::core::ObjectMeta {
                         name: Some(cfg.name.clone()),
                         namespace: Some(cfg.namespace.clone()),
                         ..Default::default()
                     },
-                    spec: Some(spec.clone()),
+                    spec: Some(self.acquire_record(None, self.seconds_to_write(Some(hold)))),
                 };
-                self.may_write()?;
-                let sent = Instant::now();
-                let result = self.inner.api.create(&lease, renew_deadline).await;
-                match result {
-                    Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, true)),
-                    Err(Error::Conflict) => self.after_conflict(&spec, sent, true).await,
-                    Err(e) => Err(e),
-                }
+                self.write_to_acquire(lease, true).await
             }
             Obs::Known { observed, object } => {
-                let (own, transitions) = {
-                    let state = self.inner.lock();
-                    (
-                        state.memory.own.as_ref().is_some_and(|o| o.matches(object)),
-                        state
-                            .memory
-                            .next_transitions(Some(observed.spec.lease_transitions.unwrap_or(0))),
-                    )
-                };
+                let own = self
+                    .inner
+                    .lock()
+                    .memory
+                    .own
+                    .as_ref()
+                    .is_some_and(|o| o.matches(object));
                 match record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now) {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
                         let mut lease = (**object).clone();
-                        let spec = record::taken(
-                            Some(&observed.spec),
-                            &cfg.identity,
-                            cfg.lease_duration_seconds(),
-                            transitions,
-                            record::now(),
-                        );
-                        lease.spec = Some(spec.clone());
+                        lease.spec =
+                            Some(self.acquire_record(Some(&observed.spec), cfg.lease_duration_seconds()));
                         lease
                             .metadata
                             .resource_version
                             .clone_from(&observed.resource_version);
-                        self.may_write()?;
-                        let sent = Instant::now();
-                        match self.inner.api.replace(&lease, renew_deadline).await {
-                            Ok(lease) => Ok(Attempt::Acquired(Box::new(lease), sent, false)),
-                            Err(Error::Conflict) => self.after_conflict(&spec, sent, false).await,
-                            Err(e) if e.status() == Some(404) => {
-                                self.stale = true;
-                                Ok(Attempt::RetryNow)
-                            }
-                            Err(e) => Err(e),
-                        }
+                        self.write_to_acquire(lease, false).await
                     }
                 }
             }
+        }
+    }
+
+    /// The record that begins a term, taking `prev` (`None`: creating the
+    /// Lease): a new acquisition, with transitions above any seen on the name.
+    fn acquire_record(&self, prev: Option<&LeaseSpec>, seconds: i32) -> LeaseSpec {
+        let transitions = self
+            .inner
+            .lock()
+            .memory
+            .next_transitions(prev.map(|p| p.lease_transitions.unwrap_or(0)));
+        record::taken(prev, &self.config().identity, seconds, transitions, record::now())
+    }
+
+    /// Sends the write that acquires: `create` for a missing Lease, else
+    /// `replace` with the resourceVersion read. A lost race (409) is checked
+    /// with a read ([`after_conflict`](Self::after_conflict)); a Lease deleted
+    /// since the read (404) is read again.
+    async fn write_to_acquire(&mut self, lease: Lease, create: bool) -> Result<Attempt> {
+        if !self.may_write() {
+            return Ok(Attempt::LeftBehind);
+        }
+        let bound = self.config().renew_deadline;
+        let sent = Instant::now();
+        let result = if create {
+            self.inner.api.create(&lease, bound).await
+        } else {
+            self.inner.api.replace(&lease, bound).await
+        };
+        match result {
+            Ok(written) => Ok(Attempt::Acquired(Box::new(written), sent, create)),
+            Err(e) if e.is_conflict() => {
+                let spec = lease.spec.unwrap_or_default();
+                self.after_conflict(&spec, sent, create).await
+            }
+            Err(e) if !create && e.status() == Some(404) => {
+                self.stale = true;
+                Ok(Attempt::RetryNow)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -216,11 +212,11 @@ impl Task {
         let now = Instant::now();
         let mut state = self.inner.lock();
         let memory = &mut state.memory;
-        let mut until = memory.risk_until.filter(|t| *t > now);
-        if created {
-            let ours = now + self.config().lease_duration;
-            until = Some(until.map_or(ours, |u| u.max(ours)));
-        }
+        let mut until = if created {
+            Some(memory.creation_hold(now, self.config().lease_duration))
+        } else {
+            memory.risk_until.filter(|t| *t > now)
+        };
         if let Some((uid, held)) = &memory.hold
             && *uid == lease.metadata.uid
             && *held > now

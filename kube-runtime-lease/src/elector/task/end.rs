@@ -8,7 +8,7 @@ use tracing::{debug, info, warn};
 
 use super::{Task, term::TermRun};
 use crate::{
-    error::{Error, Result},
+    error::Result,
     guard::Lost,
     record::{self, TermId},
 };
@@ -18,7 +18,7 @@ impl Task {
     /// was given up and the guarded work had ended before the term did.
     pub(in crate::elector) async fn end_term(&mut self, run: &TermRun, reason: &Lost) -> Result<()> {
         let term = &run.term;
-        if self.may_write().is_err() {
+        if !self.may_write() {
             // Left behind: the state is the new task's now; only end our term.
             term.lose(reason);
             return Ok(());
@@ -47,11 +47,11 @@ impl Task {
             state.memory.stopped_until.filter(|u| *u > Instant::now())
         };
         let wants_release = match reason {
-            Lost::Released if self.inner.lock().shutdown => {
+            Lost::Shutdown if self.inner.lock().shutdown => {
                 info!(%reason, "leadership ended");
                 self.config().release_on_drop
             }
-            Lost::Released => {
+            Lost::Shutdown => {
                 // No guard can see this reason: none is left.
                 info!("leadership given up: no guard or waiter wants it any more");
                 self.config().release_on_drop
@@ -102,7 +102,8 @@ impl Task {
     /// it free; a conflict (the Lease modified between the read and the
     /// write) is retried once after a fresh read, as client-go does.
     pub(in crate::elector) async fn release(&mut self, own: &TermId, until: Instant) -> Result<()> {
-        for attempt in 0..2 {
+        let mut attempt = 0;
+        loop {
             let left = until.saturating_duration_since(Instant::now());
             let Some(lease) = self.get(left).await? else {
                 return Ok(());
@@ -117,7 +118,10 @@ impl Task {
             let spec = lease.spec.clone().unwrap_or_default();
             let mut next = lease;
             next.spec = Some(record::released(&spec, record::now()));
-            self.may_write()?;
+            if !self.may_write() {
+                // Left behind: the next task owns the Lease now.
+                return Ok(());
+            }
             let left = until.saturating_duration_since(Instant::now());
             match self.inner.api.replace(&next, left).await {
                 Ok(released) => {
@@ -125,12 +129,12 @@ impl Task {
                     info!("released lease");
                     return Ok(());
                 }
-                Err(Error::Conflict) if attempt == 0 => {
+                Err(e) if e.is_conflict() && attempt == 0 => {
                     debug!("the release conflicted; re-reading the lease");
+                    attempt += 1;
                 }
                 Err(e) => return Err(e),
             }
         }
-        Err(Error::Conflict)
     }
 }

@@ -1,10 +1,48 @@
 //! The election task: one per elector at a time (see [`supervise`](super::supervise)),
 //! campaigning while leadership is wanted, leading a term, and ending it.
 //!
-//! - [`observe`]: the task's view of the Lease (watch, polling fallback, reads);
-//! - [`campaign`]: try-acquire, backoff, the creation hold;
-//! - [`term`]: leading one term (renew, verify, step down);
-//! - [`end`]: ending a term and releasing.
+//! - [`observe`]: the task's view of the Lease (reads, the watch, the polling
+//!   fallback, records written by others);
+//! - [`campaign`]: one attempt to acquire, the backoff, the creation hold;
+//! - [`term`]: leading one term (publish, renew, verify, step down);
+//! - [`end`]: ending a term, and the release;
+//! - all Lease API calls go through [`LeaseApi`](super::api::LeaseApi).
+//!
+//! # Invariants
+//! What the election promises rests on these rules; each names where it is
+//! enforced.
+//!
+//! 1. **One task at a time.** At most one task talks to the API: a task first
+//!    takes the slot (`State::active`), which the previous task frees only
+//!    when it is dropped, after its release. A task left behind (its runtime
+//!    no longer driven: `State::abandon`) loses the slot, and every write
+//!    checks it first (`Task::may_write`), so it never writes again.
+//! 2. **A passed deadline is final.** The renew deadline counts from the
+//!    instant before the last successful write was *sent*, never from its
+//!    answer (`Term::renewed(sent, ..)`); once it passed, no renewal brings
+//!    the term back, no guard of it is handed out, and guards, guarded
+//!    streams and `is_leader` see it on their own clock.
+//! 3. **A guard only while its term holds.** Guards are made only by
+//!    `Term::guard`, under the term's lock, while it holds; a term is
+//!    published (`begin_term`) only after the creation hold, and removed from
+//!    the state in the same step that decides to give it up (`demand(true)`).
+//! 4. **Why a term ended is exact.** The first reason wins (`Term::lose`);
+//!    `Lost::Shutdown` follows only `shutdown()` (a term given up because
+//!    nobody wants it has no guard left to see its reason); a task left behind
+//!    ends its term as `Lost::ElectorStopped`.
+//! 5. **Release only after the guarded work ended.** The Lease is written free
+//!    (`end_term`, `release`) only if no guard of the term was alive when it
+//!    ended, never during a creation hold, never within lease duration −
+//!    renew deadline of stopped work (`Memory::stopped_until`), and only if a
+//!    fresh read still shows our own term's record (`TermId`).
+//! 6. **"Ours" is our own term's record**: the same object, holder,
+//!    `acquireTime` and transitions as the write that began the term
+//!    (`TermId`); every term begins with a new acquisition.
+//! 7. **No leader on a re-created Lease before its old holder gave up.** A
+//!    term on a Lease object that replaced a held one (or that we created)
+//!    begins only when the creation hold ends (`Memory::hold`, kept across
+//!    campaigns and tasks), confirmed by a read; the hold is never written
+//!    free, and every write during it carries a duration covering the rest.
 
 mod campaign;
 mod end;
@@ -19,7 +57,7 @@ use tracing::{error, warn};
 
 pub(in crate::elector) use self::observe::WatchStream;
 use super::Inner;
-use crate::{config::LeaseConfig, error::Error, record::Observed};
+use crate::{config::LeaseConfig, error::ApiError, record::Observed};
 
 /// What this candidate last saw of the Lease.
 #[derive(Clone, Debug)]
@@ -38,6 +76,9 @@ pub(in crate::elector) enum Attempt {
     Acquired(Box<Lease>, Instant, bool),
     WaitUntil(Instant),
     RetryNow,
+    /// This task was left behind (see [`State::abandon`](super::State::abandon)):
+    /// it must not write, and exits.
+    LeftBehind,
 }
 
 #[allow(clippy::struct_excessive_bools)] // independent flags of one state machine
@@ -86,7 +127,7 @@ impl Task {
         &self.inner.config
     }
 
-    pub(in crate::elector) fn log_error(&self, what: &str, e: &Error) {
+    pub(in crate::elector) fn log_error(&self, what: &str, e: &ApiError) {
         if let Some(verb) = e.forbidden_verb() {
             error!(
                 error = %crate::error::Chain(e),

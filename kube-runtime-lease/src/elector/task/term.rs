@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 use super::{Obs, Task, observe::next_event};
 use crate::{
     elector::supervise::Demand,
-    error::{Error, Result},
+    error::Result,
     guard::{Lost, Term},
     record::{self, TermId},
 };
@@ -134,7 +134,8 @@ impl Task {
             }
             // Checked before waiting, so that no storm of wake-ups can starve
             // the deadline or the renewals.
-            if Instant::now() >= term.deadline() {
+            if !term.holds() {
+                // Not lost (above): the renew deadline passed.
                 return (Lost::RenewDeadlineExceeded, false);
             }
             if let Some(lost) = self.step_down(run) {
@@ -142,8 +143,8 @@ impl Task {
             }
             match self.demand(true) {
                 Demand::Wanted => {}
-                Demand::Unwanted => return (Lost::Released, false),
-                Demand::Shutdown => return (Lost::Released, true),
+                Demand::Unwanted => return (Lost::Shutdown, false),
+                Demand::Shutdown => return (Lost::Shutdown, true),
                 Demand::Abandoned => {
                     self.exited = true;
                     return (Lost::ElectorStopped, true);
@@ -340,7 +341,7 @@ impl Task {
                 self.seconds_to_write(run.hold),
                 record::now(),
             ));
-            if self.may_write().is_err() {
+            if !self.may_write() {
                 return Err(Lost::ElectorStopped);
             }
             match self.inner.api.replace(&lease, deadline - sent).await {
@@ -370,7 +371,7 @@ impl Task {
                     self.inner.metrics.renewal("not_found", sent.elapsed(), sent);
                     return Err(Lost::Deleted);
                 }
-                Err(Error::Conflict) if attempt == 0 => {
+                Err(e) if attempt == 0 && e.is_conflict() => {
                     self.inner.metrics.renewal("conflict", sent.elapsed(), sent);
                     debug!("renewal conflicted; re-reading the lease");
                     match self.reread(run, "re-reading the lease").await {
