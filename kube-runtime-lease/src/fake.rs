@@ -34,6 +34,9 @@ pub(crate) enum Fault {
     /// status instead of the result: what a client sees when its write was
     /// applied, answered 504, and its retry was answered 409.
     AppliedThenStatus(u16),
+    /// Handle the request (the write takes effect), then lose the answer
+    /// (the connection resets): the client cannot tell whether it applied.
+    AppliedThenLost,
 }
 
 /// One request seen by the double.
@@ -94,6 +97,13 @@ impl FakeApi {
 
     pub(crate) fn fault(&self, client: usize, verb: Option<&'static str>, fault: Fault) {
         self.lock().clients[client].queue.push_back((verb, fault));
+    }
+
+    /// Drops every fault still queued for the next requests.
+    pub(crate) fn clear_faults(&self) {
+        for c in &mut self.lock().clients {
+            c.queue.clear();
+        }
     }
 
     pub(crate) fn partition(&self, client: usize, partitioned: bool) {
@@ -221,6 +231,13 @@ impl FakeApi {
                 return handle.await.map_err(std::io::Error::other);
             }
             Some(Fault::DelayResponse(d)) => respond_after = d,
+            Some(Fault::AppliedThenLost) => {
+                let _ = self.apply(client, verb, &query, &body);
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "injected: the answer was lost after the write was applied",
+                ));
+            }
             Some(Fault::AppliedThenStatus(code)) => {
                 let _ = self.apply(client, verb, &query, &body);
                 return Ok(status(

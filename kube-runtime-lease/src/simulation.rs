@@ -39,14 +39,18 @@ struct Interval {
     end: Option<Instant>,
 }
 
-fn config(identity: &str, watch: bool) -> LeaseConfig {
+fn config(identity: &str, watch: bool, release_timeout: Duration) -> LeaseConfig {
     LeaseConfig::new("default", "lease", identity)
         .lease_duration(LEASE)
-        .renew_deadline(Duration::from_secs(2))
+        .renew_deadline(RENEW_DEADLINE)
         .retry_period(Duration::from_millis(800))
-        .release_timeout(Duration::from_secs(1))
+        .release_timeout(release_timeout)
         .watch(watch)
 }
+
+const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+/// Lease duration − renew deadline: the margin for stopping guarded work.
+const MARGIN: Duration = Duration::from_secs(1);
 
 /// Resolves once `guard`'s renew deadline has passed (or its term ended).
 async fn past_deadline(guard: &LeaseGuard) {
@@ -82,11 +86,20 @@ struct Candidate {
     rng: fastrand::Rng,
     /// Random shutdowns, restarts and abandoned acquisitions stop then.
     chaos_until: Instant,
+    /// A release may take this long: longer than lease duration − renew
+    /// deadline, a release can land after a takeover.
+    release_timeout: Duration,
+    /// Shut down now, if leading (a fault: a release racing a takeover).
+    poke: Arc<tokio::sync::Notify>,
 }
 
 impl Candidate {
     fn elector(&self) -> LeaderElector {
-        LeaderElector::new(self.client.clone(), config(&self.identity, self.watch)).unwrap()
+        LeaderElector::new(
+            self.client.clone(),
+            config(&self.identity, self.watch, self.release_timeout),
+        )
+        .unwrap()
     }
 
     fn chaos(&self) -> bool {
@@ -159,7 +172,9 @@ impl Candidate {
             } else {
                 Duration::from_secs(3600)
             };
+            let poke = self.poke.clone();
             let end = tokio::select! {
+                () = poke.notified() => End::Shutdown,
                 () = guard.lost_signal() => {
                     assert_ne!(
                         guard.lost(),
@@ -235,6 +250,9 @@ async fn schedule(seed: u64) -> Run {
     let mut ids = Vec::new();
     let mut latency = Vec::new();
     let mut tasks = Vec::new();
+    let pokes: Vec<_> = (0..CANDIDATES)
+        .map(|_| Arc::new(tokio::sync::Notify::new()))
+        .collect();
     let mut foreign_free = Vec::new();
     for i in 0..CANDIDATES {
         let (client, id) = fake.client();
@@ -257,6 +275,12 @@ async fn schedule(seed: u64) -> Run {
             intervals: intervals.clone(),
             rng: fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(i as u64)),
             chaos_until: start + CHAOS,
+            release_timeout: if rng.bool() {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(6)
+            },
+            poke: pokes[i].clone(),
         };
         tasks.push(tokio::spawn(candidate.run()));
     }
@@ -264,11 +288,19 @@ async fn schedule(seed: u64) -> Run {
         sleep(ms(&mut rng, 1500)).await;
         let k = rng.usize(0..CANDIDATES);
         let victim = ids[k];
-        let action = rng.u8(0..12);
+        let action = rng.u8(0..15);
         tracing::info!(victim, action, "SIM fault");
         inject(&fake, &mut rng, victim, latency[k], action, &mut foreign_free);
+        if action == 11 {
+            // The victim's next write (its release, if it leads) lands only
+            // after another candidate may have taken over.
+            pokes[k].notify_one();
+        }
     }
-    // Heal; partitions and latency end within 6 s, queued faults are few.
+    // Heal: faults still queued are dropped (a queued late answer or late
+    // request would otherwise disrupt each new term); partitions and latency
+    // end within 6 s.
+    fake.clear_faults();
     sleep(Duration::from_secs(30)).await;
     let healed_leader = intervals.lock().unwrap().iter().any(|iv| iv.end.is_none());
     assert!(
@@ -353,6 +385,27 @@ fn inject(
         // A write applied, answered 504, retried, answered 409.
         7 => fake.fault(victim, Some("update"), Fault::AppliedThenStatus(409)),
         8 => fake.fault(victim, Some("create"), Fault::AppliedThenStatus(409)),
+        // Writes applied at once but answered late: later than lease
+        // duration − renew deadline, within the renew deadline's bound.
+        9 => {
+            for _ in 0..3 {
+                let late = MARGIN + ms(rng, 900);
+                fake.fault(victim, Some("update"), Fault::DelayResponse(late));
+            }
+        }
+        // An answer lost after the write was applied.
+        10 => fake.fault(
+            victim,
+            Some(if rng.bool() { "update" } else { "create" }),
+            Fault::AppliedThenLost,
+        ),
+        // A release racing a takeover (the victim is poked to shut down):
+        // its write arrives late, after a follower may have taken over.
+        11 => fake.fault(
+            victim,
+            Some("update"),
+            Fault::DelayRequest(MARGIN + ms(rng, 4000)),
+        ),
         _ => {}
     }
 }
