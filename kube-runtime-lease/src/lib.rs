@@ -86,9 +86,10 @@
 //! the write that takes a released Lease goes out on a new connection. kube
 //! 5's default [`Client`](kube_client::Client) leaves `TCP_NODELAY` off
 //! (hyper-util's default; [kube-rs/kube#2056]), and that first request then
-//! waits for a delayed ACK of the TLS handshake: about 40 ms on Linux, against
-//! about 4 ms for the whole handover with `TCP_NODELAY` on (as Go, and so
-//! client-go, always has it; measured in the repository's `BENCHMARKS.md`).
+//! waits for a delayed ACK of the TLS handshake: tens of milliseconds on
+//! Linux, several times the whole handover with `TCP_NODELAY` on (as Go, and
+//! so client-go, always has it; the figures are in the repository's
+//! `BENCHMARKS.md`).
 //! This crate uses the client it is given and does not change it; where those
 //! 40 ms matter, build the client from an `HttpConnector` with
 //! `set_nodelay(true)`, as the repository's `examples/common.rs` does. Safety
