@@ -1,6 +1,6 @@
 //! Benchmark driver: kube-runtime-lease side by side with client-go's
 //! leaderelection (`goelect`) and k8s-controller 0.15 (`kc-candidate`), against
-//! one real etcd + kube-apiserver started by `kube-lease-testenv`.
+//! one real etcd + kube-apiserver started by `kube-runtime-lease-harness`.
 //!
 //! ```text
 //! bench-driver run [--quick] [--only handover,failover,api] [--trials N] [--out DIR]
@@ -29,7 +29,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
-use kube_lease_testenv::TestEnv;
+use kube_runtime_lease_harness::TestEnv;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt as _;
 use tokio::sync::Notify;
@@ -929,7 +929,7 @@ fn machine(meta: &mut Meta, root: &Path) {
         .to_owned();
     meta.rustc = cmd_out("rustc", &["--version"]);
     meta.go = cmd_out("go", &["version"]);
-    let gomod = std::fs::read_to_string(root.join("hack/control-plane/go.mod")).unwrap_or_default();
+    let gomod = std::fs::read_to_string(root.join("harness/go/go.mod")).unwrap_or_default();
     meta.client_go = gomod
         .lines()
         .find(|l| l.trim_start().starts_with("k8s.io/client-go "))
@@ -951,11 +951,12 @@ fn machine(meta: &mut Meta, root: &Path) {
             "--",
             "kube-runtime-lease",
             "examples",
+            "harness/candidates",
         ],
     );
     if !dirty.is_empty() {
         meta.commit
-            .push_str(" (+ uncommitted changes in kube-runtime-lease/ or examples/)");
+            .push_str(" (+ uncommitted changes in kube-runtime-lease/, examples/ or harness/candidates/)");
     }
 }
 

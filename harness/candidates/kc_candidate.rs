@@ -1,5 +1,5 @@
 //! A `k8s-controller` 0.15 `LeaderElection` candidate with the stdout protocol
-//! of `examples/candidate.rs` and `goelect`, for the benchmarks.
+//! of `candidate.rs` and `goelect`, for the benchmarks (built by `bench/`).
 //!
 //! Environment: `KUBECONFIG`, `LEASE_NAMESPACE`, `LEASE_NAME`, `IDENTITY`,
 //! `LEASE_DURATION`, `RENEW_DEADLINE`, `RETRY_PERIOD` (seconds).

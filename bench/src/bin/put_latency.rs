@@ -126,7 +126,7 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(30);
     let idle_ms: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(500);
-    let env = kube_lease_testenv::TestEnv::start().await?;
+    let env = kube_runtime_lease_harness::TestEnv::start().await?;
     let ns = env.new_namespace("put-latency").await?;
     let idle = Duration::from_millis(idle_ms);
     measure("kube default", env.client().await?, &ns, rounds, idle).await?;
