@@ -44,7 +44,7 @@ pub enum Flavor {
     /// client-go's `goelect`. It prints `stopped-leading` only after its
     /// release on SIGTERM (client-go calls `OnStoppedLeading` when `Run`
     /// returns), although it cancels the leading context before releasing:
-    /// see [`leadership_intervals`].
+    /// see [`leadership_intervals`](crate::leadership_intervals).
     Go,
 }
 
@@ -77,7 +77,7 @@ pub enum Kind {
     /// A note by the test.
     Note,
     /// A new version of the Lease, seen by the test's own watch
-    /// ([`LeaseRecorder`]): `who` is the holder (`""` when free), `detail`
+    /// ([`LeaseRecorder`](crate::LeaseRecorder)): `who` is the holder (`""` when free), `detail`
     /// `duration=<s> transitions=<n> rv=<resourceVersion> acquire=<RFC 3339>
     /// renew=<RFC 3339>`.
     Record,

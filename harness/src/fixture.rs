@@ -64,7 +64,7 @@ impl Fixture {
     }
 
     /// A fresh namespace with a free Lease ([`new_free_lease`]), watched by
-    /// a [`LeaseRecorder`] into `log` (which [`check_log`] then checks).
+    /// a [`LeaseRecorder`] into `log` (which [`check_log`](crate::check_log) then checks).
     ///
     /// # Errors
     /// When an API call fails or the watch does not start.

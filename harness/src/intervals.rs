@@ -53,7 +53,7 @@ impl Interval {
 ///   `stopped-leading`, its interval ends at the SIGSTOP. A `WORK` line after
 ///   the resume keeps the whole interval, so that acting on a stale term still
 ///   shows as an overlap.
-/// - **client-go release**: `goelect` ([`Flavor::Go`]) prints `stopped-leading`
+/// - **client-go release**: `goelect` ([`Flavor::Go`](crate::Flavor::Go)) prints `stopped-leading`
 ///   after releasing on SIGTERM, but client-go cancels the leading context
 ///   (ends the leader's work) before it writes the release, so a SIGTERMed
 ///   goelect's interval ends at the SIGTERM.

@@ -1,6 +1,6 @@
 //! Leases of the tests: a free one to start from, and the test's own watch on
 //! one ([`LeaseRecorder`]), which records every version into an
-//! [`EventLog`](crate::EventLog).
+//! [`EventLog`].
 
 use std::time::Duration;
 

@@ -9,7 +9,7 @@ use crate::clock::{fmt_delta, fmt_ms, ns};
 use crate::events::{Entry, Kind};
 
 /// How much earlier than the protocol allows a takeover may *appear* in the
-/// records of a [`LeaseRecorder`]: the test sees each write a little after it
+/// records of a [`LeaseRecorder`](crate::LeaseRecorder): the test sees each write a little after it
 /// happened, the old holder's last renewal possibly later than the takeover.
 pub const RECORD_SLACK: Duration = Duration::from_millis(100);
 
@@ -42,7 +42,7 @@ fn client_go_view(record: &Entry) -> String {
 /// duration after its last renewal was seen (less [`RECORD_SLACK`]). That is,
 /// nobody took a Lease before it expired.
 ///
-/// For a client-go taker ([`Flavor::Go`]), "its last renewal" is what
+/// For a client-go taker ([`Flavor::Go`](crate::Flavor::Go)), "its last renewal" is what
 /// client-go can see: it notices a change of the record only when the record
 /// differs with its times cut to whole seconds (it compares the JSON of a
 /// `LeaderElectionRecord`, whose times are `metav1.Time`), so renewals within
