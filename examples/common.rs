@@ -40,15 +40,24 @@ pub fn init_tracing() {
 /// # Errors
 /// When no configuration can be found or loaded.
 pub async fn client() -> anyhow::Result<Client> {
-    use kube::client::ConfigExt as _;
-    use tower::{BoxError, ServiceBuilder};
-
     let config = kube::Config::infer()
         .await
         .context("no Kubernetes configuration (set KUBECONFIG)")?;
     if std::env::var("KUBE_TCP_NODELAY").is_ok_and(|v| v == "0") {
         return Ok(Client::try_from(config)?);
     }
+    nodelay_client(config)
+}
+
+/// A client for `config` with `TCP_NODELAY` on: kube's own stack otherwise
+/// (see [`client`]).
+///
+/// # Errors
+/// When the TLS or auth settings of `config` cannot be loaded.
+pub fn nodelay_client(config: kube::Config) -> anyhow::Result<Client> {
+    use kube::client::ConfigExt as _;
+    use tower::{BoxError, ServiceBuilder};
+
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -69,7 +78,12 @@ pub async fn client() -> anyhow::Result<Client> {
     Ok(Client::new(service, config.default_namespace))
 }
 
-fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {
+/// The number of seconds in the environment variable `var` (a decimal), or
+/// `default` when it is not set.
+///
+/// # Errors
+/// When the variable is not a number.
+pub fn env_seconds(var: &str, default: f64) -> anyhow::Result<Duration> {
     match std::env::var(var) {
         Ok(v) => {
             Ok(Duration::from_secs_f64(v.parse().with_context(|| {
@@ -89,9 +103,9 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
     let name = std::env::var("LEASE_NAME").unwrap_or_else(|_| default_name.into());
     let identity = std::env::var("IDENTITY").unwrap_or_else(|_| unique_identity());
     Ok(LeaseConfig::new(namespace, name, identity)
-        .lease_duration(secs("LEASE_DURATION", 15.0)?)
-        .renew_deadline(secs("RENEW_DEADLINE", 10.0)?)
-        .retry_period(secs("RETRY_PERIOD", 2.0)?)
+        .lease_duration(env_seconds("LEASE_DURATION", 15.0)?)
+        .renew_deadline(env_seconds("RENEW_DEADLINE", 10.0)?)
+        .retry_period(env_seconds("RETRY_PERIOD", 2.0)?)
         .watch(std::env::var("LEASE_WATCH").map_or(true, |v| v != "false")))
 }
 
@@ -106,10 +120,4 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds: comparable across processes on one machine.
-pub fn monotonic_nanos() -> u128 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    u128::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(ts.tv_nsec).unwrap_or(0)
 }

@@ -42,7 +42,7 @@ bin_dir="$(bash scripts/control-plane.sh build | tail -1)"
 export KRL_BIN_DIR="$bin_dir"
 
 echo "bench.sh: building the candidates and the driver (release)" >&2
-cargo build --release -p kube-runtime-lease-examples --bin candidate
+cargo build --release -p kube-runtime-lease-candidate --bin candidate
 cargo build --release --manifest-path bench/Cargo.toml --bins
 
 driver_only="$(echo "$only" | tr ',' '\n' | grep -v '^adapter$' | paste -sd, - || true)"

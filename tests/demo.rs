@@ -9,20 +9,21 @@
 
 use std::{
     collections::BTreeMap,
-    path::PathBuf,
     process::Stdio,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, bail};
-use futures::StreamExt;
-use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
-    Api,
+    Api, Client,
     api::{ObjectMeta, PostParams},
-    runtime::{WatchStreamExt, watcher},
 };
-use kube_lease_testenv::TestEnv;
+use kube_runtime_lease_harness::{
+    LeaseRef, TestEnv,
+    cargo::{self, Target},
+    watch_lease,
+};
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
@@ -40,34 +41,6 @@ fn env_f64(var: &str, default: f64) -> f64 {
 
 fn say(start: Instant, msg: &str) {
     println!("[{:>7.2}s] {msg}", start.elapsed().as_secs_f64());
-}
-
-/// Builds the example controller and returns its path.
-fn build_controller() -> anyhow::Result<PathBuf> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let out = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "-p",
-            "kube-runtime-lease-examples",
-            "--example",
-            "controller",
-            "--message-format=json",
-        ])
-        .current_dir(kube_lease_testenv::workspace_root())
-        .stderr(Stdio::inherit())
-        .output()
-        .context("running cargo build")?;
-    if !out.status.success() {
-        bail!("building the example controller failed");
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    stdout
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "controller")
-        .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .context("no executable in cargo's output")
 }
 
 /// Waits for the next non-empty holder; logs releases on the way.
@@ -158,20 +131,21 @@ fn spawn_replica(
 }
 
 /// Who holds the Lease, as the API server says: one message per change.
-fn watch_holders(leases: Api<Lease>) -> mpsc::UnboundedReceiver<(Instant, String)> {
+fn watch_holders(client: Client, ns: &str) -> mpsc::UnboundedReceiver<(Instant, String)> {
     let (holders_tx, holders) = mpsc::unbounded_channel::<(Instant, String)>();
-    tokio::spawn(async move {
-        let wc = watcher::Config::default().fields(&format!("metadata.name={LEASE}"));
-        let mut last = None;
-        let mut events = std::pin::pin!(watcher(leases, wc).default_backoff().applied_objects());
-        while let Some(Ok(lease)) = events.next().await {
-            let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
-            if last.as_ref() != Some(&holder) {
-                last = Some(holder.clone());
-                let _ = holders_tx.send((Instant::now(), holder));
-            }
+    let lease = LeaseRef {
+        namespace: ns.to_owned(),
+        name: LEASE.to_owned(),
+    };
+    let mut last = None;
+    // Runs as long as the demo: the task is never aborted.
+    drop(watch_lease(client, &lease, move |_, lease| {
+        let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+        if last.as_ref() != Some(&holder) {
+            last = Some(holder.clone());
+            let _ = holders_tx.send((Instant::now(), holder));
         }
-    });
+    }));
     holders
 }
 
@@ -212,7 +186,10 @@ async fn main() -> anyhow::Result<()> {
     } else {
         println!("Starting a local control plane (etcd + kube-apiserver built from their Go modules)...");
     }
-    let controller = build_controller()?;
+    let controller = tokio::task::spawn_blocking(|| {
+        cargo::build("kube-runtime-lease-examples", Target::Example("controller"), true)
+    })
+    .await??;
     let env = TestEnv::start().await?;
     let client = env.client().await?;
     let ns = env.new_namespace("failover-demo").await?;
@@ -222,11 +199,11 @@ async fn main() -> anyhow::Result<()> {
     );
 
     let start = Instant::now();
-    let mut holders = watch_holders(Api::namespaced(client.clone(), &ns));
+    let mut holders = watch_holders(client.clone(), &ns);
 
     let (leading_tx, mut leading) = mpsc::unbounded_channel::<(Instant, String)>();
     let mut running = BTreeMap::new();
-    let log_dir = kube_lease_testenv::workspace_root().join("target/failover-demo");
+    let log_dir = kube_runtime_lease_harness::workspace_root().join("target/failover-demo");
     std::fs::create_dir_all(&log_dir)?;
     for i in 1..=replicas {
         let name = format!("replica-{i}");

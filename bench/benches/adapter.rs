@@ -1,9 +1,10 @@
 //! Adapter overhead: items per second through
 //! `stream.with_leader_election(&elector)` versus the bare stream.
 //!
-//! The elector leads against an in-process double of the Lease API (one
-//! Lease, GET/POST/PUT with resourceVersion compare-and-swap) plugged into a
-//! real `kube::Client`, so renewals run as in production, minus the network.
+//! The elector leads against the harness's in-process double of the Lease API
+//! (`kube_runtime_lease_harness::fake_api`: one Lease, GET/POST/PUT with
+//! resourceVersion compare-and-swap) plugged into a real `kube::Client`, so
+//! renewals run as in production, minus the network.
 //! Three inner streams:
 //! - `iter`: `futures::stream::iter` — no work per item, the worst case: the
 //!   adapter's fixed cost per poll is all that is measured;
@@ -18,103 +19,18 @@
 //! that median is the overhead `bench-driver report` judges against the 3 %
 //! target. Both are printed and written to `bench/results/adapter.json`.
 
-use std::convert::Infallible;
+use std::future::Future as _;
 use std::hint::black_box;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput};
-use std::future::Future as _;
-
 use futures::{Stream, StreamExt};
-use http::{Method, Request, Response};
-use http_body_util::{BodyExt, Full};
-use kube::client::Body;
 use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig};
 use serde_json::json;
 
 const ITEMS: u64 = 100_000;
 /// Rounds of the interleaved A/B measurement that follows criterion's.
 const AB_ROUNDS: usize = 41;
-
-/// One Lease, GET/POST/PUT with resourceVersion: a simplified copy of
-/// kube-runtime-lease's test double (`src/fake.rs`).
-#[derive(Default)]
-struct Store {
-    lease: Option<serde_json::Value>,
-    rv: u64,
-}
-
-fn respond(code: u16, v: &serde_json::Value) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(code)
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(serde_json::to_vec(v).unwrap())))
-        .unwrap()
-}
-
-fn status(code: u16, reason: &str) -> Response<Full<Bytes>> {
-    respond(
-        code,
-        &json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code, "message": reason}),
-    )
-}
-
-async fn handle(store: Arc<Mutex<Store>>, req: Request<Body>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let method = req.method().clone();
-    let named = req.uri().path().contains("/leases/");
-    let body = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
-    let mut s = store.lock().unwrap();
-    let resp = match (method, named) {
-        (Method::GET, true) => match &s.lease {
-            Some(l) => respond(200, l),
-            None => status(404, "NotFound"),
-        },
-        (Method::POST, _) => {
-            if s.lease.is_some() {
-                status(409, "AlreadyExists")
-            } else {
-                let mut l: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                s.rv += 1;
-                l["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-                l["metadata"]["uid"] = json!("uid-1");
-                l["apiVersion"] = json!("coordination.k8s.io/v1");
-                l["kind"] = json!("Lease");
-                s.lease = Some(l.clone());
-                respond(201, &l)
-            }
-        }
-        (Method::PUT, true) => {
-            let mut l: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let current = s.lease.as_ref().map(|c| c["metadata"]["resourceVersion"].clone());
-            if current.as_ref() != Some(&l["metadata"]["resourceVersion"]) {
-                status(409, "Conflict")
-            } else {
-                s.rv += 1;
-                l["metadata"]["resourceVersion"] = json!(s.rv.to_string());
-                l["metadata"]["uid"] = json!("uid-1");
-                l["apiVersion"] = json!("coordination.k8s.io/v1");
-                l["kind"] = json!("Lease");
-                s.lease = Some(l.clone());
-                respond(200, &l)
-            }
-        }
-        _ => status(405, "MethodNotAllowed"),
-    };
-    Ok(resp)
-}
-
-fn mock_client() -> kube::Client {
-    let store = Arc::new(Mutex::new(Store::default()));
-    let svc = tower::service_fn(move |req: Request<Body>| handle(store.clone(), req));
-    kube::Client::new(svc, "default")
-}
 
 /// An elector that leads (holding one guard for the whole benchmark, so that
 /// each adapter joins the running term at once).
@@ -124,7 +40,8 @@ async fn leading_elector() -> (LeaderElector, kube_runtime_lease::LeaseGuard) {
         .renew_deadline(Duration::from_secs(10))
         .retry_period(Duration::from_secs(2))
         .watch(false);
-    let elector = LeaderElector::new(mock_client(), config).expect("valid config");
+    let elector =
+        LeaderElector::new(kube_runtime_lease_harness::fake_api::client(), config).expect("valid config");
     let guard = elector.acquire().await.expect("leads against the double");
     (elector, guard)
 }

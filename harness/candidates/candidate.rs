@@ -17,13 +17,15 @@
 //! `stopped-leading` after the guarded work was dropped, so every `WORK` line
 //! lies inside an interval. SIGTERM hands over: the work stops at once and the
 //! Lease is released (`shutdown` with a 5 s grace bound).
-//! Settings come from the environment, as for every example (see `common.rs`).
+//! Settings come from the environment, as for every example (see
+//! `examples/common.rs`), and so does its client: the examples' own.
 
 use std::time::Duration;
 
 use futures::StreamExt;
 use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, Lost};
-use kube_runtime_lease_examples::{client, lease_config, monotonic_nanos, shutdown_signal};
+use kube_runtime_lease_examples::{client, lease_config, shutdown_signal};
+use kube_runtime_lease_harness::now_ns;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -48,7 +50,7 @@ async fn main() -> anyhow::Result<()> {
             if holder != last {
                 println!(
                     "EVENT new-leader {} {}",
-                    monotonic_nanos(),
+                    now_ns(),
                     holder.as_deref().unwrap_or("")
                 );
                 last = holder;
@@ -60,7 +62,7 @@ async fn main() -> anyhow::Result<()> {
         shutdown_signal().await;
         on_signal.shutdown(Duration::from_secs(5)).await
     });
-    println!("READY {} {identity}", monotonic_nanos());
+    println!("READY {} {identity}", now_ns());
 
     loop {
         let work = futures::stream::unfold(true, move |first| async move {
@@ -77,9 +79,9 @@ async fn main() -> anyhow::Result<()> {
         while let Some(first) = guarded.next().await {
             if first {
                 led = true;
-                println!("EVENT started-leading {} {identity}", monotonic_nanos());
+                println!("EVENT started-leading {} {identity}", now_ns());
             }
-            println!("WORK {}", monotonic_nanos());
+            println!("WORK {}", now_ns());
         }
         let lost = guarded.lost().cloned();
         if led {
@@ -87,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
             let reason = lost
                 .as_ref()
                 .map_or_else(|| format!("{:?}", Lost::Released), |l| format!("{l:?}"));
-            println!("EVENT stopped-leading {} {identity} {reason}", monotonic_nanos());
+            println!("EVENT stopped-leading {} {identity} {reason}", now_ns());
         }
         // Shut down (or the work ended): leave; otherwise campaign again.
         if matches!(lost, None | Some(Lost::Released)) {
@@ -95,6 +97,6 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     let result = handover.await?;
-    println!("EXIT {}", monotonic_nanos());
+    println!("EXIT {}", now_ns());
     result.map_err(Into::into)
 }

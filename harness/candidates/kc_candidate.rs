@@ -1,5 +1,5 @@
 //! A `k8s-controller` 0.15 `LeaderElection` candidate with the stdout protocol
-//! of `examples/candidate.rs` and `goelect`, for the benchmarks.
+//! of `candidate.rs` and `goelect`, for the benchmarks (built by `bench/`).
 //!
 //! Environment: `KUBECONFIG`, `LEASE_NAMESPACE`, `LEASE_NAME`, `IDENTITY`,
 //! `LEASE_DURATION`, `RENEW_DEADLINE`, `RETRY_PERIOD` (seconds).
@@ -22,13 +22,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use anyhow::Context as _;
 use k8s_controller::LeaderElection;
-
-fn mono() -> u128 {
-    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    u128::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u128::try_from(ts.tv_nsec).unwrap_or(0)
-}
+use kube_runtime_lease_examples::env_seconds as secs;
+use kube_runtime_lease_harness::now_ns as mono;
+use kube_runtime_lease_harness::signal::stdin_closed;
 
 fn emit(line: &str) {
     let mut out = std::io::stdout().lock();
@@ -36,33 +33,11 @@ fn emit(line: &str) {
     let _ = out.flush();
 }
 
-fn secs(var: &str, default: f64) -> anyhow::Result<Duration> {
-    match std::env::var(var) {
-        Ok(v) => Ok(Duration::from_secs_f64(
-            v.parse().with_context(|| format!("{var}={v:?}"))?,
-        )),
-        Err(_) => Ok(Duration::from_secs_f64(default)),
-    }
-}
-
+/// SIGTERM, Ctrl+C or (with `EXIT_ON_STDIN_EOF`) the driver's death.
 async fn shutdown_signal() {
-    let mut term =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-    let stdin_eof = async {
-        // Parent-death watchdog: the driver keeps our stdin open.
-        if std::env::var_os("EXIT_ON_STDIN_EOF").is_some() {
-            use tokio::io::AsyncReadExt as _;
-            let mut buf = [0u8; 64];
-            let mut stdin = tokio::io::stdin();
-            while matches!(stdin.read(&mut buf).await, Ok(n) if n > 0) {}
-        } else {
-            std::future::pending::<()>().await;
-        }
-    };
     tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-        () = stdin_eof => {}
+        () = kube_runtime_lease_examples::shutdown_signal() => {}
+        () = stdin_closed() => {}
     }
 }
 

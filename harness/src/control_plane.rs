@@ -2,7 +2,8 @@
 //!
 //! [`TestEnv::start`] runs a real etcd and a real kube-apiserver on loopback
 //! (free ports, never 2379/2380), both built from their upstream Go modules by
-//! `scripts/control-plane.sh build` into one cached binary, `kcp`. The same build
+//! `scripts/control-plane.sh build` into one cached binary, `krl-control-plane`
+//! (from `harness/go/cmd/krl-control-plane`). The same build
 //! produces `goelect`, a client-go leader-election candidate (see
 //! [`TestEnv::goelect_path`]).
 //!
@@ -22,29 +23,34 @@
 //!   (no processes; [`TestEnv::stop_apiserver`] and [`TestEnv::start_apiserver`]
 //!   fail; limited users are impersonated, which the kubeconfig's user must be
 //!   allowed to do).
-//! - `KRL_BIN_DIR`: use prebuilt `kcp` and `goelect` from this directory.
+//! - `KRL_BIN_DIR`: use prebuilt `krl-control-plane` and `goelect` from this directory.
 //! - `KRL_K8S_VERSION`, `KRL_CACHE_DIR`: passed to `scripts/control-plane.sh`.
 //! - `KRL_KEEP_TESTENV=1`: keep the temporary directory (logs, certificates,
 //!   etcd data) after the test; its path is printed on stderr.
 
+mod build;
+mod external;
+mod kubeconfig;
+mod local;
 mod pki;
 mod process;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::{Api, Client};
 
-use crate::pki::Pki;
-use crate::process::Managed;
+pub use self::build::{CONTROL_PLANE_BIN, GOELECT_BIN, bin_dir, workspace_root};
+use self::external::External;
+use self::kubeconfig::{client_from_kubeconfig, client_from_path, get};
+use self::local::Local;
+use self::process::Managed;
 
 /// How long to wait for kube-apiserver's `/readyz`.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(90);
@@ -63,30 +69,6 @@ enum Mode {
     External(Box<External>),
 }
 
-/// A control plane that this process started.
-struct Local {
-    bin_dir: PathBuf,
-    pki: Pki,
-    etcd_port: u16,
-    apiserver_port: u16,
-    kubeconfig: PathBuf,
-    users: AtomicU32,
-    restarts: AtomicU32,
-    // Drop order matters: the apiserver goes first, then etcd, then the directory.
-    apiserver: Mutex<Option<Managed>>,
-    etcd: Mutex<Option<Managed>>,
-    dir: tempfile::TempDir,
-}
-
-/// An existing cluster named by `KRL_TEST_KUBECONFIG`.
-struct External {
-    kubeconfig_path: PathBuf,
-    kubeconfig: Kubeconfig,
-    server_url: String,
-    users: AtomicU32,
-    dir: tempfile::TempDir,
-}
-
 impl std::fmt::Debug for TestEnv {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestEnv")
@@ -95,129 +77,6 @@ impl std::fmt::Debug for TestEnv {
             .field("external", &matches!(self.mode, Mode::External(_)))
             .finish_non_exhaustive()
     }
-}
-
-/// The workspace root (the parent of this crate's directory).
-///
-/// # Panics
-/// Never in practice: this crate's manifest directory always has a parent.
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("testenv lives inside the workspace")
-        .to_path_buf()
-}
-
-/// Builds `kcp` and `goelect` if needed (once per process) and returns their
-/// directory.
-///
-/// Uses `KRL_BIN_DIR` when set; otherwise runs `scripts/control-plane.sh build`,
-/// whose cold build takes several minutes and a warm one milliseconds.
-///
-/// # Errors
-/// When the build fails (the message holds the script's last lines).
-pub async fn bin_dir() -> Result<PathBuf> {
-    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    let built = tokio::task::spawn_blocking(|| BUILT.get_or_init(build_binaries).clone())
-        .await
-        .context("build task panicked")?;
-    built.map_err(|e| anyhow!(e))
-}
-
-fn build_binaries() -> std::result::Result<PathBuf, String> {
-    if let Some(dir) = std::env::var_os("KRL_BIN_DIR") {
-        let dir = PathBuf::from(dir);
-        for bin in ["kcp", "goelect"] {
-            if !dir.join(bin).is_file() {
-                return Err(format!("KRL_BIN_DIR={} has no {bin} binary", dir.display()));
-            }
-        }
-        return Ok(dir);
-    }
-    let script = workspace_root().join("scripts/control-plane.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .arg("build")
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    if !output.status.success() {
-        let last: Vec<&str> = stderr.lines().rev().take(15).collect();
-        let last: Vec<&str> = last.into_iter().rev().collect();
-        return Err(format!(
-            "building the control plane failed ({}): {}",
-            output.status,
-            last.join("\n")
-        ));
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let dir = stdout
-        .lines()
-        .last()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .ok_or_else(|| format!("{} printed no bin directory", script.display()))?;
-    Ok(PathBuf::from(dir))
-}
-
-/// Reserves distinct free loopback ports (the listeners are closed on return).
-fn free_ports<const N: usize>() -> Result<[u16; N]> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("binding a free loopback port")?;
-    let mut ports = [0; N];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr()?.port();
-    }
-    Ok(ports)
-}
-
-async fn client_from_kubeconfig(kubeconfig: Kubeconfig) -> Result<Client> {
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .context("loading kubeconfig")?;
-    Client::try_from(config).context("creating a kube client")
-}
-
-async fn client_from_path(path: &Path) -> Result<Client> {
-    let kubeconfig =
-        Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-    client_from_kubeconfig(kubeconfig).await
-}
-
-fn get(path: &str) -> http::Request<Vec<u8>> {
-    http::Request::get(path)
-        .body(Vec::new())
-        .expect("a valid request")
-}
-
-/// Writes a kubeconfig (JSON, which every YAML reader accepts) with file references.
-fn write_kubeconfig(path: &Path, server: &str, ca: &Path, user: &str, cert: &Path, key: &Path) -> Result<()> {
-    let doc = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "testenv", "cluster": {
-            "server": server,
-            "certificate-authority": ca,
-        }}],
-        "users": [{"name": user, "user": {
-            "client-certificate": cert,
-            "client-key": key,
-        }}],
-        "contexts": [{"name": "testenv", "context": {"cluster": "testenv", "user": user}}],
-        "current-context": "testenv",
-    });
-    std::fs::write(path, serde_json::to_vec_pretty(&doc)?)
-        .with_context(|| format!("writing {}", path.display()))
-}
-
-/// A file-name-safe form of a user name.
-fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .take(40)
-        .collect()
 }
 
 impl TestEnv {
@@ -333,8 +192,8 @@ impl TestEnv {
     /// When the build fails.
     pub async fn goelect_path(&self) -> Result<PathBuf> {
         match &self.mode {
-            Mode::Local(l) => Ok(l.bin_dir.join("goelect")),
-            Mode::External(_) => Ok(bin_dir().await?.join("goelect")),
+            Mode::Local(l) => Ok(l.bin_dir.join(GOELECT_BIN)),
+            Mode::External(_) => Ok(bin_dir().await?.join(GOELECT_BIN)),
         }
     }
 
@@ -359,8 +218,8 @@ impl TestEnv {
                 generate_name: Some(format!("{prefix}-")),
                 labels: Some(
                     [
-                        ("kube-lease-testenv".to_owned(), "true".to_owned()),
-                        ("kube-lease-testenv/seq".to_owned(), n.to_string()),
+                        ("kube-runtime-lease-harness".to_owned(), "true".to_owned()),
+                        ("kube-runtime-lease-harness/seq".to_owned(), n.to_string()),
                     ]
                     .into(),
                 ),
@@ -446,256 +305,4 @@ impl TestEnv {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-impl Local {
-    async fn start() -> Result<Self> {
-        let bin_dir = bin_dir().await?;
-        let kcp = bin_dir.join("kcp");
-        let mut dir = tempfile::Builder::new()
-            .prefix("kube-lease-testenv-")
-            .tempdir()
-            .context("creating a temporary directory")?;
-        if std::env::var_os("KRL_KEEP_TESTENV").is_some_and(|v| v == "1") {
-            dir.disable_cleanup(true);
-            eprintln!("kube-lease-testenv: keeping {}", dir.path().display());
-        }
-        let logs = dir.path().join("logs");
-        std::fs::create_dir_all(&logs).context("creating the log directory")?;
-        let pki = Pki::generate(&dir.path().join("pki"))?;
-        let [etcd_port, peer_port, apiserver_port] = free_ports::<3>()?;
-
-        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let etcd_args = vec![
-            "etcd".to_owned(),
-            "--name=testenv".to_owned(),
-            format!("--data-dir={}", dir.path().join("etcd").display()),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=testenv={peer_url}"),
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ];
-        let mut etcd = Managed::spawn(
-            "etcd",
-            &kcp,
-            &etcd_args,
-            &logs.join("etcd.log"),
-            cleanup_dir(&dir),
-        )?;
-        wait_for_port(&mut etcd, etcd_port, Duration::from_secs(30)).await?;
-
-        let kubeconfig = dir.path().join("admin.kubeconfig");
-        write_kubeconfig(
-            &kubeconfig,
-            &format!("https://127.0.0.1:{apiserver_port}"),
-            &pki.files.serving_ca,
-            "admin",
-            &pki.files.admin_cert,
-            &pki.files.admin_key,
-        )?;
-        std::fs::create_dir_all(dir.path().join("users"))?;
-
-        let local = Self {
-            bin_dir,
-            pki,
-            etcd_port,
-            apiserver_port,
-            kubeconfig,
-            users: AtomicU32::new(0),
-            restarts: AtomicU32::new(0),
-            apiserver: Mutex::new(None),
-            etcd: Mutex::new(Some(etcd)),
-            dir,
-        };
-        local.start_apiserver().await?;
-        Ok(local)
-    }
-
-    fn apiserver_args(&self) -> Vec<String> {
-        let f = &self.pki.files;
-        let port = self.apiserver_port;
-        vec![
-            "kube-apiserver".to_owned(),
-            format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
-            format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
-            format!("--tls-cert-file={}", f.serving_cert.display()),
-            format!("--tls-private-key-file={}", f.serving_key.display()),
-            format!("--client-ca-file={}", f.client_ca.display()),
-            format!("--secure-port={port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
-            "--authorization-mode=RBAC".to_owned(),
-            format!("--service-account-issuer=https://127.0.0.1:{port}/"),
-            format!("--service-account-key-file={}", f.sa_pub.display()),
-            format!("--service-account-signing-key-file={}", f.sa_key.display()),
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
-            "--feature-gates=CoordinatedLeaderElection=true".to_owned(),
-            "--runtime-config=coordination.k8s.io/v1beta1=true".to_owned(),
-            "--profiling=false".to_owned(),
-        ]
-    }
-
-    async fn start_apiserver(&self) -> Result<()> {
-        {
-            let mut guard = lock(&self.apiserver);
-            if guard.as_mut().is_some_and(|running| running.exited().is_none()) {
-                return Ok(());
-            }
-            let n = self.restarts.fetch_add(1, Ordering::Relaxed);
-            let log = self
-                .dir
-                .path()
-                .join("logs")
-                .join(format!("kube-apiserver.{n}.log"));
-            *guard = Some(Managed::spawn(
-                "kube-apiserver",
-                &self.bin_dir.join("kcp"),
-                &self.apiserver_args(),
-                &log,
-                cleanup_dir(&self.dir),
-            )?);
-        }
-        self.wait_ready().await
-    }
-
-    /// Polls `/readyz` as admin until it answers `ok`, the process exits, or time runs out.
-    async fn wait_ready(&self) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let client = client_from_path(&self.kubeconfig).await?;
-        let mut last_err = String::from("no answer yet");
-        loop {
-            {
-                let mut guard = lock(&self.apiserver);
-                let proc = guard
-                    .as_mut()
-                    .ok_or_else(|| anyhow!("kube-apiserver was stopped while starting"))?;
-                if let Some(status) = proc.exited() {
-                    return Err(proc.failure(&format!("exited during startup ({status})")));
-                }
-                if Instant::now() > deadline {
-                    return Err(proc.failure(&format!(
-                        "not ready after {} s (last /readyz: {last_err})",
-                        READY_TIMEOUT.as_secs()
-                    )));
-                }
-            }
-            match tokio::time::timeout(Duration::from_secs(5), client.request_text(get("/readyz"))).await {
-                Ok(Ok(body)) if body.trim() == "ok" => return Ok(()),
-                Ok(Ok(body)) => last_err = body,
-                Ok(Err(e)) => last_err = e.to_string(),
-                Err(_) => "timed out".clone_into(&mut last_err),
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
-        let (cert, key) = self.pki.issue_client(user, groups)?;
-        let n = self.users.fetch_add(1, Ordering::Relaxed);
-        let base = self
-            .dir
-            .path()
-            .join("users")
-            .join(format!("{n}-{}", sanitize(user)));
-        let cert_path = base.with_extension("crt");
-        let key_path = base.with_extension("key");
-        let kubeconfig = base.with_extension("kubeconfig");
-        std::fs::write(&cert_path, cert)?;
-        std::fs::write(&key_path, key)?;
-        write_kubeconfig(
-            &kubeconfig,
-            &format!("https://127.0.0.1:{}", self.apiserver_port),
-            &self.pki.files.serving_ca,
-            user,
-            &cert_path,
-            &key_path,
-        )?;
-        Ok(kubeconfig)
-    }
-}
-
-/// The directory the children remove if this process dies without cleaning up.
-fn cleanup_dir(dir: &tempfile::TempDir) -> Option<&Path> {
-    let keep = std::env::var_os("KRL_KEEP_TESTENV").is_some_and(|v| v == "1");
-    (!keep).then(|| dir.path())
-}
-
-/// Waits until `port` accepts TCP connections or `proc` exits.
-async fn wait_for_port(proc: &mut Managed, port: u16, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = proc.exited() {
-            return Err(proc.failure(&format!("exited during startup ({status})")));
-        }
-        if tokio::net::TcpStream::connect((Ipv4Addr::LOCALHOST, port))
-            .await
-            .is_ok()
-        {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(proc.failure(&format!(
-                "does not listen on 127.0.0.1:{port} after {} s",
-                timeout.as_secs()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-impl External {
-    async fn connect(path: PathBuf) -> Result<Self> {
-        let kubeconfig = Kubeconfig::read_from(&path)
-            .with_context(|| format!("reading KRL_TEST_KUBECONFIG={}", path.display()))?;
-        let config = Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
-            .await
-            .with_context(|| format!("loading KRL_TEST_KUBECONFIG={}", path.display()))?;
-        let server_url = config.cluster_url.to_string().trim_end_matches('/').to_owned();
-        let client = Client::try_from(config)?;
-        client
-            .request_text(get("/readyz"))
-            .await
-            .with_context(|| format!("GET /readyz on {server_url} (KRL_TEST_KUBECONFIG)"))?;
-        let dir = tempfile::Builder::new().prefix("kube-lease-testenv-").tempdir()?;
-        Ok(Self {
-            kubeconfig_path: path,
-            kubeconfig,
-            server_url,
-            users: AtomicU32::new(0),
-            dir,
-        })
-    }
-
-    fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
-        let mut kc = self.kubeconfig.clone();
-        let context_name = kc
-            .current_context
-            .clone()
-            .ok_or_else(|| anyhow!("KRL_TEST_KUBECONFIG has no current-context"))?;
-        let user_name = kc
-            .contexts
-            .iter()
-            .find(|c| c.name == context_name)
-            .and_then(|c| c.context.as_ref())
-            .map(|c| c.user.clone())
-            .ok_or_else(|| anyhow!("context {context_name} not found in KRL_TEST_KUBECONFIG"))?;
-        let auth = kc
-            .auth_infos
-            .iter_mut()
-            .find(|a| Some(&a.name) == user_name.as_ref())
-            .and_then(|a| a.auth_info.as_mut())
-            .ok_or_else(|| anyhow!("user {user_name:?} not found in KRL_TEST_KUBECONFIG"))?;
-        auth.impersonate = Some(user.to_owned());
-        auth.impersonate_groups =
-            (!groups.is_empty()).then(|| groups.iter().map(|g| (*g).to_owned()).collect());
-        let n = self.users.fetch_add(1, Ordering::Relaxed);
-        let path = self.dir.path().join(format!("{n}-{}.kubeconfig", sanitize(user)));
-        std::fs::write(&path, serde_json::to_vec_pretty(&kc)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        Ok(path)
-    }
 }

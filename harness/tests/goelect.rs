@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use kube_lease_testenv::TestEnv;
+use kube_runtime_lease_harness::TestEnv;
 
 /// One parsed stdout line of goelect.
 #[derive(Debug, Clone, PartialEq)]

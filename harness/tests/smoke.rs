@@ -6,7 +6,7 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
-use kube_lease_testenv::TestEnv;
+use kube_runtime_lease_harness::TestEnv;
 
 async fn read_back(client: Client, ns: &str) -> Result<LeaseSpec> {
     let leases: Api<Lease> = Api::namespaced(client, ns);

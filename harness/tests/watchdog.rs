@@ -19,8 +19,8 @@ fn kill9_leaves_no_orphans() {
     if std::env::var_os("KRL_TEST_KUBECONFIG").is_some() {
         return; // no processes of ours to orphan
     }
-    // A process that starts an environment and waits (src/bin/testenv-hold.rs).
-    let mut child = Command::new(env!("CARGO_BIN_EXE_testenv-hold"))
+    // A process that starts an environment and waits (src/bin/control-plane-hold.rs).
+    let mut child = Command::new(env!("CARGO_BIN_EXE_control-plane-hold"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -30,7 +30,7 @@ fn kill9_leaves_no_orphans() {
         .lines()
         .map_while(Result::ok)
         .find(|l| l.starts_with("PIDS "))
-        .expect("testenv-hold printed no PIDS line (did TestEnv::start fail?)");
+        .expect("control-plane-hold printed no PIDS line (did TestEnv::start fail?)");
     let fields: Vec<&str> = line.split_whitespace().collect();
     let (etcd, apiserver, dir) = (fields[1], fields[2], fields[3]);
     assert!(alive(etcd) && alive(apiserver), "children not running");

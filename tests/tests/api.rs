@@ -38,20 +38,20 @@ use kube::{
     api::{DeleteParams, ObjectMeta, PostParams},
     runtime::{Controller, WatchStreamExt, controller::Action, watcher},
 };
-use kube_lease_testenv::TestEnv;
 use kube_runtime_lease::{
     LeaderElectionControllerExt, LeaderElectionStreamExt, LeaderElector, LeaderStatus, LeaseConfig,
     LeaseGuard, Lost,
 };
+use kube_runtime_lease_harness::{TestEnv, Timings, create_lease, free_spec, shared_env};
 use tokio::{
-    sync::{OnceCell, watch},
+    sync::watch,
     task::JoinHandle,
     time::{Instant, timeout},
 };
 
-const LEASE_DURATION: Duration = Duration::from_secs(2);
-const RENEW_DEADLINE: Duration = Duration::from_millis(1500);
-const RETRY_PERIOD: Duration = Duration::from_millis(500);
+const LEASE_DURATION: Duration = Timings::FAST.lease_duration;
+const RENEW_DEADLINE: Duration = Timings::FAST.renew_deadline;
+const RETRY_PERIOD: Duration = Timings::FAST.retry_period;
 const LEASE: &str = "lease";
 
 fn ms(n: u64) -> Duration {
@@ -62,14 +62,6 @@ fn ms(n: u64) -> Duration {
 // Fixture
 // ---------------------------------------------------------------------------
 
-static ENV: OnceCell<TestEnv> = OnceCell::const_new();
-
-/// The control plane shared by the tests of this file, started by the first.
-async fn env() -> &'static TestEnv {
-    ENV.get_or_init(|| async { TestEnv::start().await.expect("starting etcd and kube-apiserver") })
-        .await
-}
-
 /// One test's namespace and admin client.
 struct Fx {
     env: &'static TestEnv,
@@ -79,7 +71,7 @@ struct Fx {
 }
 
 async fn fixture(prefix: &str) -> Result<Fx> {
-    let env = env().await;
+    let env = shared_env().await?;
     let ns = env.new_namespace(prefix).await?;
     let admin = env.client().await?;
     let leases = Api::namespaced(admin.clone(), &ns);
@@ -108,25 +100,13 @@ impl Fx {
 
     /// Creates the Lease free (released): holder `""`, 1 s, no transitions yet.
     async fn free_lease(&self, edit: impl FnOnce(&mut LeaseSpec)) -> Result<Lease> {
-        let mut spec = LeaseSpec {
-            holder_identity: Some(String::new()),
-            lease_duration_seconds: Some(1),
-            lease_transitions: Some(0),
-            ..LeaseSpec::default()
-        };
+        let mut spec = free_spec();
         edit(&mut spec);
         self.create_lease(spec).await
     }
 
     async fn create_lease(&self, spec: LeaseSpec) -> Result<Lease> {
-        let lease = Lease {
-            metadata: ObjectMeta {
-                name: Some(LEASE.to_owned()),
-                ..ObjectMeta::default()
-            },
-            spec: Some(spec),
-        };
-        Ok(self.leases.create(&PostParams::default(), &lease).await?)
+        create_lease(&self.leases, LEASE, spec).await
     }
 
     async fn spec(&self) -> Result<LeaseSpec> {

@@ -5,13 +5,13 @@
 //! Each scenario runs [`RUNS`] times (`KRL_FAILOVER_RUNS` overrides it, for
 //! soaking one scenario), each run on its own namespace and
 //! Lease, and every run's log is checked for overlapping leadership intervals
-//! (see `kube_runtime_lease_tests::check_log`). The tests share one control
+//! (see `kube_runtime_lease_harness::check_log`). The tests share one control
 //! plane and run one at a time (`serial`): one of them restarts the apiserver.
 
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use kube_runtime_lease_tests::{
+use kube_runtime_lease_harness::{
     EventLog, Fixture, Kind, LeaseRecorder, Partition, Process, Proxy, Runs, Sig, Timings, fmt_delta, fmt_ms,
     now_ns, ns, serial, wait_seen_by, wait_settled,
 };

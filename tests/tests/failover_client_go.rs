@@ -2,7 +2,7 @@
 //! (`goelect`) on one Lease, with the same short timings ([`Timings::FAST`]):
 //! each takes over from the other after expiry (SIGKILL) and after release
 //! (SIGTERM), and they never both lead (the interval check of every run, see
-//! `kube_runtime_lease_tests::check_log`; goelect stamps its events with the
+//! `kube_runtime_lease_harness::check_log`; goelect stamps its events with the
 //! same `CLOCK_MONOTONIC`).
 //!
 //! client-go polls: a follower tries every retry period times 1 to 2.2
@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use kube_runtime_lease_tests::{
+use kube_runtime_lease_harness::{
     EventLog, Fixture, Flavor, Kind, Process, Runs, Sig, Timings, fmt_delta, fmt_ms, ns, serial, wait_seen_by,
 };
 

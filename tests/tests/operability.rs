@@ -13,23 +13,17 @@ use kube::{
     core::GroupVersionKind,
     discovery::{self, Scope},
 };
-use kube_lease_testenv::TestEnv;
 use kube_runtime_lease::{LeaderElector, LeaseConfig, LeaseMetrics};
+use kube_runtime_lease_harness::{Timings, shared_env};
 use prometheus_client::{encoding::text::encode, registry::Registry};
-use tokio::{sync::OnceCell, time::timeout};
-
-static ENV: OnceCell<TestEnv> = OnceCell::const_new();
-
-async fn env() -> &'static TestEnv {
-    ENV.get_or_init(|| async { TestEnv::start().await.expect("starting etcd and kube-apiserver") })
-        .await
-}
+use tokio::time::timeout;
 
 fn config(ns: &str, identity: &str) -> LeaseConfig {
+    let t = Timings::FAST;
     LeaseConfig::new(ns, "lease", identity)
-        .lease_duration(Duration::from_secs(2))
-        .renew_deadline(Duration::from_millis(1500))
-        .retry_period(Duration::from_millis(500))
+        .lease_duration(t.lease_duration)
+        .renew_deadline(t.renew_deadline)
+        .retry_period(t.retry_period)
 }
 
 fn scrape(registry: &Registry) -> String {
@@ -46,7 +40,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 
 #[tokio::test]
 async fn metrics_follow_a_real_election_and_handover() -> Result<()> {
-    let env = env().await;
+    let env = shared_env().await?;
     let ns = env.new_namespace("metrics").await?;
     let labels = format!(r#"{{namespace="{ns}",lease="lease"}}"#);
     let is_leader = format!("leader_election_is_leader{labels}");
@@ -100,7 +94,7 @@ async fn metrics_follow_a_real_election_and_handover() -> Result<()> {
 
 /// Every document of the manifests in `deploy/`.
 fn manifests() -> Result<Vec<serde_json::Value>> {
-    let dir = kube_lease_testenv::workspace_root().join("deploy");
+    let dir = kube_runtime_lease_harness::workspace_root().join("deploy");
     let mut docs = Vec::new();
     for file in ["rbac.yaml", "deployment.yaml", "pdb.yaml"] {
         let text =
@@ -125,7 +119,7 @@ async fn api_for(client: &Client, obj: &DynamicObject) -> Result<Api<DynamicObje
 
 #[tokio::test]
 async fn the_deploy_manifests_are_accepted_by_the_api_server() -> Result<()> {
-    let env = env().await;
+    let env = shared_env().await?;
     let client = env.client().await?;
     let docs = manifests()?;
     let kinds: Vec<_> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
@@ -156,7 +150,7 @@ async fn the_deploy_manifests_are_accepted_by_the_api_server() -> Result<()> {
 
 #[tokio::test]
 async fn the_deploy_role_is_enough_for_a_watch_driven_election() -> Result<()> {
-    let env = env().await;
+    let env = shared_env().await?;
     let ns = env.new_namespace("deploy-rbac").await?;
     let admin = env.client().await?;
     let mut role: Role = manifests()?

@@ -1,5 +1,5 @@
 //! The README's quick start, built and run as a new user would, against a real
-//! kube-apiserver and etcd (the shared control plane of `tests/lib.rs`).
+//! kube-apiserver and etcd (the shared control plane of the harness).
 //!
 //! The test takes *exactly* the two blocks the README marks with
 //! `<!-- quickstart:Cargo.toml -->` and `<!-- quickstart:main.rs -->`, writes
@@ -36,9 +36,10 @@ use kube::{
     Api, Client,
     api::{ListParams, ObjectMeta, PostParams},
 };
-use kube_lease_testenv::TestEnv;
-use kube_runtime_lease_tests::{
+use kube_runtime_lease_harness::TestEnv;
+use kube_runtime_lease_harness::{
     Entry, EventLog, Flavor, Kind, LeaseRecorder, LeaseRef, Process, Sig, fmt_ms, serial, shared_env,
+    workspace_root,
 };
 use tokio::process::Command;
 
@@ -53,13 +54,6 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The ConfigMap the replicas reconcile.
 const CONFIGMAP: &str = "readme-quickstart";
-
-fn workspace_root() -> Result<PathBuf> {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .context("the tests crate has no parent directory")
-}
 
 /// The fenced block right after the README's `<!-- quickstart:{name}` marker,
 /// verbatim (with a final newline).
@@ -362,7 +356,7 @@ async fn scenario(bin: &Path, env: &TestEnv, client: &Client, namespace: &str, l
 async fn readme_quick_start_builds_elects_and_hands_over() -> Result<()> {
     let _serial = serial().await;
     let started = std::time::Instant::now();
-    let root = workspace_root()?;
+    let root = workspace_root();
     let readme = std::fs::read_to_string(root.join("README.md")).context("reading README.md")?;
     let dependencies = quickstart_block(&readme, "Cargo.toml")?;
     let main_rs = quickstart_block(&readme, "main.rs")?;

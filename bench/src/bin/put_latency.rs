@@ -1,6 +1,6 @@
 //! Experiment: latency of a Lease GET and PUT from a kube-rs client as built by
 //! default (kube-client 5 leaves TCP_NODELAY off: hyper-util's default) and
-//! from one whose connector sets TCP_NODELAY, against the testenv apiserver.
+//! from one whose connector sets TCP_NODELAY (`examples/common.rs`'s), against the testenv apiserver.
 //! Written to find the ~46 ms floor of kube-runtime-lease's handover on kube's
 //! default client. On a connection in use both clients take ~2.5 ms per GET or
 //! PUT; a PUT while a watch holds the pooled connection (a follower's takeover)
@@ -13,26 +13,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use kube::api::{ObjectMeta, PostParams};
-use kube::client::ConfigExt as _;
+use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
 async fn nodelay_client(path: &std::path::Path) -> Result<Client> {
     let config =
         Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &KubeConfigOptions::default()).await?;
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    let https = config.rustls_https_connector_with_connector(http)?;
-    let hyper: hyper_util::client::legacy::Client<_, kube::client::Body> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(https);
-    let service = tower::ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .option_layer(config.auth_layer()?)
-        .map_err(tower::BoxError::from)
-        .service(hyper);
-    Ok(Client::new(service, config.default_namespace))
+    kube_runtime_lease_examples::nodelay_client(config)
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -41,18 +29,12 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 async fn create_lease(api: &Api<Lease>, name: &str) -> Result<()> {
-    let lease = Lease {
-        metadata: ObjectMeta {
-            name: Some(name.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("x".into()),
-            lease_duration_seconds: Some(15),
-            ..LeaseSpec::default()
-        }),
+    let spec = LeaseSpec {
+        holder_identity: Some("x".into()),
+        lease_duration_seconds: Some(15),
+        ..LeaseSpec::default()
     };
-    api.create(&PostParams::default(), &lease).await?;
+    kube_runtime_lease_harness::create_lease(api, name, spec).await?;
     Ok(())
 }
 
@@ -126,7 +108,7 @@ async fn main() -> Result<()> {
     let mut args = std::env::args().skip(1);
     let rounds: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(30);
     let idle_ms: u64 = args.next().and_then(|v| v.parse().ok()).unwrap_or(500);
-    let env = kube_lease_testenv::TestEnv::start().await?;
+    let env = kube_runtime_lease_harness::TestEnv::start().await?;
     let ns = env.new_namespace("put-latency").await?;
     let idle = Duration::from_millis(idle_ms);
     measure("kube default", env.client().await?, &ns, rounds, idle).await?;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use kube_lease_testenv::TestEnv;
+use kube_runtime_lease_harness::TestEnv;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {

@@ -61,7 +61,7 @@ impl Pki {
         };
 
         // Serving CA and the apiserver's serving certificate.
-        let (serving_params, serving_key, serving_pem) = ca("kube-lease-testenv-serving-ca")?;
+        let (serving_params, serving_key, serving_pem) = ca("kube-runtime-lease-harness-serving-ca")?;
         write(&files.serving_ca, &serving_pem)?;
         let serving_issuer = Issuer::new(serving_params, serving_key);
         let key = KeyPair::generate()?;
@@ -82,7 +82,7 @@ impl Pki {
         write(&files.serving_key, &key.serialize_pem())?;
 
         // Client CA; the admin is in system:masters.
-        let (client_params, client_key, client_pem) = ca("kube-lease-testenv-client-ca")?;
+        let (client_params, client_key, client_pem) = ca("kube-runtime-lease-harness-client-ca")?;
         write(&files.client_ca, &client_pem)?;
         let client_ca = Issuer::new(client_params, client_key);
         let (cert, key) = issue_client(&client_ca, "admin", &["system:masters"])?;

@@ -1,10 +1,10 @@
 //! Child processes (etcd, kube-apiserver) that cannot outlive the test process.
 //!
-//! Each child runs `kcp` with `KCP_EXIT_ON_STDIN_EOF=1` and a pipe as its stdin,
+//! Each child runs `krl-control-plane` with `KRL_EXIT_ON_STDIN_EOF=1` and a pipe as its stdin,
 //! whose write end only this process holds (std opens pipes close-on-exec, so no
 //! other child inherits it). When this process exits for any reason — including
-//! SIGKILL or a panic that aborts — the pipe closes, `kcp` reads EOF and exits,
-//! removing `KCP_CLEANUP_DIR` first. On a normal drop the child is killed and reaped.
+//! SIGKILL or a panic that aborts — the pipe closes, `krl-control-plane` reads EOF and exits,
+//! removing `KRL_CLEANUP_DIR` first. On a normal drop the child is killed and reaped.
 
 use std::fs::File;
 use std::io::{Read as _, Seek as _, SeekFrom};
@@ -40,11 +40,11 @@ impl Managed {
         let err = out.try_clone()?;
         let mut command = Command::new(bin);
         if let Some(dir) = cleanup_dir {
-            command.env("KCP_CLEANUP_DIR", dir);
+            command.env("KRL_CLEANUP_DIR", dir);
         }
         let mut child = command
             .args(args)
-            .env("KCP_EXIT_ON_STDIN_EOF", "1")
+            .env("KRL_EXIT_ON_STDIN_EOF", "1")
             .stdin(Stdio::piped())
             .stdout(out)
             .stderr(err)

@@ -1,17 +1,17 @@
-// Command kcp is a test-only control plane in one binary: it runs either an
+// Command krl-control-plane is a test-only control plane in one binary: it runs either an
 // etcd server or a kube-apiserver, chosen by its first argument:
 //
-//	kcp etcd [etcd flags...]
-//	kcp kube-apiserver [kube-apiserver flags...]
-//	kcp version
+//	krl-control-plane etcd [etcd flags...]
+//	krl-control-plane kube-apiserver [kube-apiserver flags...]
+//	krl-control-plane version
 //
 // Both are the upstream programs, linked from their Go modules
 // (go.etcd.io/etcd/server/v3/etcdmain and k8s.io/kubernetes/cmd/kube-apiserver/app).
 //
-// Watchdog: when the environment variable KCP_EXIT_ON_STDIN_EOF=1 is set, the
+// Watchdog: when the environment variable KRL_EXIT_ON_STDIN_EOF=1 is set, the
 // process exits as soon as its standard input reaches end-of-file, i.e. when
 // the parent that holds the write end of the pipe exits or is killed (even by
-// SIGKILL). When KCP_CLEANUP_DIR is set too, that directory is removed first.
+// SIGKILL). When KRL_CLEANUP_DIR is set too, that directory is removed first.
 // This keeps a crashed test run from leaving etcd or kube-apiserver behind.
 package main
 
@@ -31,21 +31,21 @@ import (
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: kcp etcd [flags...] | kcp kube-apiserver [flags...] | kcp version")
+	fmt.Fprintln(os.Stderr, "usage: krl-control-plane etcd [flags...] | krl-control-plane kube-apiserver [flags...] | krl-control-plane version")
 	os.Exit(2)
 }
 
 // watchStdin exits the process when stdin reaches EOF (parent gone).
 func watchStdin() {
-	if os.Getenv("KCP_EXIT_ON_STDIN_EOF") != "1" {
+	if os.Getenv("KRL_EXIT_ON_STDIN_EOF") != "1" {
 		return
 	}
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
-		if dir := os.Getenv("KCP_CLEANUP_DIR"); dir != "" {
+		if dir := os.Getenv("KRL_CLEANUP_DIR"); dir != "" {
 			_ = os.RemoveAll(dir)
 		}
-		fmt.Fprintln(os.Stderr, "kcp: stdin closed (parent gone), exiting")
+		fmt.Fprintln(os.Stderr, "krl-control-plane: stdin closed (parent gone), exiting")
 		os.Exit(0)
 	}()
 }

@@ -1,0 +1,169 @@
+//! Leases of the tests: a free one to start from, and the test's own watch on
+//! one ([`LeaseRecorder`]), which records every version into an
+//! [`EventLog`].
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::api::{ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use crate::TestEnv;
+use crate::clock::now_ns;
+use crate::events::{EventLog, Kind};
+
+/// A Lease used by one scenario run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseRef {
+    /// Its namespace.
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+impl LeaseRef {
+    /// The Lease API of its namespace.
+    pub fn api(&self, client: Client) -> Api<Lease> {
+        Api::namespaced(client, &self.namespace)
+    }
+}
+
+/// The spec of a free Lease: holder `""`, a 1 s duration and no transitions
+/// yet, as a release leaves it.
+pub fn free_spec() -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: Some(String::new()),
+        lease_duration_seconds: Some(1),
+        lease_transitions: Some(0),
+        ..LeaseSpec::default()
+    }
+}
+
+/// Creates the Lease `name` with `spec` through `api`.
+///
+/// # Errors
+/// When the API call fails.
+pub async fn create_lease(api: &Api<Lease>, name: &str, spec: LeaseSpec) -> Result<Lease> {
+    api.create(
+        &PostParams::default(),
+        &Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        },
+    )
+    .await
+    .with_context(|| format!("creating lease {name}"))
+}
+
+/// Creates a fresh namespace (named after `prefix`) holding a *free* Lease
+/// ([`free_spec`]) named `failover`.
+///
+/// Candidates then take it at once. (A candidate that *creates* the Lease
+/// holds it for one lease duration before leading, a safety measure after
+/// deletions; pre-creating avoids that delay.)
+///
+/// # Errors
+/// When an API call fails.
+pub async fn new_free_lease(env: &TestEnv, client: &Client, prefix: &str) -> Result<LeaseRef> {
+    let namespace = env.new_namespace(prefix).await?;
+    let lease = LeaseRef {
+        namespace,
+        name: "failover".to_owned(),
+    };
+    create_lease(&lease.api(client.clone()), &lease.name, free_spec())
+        .await
+        .with_context(|| format!("in namespace {}", lease.namespace))?;
+    Ok(lease)
+}
+
+/// Watches `lease` on a task of its own: `on_version` gets every new
+/// version of it and when it was seen ([`now_ns`]). A version is passed once:
+/// the watch's re-lists replay the current version, which is skipped. The
+/// watch retries with kube's default backoff; it ends when the task is
+/// aborted.
+pub fn watch_lease(
+    client: Client,
+    lease: &LeaseRef,
+    mut on_version: impl FnMut(u64, Lease) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    let api = lease.api(client);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", lease.name));
+    tokio::spawn(async move {
+        let mut last_rv = None;
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
+        while let Some(event) = events.next().await {
+            let Ok(object) = event else { continue };
+            let at = now_ns();
+            if object.metadata.resource_version == last_rv {
+                continue;
+            }
+            last_rv.clone_from(&object.metadata.resource_version);
+            on_version(at, object);
+        }
+    })
+}
+
+/// The test's own watch on a Lease: records every new version of it (by
+/// resourceVersion) into an [`EventLog`] as [`Kind::Record`] entries, stamped
+/// when seen. Stops when dropped.
+#[derive(Debug)]
+pub struct LeaseRecorder {
+    /// The Lease watched.
+    pub lease: LeaseRef,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for LeaseRecorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::ops::Deref for LeaseRecorder {
+    type Target = LeaseRef;
+
+    fn deref(&self) -> &LeaseRef {
+        &self.lease
+    }
+}
+
+impl LeaseRecorder {
+    /// Starts watching `lease` and waits for its first version.
+    ///
+    /// # Errors
+    /// When the first version is not seen within 10 s.
+    pub async fn start(client: Client, lease: LeaseRef, log: &EventLog) -> Result<Self> {
+        let started = now_ns();
+        let l = log.clone();
+        let task = watch_lease(client, &lease, move |at, object| {
+            let rv = object.metadata.resource_version.unwrap_or_default();
+            let spec = object.spec.unwrap_or_default();
+            l.record(
+                "lease",
+                Kind::Record,
+                at,
+                spec.holder_identity.as_deref().unwrap_or(""),
+                &format!(
+                    "duration={} transitions={} rv={rv} acquire={} renew={}",
+                    spec.lease_duration_seconds.unwrap_or(0),
+                    spec.lease_transitions.unwrap_or(0),
+                    spec.acquire_time.map_or_else(String::new, |t| t.0.to_string()),
+                    spec.renew_time.map_or_else(String::new, |t| t.0.to_string()),
+                ),
+            );
+        });
+        let recorder = Self { lease, task };
+        log.wait_for("the test's watch on the lease", Duration::from_secs(10), |e| {
+            e.kind == Kind::Record && e.at >= started
+        })
+        .await?;
+        Ok(recorder)
+    }
+}

@@ -1,0 +1,500 @@
+//! [`Proxy`]: a TCP proxy to the apiserver that can partition, delay and drop
+//! the connections of the candidates behind it.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, anyhow};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::time::Instant;
+
+const PASS: u8 = 0;
+const BLACK_HOLE: u8 = 1;
+const REFUSE: u8 = 2;
+
+/// A network partition mode of the [`Proxy`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Partition {
+    /// Silence: bytes on existing connections are swallowed in both directions
+    /// (the peers see nothing, not even a reset); new connections are accepted
+    /// and swallowed too. Clients find out only through their own timeouts.
+    BlackHole,
+    /// Refusal: existing connections are reset at once, new ones are reset
+    /// right after they are accepted.
+    Refuse,
+}
+
+/// Counters of a [`Proxy`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connections reset on accept (refused).
+    pub refused: u64,
+    /// Connections closed by [`Proxy::drop_connections`], [`Proxy::partition`]
+    /// (refuse) or [`Proxy::heal`].
+    pub dropped: u64,
+    /// Of those, connections with a request in flight: bytes forwarded to the
+    /// apiserver and no answer forwarded back yet, on an established
+    /// connection (past the TLS handshake).
+    pub dropped_in_flight: u64,
+    /// Chunks swallowed by a black hole.
+    pub swallowed_chunks: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Control {
+    drop_all: u64,
+    heal: u64,
+}
+
+#[derive(Default)]
+struct ConnState {
+    /// A request was forwarded and no answer forwarded back yet.
+    in_flight: AtomicBool,
+    /// Chunks forwarded to the client so far (2+ means past the TLS handshake).
+    to_client_chunks: AtomicU64,
+    /// Bytes were swallowed: the stream is corrupt, never forward again.
+    poisoned: AtomicBool,
+}
+
+impl ConnState {
+    fn request_in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) && self.to_client_chunks.load(Ordering::Acquire) >= 2
+    }
+}
+
+struct ProxyShared {
+    upstream: SocketAddr,
+    mode: AtomicU8,
+    latency_us: AtomicU64,
+    control: watch::Receiver<Control>,
+    conns: Mutex<HashMap<u64, Arc<ConnState>>>,
+    next_id: AtomicU64,
+    stats: Mutex<ProxyStats>,
+    request_sent: Notify,
+}
+
+impl ProxyShared {
+    fn stats(&self) -> MutexGuard<'_, ProxyStats> {
+        self.stats
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn conns(&self) -> MutexGuard<'_, HashMap<u64, Arc<ConnState>>> {
+        self.conns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn black_holed(&self) -> bool {
+        self.mode.load(Ordering::Acquire) == BLACK_HOLE
+    }
+
+    fn latency(&self) -> Duration {
+        Duration::from_micros(self.latency_us.load(Ordering::Acquire))
+    }
+}
+
+/// A TCP proxy on `127.0.0.1:<free port>` to the apiserver, for the
+/// candidates whose network is to fail. Point a candidate at it with
+/// [`Proxy::kubeconfig`] (the apiserver's certificate is for `127.0.0.1`, so
+/// TLS still verifies through it). Dropping it closes every connection.
+pub struct Proxy {
+    addr: SocketAddr,
+    shared: Arc<ProxyShared>,
+    control: watch::Sender<Control>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field("addr", &self.addr)
+            .field("upstream", &self.shared.upstream)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        // Connections end when the control channel closes.
+        self.control.send_modify(|c| c.drop_all += 1);
+    }
+}
+
+impl Proxy {
+    /// Starts a proxy to `127.0.0.1:upstream_port`.
+    ///
+    /// # Errors
+    /// When no port can be bound.
+    pub async fn start(upstream_port: u16) -> Result<Self> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .context("binding the proxy")?;
+        let addr = listener.local_addr()?;
+        let (control, control_rx) = watch::channel(Control::default());
+        let shared = Arc::new(ProxyShared {
+            upstream: SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port)),
+            mode: AtomicU8::new(PASS),
+            latency_us: AtomicU64::new(0),
+            control: control_rx,
+            conns: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            stats: Mutex::new(ProxyStats::default()),
+            request_sent: Notify::new(),
+        });
+        let s = shared.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(s.clone(), stream));
+            }
+        });
+        Ok(Self {
+            addr,
+            shared,
+            control,
+            accept,
+        })
+    }
+
+    /// Its URL, `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://{}", self.addr)
+    }
+
+    /// Writes a copy of the kubeconfig at `source` into `dir`, its server URL
+    /// replaced by this proxy's, and returns its path.
+    ///
+    /// # Errors
+    /// When the kubeconfig cannot be read or written.
+    pub fn kubeconfig(&self, source: &Path, dir: &Path) -> Result<PathBuf> {
+        let mut kc = kube::config::Kubeconfig::read_from(source)
+            .with_context(|| format!("reading {}", source.display()))?;
+        for named in &mut kc.clusters {
+            if let Some(cluster) = named.cluster.as_mut() {
+                cluster.server = Some(self.url());
+            }
+        }
+        let path = dir.join(format!("proxy-{}.kubeconfig", self.addr.port()));
+        std::fs::write(&path, serde_json::to_vec_pretty(&kc)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// Cuts the network between the clients and the apiserver (see
+    /// [`Partition`]) until [`Proxy::heal`].
+    pub fn partition(&self, how: Partition) {
+        match how {
+            Partition::BlackHole => self.shared.mode.store(BLACK_HOLE, Ordering::Release),
+            Partition::Refuse => {
+                self.shared.mode.store(REFUSE, Ordering::Release);
+                self.drop_connections();
+            }
+        }
+    }
+
+    /// Ends a partition: forwards again, and closes the connections that lost
+    /// bytes to a black hole (their TLS streams are broken) so that clients
+    /// reconnect at once.
+    pub fn heal(&self) {
+        self.shared.mode.store(PASS, Ordering::Release);
+        let poisoned = self
+            .shared
+            .conns()
+            .values()
+            .filter(|c| c.poisoned.load(Ordering::Acquire))
+            .count();
+        self.shared.stats().dropped += poisoned as u64;
+        self.control.send_modify(|c| c.heal += 1);
+    }
+
+    /// Delays every chunk, in both directions, by `latency` (order kept; no
+    /// throughput limit). Applies to chunks read from now on.
+    pub fn set_latency(&self, latency: Duration) {
+        self.shared.latency_us.store(
+            u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+    }
+
+    /// Closes (resets) every open connection now; returns how many there were
+    /// and how many had a request in flight.
+    pub fn drop_connections(&self) -> (u64, u64) {
+        let (all, in_flight) = {
+            let conns = self.shared.conns();
+            let in_flight = conns.values().filter(|c| c.request_in_flight()).count();
+            (conns.len() as u64, in_flight as u64)
+        };
+        {
+            let mut stats = self.shared.stats();
+            stats.dropped += all;
+            stats.dropped_in_flight += in_flight;
+        }
+        self.control.send_modify(|c| c.drop_all += 1);
+        (all, in_flight)
+    }
+
+    /// Waits until a request is in flight on an established connection (see
+    /// [`ProxyStats::dropped_in_flight`]).
+    ///
+    /// # Errors
+    /// After `timeout`.
+    pub async fn wait_request_in_flight(&self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.shared.request_sent.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.shared.conns().values().any(|c| c.request_in_flight()) {
+                return Ok(());
+            }
+            tokio::time::timeout_at(deadline, notified)
+                .await
+                .map_err(|_| anyhow!("no request in flight through the proxy within {timeout:?}"))?;
+        }
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> ProxyStats {
+        *self.shared.stats()
+    }
+}
+
+/// Serves one accepted connection.
+async fn serve(shared: Arc<ProxyShared>, client: TcpStream) {
+    // Reset rather than FIN when closing: a dropped connection looks dropped.
+    let _ = client.set_zero_linger();
+    let _ = client.set_nodelay(true);
+    shared.stats().accepted += 1;
+    if shared.mode.load(Ordering::Acquire) == REFUSE {
+        shared.stats().refused += 1;
+        return;
+    }
+    let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+    let state = Arc::new(ConnState::default());
+    shared.conns().insert(id, state.clone());
+    let mut control = shared.control.clone();
+    let start = *control.borrow_and_update();
+
+    let black_holed = shared.black_holed();
+    let upstream = if black_holed {
+        state.poisoned.store(true, Ordering::Release);
+        None
+    } else if let Ok(up) = TcpStream::connect(shared.upstream).await {
+        let _ = up.set_zero_linger();
+        let _ = up.set_nodelay(true);
+        Some(up)
+    } else {
+        // The apiserver is down: reset the client, as it would be.
+        shared.conns().remove(&id);
+        return;
+    };
+    let (client_r, client_w) = client.into_split();
+    let ended = ended_by_control(&mut control, &state, start);
+    if let Some(up) = upstream {
+        let (up_r, up_w) = up.into_split();
+        let to_server = pump(client_r, up_w, shared.clone(), state.clone(), true);
+        let to_client = pump(up_r, client_w, shared.clone(), state.clone(), false);
+        tokio::select! {
+            ((), ()) = async { tokio::join!(to_server, to_client) } => {}
+            () = ended => {}
+        }
+    } else {
+        tokio::select! {
+            () = swallow(client_r, &shared) => {}
+            () = ended => {}
+        }
+        drop(client_w);
+    }
+    shared.conns().remove(&id);
+}
+
+/// Resolves when the connection must be closed: every connection on
+/// `drop_all` (or when the proxy is gone), poisoned ones on `heal`.
+async fn ended_by_control(control: &mut watch::Receiver<Control>, state: &ConnState, start: Control) {
+    loop {
+        if control.changed().await.is_err() {
+            return;
+        }
+        let now = *control.borrow_and_update();
+        if now.drop_all != start.drop_all {
+            return;
+        }
+        if now.heal != start.heal && state.poisoned.load(Ordering::Acquire) {
+            return;
+        }
+    }
+}
+
+/// Reads and discards everything (a black-holed connection).
+async fn swallow(mut r: impl AsyncRead + Unpin, shared: &ProxyShared) {
+    let mut buf = vec![0; 16 * 1024];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        shared.stats().swallowed_chunks += 1;
+    }
+}
+
+/// Forwards one direction, each chunk delayed by the latency in force when it
+/// was read, swallowing chunks while black-holed.
+async fn pump(
+    mut r: OwnedReadHalf,
+    mut w: OwnedWriteHalf,
+    shared: Arc<ProxyShared>,
+    state: Arc<ConnState>,
+    to_server: bool,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Option<Vec<u8>>)>();
+    let reader = {
+        let (shared, state) = (shared.clone(), state.clone());
+        async move {
+            let mut buf = vec![0; 16 * 1024];
+            loop {
+                let n = match r.read(&mut buf).await {
+                    Ok(0) | Err(_) => {
+                        let _ = tx.send((Instant::now(), None));
+                        break;
+                    }
+                    Ok(n) => n,
+                };
+                if shared.black_holed() || state.poisoned.load(Ordering::Acquire) {
+                    state.poisoned.store(true, Ordering::Release);
+                    shared.stats().swallowed_chunks += 1;
+                    continue;
+                }
+                if tx
+                    .send((Instant::now() + shared.latency(), Some(buf[..n].to_vec())))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        }
+    };
+    let writer = async move {
+        while let Some((due, chunk)) = rx.recv().await {
+            tokio::time::sleep_until(due).await;
+            let Some(bytes) = chunk else {
+                let _ = w.shutdown().await;
+                break;
+            };
+            // A partition that began while the chunk waited swallows it too.
+            if shared.black_holed() || state.poisoned.load(Ordering::Acquire) {
+                state.poisoned.store(true, Ordering::Release);
+                shared.stats().swallowed_chunks += 1;
+                continue;
+            }
+            if w.write_all(&bytes).await.is_err() {
+                break;
+            }
+            if to_server {
+                state.in_flight.store(true, Ordering::Release);
+                if state.to_client_chunks.load(Ordering::Acquire) >= 2 {
+                    shared.request_sent.notify_waiters();
+                }
+            } else {
+                state.in_flight.store(false, Ordering::Release);
+                state.to_client_chunks.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    };
+    tokio::join!(reader, writer);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An echo server on loopback; returns its port.
+    async fn echo_server() -> u16 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        port
+    }
+
+    async fn round_trip(s: &mut TcpStream, timeout: Duration) -> std::io::Result<usize> {
+        s.write_all(b"ping").await?;
+        let mut buf = [0; 4];
+        match tokio::time::timeout(timeout, s.read(&mut buf)).await {
+            Ok(r) => r,
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn proxy_forwards_delays_partitions_and_drops() {
+        let proxy = Proxy::start(echo_server().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+
+        proxy.set_latency(Duration::from_millis(100));
+        let t = Instant::now();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+        assert!(t.elapsed() >= Duration::from_millis(200), "{:?}", t.elapsed());
+        proxy.set_latency(Duration::ZERO);
+
+        // Black hole: silence on the old connection and on a new one.
+        proxy.partition(Partition::BlackHole);
+        let err = round_trip(&mut s, Duration::from_millis(300)).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        let mut fresh = TcpStream::connect(proxy.addr).await.unwrap();
+        let err = round_trip(&mut fresh, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        // Healing closes both (their bytes were lost); new ones work.
+        proxy.heal();
+        assert!(matches!(
+            round_trip(&mut s, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+
+        // Refuse: the old connection is reset, and so is a new one.
+        proxy.partition(Partition::Refuse);
+        assert!(matches!(
+            round_trip(&mut s, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        let mut fresh = TcpStream::connect(proxy.addr).await.unwrap();
+        assert!(matches!(
+            round_trip(&mut fresh, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        proxy.heal();
+
+        // Drop: open connections are closed at once.
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+        let (dropped, _) = proxy.drop_connections();
+        assert_eq!(dropped, 1);
+        assert!(matches!(
+            round_trip(&mut s, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+        let stats = proxy.stats();
+        assert!(stats.refused >= 1 && stats.swallowed_chunks >= 2, "{stats:?}");
+    }
+}
