@@ -83,16 +83,16 @@ async fn main() -> anyhow::Result<()> {
             }
             println!("WORK {}", now_ns());
         }
-        let lost = guarded.lost().cloned();
+        let lost = guarded.lost();
         if led {
             // Work that ended on the shutdown signal gave leadership up: Released.
             let reason = lost
                 .as_ref()
-                .map_or_else(|| format!("{:?}", Lost::Released), |l| format!("{l:?}"));
+                .map_or_else(|| format!("{:?}", Lost::Shutdown), |l| format!("{l:?}"));
             println!("EVENT stopped-leading {} {identity} {reason}", now_ns());
         }
         // Shut down (or the work ended): leave; otherwise campaign again.
-        if matches!(lost, None | Some(Lost::Released)) {
+        if matches!(lost, None | Some(Lost::Shutdown)) {
             break;
         }
     }

@@ -460,8 +460,15 @@ mod tests {
             let now = Instant::now();
             let rec = spec(Some("x"), None, Some(5));
             let o = Observed::observe(None, rec.clone(), Some("5".into()), now);
-            let o = Observed::observe(Some(o), rec, None, now);
+            let o = Observed::observe(Some(o), rec.clone(), None, now);
             assert_eq!(o.resource_version.as_deref(), Some("5"));
+            // The same record under a newer version (a metadata-only change:
+            // labels, annotations): the write that takes it must carry the
+            // newer version, or it is refused with a conflict.
+            let later = now + Duration::from_secs(1);
+            let o = Observed::observe(Some(o), rec, Some("6".into()), later);
+            assert_eq!(o.resource_version.as_deref(), Some("6"));
+            assert_eq!(o.at, now, "an unchanged record keeps its first sighting");
         });
     }
 }

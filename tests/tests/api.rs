@@ -273,7 +273,7 @@ async fn acquire_within(elector: &LeaderElector, within: Duration) -> Result<(Le
 }
 
 /// Acquires in a task of its own: the instant the guard arrived, and the guard.
-fn spawn_acquire(elector: &LeaderElector) -> JoinHandle<(Instant, kube_runtime_lease::Result<LeaseGuard>)> {
+fn spawn_acquire(elector: &LeaderElector) -> JoinHandle<(Instant, Result<LeaseGuard, kube_runtime_lease::AcquireError>)> {
     let elector = elector.clone();
     tokio::spawn(async move {
         let guard = elector.acquire().await;
@@ -1065,7 +1065,7 @@ async fn a_guarded_stream_runs_only_while_leading() -> Result<()> {
         while guarded.next().await.is_some() {
             seen += 1;
         }
-        (seen, guarded.lost().cloned())
+        (seen, guarded.lost())
     });
 
     status_where(&a, Duration::from_secs(5), |s| {
@@ -1182,7 +1182,7 @@ async fn a_controller_reconciles_only_while_leading() -> Result<()> {
     let running = tokio::spawn(async move {
         let mut controller = std::pin::pin!(controller);
         while controller.next().await.is_some() {}
-        controller.lost().cloned()
+        controller.lost()
     });
 
     status_where(&a, Duration::from_secs(5), |s| {
