@@ -273,7 +273,9 @@ async fn acquire_within(elector: &LeaderElector, within: Duration) -> Result<(Le
 }
 
 /// Acquires in a task of its own: the instant the guard arrived, and the guard.
-fn spawn_acquire(elector: &LeaderElector) -> JoinHandle<(Instant, Result<LeaseGuard, kube_runtime_lease::AcquireError>)> {
+fn spawn_acquire(
+    elector: &LeaderElector,
+) -> JoinHandle<(Instant, Result<LeaseGuard, kube_runtime_lease::AcquireError>)> {
     let elector = elector.clone();
     tokio::spawn(async move {
         let guard = elector.acquire().await;
