@@ -2,15 +2,16 @@
 # Mutation testing of the safety core (issue 16): cargo-mutants (pinned, installed
 # into the project's tool cache like cargo-deny) over the record logic, the guard,
 # the stream adapter and the election task, with the unit suite and the
-# simulation as the test command. Slow on a 2-core machine (about a minute per
-# mutant), so it is not part of scripts/test.sh: run it by hand, one file at a
-# time, and resume with --iterate (mutants already caught are skipped).
-# Mutants per file at 8b8b00e+: record.rs 61, guard.rs 74, stream.rs 60,
-# elector.rs 243 (`cargo mutants --list`).
+# simulation as the test command. Slow on a 2-core machine (10-30 s per
+# mutant, a few hours in all), so it is not part of scripts/test.sh: run it by
+# hand, a file or folder at a time, and resume with --iterate (mutants already
+# caught are skipped). docs/mutation-testing.md has the counts and times.
 #
-#   scripts/mutants.sh                      # every file of the safety core, in turn
+#   scripts/mutants.sh                      # the whole safety core, in turn
 #   scripts/mutants.sh src/record.rs        # one file
-#   KRL_MUTANTS_ARGS="--shard 0/4" scripts/mutants.sh src/elector.rs
+#   scripts/mutants.sh src/elector          # the election task's folder
+#   KRL_MUTANTS_JOBS=2 scripts/mutants.sh   # two mutants at a time
+#   KRL_MUTANTS_ARGS="--shard 0/4" scripts/mutants.sh src/elector
 #
 # Results: mutants.out/<file>/ (outcomes.json, caught.txt, missed.txt, ...).
 # docs/mutation-testing.md is the report: update it from missed.txt.
@@ -30,7 +31,7 @@ fi
 
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-    files=(src/record.rs src/guard.rs src/stream.rs src/elector.rs)
+    files=(src/record.rs src/guard.rs src/stream.rs src/elector)
 fi
 # A shorter simulation per mutant; the full 1000 schedules run in scripts/test.sh.
 # The unit suite takes ~8 s; a mutant that makes the election loop hot (a retry
@@ -42,8 +43,11 @@ for file in "${files[@]}"; do
     mkdir -p "$out"
     echo "mutants.sh: $file -> $out" >&2
     # shellcheck disable=SC2086 # KRL_MUTANTS_ARGS is a list of flags
-    "$mutants" mutants --package kube-runtime-lease --file "kube-runtime-lease/$file" \
-        --all-features --cargo-test-arg=--lib \
+    target="kube-runtime-lease/$file"
+    # A folder: every file below it (its #[cfg(test)] modules are skipped).
+    [ -d "$target" ] && target="$target/**/*.rs"
+    "$mutants" mutants --package kube-runtime-lease --file "$target" \
+        --all-features --cargo-test-arg=--lib --jobs "${KRL_MUTANTS_JOBS:-1}" \
         --timeout "${KRL_MUTANTS_TIMEOUT:-25}" --output "$out" --iterate ${KRL_MUTANTS_ARGS:-} || true
 done
 echo "mutants.sh: done; missed mutants are listed in mutants.out/*/mutants.out/missed.txt" >&2

@@ -85,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
         }
         let lost = guarded.lost();
         if led {
-            // Work that ended on the shutdown signal gave leadership up: Released.
+            // Work that ended on the shutdown signal gave leadership up: Shutdown.
             let reason = lost
                 .as_ref()
                 .map_or_else(|| format!("{:?}", Lost::Shutdown), |l| format!("{l:?}"));

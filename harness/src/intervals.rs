@@ -359,7 +359,7 @@ mod tests {
         let log = log_of(&[
             ("a", "EVENT started-leading 100 a"),
             ("a", "WORK 150"),
-            ("a", "EVENT stopped-leading 300 a Released"),
+            ("a", "EVENT stopped-leading 300 a Shutdown"),
             ("b", "EVENT started-leading 300 b"),
             ("b", "signal KILL 400"),
             ("c", "EVENT started-leading 2400 c"),
@@ -403,7 +403,7 @@ mod tests {
     fn work_outside_a_term_is_reported() {
         let log = log_of(&[
             ("a", "EVENT started-leading 100 a"),
-            ("a", "EVENT stopped-leading 200 a Released"),
+            ("a", "EVENT stopped-leading 200 a Shutdown"),
             ("a", "WORK 250"),
         ]);
         let err = check_log(&log).unwrap_err().to_string();

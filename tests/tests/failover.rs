@@ -152,8 +152,8 @@ async fn sigterm_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
         .stopped_leading(&leader, termed, Duration::from_secs(10))
         .await?;
     ensure!(
-        stop.detail.contains("Released"),
-        "{leader} stopped leading for {:?}, expected Released",
+        stop.detail.contains("Shutdown"),
+        "{leader} stopped leading for {:?}, expected Shutdown",
         stop.detail
     );
     let next = log.next_leader(termed, &leader, Duration::from_secs(10)).await?;
@@ -398,8 +398,8 @@ async fn sigterm_partitioned_run(ctx: &Fixture, log: &EventLog) -> Result<String
     let termed = a.signal(Sig::Term)?;
     let a_stop = log.stopped_leading("a", cut, Duration::from_secs(3)).await?;
     ensure!(
-        a_stop.detail.contains("Released"),
-        "a stopped for {:?}, expected Released",
+        a_stop.detail.contains("Shutdown"),
+        "a stopped for {:?}, expected Shutdown",
         a_stop.detail
     );
     ensure!(

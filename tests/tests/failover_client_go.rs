@@ -127,8 +127,8 @@ async fn handovers_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let termed = r2.signal(Sig::Term)?;
     let stop = log.stopped_leading("r2", termed, Duration::from_secs(10)).await?;
     ensure!(
-        stop.detail.contains("Released"),
-        "r2 stopped for {:?}, expected Released",
+        stop.detail.contains("Shutdown"),
+        "r2 stopped for {:?}, expected Shutdown",
         stop.detail
     );
     let next = log.next_leader(termed, "r2", Duration::from_secs(10)).await?;
