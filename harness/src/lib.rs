@@ -26,7 +26,8 @@
 //!   process. [`Runs`] counts repeated runs of a scenario.
 //! - **Faults**: [`Proxy`] is a TCP proxy to the apiserver that can
 //!   partition, delay and drop the connections of the candidates behind it;
-//!   [`fake_api`] is an in-process Lease API for the adapter benchmark.
+//!   [`fake_api`] is the in-memory Lease API double (with faults) of the
+//!   library's unit tests, its simulation and the adapter benchmark.
 
 pub mod candidates;
 pub mod cargo;

@@ -208,8 +208,6 @@ pub use rejoin::RunEnded;
 pub use stream::WithLeaderElection;
 
 #[cfg(test)]
-mod fake;
-#[cfg(test)]
 mod regressions;
 #[cfg(test)]
 mod simulation;

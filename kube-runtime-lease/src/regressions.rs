@@ -17,10 +17,10 @@ use tokio::time::{Instant, advance, sleep, timeout};
 
 use crate::{
     AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
-    fake::{FakeApi, Fault},
     guard::Term,
     test_support::{config, count, elector, free, held_by, holder, paused, paused_runtime, spec},
 };
+use kube_runtime_lease_harness::fake_api::{FakeApi, Fault};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;

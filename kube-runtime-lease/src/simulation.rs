@@ -20,10 +20,8 @@ use std::{
 
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::{
-    LeaderElector, LeaseConfig, LeaseGuard, Lost,
-    fake::{FakeApi, Fault},
-};
+use crate::{LeaderElector, LeaseConfig, LeaseGuard, Lost};
+use kube_runtime_lease_harness::fake_api::{FakeApi, Fault};
 
 const CANDIDATES: usize = 3;
 const CHAOS: Duration = Duration::from_secs(60);

@@ -7,7 +7,9 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::core::ObjectMeta;
 use tokio::time::Instant;
 
-use crate::{LeaderElector, LeaseConfig, fake::FakeApi};
+use kube_runtime_lease_harness::fake_api::FakeApi;
+
+use crate::{LeaderElector, LeaseConfig};
 
 /// How much paused time a unit test may take before it fails as hung. The
 /// longest test waits a few simulated minutes; a wait that never ends (a bug,

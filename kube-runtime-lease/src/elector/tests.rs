@@ -7,9 +7,9 @@ use tokio::time::{Instant, advance, sleep};
 
 use crate::{
     ConfigError, LeaderElector, Lost,
-    fake::{FakeApi, Fault},
     test_support::{config, count, elector, free, held_by, paused, spec},
 };
+use kube_runtime_lease_harness::fake_api::{FakeApi, Fault};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
