@@ -65,6 +65,12 @@ mod enabled {
         outcome: &'static str,
     }
 
+    /// client-go's label set: the Lease's name only.
+    #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+    struct GoLabels {
+        name: String,
+    }
+
     type LastRenewals = Arc<Mutex<BTreeMap<LeaseLabels, Instant>>>;
 
     /// Leader-election metrics, registered once into a `prometheus-client`
@@ -78,6 +84,16 @@ mod enabled {
     /// | `leader_election_renewals_total{outcome}` | counter | renewal writes by outcome: `success`, `late` (answered after the renew deadline), `conflict`, `not_found`, `error` |
     /// | `leader_election_renew_duration_seconds` | histogram | latency of renewal writes |
     /// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal was sent |
+    ///
+    /// And, so that dashboards and alerts written for Go controllers keep
+    /// working when a controller moves to Rust, client-go's own two (as
+    /// `k8s.io/component-base` and controller-runtime export them), labelled
+    /// by the Lease's `name` only:
+    ///
+    /// | metric | type | meaning |
+    /// |---|---|---|
+    /// | `leader_election_master_status{name}` | gauge | 1 while this replica leads, else 0 (client-go's `leaderOn`/`leaderOff`) |
+    /// | `leader_election_slowpath_total{name}` | counter | renewals that could not be made with the cached record and fell back to reading the Lease (client-go's `slowpathExercised`: here, a renewal answered 409) |
     ///
     /// Example alerts (PromQL):
     /// ```text
@@ -108,6 +124,8 @@ mod enabled {
         renewals: Family<RenewalLabels, Counter>,
         renew_duration: Family<LeaseLabels, Histogram, fn() -> Histogram>,
         last_renewal: LastRenewals,
+        master_status: Family<GoLabels, Gauge>,
+        slowpath: Family<GoLabels, Counter>,
     }
 
     fn renew_histogram() -> Histogram {
@@ -123,6 +141,8 @@ mod enabled {
                 renewals: Family::default(),
                 renew_duration: Family::new_with_constructor(renew_histogram),
                 last_renewal: LastRenewals::default(),
+                master_status: Family::default(),
+                slowpath: Family::default(),
             };
             registry.register(
                 "leader_election_is_leader",
@@ -145,6 +165,16 @@ mod enabled {
                 metrics.renew_duration.clone(),
             );
             registry.register_collector(Box::new(SinceLastRenewal(metrics.last_renewal.clone())));
+            registry.register(
+                "leader_election_master_status",
+                "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master. 'name' is the string used to identify the lease.",
+                metrics.master_status.clone(),
+            );
+            registry.register(
+                "leader_election_slowpath",
+                "Total number of slow path exercised in renewing leader leases. 'name' is the string used to identify the lease.",
+                metrics.slowpath.clone(),
+            );
             metrics
         }
     }
@@ -172,7 +202,7 @@ mod enabled {
     /// The hooks the election task calls; no-ops until `with_metrics`.
     #[derive(Default)]
     pub(crate) struct Metrics {
-        target: OnceLock<(LeaseMetrics, LeaseLabels)>,
+        target: OnceLock<(LeaseMetrics, LeaseLabels, GoLabels)>,
     }
 
     impl Metrics {
@@ -181,24 +211,32 @@ mod enabled {
                 namespace: config.namespace.clone(),
                 lease: config.name.clone(),
             };
+            let go = GoLabels {
+                name: config.name.clone(),
+            };
             metrics.is_leader.get_or_create(&labels).set(0);
-            let _ = self.target.set((metrics.clone(), labels));
+            metrics.master_status.get_or_create(&go).set(0);
+            let _ = self.target.set((metrics.clone(), labels, go));
         }
 
         pub(crate) fn leading(&self, leading: bool) {
-            let Some((m, labels)) = self.target.get() else {
+            let Some((m, labels, go)) = self.target.get() else {
                 return;
             };
             m.is_leader.get_or_create(labels).set(i64::from(leading));
+            m.master_status.get_or_create(go).set(i64::from(leading));
             if !leading {
                 m.last_renewal.lock().remove(labels);
             }
         }
 
         pub(crate) fn renewal(&self, outcome: &'static str, latency: Duration, sent: Instant) {
-            let Some((m, labels)) = self.target.get() else {
+            let Some((m, labels, go)) = self.target.get() else {
                 return;
             };
+            if outcome == "conflict" {
+                m.slowpath.get_or_create(go).inc();
+            }
             let l = RenewalLabels {
                 namespace: labels.namespace.clone(),
                 lease: labels.lease.clone(),
@@ -214,7 +252,7 @@ mod enabled {
         }
 
         pub(crate) fn holder_changed(&self) {
-            let Some((m, labels)) = self.target.get() else {
+            let Some((m, labels, _)) = self.target.get() else {
                 return;
             };
             m.transitions.get_or_create(labels).inc();

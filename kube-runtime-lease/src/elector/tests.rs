@@ -761,9 +761,22 @@ fn metrics_are_read_back_from_a_registry() {
             ),
             "{text}"
         );
+        // client-go's names, labelled by the Lease's name only.
+        assert!(
+            text.contains(r#"leader_election_master_status{name="lease"} 1"#),
+            "{text}"
+        );
         // free -> me: one change of holder seen.
         assert!(
             text.contains(r#"leader_election_transitions_total{namespace="default",lease="lease"} 1"#),
+            "{text}"
+        );
+        // A renewal that meets a conflict falls to a read: client-go's slow path.
+        fake.fault(id, Some("update"), Fault::Status(409));
+        sleep(S(2)).await;
+        let text = scrape(&registry);
+        assert!(
+            text.contains(r#"leader_election_slowpath_total{name="lease"} 1"#),
             "{text}"
         );
         fake.partition(id, true);
@@ -777,6 +790,10 @@ fn metrics_are_read_back_from_a_registry() {
             "{text}"
         );
         assert!(text.contains(r#"outcome="error"} 4"#), "{text}");
+        assert!(
+            text.contains(r#"leader_election_master_status{name="lease"} 0"#),
+            "{text}"
+        );
         assert!(
             !text.contains("leader_election_seconds_since_last_renewal{"),
             "{text}"
