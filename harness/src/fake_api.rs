@@ -44,6 +44,25 @@ pub enum Fault {
     AppliedThenLost,
 }
 
+/// How many requests one double answers before it aborts the process: far
+/// more than any test makes (a simulated minute of chaos makes a few
+/// thousand), far fewer than a loop that retries without waiting makes in a
+/// second.
+pub const REQUEST_BUDGET: usize = 20_000;
+
+/// Aborts the process once the double has answered [`REQUEST_BUDGET`]
+/// requests: answered at once, requests take no paused time, so a loop that
+/// retries without waiting (a bug) would spin for ever without reaching a
+/// test's paused-time bound.
+fn check_budget(s: &Store) {
+    if s.seen.len() >= REQUEST_BUDGET {
+        eprintln!(
+            "fake_api: more than {REQUEST_BUDGET} requests on one double: a retry loop that never waits; aborting"
+        );
+        std::process::abort();
+    }
+}
+
 /// One request seen by the double.
 #[derive(Clone, Debug)]
 pub struct Seen {
@@ -211,6 +230,7 @@ impl FakeApi {
         };
         let (fault, latency, forbidden) = {
             let mut s = self.lock();
+            check_budget(&s);
             s.seen.push(Seen {
                 at: Instant::now(),
                 client,

@@ -41,8 +41,9 @@ pub enum Lost {
     },
     /// Leadership was given up on purpose: the elector was shut down
     /// ([`LeaderElector::shutdown`](crate::LeaderElector::shutdown)). No
-    /// other loss ends with this reason, so work that rejoins the election
-    /// after a loss stops on this one.
+    /// guard sees this reason otherwise (a term given up because nobody
+    /// wanted it any more has no guard left), so work that rejoins the
+    /// election after a loss stops on this one.
     #[error("leadership given up: the elector was shut down")]
     Shutdown,
     /// The elector's background task ended without releasing, because its

@@ -177,7 +177,7 @@ impl Candidate {
                     assert_ne!(
                         guard.lost(),
                         Some(Lost::Shutdown),
-                        "seed {}: c{}'s term ended as Released without a shutdown",
+                        "seed {}: c{}'s term ended as Shutdown without a shutdown",
                         self.seed, self.i
                     );
                     End::Lost

@@ -135,8 +135,12 @@ impl Task {
             // Checked before waiting, so that no storm of wake-ups can starve
             // the deadline or the renewals.
             if !term.holds() {
-                // Not lost (above): the renew deadline passed.
-                return (Lost::RenewDeadlineExceeded, false);
+                // Ended from outside since the check above (a shutdown, a
+                // guard that saw the deadline), or past the renew deadline.
+                return match term.lost() {
+                    Some(lost) => (lost, self.inner.lock().shutdown),
+                    None => (Lost::RenewDeadlineExceeded, false),
+                };
             }
             if let Some(lost) = self.step_down(run) {
                 return (lost, false);
