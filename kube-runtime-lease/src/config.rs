@@ -45,6 +45,7 @@ pub struct LeaseConfig {
     pub(crate) release_on_drop: bool,
     pub(crate) release_timeout: Duration,
     pub(crate) watch: bool,
+    pub(crate) enabled: bool,
 }
 
 impl LeaseConfig {
@@ -65,6 +66,7 @@ impl LeaseConfig {
             release_on_drop: true,
             release_timeout: Duration::from_secs(5),
             watch: true,
+            enabled: true,
         }
     }
 
@@ -119,6 +121,38 @@ impl LeaseConfig {
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;
         self
+    }
+
+    /// Whether to run the election at all (default `true`): the off switch
+    /// behind a `--leader-elect=false` flag, for local runs and single-replica
+    /// installs.
+    ///
+    /// Disabled, the elector makes no API call (no Lease RBAC is needed) and
+    /// leads from the first [`acquire`](crate::LeaderElector::acquire) until
+    /// [`shutdown`](crate::LeaderElector::shutdown), with the same types, so
+    /// the application does not branch: guards and guarded streams never end
+    /// but with [`Lost::Shutdown`](crate::Lost::Shutdown), `is_leader` is true
+    /// until shutdown, `health_check` always passes, and the fencing token is
+    /// 0. Never disable it where several replicas run: each would lead.
+    ///
+    /// ```no_run
+    /// # fn doc(client: kube_client::Client, leader_elect: bool) -> Result<(), kube_runtime_lease::ConfigError> {
+    /// use kube_runtime_lease::{LeaderElector, LeaseConfig, unique_identity};
+    ///
+    /// let config = LeaseConfig::new("default", "my-controller", unique_identity()).enabled(leader_elect);
+    /// let elector = LeaderElector::new(client, config)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn enabled(mut self, enabled: bool) -> Self {
+        self.enabled = enabled;
+        self
+    }
+
+    /// Whether the election runs (see [`enabled`](Self::enabled)).
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
     }
 
     /// The namespace of the Lease.

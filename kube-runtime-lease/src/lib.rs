@@ -51,6 +51,8 @@
 //! - [`LeaderElector::acquire`] returns a [`LeaseGuard`], a future resolving to
 //!   [`Lost`] when the term ends, with fencing helpers.
 //! - [`LeaderElector::run_each_term`] rejoins the election after a loss.
+//! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
+//!   `--leader-elect=false`): the same types, always leading, no API call.
 //! - [`LeaderElector::status`], [`subscribe`](LeaderElector::subscribe) and
 //!   [`health_check`](LeaderElector::health_check) show who leads; with the
 //!   `metrics` feature, `LeaseMetrics` exports Prometheus metrics.

@@ -1,7 +1,8 @@
 //! Operability against a real kube-apiserver and etcd: metrics read back from
 //! a `prometheus-client` registry during a real election and handover, the
-//! health check, and the manifests in `deploy/` (accepted by the API server,
-//! and their leader-election Role is exactly enough for a watch-driven election).
+//! health check, the manifests in `deploy/` (accepted by the API server,
+//! and their leader-election Role is exactly enough for a watch-driven
+//! election), and the off switch (no Lease permission, no Lease request).
 
 use std::time::Duration;
 
@@ -203,5 +204,144 @@ async fn the_deploy_role_is_enough_for_a_watch_driven_election() -> Result<()> {
     // A polling standby would need up to 2.2 retry periods (1.1 s); a watching one, one event.
     assert!(took < Duration::from_millis(400), "handover took {took:?}");
     assert!(guard.is_valid());
+    Ok(())
+}
+
+/// Lets `user` get, list and watch ConfigMaps in `ns`, and nothing else.
+async fn grant_configmap_reads(admin: &Client, ns: &str, user: &str) -> Result<()> {
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some("configmaps".into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["configmaps".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..PolicyRule::default()
+        }]),
+    };
+    Api::<Role>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some("configmaps".into()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "configmaps".into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: user.to_owned(),
+            ..Subject::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    Ok(())
+}
+
+/// The sum of `apiserver_request_total` samples for Leases answered 403.
+fn forbidden_lease_requests(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_request_total{")
+                && l.contains(r#"resource="leases""#)
+                && l.contains(r#"code="403""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The off switch (`LeaseConfig::enabled(false)`, a `--leader-elect=false`):
+/// with a user that may read ConfigMaps but has no Lease permission at all, a
+/// guarded Controller reconciles, and not one Lease request is made (any
+/// would be refused with 403, and the apiserver counts those; no other test
+/// of this binary is refused on Leases).
+#[tokio::test]
+async fn a_disabled_election_reconciles_with_no_lease_permission_and_no_lease_request() -> Result<()> {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    };
+
+    use futures::StreamExt;
+    use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
+    use kube::runtime::{Controller, controller::Action, watcher};
+    use kube_runtime_lease::LeaderElectionControllerExt;
+
+    let env = shared_env().await?;
+    let ns = env.new_namespace("disabled").await?;
+    let admin = env.client().await?;
+    let user = format!("no-lease-{ns}");
+    grant_configmap_reads(&admin, &ns, &user).await?;
+    let forbidden_before = forbidden_lease_requests(&env.metrics_text().await?);
+
+    let client = env.user_client(&user, &[]).await?;
+    let elector = LeaderElector::new(client.clone(), config(&ns, "solo").enabled(false))?;
+    let reconciled = Arc::new(AtomicUsize::new(0));
+    let controller = Controller::new(
+        Api::<ConfigMap>::namespaced(client, &ns),
+        watcher::Config::default(),
+    )
+    .with_leader_election(&elector)
+    .run(
+        |_cm: Arc<ConfigMap>, seen: Arc<AtomicUsize>| async move {
+            seen.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, kube::Error>(Action::await_change())
+        },
+        |_cm, _err: &kube::Error, _seen| Action::requeue(Duration::from_millis(500)),
+        reconciled.clone(),
+    );
+    let running = tokio::spawn(async move {
+        let mut controller = std::pin::pin!(controller);
+        while controller.next().await.is_some() {}
+        controller.lost()
+    });
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("reconcile-me".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    Api::<ConfigMap>::namespaced(admin.clone(), &ns)
+        .create(&PostParams::default(), &cm)
+        .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while reconciled.load(Ordering::SeqCst) == 0 {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the guarded controller did not reconcile within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(elector.is_leader());
+    elector.shutdown(Duration::from_secs(5)).await?;
+    // The guarded Controller shuts down gracefully with the elector (its
+    // stream ends on its own), or is dropped as the term ends.
+    let lost = timeout(Duration::from_secs(10), running).await??;
+    assert!(
+        matches!(lost, None | Some(kube_runtime_lease::Lost::Shutdown)),
+        "{lost:?}"
+    );
+    let leases = Api::<Lease>::namespaced(admin, &ns)
+        .list(&kube::api::ListParams::default())
+        .await?;
+    assert!(leases.items.is_empty(), "a lease was written: {:?}", leases.items);
+    let forbidden_after = forbidden_lease_requests(&env.metrics_text().await?);
+    assert!(
+        (forbidden_after - forbidden_before).abs() < f64::EPSILON,
+        "Lease requests were refused: {forbidden_before} -> {forbidden_after}"
+    );
     Ok(())
 }

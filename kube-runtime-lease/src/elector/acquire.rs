@@ -60,6 +60,10 @@ impl Future for Acquire {
                 if let Some(guard) = state.term.as_ref().and_then(|t| t.guard(this.inner.wake.clone())) {
                     return Poll::Ready(Ok(guard));
                 }
+                if !this.inner.config.enabled {
+                    drop(state);
+                    return Poll::Ready(this.inner.lead_unelected());
+                }
                 // Before any change of state: polled outside a runtime (a
                 // programming error, as for `tokio::spawn`), this panics
                 // without leaving the elector waiting for a task that never ran.

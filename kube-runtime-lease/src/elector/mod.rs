@@ -3,6 +3,7 @@
 
 mod acquire;
 mod api;
+mod disabled;
 mod memory;
 mod status;
 mod supervise;

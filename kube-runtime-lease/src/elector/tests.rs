@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use futures::{FutureExt, poll};
+use futures::{FutureExt, StreamExt, poll, stream};
 use tokio::time::{Instant, advance, sleep};
 
 use crate::{
-    ConfigError, LeaderElector, Lost,
+    ConfigError, LeaderElectionStreamExt, LeaderElector, Lost,
     test_support::{config, count, elector, free, held_by, paused, spec},
 };
 use kube_runtime_lease_harness::fake_api::{FakeApi, Fault};
@@ -947,5 +947,44 @@ fn a_release_reads_first_and_never_frees_another_candidates_record() {
         drop(guard);
         e.shutdown(S(1)).await.unwrap();
         assert_eq!(spec(&fake).holder_identity.as_deref(), Some("other"));
+    });
+}
+
+/// The off switch (`LeaseConfig::enabled(false)`): leads at once, for ever,
+/// with no API call, until shutdown.
+#[test]
+fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
+    paused(async {
+        let fake = FakeApi::default();
+        let (e, _) = elector(&fake, config("me").enabled(false));
+        assert!(!e.is_leader(), "not before it is wanted");
+        let guard = e.acquire().await.unwrap();
+        assert!(e.is_leader());
+        assert_eq!(guard.fencing_token(), 0);
+        assert_eq!(e.status().holder.as_deref(), Some("me"));
+        // Half an hour later: still the same term, and healthy.
+        sleep(S(1800)).await;
+        assert!(guard.is_valid() && guard.lost().is_none());
+        assert!(e.health_check(Duration::ZERO).is_ok());
+        let again = e.acquire().await.unwrap();
+        drop(again);
+        // A guarded stream runs, and a dropped guard gives nothing up.
+        let items: Vec<_> = stream::iter([1, 2, 3]).with_leader_election(&e).collect().await;
+        assert_eq!(items, [1, 2, 3]);
+        drop(guard);
+        sleep(S(60)).await;
+        assert!(e.is_leader());
+        let guard = e.acquire().await.unwrap();
+        let run = tokio::spawn({
+            let e = e.clone();
+            async move { e.run_each_term(|| stream::pending::<()>()).await }
+        });
+        e.shutdown(S(1)).await.unwrap();
+        assert_eq!(guard.await, Lost::Shutdown);
+        assert_eq!(run.await.unwrap(), crate::RunEnded::Shutdown);
+        assert!(!e.is_leader());
+        assert!(matches!(e.acquire().await, Err(crate::AcquireError::Shutdown)));
+        assert!(fake.seen().is_empty(), "{:?}", fake.seen());
+        assert!(fake.lease().is_none());
     });
 }

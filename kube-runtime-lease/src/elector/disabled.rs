@@ -1,0 +1,47 @@
+//! The election switched off ([`LeaseConfig::enabled`](crate::LeaseConfig::enabled)):
+//! one term that begins at the first `acquire`, ends only at `shutdown`, and
+//! never touches the API.
+
+use std::{sync::Arc, time::Duration};
+
+use tokio::time::Instant;
+use tracing::info;
+
+use super::Inner;
+use crate::{
+    error::AcquireError,
+    guard::{LeaseGuard, Term},
+};
+
+/// The renew deadline of the one term: as good as never.
+const UNELECTED_TERM: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+impl Inner {
+    /// A guard of the one term of a disabled election, begun now if it has
+    /// not begun yet.
+    pub(super) fn lead_unelected(&self) -> Result<LeaseGuard, AcquireError> {
+        let (term, begun) = {
+            let mut state = self.lock();
+            if state.shutdown {
+                return Err(AcquireError::Shutdown);
+            }
+            let begun = state.term.is_none();
+            let term = state
+                .term
+                .get_or_insert_with(|| Arc::new(Term::new(0, Instant::now(), UNELECTED_TERM)))
+                .clone();
+            (term, begun)
+        };
+        // The term ends only with `shutdown`, which is checked above.
+        let guard = term.guard(self.wake.clone()).ok_or(AcquireError::Shutdown)?;
+        if begun {
+            self.update_status(|s| {
+                s.is_leader = true;
+                s.holder = Some(self.config.identity.clone());
+            });
+            self.metrics.leading(true);
+            info!("leader election disabled: leading without a lease (no API call is made)");
+        }
+        Ok(guard)
+    }
+}
