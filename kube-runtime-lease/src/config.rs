@@ -2,6 +2,10 @@
 
 use std::time::Duration;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use crate::metadata::LeaseMetadata;
+
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
 
@@ -34,7 +38,7 @@ pub(crate) const JITTER_FACTOR: f64 = 1.2;
 ///     .retry_period(Duration::from_secs(2));
 /// assert!(config.validate().is_ok());
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LeaseConfig {
     pub(crate) namespace: String,
     pub(crate) name: String,
@@ -46,6 +50,7 @@ pub struct LeaseConfig {
     pub(crate) release_timeout: Duration,
     pub(crate) watch: bool,
     pub(crate) enabled: bool,
+    pub(crate) metadata: LeaseMetadata,
 }
 
 impl LeaseConfig {
@@ -67,6 +72,7 @@ impl LeaseConfig {
             release_timeout: Duration::from_secs(5),
             watch: true,
             enabled: true,
+            metadata: LeaseMetadata::default(),
         }
     }
 
@@ -147,6 +153,44 @@ impl LeaseConfig {
     #[must_use]
     pub fn enabled(mut self, enabled: bool) -> Self {
         self.enabled = enabled;
+        self
+    }
+
+    /// A label the candidate sets on the Lease when it takes it (creating it,
+    /// or beginning a term), for example the holder's pod and node, so that
+    /// `kubectl get lease -l ...` finds it. Only the configured keys are
+    /// written; other labels are kept. Checked by [`validate`](Self::validate)
+    /// as the API server would.
+    ///
+    /// ```
+    /// use kube_runtime_lease::LeaseConfig;
+    ///
+    /// let config = LeaseConfig::new("default", "my-controller", "pod-a_1f3x")
+    ///     .label("app.kubernetes.io/name", "my-controller")
+    ///     .annotation("example.com/holder-node", "node-7");
+    /// assert!(config.validate().is_ok());
+    /// assert!(LeaseConfig::new("default", "x", "me").label("bad key", "v").validate().is_err());
+    /// ```
+    #[must_use]
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// An annotation the candidate sets on the Lease when it takes it, as
+    /// [`label`](Self::label) does.
+    #[must_use]
+    pub fn annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.annotations.insert(key.into(), value.into());
+        self
+    }
+
+    /// An owner the Lease is garbage-collected with (for example the
+    /// operator's Deployment, in the Lease's namespace), set when the
+    /// candidate takes the Lease; owner references already there are kept.
+    #[must_use]
+    pub fn owner_reference(mut self, owner: OwnerReference) -> Self {
+        self.metadata.owner = Some(owner);
         self
     }
 
@@ -243,7 +287,7 @@ impl LeaseConfig {
                 rule,
             });
         }
-        Ok(())
+        self.metadata.validate()
     }
 }
 
@@ -325,6 +369,30 @@ pub enum ConfigError {
         value: String,
         /// The rule it breaks.
         rule: &'static str,
+    },
+    /// A label ([`LeaseConfig::label`]) the API server would refuse.
+    #[error("label {key:?}={value:?} is invalid: {rule}")]
+    InvalidLabel {
+        /// The key given.
+        key: String,
+        /// The value given.
+        value: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+    /// An annotation ([`LeaseConfig::annotation`]) the API server would refuse.
+    #[error("annotation {key:?} is invalid: {rule}")]
+    InvalidAnnotation {
+        /// The key given (empty when the annotations are too large together).
+        key: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+    /// The owner reference ([`LeaseConfig::owner_reference`]) lacks a field.
+    #[error("owner reference: {field} must not be empty")]
+    InvalidOwnerReference {
+        /// The empty field: `apiVersion`, `kind`, `name` or `uid`.
+        field: &'static str,
     },
 }
 

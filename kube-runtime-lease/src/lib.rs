@@ -51,6 +51,10 @@
 //! - [`LeaderElector::acquire`] returns a [`LeaseGuard`], a future resolving to
 //!   [`Lost`] when the term ends, with fencing helpers.
 //! - [`LeaderElector::run_each_term`] rejoins the election after a loss.
+//! - [`LeaseConfig::label`], [`annotation`](LeaseConfig::annotation) and
+//!   [`owner_reference`](LeaseConfig::owner_reference) put the holder's pod
+//!   and node on the Lease (`kubectl get lease -l ...`) and let it be
+//!   garbage-collected with the operator; only those keys are written.
 //! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
 //!   `--leader-elect=false`): the same types, always leading, no API call.
 //! - [`LeaderElector::status`], [`subscribe`](LeaderElector::subscribe) and
@@ -194,6 +198,7 @@ mod elector;
 mod error;
 mod ext;
 mod guard;
+mod metadata;
 mod metrics;
 mod record;
 mod rejoin;

@@ -1290,3 +1290,72 @@ async fn polling_takes_a_released_lease_within_a_jittered_retry_period() -> Resu
     );
     Ok(())
 }
+
+/// Lease metadata on a real apiserver: the configured labels, annotation and
+/// owner reference are accepted and stored, `kubectl get lease -l ...` (a
+/// label selector) finds the Lease, and labels someone else set are kept.
+/// (Garbage collection itself needs kube-controller-manager, which the test
+/// control plane does not run: the owner reference is checked as stored.)
+#[tokio::test]
+async fn the_configured_lease_metadata_is_stored_and_selectable() -> Result<()> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::api::ListParams;
+
+    let fx = fixture("metadata").await?;
+    // An owner in the Lease's namespace, as the operator's Deployment would be.
+    let owner = Api::<ConfigMap>::namespaced(fx.admin.clone(), &fx.ns)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("operator".into()),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            },
+        )
+        .await?;
+    let owner = OwnerReference {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        name: "operator".into(),
+        uid: owner.metadata.uid.context("no uid")?,
+        ..OwnerReference::default()
+    };
+    let mut lease = fx.free_lease(|_| {}).await?;
+    lease.metadata.labels = Some([("team".to_owned(), "platform".to_owned())].into());
+    fx.leases.replace(LEASE, &PostParams::default(), &lease).await?;
+    let config = fx
+        .config("pod-a")
+        .label("example.com/holder", "pod-a")
+        .annotation("example.com/node", "node-1")
+        .owner_reference(owner.clone());
+    let a = fx.candidate(config).await?;
+    let _guard = timeout(Duration::from_secs(10), a.acquire()).await??;
+    let found = fx
+        .leases
+        .list(&ListParams::default().labels("example.com/holder=pod-a"))
+        .await?;
+    ensure!(
+        found.items.len() == 1,
+        "the label selector found {} leases",
+        found.items.len()
+    );
+    let meta = &found.items[0].metadata;
+    let labels = meta.labels.clone().unwrap_or_default();
+    assert_eq!(
+        labels.get("team").map(String::as_str),
+        Some("platform"),
+        "{labels:?}"
+    );
+    assert_eq!(
+        meta.annotations
+            .clone()
+            .unwrap_or_default()
+            .get("example.com/node")
+            .map(String::as_str),
+        Some("node-1")
+    );
+    assert_eq!(meta.owner_references.clone().unwrap_or_default(), vec![owner]);
+    Ok(())
+}

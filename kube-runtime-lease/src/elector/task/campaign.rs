@@ -151,13 +151,16 @@ impl Task {
     }
 
     /// Sends the write that acquires: `create` for a missing Lease, else
-    /// `replace` with the resourceVersion read. A lost race (409) is checked
+    /// `replace` with the resourceVersion read, with the configured Lease
+    /// metadata. A lost race (409) is checked
     /// with a read ([`after_conflict`](Self::after_conflict)); a Lease deleted
     /// since the read (404) is read again.
-    async fn write_to_acquire(&mut self, lease: Lease, create: bool) -> Result<Attempt> {
+    async fn write_to_acquire(&mut self, mut lease: Lease, create: bool) -> Result<Attempt> {
         if !self.may_write() {
             return Ok(Attempt::LeftBehind);
         }
+        // The configured labels, annotations and owner; the rest is kept.
+        self.config().metadata.apply(&mut lease.metadata);
         let bound = self.config().renew_deadline;
         let sent = Instant::now();
         let result = if create {
