@@ -55,6 +55,8 @@
 //!   [`owner_reference`](LeaseConfig::owner_reference) put the holder's pod
 //!   and node on the Lease (`kubectl get lease -l ...`) and let it be
 //!   garbage-collected with the operator; only those keys are written.
+//! - [`LeaderElector::with_events`] publishes Kubernetes Events on the Lease
+//!   when this candidate becomes leader and when it stops (with the reason).
 //! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
 //!   `--leader-elect=false`): the same types, always leading, no API call.
 //! - [`LeaderElector::status`], [`subscribe`](LeaderElector::subscribe) and
@@ -74,7 +76,9 @@
 //! ```
 //! `get`, `create` and `update` are required; `list` and `watch` make the
 //! election watch-driven (see [`LeaseConfig::watch`]); without them it polls,
-//! with one warning. A missing verb is logged with the rule to add.
+//! with one warning. A missing verb is logged with the rule to add. With
+//! [`LeaderElector::with_events`], also `create` and `patch` on `events` in
+//! `events.k8s.io`.
 //!
 //! # Timings
 //! Defaults are client-go's: 15 s lease duration, 10 s renew deadline, 2 s

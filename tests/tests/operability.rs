@@ -345,3 +345,66 @@ async fn a_disabled_election_reconciles_with_no_lease_permission_and_no_lease_re
     );
     Ok(())
 }
+
+/// Kubernetes Events (`LeaderElector::with_events`): one `events.k8s.io/v1`
+/// Event when the candidate becomes leader and one when it stops, on the
+/// Lease; renewals publish nothing.
+#[tokio::test]
+async fn transitions_are_published_as_events_on_the_lease() -> Result<()> {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::{api::ListParams, runtime::events::Reporter};
+
+    let env = shared_env().await?;
+    let ns = env.new_namespace("events").await?;
+    let admin = env.client().await?;
+    let events = Api::<Event>::namespaced(admin, &ns);
+    let notes = || async {
+        let list = events.list(&ListParams::default()).await?;
+        let notes: Vec<String> =
+            list.items
+                .iter()
+                .filter(|e| {
+                    e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some("Lease") && r.name.as_deref() == Some("lease")
+                    }) && e.reason.as_deref() == Some("LeaderElection")
+                })
+                .filter_map(|e| e.note.clone())
+                .collect();
+        anyhow::Ok(notes)
+    };
+    let wait_for = |n: usize| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = notes().await?;
+            if found.len() >= n {
+                return anyhow::Ok(found);
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "{n} events expected within 10 s, found {found:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let elector = LeaderElector::new(env.client().await?, config(&ns, "pod-a"))?.with_events(Reporter {
+        controller: "kube-runtime-lease-tests".into(),
+        instance: Some("pod-a".into()),
+    });
+    let guard = timeout(Duration::from_secs(10), elector.acquire()).await??;
+    let found = wait_for(1).await?;
+    assert_eq!(found, ["pod-a became leader"]);
+    // Renewals (several retry periods) publish nothing.
+    tokio::time::sleep(Timings::FAST.retry_period * 3).await;
+    assert_eq!(notes().await?.len(), 1);
+    drop(guard);
+    let mut found = wait_for(2).await?;
+    found.sort();
+    assert_eq!(
+        found,
+        [
+            "pod-a became leader",
+            "pod-a stopped leading: nobody wants leadership any more"
+        ]
+    );
+    Ok(())
+}

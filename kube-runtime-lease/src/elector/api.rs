@@ -25,6 +25,11 @@ impl LeaseApi {
         }
     }
 
+    /// The client the Lease API calls use.
+    pub(super) fn client(&self) -> Client {
+        self.api.clone().into_client()
+    }
+
     /// Reads the Lease; `None` if it does not exist.
     pub(super) async fn get(&self, bound: Duration) -> Result<Option<Lease>> {
         bounded("get", bound, self.api.get_opt(&self.name), ApiError::Get).await

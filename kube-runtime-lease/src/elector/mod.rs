@@ -4,6 +4,7 @@
 mod acquire;
 mod api;
 mod disabled;
+mod events;
 mod memory;
 mod status;
 mod supervise;
@@ -77,6 +78,8 @@ pub(crate) struct Inner {
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
     metrics: Metrics,
+    /// Kubernetes Events on transitions, once `with_events` was called.
+    events: std::sync::OnceLock<events::Events>,
     /// Tests: a wake-up between any two waits of the task (a storm of them).
     #[cfg(test)]
     pub(crate) storm: std::sync::atomic::AtomicBool,
@@ -129,6 +132,7 @@ impl LeaderElector {
         Ok(LeaderElector {
             inner: Arc::new(Inner {
                 metrics: Metrics::default(),
+                events: std::sync::OnceLock::new(),
                 config,
                 api,
                 wake: Arc::new(Notify::new()),

@@ -34,6 +34,17 @@ impl Task {
         }
         self.inner.metrics.leading(false);
         let begun = run.hold.is_none();
+        if begun {
+            let shut_down = self.inner.lock().shutdown;
+            let stopped = match reason {
+                Lost::Shutdown if shut_down => ("the elector was shut down".to_owned(), false),
+                Lost::Shutdown => ("nobody wants leadership any more".to_owned(), false),
+                Lost::SteppedDown { .. } => (reason.to_string(), false),
+                _ => (reason.to_string(), true),
+            };
+            let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.clone());
+            self.inner.publish_transition(uid, Some(stopped));
+        }
         let stopped_until = {
             let mut state = self.inner.lock();
             if term.stopped_work() {

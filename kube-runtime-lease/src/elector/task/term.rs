@@ -296,6 +296,8 @@ impl Task {
         }
         self.inner.metrics.leading(true);
         info!(fencing_token = term.token, "acquired lease, now leading");
+        let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.clone());
+        self.inner.publish_transition(uid, None);
     }
 
     /// The watch showed a record not of our term, possibly older than our last
