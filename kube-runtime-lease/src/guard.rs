@@ -159,17 +159,15 @@ impl Term {
         self.live.load(Ordering::Acquire)
     }
 
-    /// Waits until every guard of this term has been dropped, or `until`;
-    /// returns whether they all were.
-    pub(crate) async fn guards_dropped(&self, until: Instant) -> bool {
+    /// Waits until every guard of this term has been dropped, or `until`
+    /// (whichever comes first: the caller ends the term next, and
+    /// [`Term::lose`] tells whether guards were still alive).
+    pub(crate) async fn guards_dropped(&self, until: Instant) {
         loop {
             let mut notified = std::pin::pin!(self.dropped.notified());
             notified.as_mut().enable();
-            if self.live_guards() == 0 {
-                return true;
-            }
-            if tokio::time::timeout_at(until, notified).await.is_err() {
-                return self.live_guards() == 0;
+            if self.live_guards() == 0 || tokio::time::timeout_at(until, notified).await.is_err() {
+                return;
             }
         }
     }
