@@ -2,7 +2,7 @@
 //! `stream.with_leader_election(&elector)` versus the bare stream.
 //!
 //! The elector leads against the harness's in-process double of the Lease API
-//! (`kube_runtime_lease_harness::fake_api`: one Lease, GET/POST/PUT with
+//! (`kube_runtime_lease::test_util`, the library's test kit: one Lease, GET/POST/PUT with
 //! resourceVersion compare-and-swap) plugged into a real `kube::Client`, so
 //! renewals run as in production, minus the network.
 //! Three inner streams:
@@ -41,7 +41,7 @@ async fn leading_elector() -> (LeaderElector, kube_runtime_lease::LeaseGuard) {
         .retry_period(Duration::from_secs(2))
         .watch(false);
     let elector =
-        LeaderElector::new(kube_runtime_lease_harness::fake_api::client(), config).expect("valid config");
+        LeaderElector::new(kube_runtime_lease::test_util::FakeLeaseApi::default().client().0, config).expect("valid config");
     let guard = elector.acquire().await.expect("leads against the double");
     (elector, guard)
 }

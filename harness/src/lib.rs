@@ -25,16 +25,15 @@
 //!   it, plus the check that every `WORK` line lies inside an interval of its
 //!   process. [`Runs`] counts repeated runs of a scenario.
 //! - **Faults**: [`Proxy`] is a TCP proxy to the apiserver that can
-//!   partition, delay and drop the connections of the candidates behind it;
-//!   [`fake_api`] is the in-memory Lease API double (with faults) of the
-//!   library's unit tests, its simulation and the adapter benchmark.
+//!   partition, delay and drop the connections of the candidates behind it.
+//!   (The in-memory Lease API double is the library's own test kit,
+//!   `kube_runtime_lease::test_util`, behind its `test-util` feature.)
 
 pub mod candidates;
 pub mod cargo;
 pub mod clock;
 pub mod control_plane;
 pub mod events;
-pub mod fake_api;
 pub mod fixture;
 pub mod intervals;
 pub mod lease;

@@ -187,6 +187,9 @@
 //! # Features
 //! - `metrics`: `LeaseMetrics`, leader-election metrics registered into a
 //!   `prometheus-client` registry.
+//! - `test-util`: [`test_util`], an in-memory Lease API double behind a real
+//!   `kube::Client`, to test guarded code without a cluster on paused time
+//!   (enables `tokio/test-util`; for dev-dependencies).
 //!
 //! This crate does not pick a Kubernetes version: enable one of
 //! `k8s-openapi`'s version features in your application, as with kube.
@@ -224,3 +227,5 @@ mod regressions;
 mod simulation;
 #[cfg(test)]
 mod test_support;
+#[cfg(any(test, feature = "test-util"))]
+pub mod test_util;

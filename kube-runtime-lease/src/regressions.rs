@@ -15,12 +15,12 @@ use std::{
 use futures::{FutureExt, StreamExt, poll, stream};
 use tokio::time::{Instant, advance, sleep, timeout};
 
+use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     guard::Term,
     test_support::{config, count, elector, free, held_by, holder, paused, paused_runtime, spec},
 };
-use kube_runtime_lease_harness::fake_api::{FakeApi, Fault};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -33,7 +33,7 @@ const MS: fn(u64) -> Duration = Duration::from_millis;
 #[test]
 fn a_shutdown_during_the_creation_hold_does_not_free_the_lease() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (a, _) = elector(&fake, config("a"));
         let (b, _) = elector(&fake, config("b"));
         let created = Instant::now();
@@ -61,7 +61,7 @@ fn a_shutdown_during_the_creation_hold_does_not_free_the_lease() {
 #[test]
 fn dropping_the_only_acquire_during_the_creation_hold_does_not_free_the_lease() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (a, _) = elector(&fake, config("a"));
         let created = Instant::now();
         assert!(timeout(S(1), a.acquire()).await.is_err());
@@ -84,7 +84,7 @@ fn dropping_the_only_acquire_during_the_creation_hold_does_not_free_the_lease() 
 fn campaigning_again_during_the_creation_hold_does_not_skip_it() {
     paused(async {
         for pause in [S(1), S(5)] {
-            let fake = FakeApi::default();
+            let fake = FakeLeaseApi::default();
             let (a, _) = elector(&fake, config("a").release_on_drop(false));
             let created = Instant::now();
             assert!(timeout(S(1), a.acquire()).await.is_err());
@@ -106,7 +106,7 @@ fn campaigning_again_during_the_creation_hold_does_not_skip_it() {
 #[test]
 fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         fake.put(held_by("go", 40));
         let (a, _) = elector(&fake, config("a"));
         let mut acquire = pin!(a.acquire());
@@ -138,7 +138,7 @@ fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
 #[test]
 fn a_failed_read_at_the_end_of_the_creation_hold_keeps_holding() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (a, id) = elector(&fake, config("a"));
         let start = Instant::now();
         let mut acquire = pin!(a.acquire());
@@ -229,6 +229,8 @@ fn a_step_down_with_work_in_flight_lets_the_lease_expire() {
         assert!(timeout(S(1), &mut p_acquire).await.is_err());
         let mut lease = fake.lease().unwrap();
         lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
+        // The API server accepts a preferred holder only with a strategy.
+        lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
         fake.put(lease);
         let lost = timeout(S(3), work).await.expect("a steps down").unwrap();
         let ended = Instant::now();
@@ -299,7 +301,7 @@ fn a_takeover_applied_but_answered_409_is_recognised_as_ours() {
 #[test]
 fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (a, id) = elector(&fake, config("a").watch(false));
         fake.fault(id, Some("create"), Fault::AppliedThenStatus(409));
         let start = Instant::now();
@@ -337,9 +339,11 @@ fn campaign_forever(e: LeaderElector, stepped_down: Arc<AtomicUsize>) -> tokio::
 #[test]
 fn a_preferred_holder_that_never_campaigns_does_not_stop_the_election() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let mut lease = held_by("", 1);
         lease.spec.as_mut().unwrap().preferred_holder = Some("ghost".into());
+        // The API server accepts a preferred holder only with a strategy.
+        lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
         fake.put(lease);
         let stepped_down = Arc::new(AtomicUsize::new(0));
         let (a, _) = elector(&fake, config("a"));
@@ -388,6 +392,8 @@ fn a_campaigning_preferred_holder_gets_the_lease_promptly() {
         assert!(poll!(&mut other_acquire).is_pending());
         let mut lease = fake.lease().unwrap();
         lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
+        // The API server accepts a preferred holder only with a strategy.
+        lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
         fake.put(lease);
         let marked = Instant::now();
         let lost = timeout(S(3), a_guard).await.expect("a steps down");
@@ -508,7 +514,7 @@ fn the_fencing_token_grows_across_a_re_creation() {
 #[test]
 fn the_fencing_token_grows_past_i32_max() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let mut lease = held_by("other", 1);
         lease.spec.as_mut().unwrap().lease_transitions = Some(i32::MAX - 1);
         fake.put(lease);
@@ -712,7 +718,7 @@ fn a_release_that_meets_a_conflict_is_retried_after_a_fresh_read() {
 #[test]
 fn flapping_demand_keeps_one_observation() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         fake.put(held_by("other", 15));
         let (e, id) = elector(&fake, config("me"));
         let start = Instant::now() - MS(1);

@@ -20,8 +20,8 @@ use std::{
 
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{LeaderElector, LeaseConfig, LeaseGuard, Lost};
-use kube_runtime_lease_harness::fake_api::{FakeApi, Fault};
 
 const CANDIDATES: usize = 3;
 const CHAOS: Duration = Duration::from_secs(60);
@@ -78,7 +78,7 @@ struct Candidate {
     i: usize,
     identity: String,
     watch: bool,
-    fake: FakeApi,
+    fake: FakeLeaseApi,
     client: kube_client::Client,
     intervals: Arc<Mutex<Vec<Interval>>>,
     rng: fastrand::Rng,
@@ -241,7 +241,7 @@ async fn schedule(seed: u64) -> Run {
     let mut rng = fastrand::Rng::with_seed(seed);
     // The library's own jitter draws from the thread-local generator: seed it too.
     fastrand::seed(seed);
-    let fake = FakeApi::default();
+    let fake = FakeLeaseApi::default();
     let intervals = Arc::new(Mutex::new(Vec::<Interval>::new()));
     let shared_identity = rng.u8(0..3) == 0;
     let start = Instant::now();
@@ -337,7 +337,7 @@ const LEASE: Duration = Duration::from_secs(3);
 /// Injects fault `action` on the client `victim` (whose usual latency is
 /// `base_latency`).
 fn inject(
-    fake: &FakeApi,
+    fake: &FakeLeaseApi,
     rng: &mut fastrand::Rng,
     victim: usize,
     base_latency: Duration,

@@ -7,8 +7,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::core::ObjectMeta;
 use tokio::time::Instant;
 
-use kube_runtime_lease_harness::fake_api::FakeApi;
-
+use crate::test_util::FakeLeaseApi;
 use crate::{LeaderElector, LeaseConfig};
 
 /// How much paused time a unit test may take before it fails as hung. The
@@ -63,8 +62,8 @@ pub(crate) fn paused(test: impl Future<Output = ()>) {
 }
 
 /// A double holding a free (released) Lease, so that acquisition is one write.
-pub(crate) fn free() -> FakeApi {
-    let fake = FakeApi::default();
+pub(crate) fn free() -> FakeLeaseApi {
+    let fake = FakeLeaseApi::default();
     let mut lease = held_by("", 1);
     lease.spec.as_mut().unwrap().lease_transitions = Some(0);
     lease.metadata.labels = None;
@@ -76,7 +75,7 @@ pub(crate) fn config(identity: &str) -> LeaseConfig {
     LeaseConfig::new("default", "lease", identity)
 }
 
-pub(crate) fn elector(fake: &FakeApi, config: LeaseConfig) -> (LeaderElector, usize) {
+pub(crate) fn elector(fake: &FakeLeaseApi, config: LeaseConfig) -> (LeaderElector, usize) {
     let (client, id) = fake.client();
     (LeaderElector::new(client, config).unwrap(), id)
 }
@@ -98,17 +97,17 @@ pub(crate) fn held_by(holder: &str, duration: i32) -> Lease {
     }
 }
 
-pub(crate) fn spec(fake: &FakeApi) -> LeaseSpec {
+pub(crate) fn spec(fake: &FakeLeaseApi) -> LeaseSpec {
     fake.lease().unwrap().spec.unwrap()
 }
 
-pub(crate) fn count(fake: &FakeApi, client: usize, verb: &str, since: Instant) -> usize {
+pub(crate) fn count(fake: &FakeLeaseApi, client: usize, verb: &str, since: Instant) -> usize {
     fake.seen()
         .iter()
         .filter(|s| s.client == client && s.verb == verb && s.at > since)
         .count()
 }
 
-pub(crate) fn holder(fake: &FakeApi) -> Option<String> {
+pub(crate) fn holder(fake: &FakeLeaseApi) -> Option<String> {
     fake.lease().and_then(|l| l.spec).and_then(|s| s.holder_identity)
 }

@@ -5,11 +5,11 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt, poll, stream};
 use tokio::time::{Instant, advance, sleep};
 
+use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     ConfigError, LeaderElectionStreamExt, LeaderElector, Lost,
     test_support::{config, count, elector, free, held_by, paused, spec},
 };
-use kube_runtime_lease_harness::fake_api::{FakeApi, Fault};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -18,7 +18,7 @@ fn assert_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
 #[test]
 fn invalid_config_is_an_error_before_any_api_call() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (client, _) = fake.client();
         let err = LeaderElector::new(client, config("me").renew_deadline(S(20))).unwrap_err();
         assert_eq!(err, ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
@@ -29,7 +29,7 @@ fn invalid_config_is_an_error_before_any_api_call() {
 #[test]
 fn creates_a_missing_lease_and_leads() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (e, _) = elector(&fake, config("me"));
         assert!(!e.is_leader());
         let start = Instant::now();
@@ -113,7 +113,7 @@ fn renewal_cadence_does_not_drift_when_a_request_is_slow() {
 fn takeover_waits_exactly_one_lease_duration_after_the_last_observed_change() {
     paused(async {
         for watch in [true, false] {
-            let fake = FakeApi::default();
+            let fake = FakeLeaseApi::default();
             fake.put(held_by("other", 7));
             let (e, _) = elector(&fake, config("me").watch(watch));
             let start = Instant::now();
@@ -144,7 +144,7 @@ fn takeover_waits_exactly_one_lease_duration_after_the_last_observed_change() {
 #[test]
 fn a_renewing_holder_is_never_taken_over() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         fake.put(held_by("other", 3));
         let (e, _) = elector(&fake, config("me"));
         let mut acquire = e.acquire();
@@ -386,7 +386,7 @@ fn malformed_records_have_defined_outcomes() {
             ("missing times: record's duration", no_times, S(5), Some(5)),
         ];
         for (what, lease, after, transitions) in cases {
-            let fake = FakeApi::default();
+            let fake = FakeLeaseApi::default();
             fake.put(lease);
             let (e, _) = elector(&fake, config("me"));
             let start = Instant::now();
@@ -403,7 +403,7 @@ fn malformed_records_have_defined_outcomes() {
 #[test]
 fn strategy_and_preferred_holder_are_kept_and_a_preferred_holder_is_honoured() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let mut lease = held_by("", 1);
         lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
         fake.put(lease);
@@ -596,7 +596,7 @@ fn shutdown_is_bounded_when_guarded_work_does_not_stop() {
 #[test]
 fn an_unwanted_election_stops_campaigning() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         fake.put(held_by("other", 15));
         let (e, id) = elector(&fake, config("me").watch(false));
         let mut acquire = Box::pin(e.acquire());
@@ -955,7 +955,7 @@ fn a_release_reads_first_and_never_frees_another_candidates_record() {
 #[test]
 fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
     paused(async {
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (e, _) = elector(&fake, config("me").enabled(false));
         assert!(!e.is_leader(), "not before it is wanted");
         let guard = e.acquire().await.unwrap();
@@ -1011,7 +1011,7 @@ fn the_configured_lease_metadata_is_written_on_creation_and_on_takeover() {
                 .owner_reference(owner.clone())
         };
         // Creating the Lease.
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         let (e, _) = elector(&fake, with_metadata("a"));
         let guard = e.acquire().await.unwrap();
         let meta = fake.lease().unwrap().metadata;
@@ -1020,7 +1020,7 @@ fn the_configured_lease_metadata_is_written_on_creation_and_on_takeover() {
         assert_eq!(meta.owner_references.unwrap().len(), 1);
         drop(guard);
         // Taking over a free Lease that carries labels of its own.
-        let fake = FakeApi::default();
+        let fake = FakeLeaseApi::default();
         fake.put(held_by("", 1));
         let (b, _) = elector(&fake, with_metadata("b"));
         let _guard = b.acquire().await.unwrap();

@@ -509,11 +509,7 @@ fn a_task_lost_with_its_runtime_does_not_let_the_next_one_overtake_a_release() {
         let (e, id) = elector(&fake, config("me"));
         let guard = e.acquire().await.unwrap();
         // The release's read takes 3 s (within the release timeout).
-        fake.fault(
-            id,
-            Some("get"),
-            kube_runtime_lease_harness::fake_api::Fault::DelayRequest(S(3)),
-        );
+        fake.fault(id, Some("get"), crate::test_util::Fault::DelayRequest(S(3)));
         drop(guard);
         sleep(Duration::from_millis(1)).await;
         (e, id)

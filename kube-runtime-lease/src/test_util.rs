@@ -1,12 +1,71 @@
-//! An in-memory double of the Lease API, plugged into a real `kube::Client`:
-//! get, create, replace with resourceVersion compare-and-swap, list and watch,
-//! with per-client faults (status codes, delays before or after the write
-//! takes effect, lost answers, partitions, latency) and a log of the requests.
-//! Time is tokio's, so tests run with paused time.
+//! A test kit for code guarded by this crate (the `test-util` feature): an
+//! in-memory double of the Lease API behind a real [`kube::Client`](kube_client::Client), so
+//! that guarded streams and Controllers can be tested without a cluster, on
+//! tokio's paused time (the feature enables `tokio/test-util`).
 //!
-//! The one double of the workspace: kube-runtime-lease's unit tests and
-//! simulation (a dev-dependency: this crate does not depend on the library,
-//! so there is no cycle) and the adapter benchmark ([`client`]) use it.
+//! The double serves one Lease: `get`, `create`, `update` (with
+//! resourceVersion compare-and-swap), `delete`, `list` and `watch`, and the
+//! API server's validation of a Lease's spec (422). Every other resource
+//! answers an empty list and a watch that stays open, so that a
+//! `Controller` of anything runs against it (it reconciles nothing). Another
+//! candidate is simulated with [`FakeLeaseApi::take_over`] and
+//! [`FakeLeaseApi::delete`]; requests are made to fail, arrive late, be
+//! answered late or lose their answer with [`FakeLeaseApi::fault`]; a client
+//! is cut off with [`FakeLeaseApi::partition`]. The repository's
+//! differential test runs one script of operations against this double and
+//! against a real kube-apiserver and asserts the same outcomes.
+//!
+//! Requests are answered at once (unless delayed), so they take no paused
+//! time: a loop that retries without waiting would spin for ever, and the
+//! double aborts the process after [`REQUEST_BUDGET`] requests instead.
+//!
+//! ```
+//! use std::time::Duration;
+//! use futures::StreamExt;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube_client::Api;
+//! use kube_runtime::{Controller, controller::Action, watcher};
+//! use kube_runtime_lease::{
+//!     LeaderElectionControllerExt, LeaderElector, LeaseConfig, Lost, RunEnded, test_util::FakeLeaseApi,
+//! };
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build()?;
+//! runtime.block_on(async {
+//!     let fake = FakeLeaseApi::default();
+//!     let (client, _) = fake.client();
+//!     let elector = LeaderElector::new(client.clone(), LeaseConfig::new("default", "my-controller", "me"))?;
+//!     let mut status = elector.subscribe();
+//!     // The guarded Controller, campaigning again after every loss.
+//!     let run = tokio::spawn({
+//!         let elector = elector.clone();
+//!         async move {
+//!             elector
+//!                 .run_each_term(|| {
+//!                     Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+//!                         .with_leader_election(&elector)
+//!                         .run(
+//!                             |_cm, _ctx| async { Ok::<_, kube_client::Error>(Action::await_change()) },
+//!                             |_cm, _err, _ctx| Action::requeue(Duration::from_secs(5)),
+//!                             std::sync::Arc::new(()),
+//!                         )
+//!                 })
+//!                 .await
+//!         }
+//!     });
+//!     // This candidate creates the Lease, and leads after the creation hold.
+//!     status.wait_for(|s| s.is_leader).await?;
+//!     // Another candidate takes over: the Controller stops...
+//!     fake.take_over("other");
+//!     status.wait_for(|s| !s.is_leader).await?;
+//!     // ...and the candidate leads again once the other stops renewing.
+//!     status.wait_for(|s| s.is_leader).await?;
+//!     elector.shutdown(Duration::from_secs(1)).await?;
+//!     assert_eq!(run.await?, RunEnded::Shutdown);
+//!     Ok::<_, Box<dyn std::error::Error>>(())
+//! })
+//! # }
+//! ```
 
 use std::{
     collections::VecDeque,
@@ -19,8 +78,8 @@ use bytes::Bytes;
 use futures::{StreamExt, channel::mpsc};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Client, client::Body};
+use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
+use kube_client::{Client, client::Body};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -68,7 +127,7 @@ fn check_budget(s: &Store) {
 pub struct Seen {
     /// When the double received it (tokio's clock).
     pub at: Instant,
-    /// The client's index (see [`FakeApi::client`]).
+    /// The client's index (see [`FakeLeaseApi::client`]).
     pub client: usize,
     /// `get`, `create`, `update`, `list` or `watch`.
     pub verb: &'static str,
@@ -80,6 +139,8 @@ struct Store {
     rv: u64,
     history: Vec<(u64, &'static str, Lease)>,
     watchers: Vec<(usize, mpsc::UnboundedSender<Bytes>)>,
+    /// Watches of other resources, kept open and silent.
+    idle_watches: Vec<mpsc::UnboundedSender<Bytes>>,
     seen: Vec<Seen>,
     clients: Vec<ClientFaults>,
 }
@@ -98,11 +159,11 @@ struct ClientFaults {
 
 /// The double: one Lease, shared by every client made from it.
 #[derive(Clone, Default)]
-pub struct FakeApi {
+pub struct FakeLeaseApi {
     store: Arc<Mutex<Store>>,
 }
 
-impl FakeApi {
+impl FakeLeaseApi {
     fn lock(&self) -> MutexGuard<'_, Store> {
         // A test that panicked while holding the lock leaves consistent data.
         self.store
@@ -184,6 +245,23 @@ impl FakeApi {
         Self::emit(&mut s, kind, &lease);
     }
 
+    /// Another candidate, `holder`, takes the Lease over now: a record naming
+    /// it, acquired and renewed now, with one more transition and the current
+    /// record's lease duration (15 s if there is none). It then never renews:
+    /// the record expires one lease duration later, as after a crash.
+    pub fn take_over(&self, holder: &str) {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let mut lease = self.lease().unwrap_or_default();
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(holder.to_owned());
+        spec.lease_duration_seconds = Some(spec.lease_duration_seconds.unwrap_or(15));
+        spec.lease_transitions = Some(spec.lease_transitions.map_or(0, |t| t.saturating_add(1)));
+        spec.acquire_time = Some(now.clone());
+        spec.renew_time = Some(now);
+        lease.metadata.name.get_or_insert_with(|| "lease".to_owned());
+        self.put(lease);
+    }
+
     /// Deletes the Lease (as an admin would), telling its watchers.
     pub fn delete(&self) {
         let mut s = self.lock();
@@ -219,6 +297,9 @@ impl FakeApi {
             .map_err(std::io::Error::other)?
             .to_bytes();
         let is_watch = query.contains("watch=true");
+        if !path.contains("/leases") {
+            return Ok(self.other_resource(&method, is_watch));
+        }
         let named = path.rsplit_once("/leases/").map(|(_, n)| n.to_owned());
         let verb: &'static str = match (&method, &named, is_watch) {
             (&Method::GET, Some(_), _) => "get",
@@ -226,6 +307,7 @@ impl FakeApi {
             (&Method::GET, None, false) => "list",
             (&Method::POST, _, _) => "create",
             (&Method::PUT, _, _) => "update",
+            (&Method::DELETE, Some(_), _) => "delete",
             _ => "other",
         };
         let (fault, latency, forbidden) = {
@@ -306,6 +388,27 @@ impl FakeApi {
         Ok(resp)
     }
 
+    /// Any resource other than Leases: an empty list, a watch that stays
+    /// open, and nothing to get or write.
+    fn other_resource(&self, method: &Method, is_watch: bool) -> Response<ResBody> {
+        let listing = *method == Method::GET;
+        match (listing, is_watch) {
+            (true, true) => {
+                let (tx, rx) = mpsc::unbounded::<Bytes>();
+                self.lock().idle_watches.push(tx);
+                let stream = rx.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
+                Response::builder()
+                    .status(200)
+                    .body(StreamBody::new(stream).boxed_unsync())
+                    .unwrap()
+            }
+            (true, false) => ok(&json!({
+                "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": [],
+            })),
+            (false, _) => status(404, "NotFound", "the double serves only leases"),
+        }
+    }
+
     fn apply(&self, client: usize, verb: &str, query: &str, body: &[u8]) -> Response<ResBody> {
         let mut s = self.lock();
         match verb {
@@ -340,12 +443,16 @@ impl FakeApi {
                     .unwrap()
             }
             "create" => {
-                if s.lease.is_some() {
-                    return status(409, "AlreadyExists", "leases already exists");
-                }
                 let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
                     return status(400, "BadRequest", "bad body");
                 };
+                // Validation comes first, as in the API server.
+                if let Some(invalid) = invalid_spec(&lease) {
+                    return status(422, "Invalid", invalid);
+                }
+                if s.lease.is_some() {
+                    return status(409, "AlreadyExists", "leases already exists");
+                }
                 s.rv += 1;
                 lease.metadata.resource_version = Some(s.rv.to_string());
                 lease.metadata.uid = Some(format!("uid-{}", s.rv));
@@ -353,39 +460,80 @@ impl FakeApi {
                 Self::emit(&mut s, "ADDED", &lease);
                 created(&with_type(&lease))
             }
-            "update" => {
-                let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
-                    return status(400, "BadRequest", "bad body");
-                };
-                let Some(current) = &s.lease else {
-                    return status(404, "NotFound", "leases not found");
-                };
-                if lease.metadata.resource_version != current.metadata.resource_version
-                    || lease
-                        .metadata
-                        .uid
-                        .as_ref()
-                        .is_some_and(|u| Some(u) != current.metadata.uid.as_ref())
-                {
-                    return status(409, "Conflict", "the object has been modified");
+            "update" => Self::update(&mut s, body),
+            "delete" => match s.lease.take() {
+                Some(mut lease) => {
+                    s.rv += 1;
+                    lease.metadata.resource_version = Some(s.rv.to_string());
+                    Self::emit(&mut s, "DELETED", &lease);
+                    ok(&with_type(&lease))
                 }
-                if lease
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.lease_duration_seconds)
-                    .is_some_and(|d| d <= 0)
-                {
-                    return status(422, "Invalid", "leaseDurationSeconds must be greater than 0");
-                }
-                s.rv += 1;
-                lease.metadata.resource_version = Some(s.rv.to_string());
-                s.lease = Some(lease.clone());
-                Self::emit(&mut s, "MODIFIED", &lease);
-                ok(&with_type(&lease))
-            }
+                None => status(404, "NotFound", "leases not found"),
+            },
             _ => status(405, "MethodNotAllowed", "not supported by the double"),
         }
     }
+    /// A `replace`: compare-and-swap on the resourceVersion; create on
+    /// update (Leases allow it) unless the write names a uid that is gone.
+    fn update(s: &mut Store, body: &[u8]) -> Response<ResBody> {
+        let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
+            return status(400, "BadRequest", "bad body");
+        };
+        let Some(current) = &s.lease else {
+            // Leases allow create on update; a write that names the
+            // uid of an object that is gone fails its precondition.
+            if lease.metadata.uid.is_some() {
+                return status(
+                    409,
+                    "Conflict",
+                    "Precondition failed: UID in precondition does not match",
+                );
+            }
+            if let Some(invalid) = invalid_spec(&lease) {
+                return status(422, "Invalid", invalid);
+            }
+            s.rv += 1;
+            lease.metadata.resource_version = Some(s.rv.to_string());
+            lease.metadata.uid = Some(format!("uid-{}", s.rv));
+            s.lease = Some(lease.clone());
+            Self::emit(s, "ADDED", &lease);
+            return created(&with_type(&lease));
+        };
+        if lease.metadata.resource_version != current.metadata.resource_version
+            || lease
+                .metadata
+                .uid
+                .as_ref()
+                .is_some_and(|u| Some(u) != current.metadata.uid.as_ref())
+        {
+            return status(409, "Conflict", "the object has been modified");
+        }
+        if let Some(invalid) = invalid_spec(&lease) {
+            return status(422, "Invalid", invalid);
+        }
+        // The server keeps the object's identity.
+        lease.metadata.uid.clone_from(&current.metadata.uid);
+        s.rv += 1;
+        lease.metadata.resource_version = Some(s.rv.to_string());
+        s.lease = Some(lease.clone());
+        Self::emit(s, "MODIFIED", &lease);
+        ok(&with_type(&lease))
+    }
+}
+
+/// The API server's validation of a Lease's spec (`ValidateLeaseSpec`).
+fn invalid_spec(lease: &Lease) -> Option<&'static str> {
+    let spec = lease.spec.as_ref()?;
+    if spec.lease_duration_seconds.is_some_and(|d| d <= 0) {
+        return Some("spec.leaseDurationSeconds: must be greater than 0");
+    }
+    if spec.lease_transitions.is_some_and(|t| t < 0) {
+        return Some("spec.leaseTransitions: must be greater than or equal to 0");
+    }
+    if spec.preferred_holder.as_deref().is_some_and(|p| !p.is_empty()) && spec.strategy.is_none() {
+        return Some("spec.strategy: Required value: must be specified when preferredHolder is set");
+    }
+    None
 }
 
 fn with_type(lease: &Lease) -> serde_json::Value {
@@ -416,10 +564,4 @@ fn status(code: u16, reason: &str, message: &str) -> Response<ResBody> {
         code,
         &json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code }),
     )
-}
-
-/// A client of a new double holding no Lease (the elector creates it): what
-/// the adapter benchmark leads against.
-pub fn client() -> Client {
-    FakeApi::default().client().0
 }
