@@ -1,11 +1,13 @@
-//! Shared helpers of the examples: logging, a client, and a [`LeaseConfig`]
-//! from the environment.
+//! Shared helpers of the examples: logging, a client, a [`LeaseConfig`]
+//! from the environment, and [`probes`] (`/livez`, `/readyz`).
 //!
 //! Every example talks to the cluster in `KUBECONFIG` (or the in-cluster
 //! configuration), and reads its Lease settings from the environment:
 //! `LEASE_NAMESPACE` (default `default`), `LEASE_NAME` (default the example's
 //! name), `LEASE_DURATION`, `RENEW_DEADLINE`, `RETRY_PERIOD` (seconds, with
 //! client-go's 15/10/2 defaults), and `POD_NAME` for the identity.
+
+pub mod probes;
 
 use std::time::Duration;
 

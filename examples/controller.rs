@@ -4,6 +4,11 @@
 //! stand by. Kill the leader and a standby takes over after the lease
 //! duration; send it SIGTERM and it hands over at once.
 //!
+//! It serves Kubernetes probes on `PROBE_ADDR` (default `0.0.0.0:8080`):
+//! `/livez` fails when this replica believes it leads but its renewals are
+//! overdue, and `/readyz` is ready always, or only while leading with
+//! `READY_WHEN=leading` (see `probes.rs`; `deploy/deployment.yaml` wires both).
+//!
 //! ```sh
 //! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example controller
 //! ```
@@ -17,7 +22,11 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{
+    client, init_tracing, lease_config,
+    probes::{self, Readiness},
+    shutdown_signal,
+};
 use tracing::{info, warn};
 
 async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Error> {
@@ -51,6 +60,12 @@ async fn main() -> anyhow::Result<()> {
             );
         }
     });
+
+    // Probes: /livez (a stuck leader is restarted), /readyz.
+    let addr = std::env::var("PROBE_ADDR").unwrap_or_else(|_| "0.0.0.0:8080".into());
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    info!(%addr, "serving /livez and /readyz");
+    tokio::spawn(probes::serve(listener, elector.clone(), Readiness::from_env()));
 
     // SIGTERM: finish reconciles in flight (up to 20 s), release, exit.
     let on_signal = elector.clone();

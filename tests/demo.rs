@@ -85,6 +85,8 @@ fn spawn_replica(
     let mut child = Command::new(controller)
         .env("KUBECONFIG", env.kubeconfig_path())
         .env("POD_NAME", name)
+        // Several replicas on one machine: each its own probe port.
+        .env("PROBE_ADDR", "127.0.0.1:0")
         .env("LEASE_NAMESPACE", ns)
         .env("LEASE_NAME", LEASE)
         .env("LEASE_DURATION", env_f("LEASE_DURATION", 5.0))

@@ -408,3 +408,73 @@ async fn transitions_are_published_as_events_on_the_lease() -> Result<()> {
     );
     Ok(())
 }
+
+/// `GET path` on `addr`: the status code and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nHost: probes\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    timeout(Duration::from_secs(5), stream.read_to_string(&mut response)).await??;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status line")?;
+    let body = response.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    Ok((code, body))
+}
+
+/// The probes of the example controller (`examples/probes.rs`, wired in
+/// `deploy/deployment.yaml`): `/readyz` follows leadership when asked to,
+/// `/livez` passes for a healthy leader and a standby alike.
+#[tokio::test]
+async fn the_probes_follow_leadership() -> Result<()> {
+    use kube_runtime_lease_examples::probes::{self, Readiness};
+
+    let env = shared_env().await?;
+    let ns = env.new_namespace("probes").await?;
+    let serve = |elector: &LeaderElector, readiness| {
+        let elector = elector.clone();
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            tokio::spawn(probes::serve(listener, elector, readiness));
+            anyhow::Ok(addr)
+        }
+    };
+    let a = LeaderElector::new(env.client().await?, config(&ns, "a"))?;
+    let b = LeaderElector::new(env.client().await?, config(&ns, "b"))?;
+    let (a_probes, b_probes) = (
+        serve(&a, Readiness::WhenLeading).await?,
+        serve(&b, Readiness::WhenLeading).await?,
+    );
+    let b_always = serve(&b, Readiness::Always).await?;
+    let guard = timeout(Duration::from_secs(10), a.acquire()).await??;
+    let _standby = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire().await }
+    });
+    assert_eq!(http_get(a_probes, "/readyz").await?, (200, "leading\n".into()));
+    assert_eq!(http_get(b_probes, "/readyz").await?.0, 503);
+    assert_eq!(http_get(b_always, "/readyz").await?.0, 200);
+    for addr in [a_probes, b_probes] {
+        assert_eq!(http_get(addr, "/livez").await?, (200, "ok\n".into()));
+    }
+    drop(guard);
+    a.shutdown(Duration::from_secs(5)).await?;
+    assert_eq!(
+        http_get(a_probes, "/readyz").await?.0,
+        503,
+        "not ready once shutdown begins"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while http_get(b_probes, "/readyz").await?.0 != 200 {
+        ensure!(tokio::time::Instant::now() < deadline, "b never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
