@@ -454,6 +454,16 @@ mod tests {
         });
     }
 
+    /// An instant too far to represent (a user's `Duration::MAX` grace) is
+    /// as far ahead as an `Instant` goes, decades, never a short wait.
+    #[test]
+    fn later_saturates_decades_ahead() {
+        let now = Instant::now();
+        assert_eq!(later(now, Duration::from_secs(5)), now + Duration::from_secs(5));
+        let far = later(now, Duration::MAX);
+        assert!(far >= now + Duration::from_secs(29 * 365 * 86_400), "{:?}", far - now);
+    }
+
     #[test]
     fn observe_keeps_the_newest_resource_version() {
         paused(async {

@@ -570,3 +570,46 @@ fn acquire_on_a_runtime_that_shut_down_fails_instead_of_deadlocking() {
         .expect("acquire deadlocked on a runtime that shut down");
     assert!(failed, "acquire must fail with ElectorStopped");
 }
+
+/// An idle guarded stream ends on the guard's own timer at the renew
+/// deadline, also after a renewal moved the deadline and when no elector
+/// task will ever end the term (the term is set by hand: no task runs): the
+/// timer set for the old deadline must be set again for the new one.
+#[test]
+fn an_idle_guarded_stream_ends_at_a_moved_deadline_on_its_own_timer() {
+    paused(async {
+        use crate::guard::Term;
+
+        let (e, _) = elector(&free(), config("me"));
+        let started = Instant::now();
+        let term = Arc::new(Term::new(1, started, S(10)));
+        e.set_term_for_test(term.clone());
+        let mut guarded = pin!(stream::pending::<()>().with_leader_election(&e));
+        assert!(poll!(guarded.next()).is_pending(), "leads, idle");
+        sleep(S(5)).await;
+        assert!(term.renewed(Instant::now(), S(10)), "renewed: the deadline is now +15 s");
+        let ended = tokio::time::timeout(S(30), guarded.next()).await;
+        assert_eq!(ended, Ok(None), "the stream did not end at the renew deadline");
+        assert_eq!(started.elapsed(), S(15));
+        assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
+    });
+}
+
+/// A guard polled by hand outside any runtime (no timers to set) waits for
+/// the elector task instead of panicking; its `Debug` names its term.
+#[test]
+fn a_guard_polled_outside_a_runtime_is_pending_and_debug_names_its_term() {
+    let rt = paused_runtime();
+    let (e, _) = rt.block_on(async { elector(&free(), config("me")) });
+    let mut guard = rt.block_on(async { e.acquire().await.unwrap() });
+    assert!(format!("{guard:?}").contains("fencing_token: 1"), "{guard:?}");
+    let polled = std::thread::spawn(move || {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let pending = std::pin::Pin::new(&mut guard).poll(&mut cx).is_pending();
+        (pending, guard)
+    })
+    .join()
+    .expect("polling a guard outside a runtime panicked");
+    assert!(polled.0);
+    drop(rt);
+}
