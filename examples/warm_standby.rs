@@ -1,11 +1,13 @@
-//! Warm standby: every replica keeps the caches its reconciler reads filled,
-//! leader or not, so that a new leader reconciles without waiting for a list.
+//! Warm standby: every replica runs the controller's watches and keeps its
+//! cache current, leader or not; only the leader reconciles. When a standby
+//! wins the Lease it reconciles everything in its cache at once, with no
+//! LIST: a failover costs the lease duration, not the lease duration plus a
+//! full LIST and cache fill.
 //!
-//! The reflector for Secrets runs outside the guarded stream, on every
-//! replica; only the controller is guarded. The reconciler reads Secrets from
-//! the warm store instead of the API. (kube-runtime's
-//! `Controller::for_shared_stream`, behind its `unstable-runtime-subscribe`
-//! feature, extends the same idea to the controller's own watch.)
+//! `with_leader_election_warm` gates the reconciler by leadership and asks
+//! for every object to be reconciled when a term begins; caches the
+//! reconciler reads besides the controller's own (here, Secrets) are kept warm
+//! the same way, by running their reflector outside the controller.
 //!
 //! ```sh
 //! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example warm_standby
@@ -25,7 +27,7 @@ use kube::{
     },
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config};
+use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
 use tracing::info;
 
 struct Ctx {
@@ -38,7 +40,7 @@ async fn main() -> anyhow::Result<()> {
     let client = client().await?;
     let elector = LeaderElector::new(client.clone(), lease_config("warm-standby")?)?;
 
-    // Always on, leader or standby: the Secret cache.
+    // Always on, leader or standby: a cache the reconciler reads.
     let (secrets, writer) = reflector::store();
     let warm = watcher(Api::<Secret>::all(client.clone()), watcher::Config::default())
         .default_backoff()
@@ -48,8 +50,17 @@ async fn main() -> anyhow::Result<()> {
     secrets.wait_until_ready().await?;
     info!(cached = secrets.state().len(), "secret cache warm");
 
-    let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
-        .with_leader_election(&elector)
+    // SIGTERM: finish reconciles in flight, release, exit.
+    let on_signal = elector.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        on_signal.shutdown(Duration::from_secs(20)).await
+    });
+
+    // The controller's own watch runs on every replica too; leadership gates
+    // only its reconciles.
+    Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+        .with_leader_election_warm(&elector)
         .run(
             |cm, ctx: Arc<Ctx>| async move {
                 let ns = cm.namespace().unwrap_or_default();
@@ -59,7 +70,8 @@ async fn main() -> anyhow::Result<()> {
             },
             |_, _, _| Action::requeue(Duration::from_secs(5)),
             Arc::new(Ctx { secrets }),
-        );
-    controller.for_each(|_| async {}).await;
+        )
+        .for_each(|_| async {})
+        .await;
     Ok(())
 }

@@ -15,7 +15,7 @@ use kube_runtime::{
 };
 use serde::de::DeserializeOwned;
 
-use crate::{LeaderElector, WithLeaderElection};
+use crate::{LeaderElector, WarmController, WithLeaderElection};
 
 /// Adds [`with_leader_election`](Self::with_leader_election) to every [`Stream`].
 pub trait LeaderElectionStreamExt: Stream {
@@ -106,6 +106,41 @@ where
     /// # }
     /// ```
     fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K>;
+
+    /// Runs this controller in warm standby: its watches (the main one,
+    /// `owns`, `watches`) and its reflector store run on every replica, and
+    /// leadership gates only reconciliation. When this replica wins the Lease
+    /// it reconciles every object in its store at once, without a new LIST:
+    /// a failover costs the lease duration, not the lease duration plus a full
+    /// LIST and cache fill. A follower pays for its cache in memory and in one
+    /// watch per resource. See [`WarmController::run`].
+    ///
+    /// Built on kube-runtime's stable API: the reconciler is gated by the
+    /// term, and [`Controller::reconcile_all_on`] fires when a term begins.
+    ///
+    /// ```no_run
+    /// use std::{sync::Arc, time::Duration};
+    /// use futures::StreamExt;
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube_client::{Api, Client};
+    /// use kube_runtime::{Controller, controller::Action, watcher};
+    /// use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector, LeaseConfig, unique_identity};
+    ///
+    /// # async fn doc(client: Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let elector = LeaderElector::new(client.clone(), LeaseConfig::new("default", "cm-controller", unique_identity()))?;
+    /// Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default())
+    ///     .with_leader_election_warm(&elector)
+    ///     .run(
+    ///         |cm, _ctx| async move { Ok::<_, kube_client::Error>(Action::requeue(Duration::from_secs(300))) },
+    ///         |_cm, _err, _ctx| Action::requeue(Duration::from_secs(5)),
+    ///         Arc::new(()),
+    ///     )
+    ///     .for_each(|_| async {})
+    ///     .await;
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn with_leader_election_warm(self, elector: &LeaderElector) -> WarmController<K>;
 }
 
 impl<K> LeaderElectionControllerExt<K> for Controller<K>
@@ -115,6 +150,13 @@ where
 {
     fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K> {
         ControllerWithLeaderElection {
+            controller: self,
+            elector: elector.clone(),
+        }
+    }
+
+    fn with_leader_election_warm(self, elector: &LeaderElector) -> WarmController<K> {
+        WarmController {
             controller: self,
             elector: elector.clone(),
         }

@@ -48,6 +48,10 @@
 //!   [`LeaderElectionStreamExt::with_leader_election`] guard a
 //!   [`Controller`](kube_runtime::Controller) or any [`Stream`](futures::Stream):
 //!   not polled before the Lease is won, dropped the moment it is lost.
+//! - [`LeaderElectionControllerExt::with_leader_election_warm`] is warm
+//!   standby: the Controller's watches and store run on every replica,
+//!   leadership gates only reconciliation, and a new leader reconciles its
+//!   whole store at once, without a LIST.
 //! - [`LeaderElector::acquire`] returns a [`LeaseGuard`], a future resolving to
 //!   [`Lost`] when the term ends, with fencing helpers.
 //! - [`LeaderElector::run_each_term`] rejoins the election after a loss.
@@ -210,6 +214,7 @@ mod metrics;
 mod record;
 mod rejoin;
 mod stream;
+mod warm;
 
 pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
@@ -220,6 +225,7 @@ pub use guard::{LeaseGuard, Lost};
 pub use metrics::LeaseMetrics;
 pub use rejoin::RunEnded;
 pub use stream::WithLeaderElection;
+pub use warm::WarmController;
 
 #[cfg(test)]
 mod regressions;

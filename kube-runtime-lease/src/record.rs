@@ -461,7 +461,11 @@ mod tests {
         let now = Instant::now();
         assert_eq!(later(now, Duration::from_secs(5)), now + Duration::from_secs(5));
         let far = later(now, Duration::MAX);
-        assert!(far >= now + Duration::from_secs(29 * 365 * 86_400), "{:?}", far - now);
+        assert!(
+            far >= now + Duration::from_secs(29 * 365 * 86_400),
+            "{:?}",
+            far - now
+        );
     }
 
     #[test]

@@ -274,6 +274,16 @@ impl LeaderElector {
     pub(crate) fn is_shut_down(&self) -> bool {
         self.inner.lock().shutdown
     }
+
+    /// A guard of the term in force, if one holds and shutdown has not begun;
+    /// never waits and never asks for leadership.
+    pub(crate) fn current_guard(&self) -> Option<LeaseGuard> {
+        let state = self.inner.lock();
+        if state.shutdown {
+            return None;
+        }
+        state.term.as_ref().and_then(|t| t.guard(self.inner.wake.clone()))
+    }
 }
 
 #[cfg(test)]

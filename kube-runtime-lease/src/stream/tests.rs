@@ -587,7 +587,10 @@ fn an_idle_guarded_stream_ends_at_a_moved_deadline_on_its_own_timer() {
         let mut guarded = pin!(stream::pending::<()>().with_leader_election(&e));
         assert!(poll!(guarded.next()).is_pending(), "leads, idle");
         sleep(S(5)).await;
-        assert!(term.renewed(Instant::now(), S(10)), "renewed: the deadline is now +15 s");
+        assert!(
+            term.renewed(Instant::now(), S(10)),
+            "renewed: the deadline is now +15 s"
+        );
         let ended = tokio::time::timeout(S(30), guarded.next()).await;
         assert_eq!(ended, Ok(None), "the stream did not end at the renew deadline");
         assert_eq!(started.elapsed(), S(15));
@@ -601,7 +604,7 @@ fn an_idle_guarded_stream_ends_at_a_moved_deadline_on_its_own_timer() {
 fn a_guard_polled_outside_a_runtime_is_pending_and_debug_names_its_term() {
     let rt = paused_runtime();
     let (e, _) = rt.block_on(async { elector(&free(), config("me")) });
-    let mut guard = rt.block_on(async { e.acquire().await.unwrap() });
+    let mut guard = rt.block_on(e.acquire()).unwrap();
     assert!(format!("{guard:?}").contains("fencing_token: 1"), "{guard:?}");
     let polled = std::thread::spawn(move || {
         let mut cx = Context::from_waker(std::task::Waker::noop());
