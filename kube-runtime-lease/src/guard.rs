@@ -56,6 +56,8 @@ pub enum Lost {
 pub(crate) struct Term {
     /// The fencing token (see [`LeaseGuard::fencing_token`]).
     pub(crate) token: i64,
+    /// See [`Term::timeless`].
+    timeless: bool,
     inner: Mutex<TermInner>,
     /// Guards of this term not yet dropped.
     live: AtomicUsize,
@@ -78,6 +80,9 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
 
 struct TermInner {
     lost: Option<Lost>,
+    /// A term with no renew deadline (the election switched off): it ends
+    /// only when it is lost.
+    timeless: bool,
     /// The renew deadline: the instant before the last successful write was sent, plus the renew deadline.
     deadline: Instant,
     last_renewal: Instant,
@@ -88,16 +93,29 @@ impl TermInner {
     /// Not ended, and the renew deadline not passed: a passed deadline is
     /// final, whether or not the elector task has noticed it yet.
     fn holds(&self) -> bool {
-        self.lost.is_none() && Instant::now() < self.deadline
+        self.lost.is_none() && (self.timeless || Instant::now() < self.deadline)
     }
 }
 
 impl Term {
     pub(crate) fn new(token: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
+        Self::with_deadline(token, sent_at, renew_deadline, false)
+    }
+
+    /// A term with no renew deadline, that ends only when it is lost (the
+    /// election switched off): its guards set no timer, so paused time never
+    /// jumps to a deadline.
+    pub(crate) fn timeless(token: i64, begun: Instant) -> Self {
+        Self::with_deadline(token, begun, Duration::ZERO, true)
+    }
+
+    fn with_deadline(token: i64, sent_at: Instant, renew_deadline: Duration, timeless: bool) -> Self {
         Term {
             token,
+            timeless,
             inner: Mutex::new(TermInner {
                 lost: None,
+                timeless,
                 deadline: sent_at + renew_deadline,
                 last_renewal: sent_at,
                 senders: Vec::new(),
@@ -266,7 +284,7 @@ impl LeaseGuard {
     /// Whether the renew deadline has passed (a clock read and an atomic load),
     /// even if the elector task has not noticed yet.
     pub(crate) fn deadline_passed(&self) -> bool {
-        Instant::now() >= self.deadline()
+        !self.term.timeless && Instant::now() >= self.deadline()
     }
 
     /// The renew deadline, read without the term's lock.
@@ -282,11 +300,16 @@ impl LeaseGuard {
     }
 
     /// The time left before the renew deadline (zero once the term ended):
-    /// how long this term is certain to last without another successful renewal.
+    /// how long this term is certain to last without another successful
+    /// renewal; `Duration::MAX` when the election is switched off
+    /// ([`LeaseConfig::enabled`](crate::LeaseConfig::enabled)).
     pub fn time_left(&self) -> Duration {
         let inner = self.term.lock();
         if inner.lost.is_some() {
             return Duration::ZERO;
+        }
+        if inner.timeless {
+            return Duration::MAX;
         }
         inner.deadline.saturating_duration_since(Instant::now())
     }
@@ -377,6 +400,10 @@ impl Future for LeaseGuard {
 impl LeaseGuard {
     /// Ready once the renew deadline has passed, on this guard's own timer.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.term.timeless {
+            // No deadline: the term ends only when it is lost (the sender).
+            return Poll::Pending;
+        }
         loop {
             let deadline = self.deadline();
             if Instant::now() >= deadline {

@@ -2,7 +2,7 @@
 //! one term that begins at the first `acquire`, ends only at `shutdown`, and
 //! never touches the API.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use tokio::time::Instant;
 use tracing::info;
@@ -12,9 +12,6 @@ use crate::{
     error::AcquireError,
     guard::{LeaseGuard, Term},
 };
-
-/// The renew deadline of the one term: as good as never.
-const UNELECTED_TERM: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 impl Inner {
     /// A guard of the one term of a disabled election, begun now if it has
@@ -28,7 +25,7 @@ impl Inner {
             let begun = state.term.is_none();
             let term = state
                 .term
-                .get_or_insert_with(|| Arc::new(Term::new(0, Instant::now(), UNELECTED_TERM)))
+                .get_or_insert_with(|| Arc::new(Term::timeless(0, Instant::now())))
                 .clone();
             (term, begun)
         };

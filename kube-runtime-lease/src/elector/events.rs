@@ -32,7 +32,9 @@ impl LeaderElector {
     /// Lease. Events never delay the election: each is sent from a task of
     /// its own, bounded, and a failure is logged (once as a warning). Needs
     /// `create` and `patch` on `events` in `events.k8s.io` in the Lease's
-    /// namespace.
+    /// namespace. The first call sets the reporter; later calls change
+    /// nothing. The event of a shutdown is sent from a task of its own: a
+    /// process that exits right after `shutdown` returns may not send it.
     ///
     /// ```no_run
     /// use kube_runtime::events::Reporter;
@@ -60,27 +62,33 @@ impl LeaderElector {
 
 impl Inner {
     /// Publishes a transition of ours on the Lease object `uid`: became leader
-    /// (`stopped` is `None`), or stopped leading with `stopped` as the note's
-    /// reason (`warning` for a loss).
+    /// (`stopped` is `None`), or stopped leading: why (the note), whether it
+    /// is a loss (a warning), and the kind of end as the event's action. (The
+    /// recorder folds repeats of one type, reason and action on one object
+    /// into a series that keeps its first note: the action tells ends apart.)
     pub(super) fn publish_transition(
         self: &std::sync::Arc<Self>,
         uid: Option<String>,
-        stopped: Option<(String, bool)>,
+        stopped: Option<(String, bool, &'static str)>,
     ) {
         if self.events.get().is_none() {
             return;
         }
         let identity = &self.config.identity;
         let (type_, note, action) = match stopped {
-            None => (EventType::Normal, format!("{identity} became leader"), "Acquire"),
-            Some((why, warning)) => (
+            None => (
+                EventType::Normal,
+                format!("{identity} became leader"),
+                "BecameLeader",
+            ),
+            Some((why, warning, action)) => (
                 if warning {
                     EventType::Warning
                 } else {
                     EventType::Normal
                 },
                 format!("{identity} stopped leading: {why}"),
-                "Release",
+                action,
             ),
         };
         let event = Event {

@@ -246,6 +246,10 @@ impl LeaderElector {
             term.guards_dropped(record::later(Instant::now(), grace)).await;
             term.lose(&Lost::Shutdown);
         }
+        if !self.inner.config.enabled {
+            // No task to say it: nobody leads any more.
+            self.inner.metrics.leading(false);
+        }
         self.inner.wake.notify_one();
         let cfg = &self.inner.config;
         let bound = cfg.renew_deadline + cfg.release_timeout + cfg.retry_period;

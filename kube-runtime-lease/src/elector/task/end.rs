@@ -37,10 +37,13 @@ impl Task {
         if begun {
             let shut_down = self.inner.lock().shutdown;
             let stopped = match reason {
-                Lost::Shutdown if shut_down => ("the elector was shut down".to_owned(), false),
-                Lost::Shutdown => ("nobody wants leadership any more".to_owned(), false),
-                Lost::SteppedDown { .. } => (reason.to_string(), false),
-                _ => (reason.to_string(), true),
+                Lost::Shutdown if shut_down => ("the elector was shut down".to_owned(), false, "Shutdown"),
+                Lost::Shutdown => ("nobody wants leadership any more".to_owned(), false, "GivenUp"),
+                Lost::SteppedDown { .. } => (reason.to_string(), false, "SteppedDown"),
+                Lost::TakenOver { .. } => (reason.to_string(), true, "TakenOver"),
+                Lost::Deleted => (reason.to_string(), true, "Deleted"),
+                Lost::RenewDeadlineExceeded => (reason.to_string(), true, "RenewDeadlineExceeded"),
+                _ => (reason.to_string(), true, "ElectorStopped"),
             };
             let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.clone());
             self.inner.publish_transition(uid, Some(stopped));
