@@ -22,7 +22,10 @@ pub enum Readiness {
     /// rollout keeps serving while leadership moves.
     Always,
     /// Only while this replica leads (and until `shutdown` begins): for a
-    /// Service that must route to the leader alone.
+    /// Service that must route to the leader alone. Standbys are then never
+    /// Ready: a Deployment's rolling update waits for new pods to be Ready,
+    /// so use it only with a rollout strategy that allows for that (or a
+    /// Service-only readiness gate).
     WhenLeading,
 }
 

@@ -53,6 +53,9 @@ pub struct LeaseConfig {
     pub(crate) metadata: LeaseMetadata,
 }
 
+// Every field compares fully (`OwnerReference`'s `PartialEq` included).
+impl Eq for LeaseConfig {}
+
 impl LeaseConfig {
     /// Settings for the Lease `namespace/name`, campaigning as `identity`, with
     /// client-go's default timings.
@@ -188,6 +191,14 @@ impl LeaseConfig {
     /// An owner the Lease is garbage-collected with (for example the
     /// operator's Deployment, in the Lease's namespace), set when the
     /// candidate takes the Lease; owner references already there are kept.
+    /// Leave `controller` and `blockOwnerDeletion` unset unless the
+    /// candidate may set them (a second controller owner, or
+    /// `blockOwnerDeletion` without permission on the owner's finalizers,
+    /// makes every write refused, and the candidate never leads).
+    ///
+    /// Labels, annotations and owners are written when this candidate takes
+    /// the Lease; another implementation's writes (client-go's) may keep them
+    /// or not, so a holder label can lag behind the holder.
     #[must_use]
     pub fn owner_reference(mut self, owner: OwnerReference) -> Self {
         self.metadata.owner = Some(owner);

@@ -3,11 +3,14 @@
 //! that guarded streams and Controllers can be tested without a cluster, on
 //! tokio's paused time (the feature enables `tokio/test-util`).
 //!
-//! The double serves one Lease: `get`, `create`, `update` (with
-//! resourceVersion compare-and-swap), `delete`, `list` and `watch`, and the
-//! API server's validation of a Lease's spec (422). Every other resource
-//! answers an empty list and a watch that stays open, so that a
-//! `Controller` of anything runs against it (it reconciles nothing). Another
+//! The double serves one Lease (the namespace and name of its first
+//! `create` or [`FakeLeaseApi::put`]; use one double per Lease): `get`,
+//! `create`, `update` (with resourceVersion compare-and-swap, and create on
+//! update as Leases allow), `delete`, `list` and `watch`, and the API
+//! server's validation of a Lease's spec (422). Every other resource answers
+//! an empty list, a watch that stays open, and 404 for an object by name, so
+//! that a `Controller` of anything runs against it (it reconciles nothing);
+//! faults, partitions and latency apply to Lease requests only. Another
 //! candidate is simulated with [`FakeLeaseApi::take_over`] and
 //! [`FakeLeaseApi::delete`]; requests are made to fail, arrive late, be
 //! answered late or lose their answer with [`FakeLeaseApi::fault`]; a client
@@ -87,6 +90,7 @@ type ResBody = UnsyncBoxBody<Bytes, Infallible>;
 
 /// A fault injected into one client's next matching requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Fault {
     /// Answer with this HTTP status (no effect on the Lease).
     Status(u16),
@@ -103,10 +107,10 @@ pub enum Fault {
     AppliedThenLost,
 }
 
-/// How many requests one double answers before it aborts the process: far
-/// more than any test makes (a simulated minute of chaos makes a few
-/// thousand), far fewer than a loop that retries without waiting makes in a
-/// second.
+/// How many Lease requests one double answers, by default, before it aborts
+/// the process (see [`FakeLeaseApi::with_request_budget`]): far more than a
+/// test of minutes makes (a leader renewing every 2 s makes 1,800 an hour),
+/// far fewer than a loop that retries without waiting makes in a few seconds.
 pub const REQUEST_BUDGET: usize = 20_000;
 
 /// Aborts the process once the double has answered [`REQUEST_BUDGET`]
@@ -114,22 +118,25 @@ pub const REQUEST_BUDGET: usize = 20_000;
 /// retries without waiting (a bug) would spin for ever without reaching a
 /// test's paused-time bound.
 fn check_budget(s: &Store) {
-    if s.seen.len() >= REQUEST_BUDGET {
+    let budget = s.budget.unwrap_or(REQUEST_BUDGET);
+    if s.seen.len() >= budget {
         eprintln!(
-            "fake_api: more than {REQUEST_BUDGET} requests on one double: a retry loop that never waits; aborting"
+            "test_util::FakeLeaseApi: more than {budget} requests on one double: a retry loop that \
+             never waits (or a long test: see FakeLeaseApi::with_request_budget); aborting"
         );
         std::process::abort();
     }
 }
 
-/// One request seen by the double.
+/// One Lease request seen by the double.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Seen {
     /// When the double received it (tokio's clock).
     pub at: Instant,
     /// The client's index (see [`FakeLeaseApi::client`]).
     pub client: usize,
-    /// `get`, `create`, `update`, `list` or `watch`.
+    /// `get`, `create`, `update`, `delete`, `list`, `watch`, or `other`.
     pub verb: &'static str,
 }
 
@@ -141,6 +148,11 @@ struct Store {
     watchers: Vec<(usize, mpsc::UnboundedSender<Bytes>)>,
     /// Watches of other resources, kept open and silent.
     idle_watches: Vec<mpsc::UnboundedSender<Bytes>>,
+    /// See [`FakeLeaseApi::with_request_budget`].
+    budget: Option<usize>,
+    /// The namespace and name of the Lease this double serves: set by the
+    /// first `create` or [`FakeLeaseApi::put`].
+    served: Option<(String, String)>,
     seen: Vec<Seen>,
     clients: Vec<ClientFaults>,
 }
@@ -169,6 +181,15 @@ impl FakeLeaseApi {
         self.store
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A double that aborts the process after `budget` Lease requests
+    /// instead of [`REQUEST_BUDGET`] (for a test that runs for many paused
+    /// hours).
+    #[must_use]
+    pub fn with_request_budget(self, budget: usize) -> Self {
+        self.lock().budget = Some(budget);
+        self
     }
 
     /// A new client of the double, and its index for faults.
@@ -231,6 +252,16 @@ impl FakeLeaseApi {
     /// Writes the Lease directly (as another actor would), bumping its resourceVersion.
     pub fn put(&self, mut lease: Lease) {
         let mut s = self.lock();
+        if s.served.is_none() {
+            s.served = Some((
+                lease
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".to_owned()),
+                lease.metadata.name.clone().unwrap_or_else(|| "lease".to_owned()),
+            ));
+        }
         s.rv += 1;
         lease.metadata.resource_version = Some(s.rv.to_string());
         let kind = if s.lease.is_some() { "MODIFIED" } else { "ADDED" };
@@ -297,10 +328,14 @@ impl FakeLeaseApi {
             .map_err(std::io::Error::other)?
             .to_bytes();
         let is_watch = query.contains("watch=true");
-        if !path.contains("/leases") {
-            return Ok(self.other_resource(&method, is_watch));
+        let target = Target::of(&path);
+        if target.resource != "leases" {
+            return Ok(self.other_resource(&method, is_watch, target.name.is_some()));
         }
-        let named = path.rsplit_once("/leases/").map(|(_, n)| n.to_owned());
+        if let Some(refused) = self.another_lease(&target, &method, is_watch, &query, &body) {
+            return Ok(refused);
+        }
+        let named = target.name;
         let verb: &'static str = match (&method, &named, is_watch) {
             (&Method::GET, Some(_), _) => "get",
             (&Method::GET, None, true) => "watch",
@@ -320,10 +355,7 @@ impl FakeLeaseApi {
             });
             let c = &mut s.clients[client];
             if c.partitioned {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionRefused,
-                    "partitioned",
-                ));
+                return Err(cut_off(std::io::ErrorKind::ConnectionRefused));
             }
             let pos = c.queue.iter().position(|(v, _)| v.is_none_or(|v| v == verb));
             let fault = pos.and_then(|p| c.queue.remove(p)).map(|(_, f)| f);
@@ -370,19 +402,13 @@ impl FakeLeaseApi {
             None => {}
         }
         if self.lock().clients[client].partitioned {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionReset,
-                "partitioned",
-            ));
+            return Err(cut_off(std::io::ErrorKind::ConnectionReset));
         }
         let resp = self.apply(client, verb, &query, &body);
         if !respond_after.is_zero() {
             tokio::time::sleep(respond_after).await;
             if self.lock().clients[client].partitioned {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionReset,
-                    "partitioned",
-                ));
+                return Err(cut_off(std::io::ErrorKind::ConnectionReset));
             }
         }
         Ok(resp)
@@ -390,8 +416,8 @@ impl FakeLeaseApi {
 
     /// Any resource other than Leases: an empty list, a watch that stays
     /// open, and nothing to get or write.
-    fn other_resource(&self, method: &Method, is_watch: bool) -> Response<ResBody> {
-        let listing = *method == Method::GET;
+    fn other_resource(&self, method: &Method, is_watch: bool, named: bool) -> Response<ResBody> {
+        let listing = *method == Method::GET && !named;
         match (listing, is_watch) {
             (true, true) => {
                 let (tx, rx) = mpsc::unbounded::<Bytes>();
@@ -407,6 +433,63 @@ impl FakeLeaseApi {
             })),
             (false, _) => status(404, "NotFound", "the double serves only leases"),
         }
+    }
+
+    /// A request for a Lease other than the one this double serves (another
+    /// namespace or name): lists and watches of it are empty, reads find
+    /// nothing, writes are refused (use one double per Lease).
+    fn another_lease(
+        &self,
+        target: &Target,
+        method: &Method,
+        is_watch: bool,
+        query: &str,
+        body: &[u8],
+    ) -> Option<Response<ResBody>> {
+        let mut s = self.lock();
+        let body_name = || {
+            serde_json::from_slice::<Lease>(body)
+                .ok()
+                .and_then(|l| l.metadata.name)
+        };
+        let name = target
+            .name
+            .clone()
+            .or_else(|| field_selector_name(query))
+            .or_else(|| (*method == Method::POST).then(body_name).flatten());
+        if s.served.is_none()
+            && *method == Method::POST
+            && let (Some(ns), Some(name)) = (&target.namespace, &name)
+        {
+            s.served = Some((ns.clone(), name.clone()));
+        }
+        let (ns, served) = s.served.as_ref()?;
+        let other =
+            target.namespace.as_ref().is_some_and(|n| n != ns) || name.as_ref().is_some_and(|n| n != served);
+        if !other {
+            return None;
+        }
+        Some(match (method, is_watch) {
+            (&Method::GET, true) => {
+                let (tx, rx) = mpsc::unbounded::<Bytes>();
+                s.idle_watches.push(tx);
+                let stream = rx.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
+                Response::builder()
+                    .status(200)
+                    .body(StreamBody::new(stream).boxed_unsync())
+                    .unwrap()
+            }
+            (&Method::GET, false) if target.name.is_none() => ok(&json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                "metadata": { "resourceVersion": s.rv.to_string() }, "items": [],
+            })),
+            (&Method::GET | &Method::DELETE, _) => status(404, "NotFound", "leases not found"),
+            _ => status(
+                403,
+                "Forbidden",
+                "the fake Lease API serves one Lease: use one FakeLeaseApi per Lease",
+            ),
+        })
     }
 
     fn apply(&self, client: usize, verb: &str, query: &str, body: &[u8]) -> Response<ResBody> {
@@ -521,6 +604,50 @@ impl FakeLeaseApi {
     }
 }
 
+/// The error of a request from a partitioned client.
+fn cut_off(kind: std::io::ErrorKind) -> std::io::Error {
+    std::io::Error::new(kind, "partitioned")
+}
+
+/// What a request's path names: `/api/v1/...` or `/apis/<group>/<version>/...`,
+/// then optionally `namespaces/<ns>/`, then the resource and maybe a name.
+struct Target {
+    resource: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+impl Target {
+    fn of(path: &str) -> Self {
+        let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+        let mut rest = match segments.first() {
+            Some(&"api") => &segments[segments.len().min(2)..],
+            _ => &segments[segments.len().min(3)..],
+        };
+        let mut namespace = None;
+        if rest.len() >= 3 && rest[0] == "namespaces" {
+            namespace = Some(rest[1].to_owned());
+            rest = &rest[2..];
+        }
+        Target {
+            resource: rest.first().copied().unwrap_or_default().to_owned(),
+            namespace,
+            name: rest.get(1).map(|n| (*n).to_owned()),
+        }
+    }
+}
+
+/// The name in a `fieldSelector=metadata.name=<name>` query.
+fn field_selector_name(query: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let v = kv
+            .strip_prefix("fieldSelector=")?
+            .replace("%3D", "=")
+            .replace("%3d", "=");
+        v.strip_prefix("metadata.name=").map(str::to_owned)
+    })
+}
+
 /// The API server's validation of a Lease's spec (`ValidateLeaseSpec`).
 fn invalid_spec(lease: &Lease) -> Option<&'static str> {
     let spec = lease.spec.as_ref()?;
@@ -564,4 +691,67 @@ fn status(code: u16, reason: &str, message: &str) -> Response<ResBody> {
         code,
         &json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube_client::{
+        Api,
+        api::{ListParams, ObjectMeta, PostParams},
+    };
+
+    use super::*;
+    use crate::test_support::paused;
+
+    fn named(name: &str) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        }
+    }
+
+    /// One double serves one Lease: another name or namespace is never
+    /// shared by accident; other resources are empty.
+    #[test]
+    fn a_double_serves_one_lease_and_nothing_else() {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let (client, _) = fake.client();
+            let leases = Api::<Lease>::namespaced(client.clone(), "default");
+            let pp = PostParams::default();
+            leases.create(&pp, &named("a")).await.unwrap();
+            let refused = leases.create(&pp, &named("b")).await.unwrap_err();
+            assert!(
+                matches!(refused, kube_client::Error::Api(ref s) if s.code == 403),
+                "{refused:?}"
+            );
+            assert!(leases.get_opt("b").await.unwrap().is_none());
+            assert!(leases.get_opt("a").await.unwrap().is_some());
+            let elsewhere = Api::<Lease>::namespaced(client.clone(), "other");
+            assert!(
+                elsewhere
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .is_empty()
+            );
+            assert!(elsewhere.get_opt("a").await.unwrap().is_none());
+            let configmaps = Api::<ConfigMap>::namespaced(client, "default");
+            assert!(
+                configmaps
+                    .list(&ListParams::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .is_empty()
+            );
+            assert!(configmaps.get_opt("x").await.unwrap().is_none());
+            assert_eq!(fake.lease().and_then(|l| l.metadata.name).as_deref(), Some("a"));
+        });
+    }
 }
