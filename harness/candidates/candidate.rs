@@ -15,7 +15,14 @@
 //!
 //! `started-leading` is printed before the first piece of work of a term and
 //! `stopped-leading` after the guarded work was dropped, so every `WORK` line
-//! lies inside an interval. SIGTERM hands over: the work stops at once and the
+//! lies inside an interval.
+//!
+//! With `CANDIDATE_MODE=warm`, the work is a warm-standby Controller
+//! (`with_leader_election_warm`) of the ConfigMaps in the Lease's namespace:
+//! each reconcile is a piece of work (requeued every `WORK_INTERVAL_MS`), its
+//! `WORK` line stamped before it checks that the term holds; `started-leading`
+//! is stamped as the first reconcile of a term begins, and `stopped-leading`
+//! once the term ends (or shutdown begins: no new reconcile starts then). SIGTERM hands over: the work stops at once and the
 //! Lease is released (`shutdown` with a 5 s grace bound).
 //! Settings come from the environment, as for every example (see
 //! `examples/common.rs`), and so does its client: the examples' own.
@@ -63,6 +70,12 @@ async fn main() -> anyhow::Result<()> {
         on_signal.shutdown(Duration::from_secs(5)).await
     });
     println!("READY {} {identity}", now_ns());
+    if std::env::var("CANDIDATE_MODE").as_deref() == Ok("warm") {
+        warm::run(&elector, &identity, work_every).await?;
+        let result = handover.await?;
+        println!("EXIT {}", now_ns());
+        return result.map_err(Into::into);
+    }
 
     loop {
         let work = futures::stream::unfold(true, move |first| async move {
@@ -99,4 +112,80 @@ async fn main() -> anyhow::Result<()> {
     let result = handover.await?;
     println!("EXIT {}", now_ns());
     result.map_err(Into::into)
+}
+
+mod warm {
+    //! The warm-standby candidate.
+
+    use std::{
+        sync::{Arc, Mutex},
+        time::Duration,
+    };
+
+    use futures::{FutureExt, StreamExt};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::{
+        Api,
+        runtime::{Controller, controller::Action, watcher},
+    };
+    use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
+    use kube_runtime_lease_harness::now_ns;
+
+    struct Ctx {
+        elector: LeaderElector,
+        identity: String,
+        every: Duration,
+        /// The fencing token of the term whose `started-leading` was printed.
+        term: Mutex<Option<i64>>,
+    }
+
+    async fn reconcile(_cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+        let at = now_ns();
+        if let Some(Ok(guard)) = ctx.elector.acquire().now_or_never() {
+            let token = guard.fencing_token();
+            let begun = {
+                let mut term = ctx.term.lock().expect("lock");
+                let begun = *term != Some(token);
+                *term = Some(token);
+                begun
+            };
+            if begun {
+                println!("EVENT started-leading {at} {}", ctx.identity);
+                let (identity, shutdown) = (ctx.identity.clone(), ctx.elector.shutdown_requested());
+                tokio::spawn(async move {
+                    let reason = futures::select! {
+                        lost = guard.fuse() => format!("{lost:?}"),
+                        () = shutdown.fuse() => "Shutdown".to_owned(),
+                    };
+                    println!("EVENT stopped-leading {} {identity} {reason}", now_ns());
+                });
+            }
+            println!("WORK {at}");
+        }
+        Ok(Action::requeue(ctx.every))
+    }
+
+    pub(super) async fn run(elector: &LeaderElector, identity: &str, every: Duration) -> anyhow::Result<()> {
+        let client = kube_runtime_lease_examples::client().await?;
+        let ns = elector.config().namespace().to_owned();
+        let ctx = Arc::new(Ctx {
+            elector: elector.clone(),
+            identity: identity.to_owned(),
+            every,
+            term: Mutex::new(None),
+        });
+        Controller::new(
+            Api::<ConfigMap>::namespaced(client, &ns),
+            watcher::Config::default(),
+        )
+        .with_leader_election_warm(elector)
+        .run(
+            reconcile,
+            |_, _, _| Action::requeue(Duration::from_millis(100)),
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
+        Ok(())
+    }
 }

@@ -96,6 +96,25 @@ impl Fixture {
         )
     }
 
+    /// A Rust candidate in warm-standby mode (`CANDIDATE_MODE=warm`): a
+    /// Controller of the ConfigMaps in the Lease's namespace, whose
+    /// reconciles are its work, run only while it leads (see the candidate's
+    /// docs).
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn spawn_rust_warm(
+        &self,
+        log: &EventLog,
+        lease: &LeaseRef,
+        name: &str,
+        timings: Timings,
+    ) -> Result<Process> {
+        let mut command = rust_candidate(&self.candidate, self.env.kubeconfig_path(), lease, name, timings);
+        command.env("CANDIDATE_MODE", "warm");
+        Process::spawn(name, Flavor::Rust, command, log)
+    }
+
     /// A client-go candidate (`goelect`) named `name` (also its identity) on
     /// `lease` with `timings`, talking to the apiserver directly.
     ///

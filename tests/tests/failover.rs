@@ -62,17 +62,34 @@ async fn scenario(name: &str, run: impl AsyncFn(&Fixture, &EventLog, usize) -> R
 }
 
 /// Spawns candidates `names` directly on a fresh Lease and waits for the
-/// first leader and for every other one to see it.
+/// first leader and for every other one to see it. `Warm`: warm-standby
+/// candidates, whose work is reconciling a ConfigMap of the Lease's namespace.
 async fn start_group(
     ctx: &Fixture,
     log: &EventLog,
     prefix: &str,
     group: &[&str],
+    mode: Mode,
 ) -> Result<(LeaseRecorder, Vec<Process>, String)> {
     let lease = ctx.lease(log, prefix).await?;
+    if mode == Mode::Warm {
+        let work = k8s_openapi::api::core::v1::ConfigMap {
+            metadata: kube::api::ObjectMeta {
+                name: Some("work".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        kube::Api::namespaced(ctx.client.clone(), &lease.namespace)
+            .create(&kube::api::PostParams::default(), &work)
+            .await?;
+    }
     let procs = group
         .iter()
-        .map(|n| ctx.spawn_rust(log, &lease, n, T, None))
+        .map(|n| match mode {
+            Mode::Stream => ctx.spawn_rust(log, &lease, n, T, None),
+            Mode::Warm => ctx.spawn_rust_warm(log, &lease, n, T),
+        })
         .collect::<Result<Vec<_>>>()?;
     let first = log
         .wait_for("a first leader", Duration::from_secs(30), |e| {
@@ -84,6 +101,15 @@ async fn start_group(
     Ok((lease, procs, first.process))
 }
 
+/// What the candidates' guarded work is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// A guarded stream (`with_leader_election`).
+    Stream,
+    /// A warm-standby Controller (`with_leader_election_warm`).
+    Warm,
+}
+
 // ---------------------------------------------------------------------------
 // SIGKILL
 // ---------------------------------------------------------------------------
@@ -91,8 +117,8 @@ async fn start_group(
 /// SIGKILL the leader of three, twice: each time another leads no earlier
 /// than the lease duration after the killed leader's last renewal (which was
 /// at most one retry period before the kill), and promptly after that.
-async fn sigkill_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
-    let (_lease, mut procs, mut leader) = start_group(ctx, log, "sigkill", &["a", "b", "c"]).await?;
+async fn sigkill_run(ctx: &Fixture, log: &EventLog, mode: Mode) -> Result<String> {
+    let (_lease, mut procs, mut leader) = start_group(ctx, log, "sigkill", &["a", "b", "c"], mode).await?;
     let mut delays = Vec::new();
     for round in 0..2 {
         if round > 0 {
@@ -133,7 +159,17 @@ async fn sigkill_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_leader() -> Result<()> {
     scenario("sigkill the leader", async |ctx, log, _| {
-        sigkill_run(ctx, log).await
+        sigkill_run(ctx, log, Mode::Stream).await
+    })
+    .await
+}
+
+/// SIGKILL with warm-standby candidates: the same bounds, and no reconcile
+/// outside its process's term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_the_leader_in_warm_standby() -> Result<()> {
+    scenario("sigkill the leader (warm standby)", async |ctx, log, _| {
+        sigkill_run(ctx, log, Mode::Warm).await
     })
     .await
 }
@@ -144,8 +180,8 @@ async fn sigkill_leader() -> Result<()> {
 
 /// SIGTERM the leader of three: its work stops at once, it releases and exits 0; another leads within
 /// 500 ms of the release, well before the lease duration.
-async fn sigterm_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
-    let (_lease, mut procs, leader) = start_group(ctx, log, "sigterm", &["a", "b", "c"]).await?;
+async fn sigterm_run(ctx: &Fixture, log: &EventLog, mode: Mode) -> Result<String> {
+    let (_lease, mut procs, leader) = start_group(ctx, log, "sigterm", &["a", "b", "c"], mode).await?;
     let mut old = take(&mut procs, &leader)?;
     let termed = old.signal(Sig::Term)?;
     let stop = log
@@ -195,7 +231,16 @@ async fn sigterm_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_leader() -> Result<()> {
     scenario("sigterm the leader", async |ctx, log, _| {
-        sigterm_run(ctx, log).await
+        sigterm_run(ctx, log, Mode::Stream).await
+    })
+    .await
+}
+
+/// SIGTERM with warm-standby candidates: a release handover, as above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_the_leader_in_warm_standby() -> Result<()> {
+    scenario("sigterm the leader (warm standby)", async |ctx, log, _| {
+        sigterm_run(ctx, log, Mode::Warm).await
     })
     .await
 }
@@ -211,7 +256,7 @@ const FROZEN: Duration = Duration::from_secs(4);
 /// the lease duration), and the old leader, once resumed, stops without a
 /// single `WORK` line after its resume or after the new leader's start.
 async fn sigstop_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
-    let (_lease, procs, leader) = start_group(ctx, log, "sigstop", &["a", "b"]).await?;
+    let (_lease, procs, leader) = start_group(ctx, log, "sigstop", &["a", "b"], Mode::Stream).await?;
     let old = procs
         .iter()
         .find(|p| p.name() == leader)
@@ -578,7 +623,7 @@ const DOWN: Duration = Duration::from_secs(3);
 /// 3 s: the leader stops within its renew deadline, nobody leads while the
 /// apiserver is down, and afterwards exactly one leads again.
 async fn restart_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
-    let (_lease, procs, leader) = start_group(ctx, log, "restart", &["a", "b", "c"]).await?;
+    let (_lease, procs, leader) = start_group(ctx, log, "restart", &["a", "b", "c"], Mode::Stream).await?;
     let down = log.note("stopping the apiserver");
     ctx.env.stop_apiserver()?;
     let stop = log
