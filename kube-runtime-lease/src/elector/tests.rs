@@ -1034,3 +1034,67 @@ fn the_configured_lease_metadata_is_written_on_creation_and_on_takeover() {
         assert_eq!(meta.owner_references.unwrap()[0].uid, "d1");
     });
 }
+
+/// A `preferredHolder` naming this leader itself (set during its term: the
+/// coordinated election picked it) is no reason to step down.
+#[test]
+fn a_leader_preferred_during_its_term_keeps_leading() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let mut lease = held_by("", 1);
+        lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
+        fake.put(lease);
+        let (e, _) = elector(&fake, config("me"));
+        let mut guard = e.acquire().await.unwrap();
+        let mut l = fake.lease().unwrap();
+        l.spec.as_mut().unwrap().preferred_holder = Some("me".into());
+        fake.put(l);
+        assert!(
+            tokio::time::timeout(S(30), &mut guard).await.is_err(),
+            "stepped down for itself: {:?}",
+            guard.lost()
+        );
+        assert!(guard.is_valid());
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
+    });
+}
+
+/// A takeover made while the leader's watch was broken ends the term as soon
+/// as the watch is back (on its event, or the read that confirms it), not one
+/// renewal later.
+#[test]
+fn a_takeover_made_while_the_watch_was_broken_ends_the_term_when_it_is_back() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me").retry_period(S(4)));
+        let guard = e.acquire().await.unwrap();
+        // Just after a renewal (at +4 s): the watch breaks (its restart fails
+        // while partitioned), someone takes the Lease, the watch comes back.
+        sleep(Duration::from_millis(4100)).await;
+        fake.partition(id, true);
+        sleep(Duration::from_millis(100)).await;
+        let mut taken = fake.lease().unwrap();
+        let spec = taken.spec.as_mut().unwrap();
+        spec.holder_identity = Some("other".into());
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        fake.put(taken);
+        sleep(Duration::from_millis(100)).await;
+        fake.partition(id, false);
+        let back = Instant::now();
+        let lost = tokio::time::timeout(S(10), guard)
+            .await
+            .expect("the term never ended");
+        assert_eq!(
+            lost,
+            Lost::TakenOver {
+                holder: "other".into()
+            }
+        );
+        // The next renewal would be at +8 s, 3.7 s after the watch came back.
+        assert!(
+            back.elapsed() < Duration::from_millis(3500),
+            "ended only after {:?}",
+            back.elapsed()
+        );
+    });
+}

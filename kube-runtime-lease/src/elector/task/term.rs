@@ -177,8 +177,10 @@ impl Task {
                     next_tick += cfg.retry_period;
                 }
                 if let Err(lost) = self.renew(run).await {
+                    // Left behind (`ElectorStopped`): exit. The state is the
+                    // new task's already (`State::abandon`), so this task's
+                    // drop leaves it alone whether or not it says it exited.
                     let left_behind = lost == Lost::ElectorStopped;
-                    self.exited |= left_behind;
                     return (lost, left_behind);
                 }
                 continue;
