@@ -36,7 +36,11 @@ fi
 # A shorter simulation per mutant; the full 1000 schedules run in scripts/test.sh.
 # The unit suite takes ~8 s; a mutant that makes the election loop hot (a retry
 # with no wait against the instant double never yields to paused time, so no
-# test's paused-time bound can fire) is cut off after KRL_MUTANTS_TIMEOUT s.
+# test's paused-time bound can fire; the Lease API double aborts after its
+# request budget, but a loop that makes no request spins) is cut off after
+# three times the baseline's test time, at least KRL_MUTANTS_TIMEOUT s (25). (A
+# fixed --timeout would also bound the baseline, which a loaded machine can
+# exceed: then no mutant of that file is tested.)
 export KRL_SIM_SCHEDULES="${KRL_SIM_SCHEDULES:-200}"
 for file in "${files[@]}"; do
     out="mutants.out/$(basename "$file" .rs)"
@@ -48,6 +52,7 @@ for file in "${files[@]}"; do
     [ -d "$target" ] && target="$target/**/*.rs"
     "$mutants" mutants --package kube-runtime-lease --file "$target" \
         --all-features --cargo-test-arg=--lib --jobs "${KRL_MUTANTS_JOBS:-1}" \
-        --timeout "${KRL_MUTANTS_TIMEOUT:-25}" --output "$out" --iterate ${KRL_MUTANTS_ARGS:-} || true
+        --timeout-multiplier 3 --minimum-test-timeout "${KRL_MUTANTS_TIMEOUT:-25}" \
+        --output "$out" --iterate ${KRL_MUTANTS_ARGS:-} || true
 done
 echo "mutants.sh: done; missed mutants are listed in mutants.out/*/mutants.out/missed.txt" >&2
