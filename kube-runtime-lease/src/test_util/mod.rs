@@ -1,0 +1,304 @@
+//! A test kit for code guarded by this crate (the `test-util` feature): an
+//! in-memory double of the Lease API behind a real [`kube::Client`](kube_client::Client), so
+//! that guarded streams and Controllers can be tested without a cluster, on
+//! tokio's paused time (the feature enables `tokio/test-util`).
+//!
+//! The double serves one Lease (the namespace and name of its first
+//! `create` or [`FakeLeaseApi::put`]; use one double per Lease): `get`,
+//! `create`, `update` (with resourceVersion compare-and-swap, and create on
+//! update as Leases allow), `delete`, `list` and `watch`, and the API
+//! server's validation of a Lease's spec (422). Every other resource answers
+//! an empty list, a watch that stays open, and 404 for an object by name, so
+//! that a `Controller` of anything runs against it (it reconciles nothing);
+//! faults, partitions and latency apply to Lease requests only. Another
+//! candidate is simulated with [`FakeLeaseApi::take_over`] and
+//! [`FakeLeaseApi::delete`]; requests are made to fail, arrive late, be
+//! answered late or lose their answer with [`FakeLeaseApi::fault`]; a client
+//! is cut off with [`FakeLeaseApi::partition`]. The repository's
+//! differential test runs one script of operations against this double and
+//! against a real kube-apiserver and asserts the same outcomes.
+//!
+//! Requests are answered at once (unless delayed), so they take no paused
+//! time: a loop that retries without waiting would spin for ever, and the
+//! double aborts the process after [`REQUEST_BUDGET`] requests instead.
+//!
+//! ```
+//! use std::time::Duration;
+//! use futures::StreamExt;
+//! use k8s_openapi::api::core::v1::ConfigMap;
+//! use kube_client::Api;
+//! use kube_runtime::{Controller, controller::Action, watcher};
+//! use kube_runtime_lease::{
+//!     LeaderElectionControllerExt, LeaderElector, LeaseConfig, Lost, RunEnded, test_util::FakeLeaseApi,
+//! };
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build()?;
+//! runtime.block_on(async {
+//!     let fake = FakeLeaseApi::default();
+//!     let (client, _) = fake.client();
+//!     let elector = LeaderElector::new(client.clone(), LeaseConfig::new("default", "my-controller", "me"))?;
+//!     let mut status = elector.subscribe();
+//!     // The guarded Controller, campaigning again after every loss.
+//!     let run = tokio::spawn({
+//!         let elector = elector.clone();
+//!         async move {
+//!             elector
+//!                 .run_each_term(|| {
+//!                     Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+//!                         .with_leader_election(&elector)
+//!                         .run(
+//!                             |_cm, _ctx| async { Ok::<_, kube_client::Error>(Action::await_change()) },
+//!                             |_cm, _err, _ctx| Action::requeue(Duration::from_secs(5)),
+//!                             std::sync::Arc::new(()),
+//!                         )
+//!                 })
+//!                 .await
+//!         }
+//!     });
+//!     // This candidate creates the Lease, and leads after the creation hold.
+//!     status.wait_for(|s| s.is_leader).await?;
+//!     // Another candidate takes over: the Controller stops...
+//!     fake.take_over("other");
+//!     status.wait_for(|s| !s.is_leader).await?;
+//!     // ...and the candidate leads again once the other stops renewing.
+//!     status.wait_for(|s| s.is_leader).await?;
+//!     elector.shutdown(Duration::from_secs(1)).await?;
+//!     assert_eq!(run.await?, RunEnded::Shutdown);
+//!     Ok::<_, Box<dyn std::error::Error>>(())
+//! })
+//! # }
+//! ```
+
+mod server;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::VecDeque,
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use futures::channel::mpsc;
+use http::Request;
+use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
+use kube_client::{Client, client::Body};
+use tokio::time::Instant;
+
+/// A fault injected into one client's next matching requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Answer with this HTTP status (no effect on the Lease).
+    Status(u16),
+    /// Wait this long, then handle the request.
+    DelayRequest(Duration),
+    /// Handle the request at once, answer after this long (the write takes effect early).
+    DelayResponse(Duration),
+    /// Handle the request (the write takes effect), then answer with this
+    /// status instead of the result: what a client sees when its write was
+    /// applied, answered 504, and its retry was answered 409.
+    AppliedThenStatus(u16),
+    /// Handle the request (the write takes effect), then lose the answer
+    /// (the connection resets): the client cannot tell whether it applied.
+    AppliedThenLost,
+}
+
+/// How many Lease requests one double answers, by default, before it aborts
+/// the process (see [`FakeLeaseApi::with_request_budget`]): far more than a
+/// test of minutes makes (a leader renewing every 2 s makes 1,800 an hour),
+/// far fewer than a loop that retries without waiting makes in a few seconds.
+pub const REQUEST_BUDGET: usize = 20_000;
+
+/// Aborts the process once the double has answered [`REQUEST_BUDGET`]
+/// requests: answered at once, requests take no paused time, so a loop that
+/// retries without waiting (a bug) would spin for ever without reaching a
+/// test's paused-time bound.
+fn check_budget(s: &Store) {
+    let budget = s.budget.unwrap_or(REQUEST_BUDGET);
+    if s.seen.len() >= budget {
+        eprintln!(
+            "test_util::FakeLeaseApi: more than {budget} requests on one double: a retry loop that \
+             never waits (or a long test: see FakeLeaseApi::with_request_budget); aborting"
+        );
+        std::process::abort();
+    }
+}
+
+/// One Lease request seen by the double.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Seen {
+    /// When the double received it (tokio's clock).
+    pub at: Instant,
+    /// The client's index (see [`FakeLeaseApi::client`]).
+    pub client: usize,
+    /// `get`, `create`, `update`, `delete`, `list`, `watch`, or `other`.
+    pub verb: &'static str,
+}
+
+#[derive(Default)]
+struct Store {
+    lease: Option<Lease>,
+    rv: u64,
+    history: Vec<(u64, &'static str, Lease)>,
+    watchers: Vec<(usize, mpsc::UnboundedSender<Bytes>)>,
+    /// Watches of other resources, kept open and silent.
+    idle_watches: Vec<mpsc::UnboundedSender<Bytes>>,
+    /// See [`FakeLeaseApi::with_request_budget`].
+    budget: Option<usize>,
+    /// The namespace and name of the Lease this double serves: set by the
+    /// first `create` or [`FakeLeaseApi::put`].
+    served: Option<(String, String)>,
+    seen: Vec<Seen>,
+    clients: Vec<ClientFaults>,
+}
+
+#[derive(Default)]
+struct ClientFaults {
+    /// Faults for the next requests, in order, matched by verb (`None` = any verb).
+    queue: VecDeque<(Option<&'static str>, Fault)>,
+    /// Every request fails as if the API server were unreachable.
+    partitioned: bool,
+    /// Every request (other than watches) is delayed this long before it is handled.
+    latency: Duration,
+    /// Watches are refused with 403.
+    watch_forbidden: bool,
+}
+
+/// The double: one Lease, shared by every client made from it.
+#[derive(Clone, Default)]
+pub struct FakeLeaseApi {
+    store: Arc<Mutex<Store>>,
+}
+
+impl FakeLeaseApi {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        // A test that panicked while holding the lock leaves consistent data.
+        self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A double that aborts the process after `budget` Lease requests
+    /// instead of [`REQUEST_BUDGET`] (for a test that runs for many paused
+    /// hours).
+    #[must_use]
+    pub fn with_request_budget(self, budget: usize) -> Self {
+        self.lock().budget = Some(budget);
+        self
+    }
+
+    /// A new client of the double, and its index for faults.
+    pub fn client(&self) -> (Client, usize) {
+        let id = {
+            let mut s = self.lock();
+            s.clients.push(ClientFaults::default());
+            s.clients.len() - 1
+        };
+        let api = self.clone();
+        let svc = tower::service_fn(move |req: Request<Body>| {
+            let api = api.clone();
+            async move { api.handle(id, req).await }
+        });
+        (Client::new(svc, "default"), id)
+    }
+
+    /// Queues `fault` for `client`'s next request of `verb` (`None`: any verb).
+    pub fn fault(&self, client: usize, verb: Option<&'static str>, fault: Fault) {
+        self.lock().clients[client].queue.push_back((verb, fault));
+    }
+
+    /// Drops every fault still queued for the next requests.
+    pub fn clear_faults(&self) {
+        for c in &mut self.lock().clients {
+            c.queue.clear();
+        }
+    }
+
+    /// Cuts `client` off (every request fails as if the API server were
+    /// unreachable, its watches end), or reconnects it.
+    pub fn partition(&self, client: usize, partitioned: bool) {
+        let mut s = self.lock();
+        s.clients[client].partitioned = partitioned;
+        if partitioned {
+            s.watchers.retain(|(c, _)| *c != client);
+        }
+    }
+
+    /// Delays every request of `client` (other than watches) this long.
+    pub fn set_latency(&self, client: usize, latency: Duration) {
+        self.lock().clients[client].latency = latency;
+    }
+
+    /// Refuses `client`'s lists and watches with 403 (RBAC without them).
+    pub fn forbid_watch(&self, client: usize) {
+        self.lock().clients[client].watch_forbidden = true;
+    }
+
+    /// The Lease as stored now.
+    pub fn lease(&self) -> Option<Lease> {
+        self.lock().lease.clone()
+    }
+
+    /// Every request received so far, in order.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.lock().seen.clone()
+    }
+
+    /// Writes the Lease directly (as another actor would), bumping its resourceVersion.
+    pub fn put(&self, mut lease: Lease) {
+        let mut s = self.lock();
+        if s.served.is_none() {
+            s.served = Some((
+                lease
+                    .metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".to_owned()),
+                lease.metadata.name.clone().unwrap_or_else(|| "lease".to_owned()),
+            ));
+        }
+        s.rv += 1;
+        lease.metadata.resource_version = Some(s.rv.to_string());
+        let kind = if s.lease.is_some() { "MODIFIED" } else { "ADDED" };
+        if lease.metadata.uid.is_none() {
+            lease.metadata.uid = s
+                .lease
+                .as_ref()
+                .and_then(|l| l.metadata.uid.clone())
+                .or_else(|| Some(format!("uid-{}", s.rv)));
+        }
+        s.lease = Some(lease.clone());
+        Self::emit(&mut s, kind, &lease);
+    }
+
+    /// Another candidate, `holder`, takes the Lease over now: a record naming
+    /// it, acquired and renewed now, with one more transition and the current
+    /// record's lease duration (15 s if there is none). It then never renews:
+    /// the record expires one lease duration later, as after a crash.
+    pub fn take_over(&self, holder: &str) {
+        let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let mut lease = self.lease().unwrap_or_default();
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some(holder.to_owned());
+        spec.lease_duration_seconds = Some(spec.lease_duration_seconds.unwrap_or(15));
+        spec.lease_transitions = Some(spec.lease_transitions.map_or(0, |t| t.saturating_add(1)));
+        spec.acquire_time = Some(now.clone());
+        spec.renew_time = Some(now);
+        lease.metadata.name.get_or_insert_with(|| "lease".to_owned());
+        self.put(lease);
+    }
+
+    /// Deletes the Lease (as an admin would), telling its watchers.
+    pub fn delete(&self) {
+        let mut s = self.lock();
+        if let Some(mut lease) = s.lease.take() {
+            s.rv += 1;
+            lease.metadata.resource_version = Some(s.rv.to_string());
+            Self::emit(&mut s, "DELETED", &lease);
+        }
+    }
+}
