@@ -155,6 +155,14 @@ impl Term {
         self.lock().deadline
     }
 
+    /// Tests: the renew deadline passes now (as during a pause).
+    #[cfg(test)]
+    pub(crate) fn expire_for_test(&self) {
+        let mut inner = self.lock();
+        inner.deadline = self.base;
+        self.deadline_nanos.store(0, Ordering::Release);
+    }
+
     /// Not ended, and the renew deadline not passed.
     pub(crate) fn holds(&self) -> bool {
         self.lock().holds()

@@ -150,6 +150,13 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             return finish(&mut this, None);
         };
         match inner.poll_next(cx) {
+            // Checked again: a pause (SIGSTOP, a frozen VM) inside the inner
+            // stream's poll can let the deadline pass while it made this item,
+            // which must not be handed out then.
+            Poll::Ready(Some(_)) if guard.deadline_passed() => {
+                let lost = ended(guard);
+                finish(&mut this, Some(lost))
+            }
             Poll::Ready(Some(item)) => Poll::Ready(Some(item)),
             Poll::Ready(None) => {
                 debug!("guarded stream ended: giving up leadership");

@@ -616,3 +616,31 @@ fn a_guard_polled_outside_a_runtime_is_pending_and_debug_names_its_term() {
     assert!(polled.0);
     drop(rt);
 }
+
+/// A pause inside the inner stream's poll (SIGSTOP, a frozen VM: seen in the
+/// failover suite) can let the renew deadline pass while the inner stream
+/// makes an item: the item is not handed out, the stream ends.
+#[test]
+fn an_item_made_while_the_deadline_passed_is_not_handed_out() {
+    paused(async {
+        use crate::guard::Term;
+
+        let (e, _) = elector(&free(), config("me"));
+        let term = Arc::new(Term::new(1, Instant::now(), S(10)));
+        e.set_term_for_test(term.clone());
+        let pausing = {
+            let term = term.clone();
+            stream::poll_fn(move |_| {
+                term.expire_for_test();
+                Poll::Ready(Some(1))
+            })
+        };
+        let mut guarded = pin!(pausing.with_leader_election(&e));
+        assert_eq!(
+            guarded.next().await,
+            None,
+            "handed out an item made after the deadline"
+        );
+        assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
+    });
+}
