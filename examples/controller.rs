@@ -8,6 +8,7 @@
 //! `/livez` fails when this replica believes it leads but its renewals are
 //! overdue, and `/readyz` is ready always, or only while leading with
 //! `READY_WHEN=leading` (see `probes.rs`; `deploy/deployment.yaml` wires both).
+//! With `WARM=1` it runs in warm standby (`with_leader_election_warm`).
 //!
 //! ```sh
 //! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example controller
@@ -74,6 +75,20 @@ async fn main() -> anyhow::Result<()> {
         info!("SIGTERM: handing over");
         on_signal.shutdown(Duration::from_secs(20)).await
     });
+
+    // WARM=1: warm standby, the watch and its store run on every replica.
+    if std::env::var("WARM").as_deref() == Ok("1") {
+        info!("warm standby: watching on every replica, reconciling only while leading");
+        Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+            .with_leader_election_warm(&elector)
+            .run(reconcile, error_policy, Arc::new(()))
+            .for_each(|_| async {})
+            .await;
+        if let Ok(result) = handover.await {
+            result?;
+        }
+        return Ok(());
+    }
 
     // Lead, and lead again after a loss, until shut down.
     let ended = elector

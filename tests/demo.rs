@@ -1,7 +1,11 @@
 //! The failover demo: several replicas of the example controller
 //! (`examples/controller.rs`) on one Lease, against the local control plane
 //! (or the cluster in `KUBECONFIG`), showing who leads and when leadership
-//! moves: after a crash (SIGKILL) and after a graceful handover (SIGTERM).
+//! moves: after a crash (SIGKILL) and after a graceful handover (SIGTERM);
+//! then the same handover with warm-standby replicas (`WARM=1`:
+//! `with_leader_election_warm`), and the time from each takeover to the new
+//! leader's first reconcile, cold (a new Controller: LIST, then reconcile)
+//! against warm (the store is already filled).
 //!
 //! Run it with `scripts/demo.sh`. Settings (environment): `DEMO_REPLICAS`
 //! (default 3), `LEASE_DURATION` / `RENEW_DEADLINE` / `RETRY_PERIOD` (seconds,
@@ -31,6 +35,7 @@ use tokio::{
 };
 
 const LEASE: &str = "configmap-controller";
+const WARM_LEASE: &str = "configmap-controller-warm";
 
 fn env_f64(var: &str, default: f64) -> f64 {
     std::env::var(var)
@@ -60,6 +65,23 @@ async fn next_leader(
     }
 }
 
+/// The time from `at` to `who`'s first reconcile after it.
+async fn first_reconcile(
+    reconciles: &mut mpsc::UnboundedReceiver<(Instant, String)>,
+    who: &str,
+    at: Instant,
+) -> anyhow::Result<Duration> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match tokio::time::timeout_at(deadline, reconciles.recv()).await {
+            Ok(Some((t, tag))) if tag == who && t >= at => return Ok(t - at),
+            Ok(Some(_)) => {}
+            Ok(None) => bail!("reconcile log ended"),
+            Err(_) => bail!("{who} did not reconcile within 30 s of leading"),
+        }
+    }
+}
+
 struct Replica {
     name: String,
     child: Child,
@@ -67,6 +89,9 @@ struct Replica {
 
 struct Spawn<'a> {
     controller: &'a std::path::Path,
+    lease: &'a str,
+    warm: bool,
+    reconciles: mpsc::UnboundedSender<(Instant, String)>,
     env: &'a TestEnv,
     ns: &'a str,
     log_dir: &'a std::path::Path,
@@ -80,6 +105,7 @@ fn spawn_replica(
     leading_tx: mpsc::UnboundedSender<(Instant, String)>,
 ) -> anyhow::Result<Child> {
     let (controller, env, ns, log_dir, name, start) = (s.controller, s.env, s.ns, s.log_dir, s.name, s.start);
+    let reconciles = s.reconciles.clone();
     let env_f = |v: &str, d: f64| env_f64(v, d).to_string();
     let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
     let mut child = Command::new(controller)
@@ -88,7 +114,8 @@ fn spawn_replica(
         // Several replicas on one machine: each its own probe port.
         .env("PROBE_ADDR", "127.0.0.1:0")
         .env("LEASE_NAMESPACE", ns)
-        .env("LEASE_NAME", LEASE)
+        .env("LEASE_NAME", s.lease)
+        .env("WARM", if s.warm { "1" } else { "0" })
         .env("LEASE_DURATION", env_f("LEASE_DURATION", 5.0))
         .env("RENEW_DEADLINE", env_f("RENEW_DEADLINE", 3.0))
         .env("RETRY_PERIOD", env_f("RETRY_PERIOD", 1.0))
@@ -119,6 +146,7 @@ fn spawn_replica(
             } else if line.contains(&format!("namespace=\"{ns}\""))
                 && let Some(cm) = line.split("configmap=").nth(1)
             {
+                let _ = reconciles.send((Instant::now(), tag.clone()));
                 say(
                     start,
                     &format!(
@@ -204,6 +232,7 @@ async fn main() -> anyhow::Result<()> {
     let mut holders = watch_holders(client.clone(), &ns);
 
     let (leading_tx, mut leading) = mpsc::unbounded_channel::<(Instant, String)>();
+    let (reconciles_tx, mut reconciles) = mpsc::unbounded_channel::<(Instant, String)>();
     let mut running = BTreeMap::new();
     let log_dir = kube_runtime_lease_harness::workspace_root().join("target/failover-demo");
     std::fs::create_dir_all(&log_dir)?;
@@ -212,6 +241,9 @@ async fn main() -> anyhow::Result<()> {
         let child = spawn_replica(
             &Spawn {
                 controller: &controller,
+                lease: LEASE,
+                warm: false,
+                reconciles: reconciles_tx.clone(),
                 env: &env,
                 ns: &ns,
                 log_dir: &log_dir,
@@ -260,6 +292,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 2. Graceful: SIGTERM the leader. It finishes its work, releases, and a standby takes over at once.
     let mut handover_ms = None;
+    let mut cold_first = None;
     if let Some(mut leader) = running.remove(&second) {
         let pid = leader.child.id().context("pid")?;
         let termed = Instant::now();
@@ -280,8 +313,70 @@ async fn main() -> anyhow::Result<()> {
             start,
             &format!("LEADER: {third}, {} ms after the SIGTERM", handover.as_millis()),
         );
+        let first = first_reconcile(&mut reconciles, &third, at).await?;
+        cold_first = Some(first);
+        say(
+            start,
+            &format!(
+                "{third}: first reconcile {:.1} ms after it took over (cold: a new Controller lists, then reconciles)",
+                first.as_secs_f64() * 1000.0
+            ),
+        );
         let status = tokio::time::timeout(Duration::from_secs(30), leader.child.wait()).await??;
         say(start, &format!("{} exited ({status})", leader.name));
+    }
+
+    // 3. The same handover in warm standby: the standby's store is filled
+    // already, so it reconciles at once on taking over.
+    drop(running);
+    println!();
+    say(
+        start,
+        &format!("Warm standby (WARM=1), Lease {WARM_LEASE}: 2 replicas"),
+    );
+    let (warm_tx, mut warm_leading) = mpsc::unbounded_channel::<(Instant, String)>();
+    let mut warm = BTreeMap::new();
+    for i in 1..=2 {
+        let name = format!("warm-{i}");
+        let child = spawn_replica(
+            &Spawn {
+                controller: &controller,
+                lease: WARM_LEASE,
+                warm: true,
+                reconciles: reconciles_tx.clone(),
+                env: &env,
+                ns: &ns,
+                log_dir: &log_dir,
+                name: &name,
+                start,
+            },
+            warm_tx.clone(),
+        )?;
+        say(start, &format!("started {name} (warm)"));
+        warm.insert(name.clone(), Replica { name, child });
+    }
+    let (_, warm_leader) = next_leader(&mut warm_leading, start, timeout).await?;
+    say(start, &format!("LEADER: {warm_leader}"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut warm_first = None;
+    if let Some(mut leader) = warm.remove(&warm_leader) {
+        let pid = leader.child.id().context("pid")?;
+        say(start, &format!("SIGTERM {} (rollout)", leader.name));
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let (at, next) = next_leader(&mut warm_leading, start, timeout).await?;
+        say(start, &format!("LEADER: {next}"));
+        let first = first_reconcile(&mut reconciles, &next, at).await?;
+        warm_first = Some(first);
+        say(
+            start,
+            &format!(
+                "{next}: first reconcile {:.1} ms after it took over (warm: its store was filled while it stood by)",
+                first.as_secs_f64() * 1000.0
+            ),
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(30), leader.child.wait()).await;
     }
 
     println!("\nSummary");
@@ -292,10 +387,17 @@ async fn main() -> anyhow::Result<()> {
     if let Some(ms) = handover_ms {
         println!("  graceful (SIGTERM) handover: {ms} ms");
     }
+    if let (Some(cold), Some(warm)) = (cold_first, warm_first) {
+        println!(
+            "  takeover -> first reconcile: cold {:.1} ms, warm {:.1} ms",
+            cold.as_secs_f64() * 1000.0,
+            warm.as_secs_f64() * 1000.0
+        );
+    }
     println!("  replica logs: {}", log_dir.display());
     if crash_failover < Duration::from_secs_f64(lease_duration - retry_period) {
         bail!("failover faster than the lease duration allows: unsafe");
     }
-    drop(running);
+    drop(warm);
     Ok(())
 }
