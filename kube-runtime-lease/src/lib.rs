@@ -64,8 +64,10 @@
 //! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
 //!   `--leader-elect=false`): the same types, always leading, no API call.
 //! - [`LeaderElector::status`], [`subscribe`](LeaderElector::subscribe) and
-//!   [`health_check`](LeaderElector::health_check) show who leads; with the
-//!   `metrics` feature, `LeaseMetrics` exports Prometheus metrics.
+//!   [`health_check`](LeaderElector::health_check) show who leads (the
+//!   repository's `examples/probes.rs` serves them as `/readyz` and `/livez`
+//!   probes); with the `metrics` feature, `LeaseMetrics` exports Prometheus
+//!   metrics, client-go's names included.
 //!
 //! # RBAC
 //! The candidates' service account needs, in the Lease's namespace:
