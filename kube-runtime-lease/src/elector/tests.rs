@@ -1098,3 +1098,40 @@ fn a_takeover_made_while_the_watch_was_broken_ends_the_term_when_it_is_back() {
         );
     });
 }
+
+/// Work stopped at the end of a term may still land for lease duration −
+/// renew deadline: a later term of the same elector that ends cleanly inside
+/// that margin does not release either (issue 10, item 3; a survivor of the
+/// mutation run, `> -> <` in `end_term`'s margin check).
+#[test]
+fn a_clean_term_inside_the_margin_of_stopped_work_does_not_release() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        fake.partition(id, true);
+        // The term ends at its renew deadline with its work still running.
+        assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+        fake.partition(id, false);
+        let again = e.acquire().await.unwrap();
+        let began = Instant::now();
+        drop(again);
+        sleep(Duration::from_millis(1500)).await;
+        assert!(began.elapsed() < S(5), "still inside the 5 s margin");
+        assert_eq!(
+            spec(&fake).holder_identity.as_deref(),
+            Some("me"),
+            "released inside the margin of the stopped work"
+        );
+        // Once the margin has passed, a clean term releases again.
+        sleep(S(5)).await;
+        let last = e.acquire().await.unwrap();
+        drop(last);
+        sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            spec(&fake).holder_identity.as_deref(),
+            Some(""),
+            "released after the margin"
+        );
+    });
+}
