@@ -1135,3 +1135,37 @@ fn a_clean_term_inside_the_margin_of_stopped_work_does_not_release() {
         );
     });
 }
+
+/// Releasing retries a conflict once, after a fresh read, as client-go does,
+/// and no other error: a second conflict, or a 500, is the release's error.
+#[test]
+fn a_release_retries_one_conflict_and_nothing_else() {
+    paused(async {
+        for (faults, updates, fails) in [
+            (&[409_u16, 409][..], 2, true),
+            (&[500][..], 1, true),
+            (&[409][..], 2, false),
+        ] {
+            let fake = free();
+            let (e, id) = elector(&fake, config("me"));
+            let guard = e.acquire().await.unwrap();
+            let updates_so_far = |fake: &FakeLeaseApi| {
+                fake.seen()
+                    .iter()
+                    .filter(|r| r.client == id && r.verb == "update")
+                    .count()
+            };
+            let before = updates_so_far(&fake);
+            drop(guard);
+            // The guard is gone: the release comes once nobody wants the
+            // term (after one retry period); fail its writes first.
+            for code in faults {
+                fake.fault(id, Some("update"), Fault::Status(*code));
+            }
+            sleep(S(10)).await;
+            assert_eq!(updates_so_far(&fake) - before, updates, "{faults:?}");
+            let released = spec(&fake).holder_identity.as_deref() == Some("");
+            assert_eq!(released, !fails, "{faults:?}");
+        }
+    });
+}
