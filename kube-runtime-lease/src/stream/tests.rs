@@ -644,3 +644,27 @@ fn an_item_made_while_the_deadline_passed_is_not_handed_out() {
         assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
     });
 }
+
+/// The accessors follow the stream's life: the inner stream is there until
+/// it is dropped, and `is_stopped` turns true only at the end.
+#[test]
+fn the_accessors_follow_the_streams_life() {
+    paused(async {
+        let (e, _) = elector(&free(), config("me"));
+        let mut guarded = pin!(stream::iter([1, 2]).with_leader_election(&e));
+        assert!(!guarded.is_stopped() && !guarded.is_leading());
+        assert!(guarded.get_ref().is_some());
+        assert!(guarded.as_mut().get_pin_mut().is_some());
+        assert_eq!(guarded.next().await, Some(1));
+        assert!(guarded.is_leading() && !guarded.is_stopped());
+        assert!(guarded.guard().is_some());
+        assert_eq!(guarded.next().await, Some(2));
+        assert_eq!(guarded.next().await, None);
+        assert!(guarded.is_stopped() && !guarded.is_leading());
+        assert!(
+            guarded.get_ref().is_none(),
+            "the inner stream is dropped at the end"
+        );
+        assert!(guarded.as_mut().get_pin_mut().is_none());
+    });
+}
