@@ -137,15 +137,7 @@ impl FakeLeaseApi {
     fn other_resource(&self, method: &Method, is_watch: bool, named: bool) -> Response<ResBody> {
         let listing = *method == Method::GET && !named;
         match (listing, is_watch) {
-            (true, true) => {
-                let (tx, rx) = mpsc::unbounded::<Bytes>();
-                self.lock().idle_watches.push(tx);
-                let stream = rx.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
-                Response::builder()
-                    .status(200)
-                    .body(StreamBody::new(stream).boxed_unsync())
-                    .unwrap()
-            }
+            (true, true) => idle_watch(&mut self.lock()),
             (true, false) => ok(&json!({
                 "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": [],
             })),
@@ -188,15 +180,7 @@ impl FakeLeaseApi {
             return None;
         }
         Some(match (method, is_watch) {
-            (&Method::GET, true) => {
-                let (tx, rx) = mpsc::unbounded::<Bytes>();
-                s.idle_watches.push(tx);
-                let stream = rx.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
-                Response::builder()
-                    .status(200)
-                    .body(StreamBody::new(stream).boxed_unsync())
-                    .unwrap()
-            }
+            (&Method::GET, true) => idle_watch(&mut s),
             (&Method::GET, false) if target.name.is_none() => ok(&json!({
                 "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
                 "metadata": { "resourceVersion": s.rv.to_string() }, "items": [],
@@ -237,11 +221,7 @@ impl FakeLeaseApi {
                     }
                 }
                 s.watchers.push((client, tx));
-                let stream = rx.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
-                Response::builder()
-                    .status(200)
-                    .body(StreamBody::new(stream).boxed_unsync())
-                    .unwrap()
+                watch_response(rx)
             }
             "create" => {
                 let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
@@ -320,6 +300,22 @@ impl FakeLeaseApi {
         Self::emit(s, "MODIFIED", &lease);
         ok(&with_type(&lease))
     }
+}
+
+/// A watch's answer: the events sent on the channel, as they come.
+fn watch_response(events: mpsc::UnboundedReceiver<Bytes>) -> Response<ResBody> {
+    let stream = events.map(|b| Ok::<_, Infallible>(http_body::Frame::data(b)));
+    Response::builder()
+        .status(200)
+        .body(StreamBody::new(stream).boxed_unsync())
+        .unwrap()
+}
+
+/// A watch that stays open and silent (of a resource or Lease not served).
+fn idle_watch(s: &mut Store) -> Response<ResBody> {
+    let (tx, rx) = mpsc::unbounded::<Bytes>();
+    s.idle_watches.push(tx);
+    watch_response(rx)
 }
 
 /// The error of a request from a partitioned client.
