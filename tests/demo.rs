@@ -82,6 +82,29 @@ async fn first_reconcile(
     }
 }
 
+/// Starts one replica and says so.
+fn start_replica(
+    s: &Spawn<'_>,
+    leading_tx: mpsc::UnboundedSender<(Instant, String)>,
+) -> anyhow::Result<Replica> {
+    let child = spawn_replica(s, leading_tx)?;
+    let how = if s.warm { " (warm)" } else { "" };
+    say(s.start, &format!("started {}{how}", s.name));
+    Ok(Replica {
+        name: s.name.to_owned(),
+        child,
+    })
+}
+
+/// Sends SIGTERM to `replica` (as the kubelet does in a rollout).
+fn sigterm(replica: &Replica) -> anyhow::Result<()> {
+    let pid = replica.child.id().context("pid")?;
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    Ok(())
+}
+
 struct Replica {
     name: String,
     child: Child,
@@ -238,22 +261,18 @@ async fn main() -> anyhow::Result<()> {
     std::fs::create_dir_all(&log_dir)?;
     for i in 1..=replicas {
         let name = format!("replica-{i}");
-        let child = spawn_replica(
-            &Spawn {
-                controller: &controller,
-                lease: LEASE,
-                warm: false,
-                reconciles: reconciles_tx.clone(),
-                env: &env,
-                ns: &ns,
-                log_dir: &log_dir,
-                name: &name,
-                start,
-            },
-            leading_tx.clone(),
-        )?;
-        say(start, &format!("started {name}"));
-        running.insert(name.clone(), Replica { name, child });
+        let spawn = Spawn {
+            controller: &controller,
+            lease: LEASE,
+            warm: false,
+            reconciles: reconciles_tx.clone(),
+            env: &env,
+            ns: &ns,
+            log_dir: &log_dir,
+            name: &name,
+            start,
+        };
+        running.insert(name.clone(), start_replica(&spawn, leading_tx.clone())?);
     }
 
     let timeout = Duration::from_secs_f64(lease_duration * 4.0 + 30.0);
@@ -294,7 +313,6 @@ async fn main() -> anyhow::Result<()> {
     let mut handover_ms = None;
     let mut cold_first = None;
     if let Some(mut leader) = running.remove(&second) {
-        let pid = leader.child.id().context("pid")?;
         let termed = Instant::now();
         say(
             start,
@@ -303,9 +321,7 @@ async fn main() -> anyhow::Result<()> {
                 leader.name
             ),
         );
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        sigterm(&leader)?;
         let (at, third) = next_leader(&mut leading, start, timeout).await?;
         let handover = at - termed;
         handover_ms = Some(handover.as_millis());
@@ -338,33 +354,26 @@ async fn main() -> anyhow::Result<()> {
     let mut warm = BTreeMap::new();
     for i in 1..=2 {
         let name = format!("warm-{i}");
-        let child = spawn_replica(
-            &Spawn {
-                controller: &controller,
-                lease: WARM_LEASE,
-                warm: true,
-                reconciles: reconciles_tx.clone(),
-                env: &env,
-                ns: &ns,
-                log_dir: &log_dir,
-                name: &name,
-                start,
-            },
-            warm_tx.clone(),
-        )?;
-        say(start, &format!("started {name} (warm)"));
-        warm.insert(name.clone(), Replica { name, child });
+        let spawn = Spawn {
+            controller: &controller,
+            lease: WARM_LEASE,
+            warm: true,
+            reconciles: reconciles_tx.clone(),
+            env: &env,
+            ns: &ns,
+            log_dir: &log_dir,
+            name: &name,
+            start,
+        };
+        warm.insert(name.clone(), start_replica(&spawn, warm_tx.clone())?);
     }
     let (_, warm_leader) = next_leader(&mut warm_leading, start, timeout).await?;
     say(start, &format!("LEADER: {warm_leader}"));
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut warm_first = None;
     if let Some(mut leader) = warm.remove(&warm_leader) {
-        let pid = leader.child.id().context("pid")?;
         say(start, &format!("SIGTERM {} (rollout)", leader.name));
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
+        sigterm(&leader)?;
         let (at, next) = next_leader(&mut warm_leading, start, timeout).await?;
         say(start, &format!("LEADER: {next}"));
         let first = first_reconcile(&mut reconciles, &next, at).await?;
