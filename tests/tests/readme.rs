@@ -146,6 +146,9 @@ async fn build(dir: &Path, root: &Path) -> Result<PathBuf> {
         Command::new(&cargo)
             .current_dir(dir)
             .env("CARGO_TARGET_DIR", root.join("target").join("readme-scratch"))
+            // As the workspace's profile does: no debug info, which is most of
+            // what a target directory holds.
+            .env("CARGO_PROFILE_DEV_DEBUG", "false")
             .args(["build", "--message-format=json"])
             .kill_on_drop(true)
             .output(),
