@@ -56,7 +56,9 @@ if echo "$only" | tr ',' '\n' | grep -qx adapter; then
   if [ ${#quick[@]} -gt 0 ]; then
     crit_args=(--warm-up-time 1 --measurement-time 2 --sample-size 10)
   fi
-  (cd bench && cargo bench --bench adapter -- "${crit_args[@]}")
+  # Built alone, so that the library is built without `test-util` (see
+  # bench/adapter/Cargo.toml).
+  (cd bench && cargo bench -p kube-runtime-lease-adapter-bench --bench adapter -- "${crit_args[@]}")
   "$CARGO_TARGET_DIR/release/bench-driver" report
 fi
 

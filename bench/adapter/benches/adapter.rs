@@ -1,16 +1,20 @@
 //! Adapter overhead: items per second through
 //! `stream.with_leader_election(&elector)` versus the bare stream.
 //!
-//! The elector leads against the harness's in-process double of the Lease API
-//! (`kube_runtime_lease::test_util`, the library's test kit: one Lease, GET/POST/PUT with
-//! resourceVersion compare-and-swap) plugged into a real `kube::Client`, so
-//! renewals run as in production, minus the network.
+//! The library is built as applications build it: without its `test-util`
+//! feature, whose tokio `test-util` adds a mock-clock check to every
+//! `tokio::time::Instant::now()` (this package is built alone for that; see its
+//! Cargo.toml). The elector leads against a minimal in-process Lease API (one
+//! Lease, GET/POST/PUT with resourceVersion compare-and-swap, below) plugged
+//! into a real `kube::Client`, so renewals run as in production, minus the
+//! network.
 //! Three inner streams:
 //! - `iter`: `futures::stream::iter` — no work per item, the worst case: the
 //!   adapter's fixed cost per poll is all that is measured;
 //! - `mpsc`: items from a bounded tokio channel fed by another task, as a
 //!   controller's event stream is;
-//! - `work-1us`: an item that costs about a microsecond of computation.
+//! - `work-1us`: an item that costs a microsecond of computation (the number
+//!   of rounds is calibrated at start, so that it is 1 µs on any machine).
 //!
 //! Criterion times the bare and the wrapped stream one after the other; on a
 //! shared VM, drift between the two runs is as large as the overhead. So after
@@ -40,19 +44,44 @@ async fn leading_elector() -> (LeaderElector, kube_runtime_lease::LeaseGuard) {
         .renew_deadline(Duration::from_secs(10))
         .retry_period(Duration::from_secs(2))
         .watch(false);
-    let elector =
-        LeaderElector::new(kube_runtime_lease::test_util::FakeLeaseApi::default().client().0, config).expect("valid config");
+    let elector = LeaderElector::new(lease_api::client(), config).expect("valid config");
     let guard = elector.acquire().await.expect("leads against the double");
     (elector, guard)
+}
+
+/// Rounds of `spin_1us` that take a microsecond here (see [`calibrate_spin`]).
+static SPIN_ROUNDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(300);
+
+/// Sets [`SPIN_ROUNDS`] so that `spin_1us` takes 1 µs on this machine: the
+/// median of 21 timings of 10,000 calls.
+fn calibrate_spin() -> f64 {
+    use std::sync::atomic::Ordering;
+    let time = || {
+        let t = std::time::Instant::now();
+        for i in 0..10_000 {
+            black_box(spin_1us(i));
+        }
+        t.elapsed().as_secs_f64() / 10_000.0
+    };
+    for _ in 0..2 {
+        let mut samples: Vec<f64> = (0..21).map(|_| time()).collect();
+        samples.sort_by(f64::total_cmp);
+        let per_round = samples[10] / f64::from(SPIN_ROUNDS.load(Ordering::Relaxed));
+        SPIN_ROUNDS.store((1e-6 / per_round).round().max(1.0) as u32, Ordering::Relaxed);
+    }
+    let mut samples: Vec<f64> = (0..21).map(|_| time()).collect();
+    samples.sort_by(f64::total_cmp);
+    samples[10] * 1e9
 }
 
 // Not inlined: the same machine code runs in the bare and the wrapped case
 // (inlined, its loop compiled differently in each, by up to 30 %).
 #[inline(never)]
 fn spin_1us(x: u64) -> u64 {
-    // About a microsecond of arithmetic, opaque to the optimizer.
+    // A microsecond of arithmetic, opaque to the optimizer.
+    let rounds = SPIN_ROUNDS.load(std::sync::atomic::Ordering::Relaxed);
     let mut h = x;
-    for _ in 0..300 {
+    for _ in 0..rounds {
         h = black_box(
             h.wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407),
@@ -234,6 +263,11 @@ fn main() {
         .build()
         .unwrap();
     let (elector, guard) = rt.block_on(leading_elector());
+    let spin_ns = calibrate_spin();
+    println!(
+        "work-1us: {} rounds of arithmetic per item, {spin_ns:.0} ns",
+        SPIN_ROUNDS.load(std::sync::atomic::Ordering::Relaxed)
+    );
     // Defaults that the command line (--measurement-time, --sample-size) overrides.
     let mut c = Criterion::default()
         .measurement_time(Duration::from_secs(8))
@@ -247,7 +281,8 @@ fn main() {
         "the elector stopped leading during the benchmark"
     );
 
-    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    // bench/: where the bench workspace keeps its target/ and results/.
+    let manifest = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| manifest.join("target"), Into::into);
     let mut rows = Vec::new();
     let mut parts = serde_json::Map::new();
@@ -297,6 +332,7 @@ fn main() {
             parts.insert("work-1us bare (ns/item)".to_owned(), json!(bare / n));
         }
     }
+    parts.insert("work-1us calibrated spin (ns/item)".to_owned(), json!(spin_ns));
     for part in ["guard-poll-pending", "guard-is-valid", "instant-now"] {
         let path = target.join(format!("criterion/adapter-parts/{part}/new/estimates.json"));
         if let Some(ns) = std::fs::read(path)
@@ -325,5 +361,82 @@ fn main() {
             serde_json::to_vec_pretty(&rows).unwrap(),
         )
         .unwrap();
+    }
+}
+
+/// A minimal Lease API for the elector to lead against: one Lease in memory,
+/// GET, POST (create) and PUT (update, compare-and-swap on resourceVersion);
+/// anything else is answered 404. (The library's `test_util` double does far
+/// more, but needs the `test-util` feature this benchmark must not build.)
+mod lease_api {
+    use std::sync::{Arc, Mutex};
+
+    use http::{Method, Request, Response, StatusCode};
+    use http_body_util::{BodyExt, Full};
+    use serde_json::{Value, json};
+
+    #[derive(Default)]
+    struct Lease {
+        object: Option<Value>,
+        version: u64,
+    }
+
+    pub fn client() -> kube::Client {
+        let lease = Arc::new(Mutex::new(Lease::default()));
+        let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
+            let lease = lease.clone();
+            async move {
+                let method = req.method().clone();
+                let body = req.into_body().collect().await?.to_bytes();
+                let (status, answer) = answer(&mut lease.lock().unwrap(), &method, &body);
+                let body = Full::new(bytes::Bytes::from(answer.to_string()));
+                Ok::<_, kube::Error>(
+                    Response::builder()
+                        .status(status)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .expect("a valid response"),
+                )
+            }
+        });
+        kube::Client::new(svc, "default")
+    }
+
+    fn status(code: StatusCode, reason: &str) -> (StatusCode, Value) {
+        let body = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "reason": reason, "message": reason, "code": code.as_u16(),
+        });
+        (code, body)
+    }
+
+    fn answer(lease: &mut Lease, method: &Method, body: &[u8]) -> (StatusCode, Value) {
+        let stored = |lease: &mut Lease, mut object: Value| {
+            lease.version += 1;
+            object["metadata"]["resourceVersion"] = json!(lease.version.to_string());
+            lease.object = Some(object.clone());
+            object
+        };
+        match *method {
+            Method::GET => match &lease.object {
+                Some(object) => (StatusCode::OK, object.clone()),
+                None => status(StatusCode::NOT_FOUND, "NotFound"),
+            },
+            Method::POST if lease.object.is_none() => match serde_json::from_slice(body) {
+                Ok(object) => (StatusCode::CREATED, stored(lease, object)),
+                Err(_) => status(StatusCode::BAD_REQUEST, "BadRequest"),
+            },
+            Method::POST => status(StatusCode::CONFLICT, "AlreadyExists"),
+            Method::PUT => match serde_json::from_slice::<Value>(body) {
+                Ok(object)
+                    if object["metadata"]["resourceVersion"] == json!(lease.version.to_string()) =>
+                {
+                    (StatusCode::OK, stored(lease, object))
+                }
+                Ok(_) => status(StatusCode::CONFLICT, "Conflict"),
+                Err(_) => status(StatusCode::BAD_REQUEST, "BadRequest"),
+            },
+            _ => status(StatusCode::NOT_FOUND, "NotFound"),
+        }
     }
 }
