@@ -18,10 +18,10 @@ pub struct Bins {
     pub kc: PathBuf,
 }
 
-/// What a candidate printed: (kind, CLOCK_MONOTONIC ns) in arrival order.
+/// What a candidate printed: (kind, CLOCK_MONOTONIC ns, who) in arrival order.
 #[derive(Default)]
 struct Printed {
-    events: Vec<(Kind, u64)>,
+    events: Vec<(Kind, u64, String)>,
     closed: bool,
 }
 
@@ -45,6 +45,19 @@ pub struct Ctx {
 
 impl Ctx {
     pub fn spawn(&self, imp: Impl, ns: &str, lease: &str, id: &str, t: Timing) -> Result<Candidate> {
+        self.spawn_env(imp, ns, lease, id, t, &[])
+    }
+
+    /// [`Ctx::spawn`] with more environment for the candidate (`CANDIDATE_MODE`).
+    pub fn spawn_env(
+        &self,
+        imp: Impl,
+        ns: &str,
+        lease: &str,
+        id: &str,
+        t: Timing,
+        env: &[(&str, &str)],
+    ) -> Result<Candidate> {
         let kubeconfig = self.env.kubeconfig_path();
         let lease = LeaseRef {
             namespace: ns.to_owned(),
@@ -76,6 +89,7 @@ impl Ctx {
             }
             Impl::ClientGo => go_candidate(&self.bins.goelect, kubeconfig, &lease, id, t.timings()),
         };
+        cmd.envs(env.iter().copied());
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -101,11 +115,22 @@ impl Ctx {
         {
             let log = log.clone();
             let notify = notify.clone();
+            // Diagnostics: with KRL_BENCH_CANDIDATE_LOG set, the stdout lines
+            // go to the stderr log too, marked with the candidate.
+            let echo = std::env::var_os("KRL_BENCH_CANDIDATE_LOG")
+                .is_some()
+                .then(|| (self.stderr_log.clone(), id.to_owned()));
             tokio::spawn(async move {
                 let mut lines = tokio::io::BufReader::new(stdout).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some((kind, at, _, _)) = parse_line(&line) {
-                        log.lock().unwrap().events.push((kind, at));
+                    if let Some((path, id)) = &echo
+                        && let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path)
+                    {
+                        use std::io::Write as _;
+                        let _ = writeln!(f, "[{id} stdout] {line}");
+                    }
+                    if let Some((kind, at, who, _)) = parse_line(&line) {
+                        log.lock().unwrap().events.push((kind, at, who));
                         notify.notify_waiters();
                     }
                 }
@@ -131,22 +156,40 @@ impl Candidate {
             .unwrap()
             .events
             .iter()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, t)| *t)
+            .find(|(k, _, _)| *k == kind)
+            .map(|(_, t, _)| *t)
     }
 
     pub async fn wait_event(&self, kind: Kind, timeout: Duration) -> Result<u64> {
+        self.wait_for(&format!("{kind:?}"), timeout, |lines| {
+            lines.iter().find(|(k, _, _)| *k == kind).map(|(_, t, _)| *t)
+        })
+        .await
+    }
+
+    /// Waits until `ready` finds what it looks for in the lines printed so
+    /// far (kind, CLOCK_MONOTONIC ns, who), or fails after `timeout`. `ready`
+    /// runs under the log's lock: it must not call back into this candidate.
+    pub async fn wait_for<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        ready: impl Fn(&[(Kind, u64, String)]) -> Option<T>,
+    ) -> Result<T> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let notified = self.notify.notified();
-            if let Some(t) = self.find(kind) {
-                return Ok(t);
-            }
-            if self.log.lock().unwrap().closed {
-                bail!("{} {} exited before {kind:?}", self.imp.name(), self.id);
+            {
+                let log = self.log.lock().unwrap();
+                if let Some(found) = ready(&log.events) {
+                    return Ok(found);
+                }
+                if log.closed {
+                    bail!("{} {} exited before {what}", self.imp.name(), self.id);
+                }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                bail!("{} {}: no {kind:?} within {timeout:?}", self.imp.name(), self.id);
+                bail!("{} {}: no {what} within {timeout:?}", self.imp.name(), self.id);
             }
         }
     }

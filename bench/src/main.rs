@@ -3,13 +3,13 @@
 //! one real etcd + kube-apiserver started by `kube-runtime-lease-harness`.
 //!
 //! ```text
-//! bench-driver run [--quick] [--only handover,failover,api] [--trials N] [--out DIR]
+//! bench-driver run [--quick] [--only handover,failover,api,warm] [--trials N] [--out DIR]
 //!                  [--ours-bin PATH] [--benchmarks-md PATH]
 //! bench-driver report [--out DIR] [--benchmarks-md PATH]
 //! ```
 //!
 //! `run` writes raw results (`handover.json`, `failover.json`, `api_load.json`,
-//! `idle.json`, `meta-*.json`) under `--out` (default `bench/results`), then
+//! `idle.json`, `warm.json`, `meta-*.json`) under `--out` (default `bench/results`), then
 //! does what `report` does: `summary.md`, `failover.svg`, and the tables of
 //! `BENCHMARKS.md` between its `<!-- BEGIN RESULTS -->` / `<!-- END RESULTS -->`
 //! markers. A run with `--only` rewrites only the files of those scenarios.
@@ -22,6 +22,7 @@ mod chain;
 mod impls;
 mod machine;
 mod report;
+mod warm;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -36,6 +37,7 @@ use crate::api_load::scenario_api;
 use crate::candidate::{Bins, Ctx};
 use crate::chain::{scenario_failover, scenario_handover};
 use crate::machine::{Meta, loadavg, machine};
+use crate::warm::scenario_warm;
 
 /// Milliseconds from `from` to `to` (CLOCK_MONOTONIC ns, either order).
 fn ms_between(from: u64, to: u64) -> f64 {
@@ -84,7 +86,7 @@ fn parse_args() -> Result<Args> {
     let mut a = Args {
         cmd: it.next().unwrap_or_else(|| "run".into()),
         quick: false,
-        only: vec!["handover".into(), "failover".into(), "api".into()],
+        only: vec!["handover".into(), "failover".into(), "api".into(), "warm".into()],
         trials: None,
         out: root.join("bench/results"),
         benchmarks_md: None,
@@ -117,7 +119,7 @@ fn parse_args() -> Result<Args> {
     }
     if !matches!(a.cmd.as_str(), "run" | "report") {
         bail!(
-            "usage: bench-driver run|report [--quick] [--only handover,failover,api] [--trials N] [--out DIR]"
+            "usage: bench-driver run|report [--quick] [--only handover,failover,api,warm] [--trials N] [--out DIR]"
         );
     }
     Ok(a)
@@ -212,6 +214,19 @@ async fn main() -> Result<()> {
     if args.only.iter().any(|s| s == "failover") {
         let r = scenario_failover(&ctx, trials).await;
         write_json(&args.out, "failover.json", &r)?;
+    }
+    if args.only.iter().any(|s| s == "warm") {
+        // Five takeovers per mode (one with --quick): each lists thousands of
+        // objects, so fewer trials than the handover's.
+        let mut r = Vec::new();
+        // KRL_BENCH_WARM_OBJECTS: fewer objects, for trying the scenario out.
+        let objects = std::env::var("KRL_BENCH_WARM_OBJECTS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(warm::OBJECTS);
+        let res = scenario_warm(&ctx, if args.quick { 1 } else { 5 }, objects, &mut r).await;
+        write_json(&args.out, "warm.json", &r)?;
+        res?;
     }
     sampler.abort();
     meta.loadavg_samples = samples.lock().unwrap().clone();

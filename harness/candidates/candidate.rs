@@ -10,6 +10,7 @@
 //! WORK <ns>
 //! EVENT stopped-leading <ns> <identity> <reason>
 //! EVENT new-leader <ns> <holder>
+//! SYNCED <ns> <objects>
 //! EXIT <ns>
 //! ```
 //!
@@ -22,8 +23,12 @@
 //! each reconcile is a piece of work (requeued every `WORK_INTERVAL_MS`), its
 //! `WORK` line stamped before it checks that the term holds; `started-leading`
 //! is stamped as the first reconcile of a term begins, and `stopped-leading`
-//! once the term ends (or shutdown begins: no new reconcile starts then). SIGTERM hands over: the work stops at once and the
-//! Lease is released (`shutdown` with a 5 s grace bound).
+//! once the term ends (or shutdown begins: no new reconcile starts then);
+//! `SYNCED` is printed once the store holds the initial listing (a warm
+//! standby fills it while following). With `CANDIDATE_MODE=cold` the same
+//! Controller runs cold (`with_leader_election`: it lists only once it leads),
+//! for the benchmark that compares the two. SIGTERM hands over: the work stops
+//! at once and the Lease is released (`shutdown` with a 5 s grace bound).
 //! Settings come from the environment, as for every example (see
 //! `examples/common.rs`), and so does its client: the examples' own.
 
@@ -70,8 +75,9 @@ async fn main() -> anyhow::Result<()> {
         on_signal.shutdown(Duration::from_secs(5)).await
     });
     println!("READY {} {identity}", now_ns());
-    if std::env::var("CANDIDATE_MODE").as_deref() == Ok("warm") {
-        warm::run(&elector, &identity, work_every).await?;
+    let mode = std::env::var("CANDIDATE_MODE").unwrap_or_default();
+    if mode == "warm" || mode == "cold" {
+        controller::run(&elector, &identity, work_every, mode == "warm").await?;
         let result = handover.await?;
         println!("EXIT {}", now_ns());
         return result.map_err(Into::into);
@@ -114,8 +120,8 @@ async fn main() -> anyhow::Result<()> {
     result.map_err(Into::into)
 }
 
-mod warm {
-    //! The warm-standby candidate.
+mod controller {
+    //! The Controller candidates: warm standby, or cold.
 
     use std::{
         sync::{Arc, Mutex},
@@ -165,7 +171,12 @@ mod warm {
         Ok(Action::requeue(ctx.every))
     }
 
-    pub(super) async fn run(elector: &LeaderElector, identity: &str, every: Duration) -> anyhow::Result<()> {
+    pub(super) async fn run(
+        elector: &LeaderElector,
+        identity: &str,
+        every: Duration,
+        warm: bool,
+    ) -> anyhow::Result<()> {
         let client = kube_runtime_lease_examples::client().await?;
         let ns = elector.config().namespace().to_owned();
         let ctx = Arc::new(Ctx {
@@ -174,18 +185,39 @@ mod warm {
             every,
             term: Mutex::new(None),
         });
-        Controller::new(
+        let controller = Controller::new(
             Api::<ConfigMap>::namespaced(client, &ns),
             watcher::Config::default(),
-        )
-        .with_leader_election_warm(elector)
-        .run(
-            reconcile,
-            |_, _, _| Action::requeue(Duration::from_millis(100)),
-            ctx,
-        )
-        .for_each(|_| async {})
-        .await;
+        );
+        let store = controller.store();
+        tokio::spawn(async move {
+            // `wait_until_ready` is re-polled: kube-runtime 5's readiness
+            // signal (a futures oneshot behind a mutex) keeps only the waker
+            // of its last poll, and the Controller polls it too, so a second
+            // waiter is never woken (it sees the signal only when polled again).
+            loop {
+                match tokio::time::timeout(Duration::from_millis(20), store.wait_until_ready()).await {
+                    Ok(Ok(())) => break println!("SYNCED {} {}", now_ns(), store.state().len()),
+                    Ok(Err(_)) => break,
+                    Err(_) => {}
+                }
+            }
+        });
+        let error_policy =
+            |_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Ctx>| Action::requeue(Duration::from_millis(100));
+        if warm {
+            controller
+                .with_leader_election_warm(elector)
+                .run(reconcile, error_policy, ctx)
+                .for_each(|_| async {})
+                .await;
+        } else {
+            controller
+                .with_leader_election(elector)
+                .run(reconcile, error_policy, ctx)
+                .for_each(|_| async {})
+                .await;
+        }
         Ok(())
     }
 }

@@ -65,6 +65,9 @@ pub enum Kind {
     Work,
     /// `EXIT`: the Rust candidate is about to exit.
     Exit,
+    /// `SYNCED`: a Controller candidate's store holds its initial listing
+    /// (`who` is the number of objects in it).
+    Synced,
     /// The test sent this signal (stamped after sending, except SIGCONT:
     /// before sending).
     Signal(Sig),
@@ -114,6 +117,7 @@ impl Entry {
                 | Kind::NewLeader
                 | Kind::Work
                 | Kind::Exit
+                | Kind::Synced
                 | Kind::Other
         )
     }
@@ -131,6 +135,7 @@ pub fn parse_line(line: &str) -> Option<(Kind, u64, String, String)> {
         "READY" => (Kind::Ready, parts.next()?.parse().ok()?),
         "WORK" => (Kind::Work, parts.next()?.parse().ok()?),
         "EXIT" => (Kind::Exit, parts.next()?.parse().ok()?),
+        "SYNCED" => (Kind::Synced, parts.next()?.parse().ok()?),
         "EVENT" => {
             let kind = match parts.next()? {
                 "started-leading" => Kind::StartedLeading,
@@ -416,6 +421,10 @@ mod tests {
         assert_eq!(
             parse_line("READY 5"),
             Some((Kind::Ready, 5, String::new(), String::new()))
+        );
+        assert_eq!(
+            parse_line("SYNCED 9 5000"),
+            Some((Kind::Synced, 9, "5000".to_owned(), String::new()))
         );
         assert_eq!(parse_line("WORK x"), None);
     }

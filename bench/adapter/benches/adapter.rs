@@ -428,9 +428,7 @@ mod lease_api {
             },
             Method::POST => status(StatusCode::CONFLICT, "AlreadyExists"),
             Method::PUT => match serde_json::from_slice::<Value>(body) {
-                Ok(object)
-                    if object["metadata"]["resourceVersion"] == json!(lease.version.to_string()) =>
-                {
+                Ok(object) if object["metadata"]["resourceVersion"] == json!(lease.version.to_string()) => {
                     (StatusCode::OK, stored(lease, object))
                 }
                 Ok(_) => status(StatusCode::CONFLICT, "Conflict"),

@@ -12,6 +12,7 @@ mod latency;
 mod load;
 mod stats;
 mod svg;
+mod warm;
 
 use crate::api_load::{Idle, Window};
 use crate::chain::Trial;
@@ -80,6 +81,9 @@ pub fn report(dir: &Path, benchmarks_md: Option<&Path>) -> Result<()> {
     }
     if let Some(adapter) = read::<Vec<Adapter>>(dir, "adapter.json") {
         load::adapter(&mut md, &mut targets, &adapter, dir);
+    }
+    if let Some(trials) = read::<Vec<crate::warm::WarmTrial>>(dir, "warm.json") {
+        warm::warm(&mut md, &mut targets, &trials);
     }
 
     // Targets.
