@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
-use crate::metadata::LeaseMetadata;
+use crate::{coordinated::Coordinated, metadata::LeaseMetadata};
 
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
@@ -51,6 +51,7 @@ pub struct LeaseConfig {
     pub(crate) watch: bool,
     pub(crate) enabled: bool,
     pub(crate) metadata: LeaseMetadata,
+    pub(crate) coordinated: Option<Coordinated>,
 }
 
 // Every field compares fully (`OwnerReference`'s `PartialEq` included).
@@ -76,6 +77,7 @@ impl LeaseConfig {
             watch: true,
             enabled: true,
             metadata: LeaseMetadata::default(),
+            coordinated: None,
         }
     }
 
@@ -243,6 +245,20 @@ impl LeaseConfig {
             .without_max_times()
     }
 
+    /// Coordinated Leader Election: publish a `LeaseCandidate` and lead only
+    /// when the API server's election names this candidate (see
+    /// [`Coordinated`]). Off by default.
+    #[must_use]
+    pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
+        self.coordinated = Some(coordinated);
+        self
+    }
+
+    /// The Coordinated Leader Election settings, if it was asked for.
+    pub fn coordination(&self) -> Option<&Coordinated> {
+        self.coordinated.as_ref()
+    }
+
     /// Checks every rule, in client-go's order, then the API server's.
     ///
     /// # Errors
@@ -297,6 +313,9 @@ impl LeaseConfig {
                 value: self.name.clone(),
                 rule,
             });
+        }
+        if let Some((field, value, rule)) = self.coordinated.as_ref().and_then(|c| c.check(&self.identity)) {
+            return Err(ConfigError::InvalidCoordination { field, value, rule });
         }
         self.metadata.validate()
     }
@@ -369,6 +388,18 @@ pub enum ConfigError {
     #[error("namespace {value:?} is not a valid DNS-1123 label: {rule}")]
     InvalidNamespace {
         /// The namespace given.
+        value: String,
+        /// The rule it breaks.
+        rule: &'static str,
+    },
+    /// A setting of Coordinated Leader Election ([`LeaseConfig::coordinated`])
+    /// the API server would refuse.
+    #[error("coordinated leader election: {field} {value:?} is invalid: {rule}")]
+    InvalidCoordination {
+        /// The `LeaseCandidate` field (`binaryVersion`, `emulationVersion`,
+        /// `strategy`, or `identity` for its name).
+        field: &'static str,
+        /// The value given.
         value: String,
         /// The rule it breaks.
         rule: &'static str,

@@ -208,6 +208,7 @@
 #![warn(missing_docs)]
 
 mod config;
+mod coordinated;
 mod elector;
 mod error;
 mod ext;
@@ -220,6 +221,7 @@ mod stream;
 mod warm;
 
 pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
+pub use coordinated::Coordinated;
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
 pub use error::{AcquireError, ApiError, ShutdownError};
 pub use ext::{ControllerWithLeaderElection, LeaderElectionControllerExt, LeaderElectionStreamExt};

@@ -24,6 +24,8 @@ mod disabled {
         pub(crate) fn renewal(&self, _outcome: &'static str, _latency: Duration, _sent: Instant) {}
 
         pub(crate) fn holder_changed(&self) {}
+
+        pub(crate) fn coordinated(&self, _coordinated: bool) {}
     }
 }
 
@@ -84,6 +86,7 @@ mod enabled {
     /// | `leader_election_renewals_total{outcome}` | counter | renewal writes by outcome: `success`, `late` (answered after the renew deadline), `conflict`, `not_found`, `error` |
     /// | `leader_election_renew_duration_seconds` | histogram | latency of renewal writes |
     /// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal was sent |
+    /// | `leader_election_coordinated` | gauge | 1 while Coordinated Leader Election is in force ([`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), served by the API server), 0 for the ordinary election |
     ///
     /// And, so that dashboards and alerts written for Go controllers keep
     /// working when a controller moves to Rust, client-go's own two (as
@@ -126,6 +129,7 @@ mod enabled {
         last_renewal: LastRenewals,
         master_status: Family<GoLabels, Gauge>,
         slowpath: Family<GoLabels, Counter>,
+        coordinated: Family<LeaseLabels, Gauge>,
     }
 
     fn renew_histogram() -> Histogram {
@@ -143,7 +147,13 @@ mod enabled {
                 last_renewal: LastRenewals::default(),
                 master_status: Family::default(),
                 slowpath: Family::default(),
+                coordinated: Family::default(),
             };
+            registry.register(
+                "leader_election_coordinated",
+                "Whether Coordinated Leader Election is in force (1) or the ordinary election (0)",
+                metrics.coordinated.clone(),
+            );
             registry.register(
                 "leader_election_is_leader",
                 "Whether this replica leads (1) or not (0)",
@@ -203,6 +213,8 @@ mod enabled {
     #[derive(Default)]
     pub(crate) struct Metrics {
         target: OnceLock<(LeaseMetrics, LeaseLabels, GoLabels)>,
+        /// The election in force, for metrics attached after it was decided.
+        coordinated: std::sync::atomic::AtomicBool,
     }
 
     impl Metrics {
@@ -216,7 +228,18 @@ mod enabled {
             };
             metrics.is_leader.get_or_create(&labels).set(0);
             metrics.master_status.get_or_create(&go).set(0);
+            metrics.coordinated.get_or_create(&labels).set(i64::from(
+                self.coordinated.load(std::sync::atomic::Ordering::Acquire),
+            ));
             let _ = self.target.set((metrics.clone(), labels, go));
+        }
+
+        pub(crate) fn coordinated(&self, coordinated: bool) {
+            self.coordinated
+                .store(coordinated, std::sync::atomic::Ordering::Release);
+            if let Some((m, labels, _)) = self.target.get() {
+                m.coordinated.get_or_create(labels).set(i64::from(coordinated));
+            }
         }
 
         pub(crate) fn leading(&self, leading: bool) {

@@ -3,6 +3,9 @@
 
 mod acquire;
 mod api;
+mod candidate;
+#[cfg(test)]
+mod coordinated_tests;
 mod disabled;
 mod events;
 mod memory;
@@ -106,6 +109,22 @@ struct State {
     beats: u64,
     shutdown: bool,
     memory: Memory,
+    /// Which election is in force (see [`Coordination`]).
+    coordination: Coordination,
+}
+
+/// Which election is in force.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Coordination {
+    /// The ordinary election: the one configured, or the fallback where the
+    /// API server does not serve `LeaseCandidate`.
+    #[default]
+    Ordinary,
+    /// Coordinated Leader Election asked for, and the API server has not yet
+    /// answered the `LeaseCandidate`'s creation: nothing to do yet.
+    Pending,
+    /// Coordinated Leader Election in force.
+    Coordinated,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -129,6 +148,14 @@ impl LeaderElector {
         config.validate()?;
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
+        let state = State {
+            coordination: if config.coordinated.is_some() {
+                Coordination::Pending
+            } else {
+                Coordination::Ordinary
+            },
+            ..State::default()
+        };
         Ok(LeaderElector {
             inner: Arc::new(Inner {
                 metrics: Metrics::default(),
@@ -136,7 +163,7 @@ impl LeaderElector {
                 config,
                 api,
                 wake: Arc::new(Notify::new()),
-                state: Mutex::new(State::default()),
+                state: Mutex::new(state),
                 slot_freed: Notify::new(),
                 status: watch::Sender::new(LeaderStatus::default()),
                 shutdown_tx: Mutex::new(Some(shutdown_tx)),

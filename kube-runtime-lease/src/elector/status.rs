@@ -22,6 +22,12 @@ pub struct LeaderStatus {
     pub holder: Option<String>,
     /// The Lease's `leaseTransitions` in the last observed record.
     pub transitions: Option<i32>,
+    /// Whether Coordinated Leader Election is in force
+    /// ([`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), and
+    /// the API server serves `LeaseCandidate`): `false` for the ordinary
+    /// election, also while the first `LeaseCandidate` creation is pending
+    /// and after the fallback.
+    pub coordinated: bool,
 }
 
 /// Why a [`LeaderElector::health_check`] failed.
@@ -94,6 +100,20 @@ impl LeaderElector {
 
 impl Inner {
     /// Changes the published status; a change of holder is logged and counted.
+    /// Which election is in force, once the API server answered the
+    /// `LeaseCandidate`'s creation (`false`: the fallback to the ordinary
+    /// election). Wakes the task, which waits for it.
+    pub(super) fn set_coordinated(&self, coordinated: bool) {
+        self.lock().coordination = if coordinated {
+            super::Coordination::Coordinated
+        } else {
+            super::Coordination::Ordinary
+        };
+        self.update_status(|s| s.coordinated = coordinated);
+        self.metrics.coordinated(coordinated);
+        self.wake.notify_one();
+    }
+
     pub(super) fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
         self.status.send_if_modified(|s| {
             let before = s.clone();

@@ -140,10 +140,35 @@ async fn run(mut task: Task) -> Result<()> {
             }
         }
     };
-    futures::select_biased! {
+    // Coordinated Leader Election: the LeaseCandidate lives as long as the
+    // task campaigns or leads, and is deleted when it ends.
+    // After a fallback (the API server does not serve LeaseCandidate), later
+    // tasks do not ask again: one warning per elector.
+    let fell_back = inner.lock().coordination == super::Coordination::Ordinary;
+    let candidate = inner
+        .config
+        .coordinated
+        .as_ref()
+        .filter(|_| !fell_back)
+        .map(|c| super::candidate::Candidate::new(inner.api.client(), &inner.config, c));
+    let keep_candidate = async {
+        match &candidate {
+            Some(c) => c.run(&inner).await,
+            None => std::future::pending().await,
+        }
+    };
+    let result = futures::select_biased! {
         result = elect.fuse() => result,
         () = pulse.fuse() => unreachable!("the pulse never ends"),
+        () = keep_candidate.fuse() => unreachable!("the candidate is kept until the task ends"),
+    };
+    // Only a published candidate is deleted (none was, after a fallback).
+    if let Some(candidate) = &candidate
+        && inner.lock().coordination == super::Coordination::Coordinated
+    {
+        candidate.delete().await;
     }
+    result
 }
 
 /// Who wants leadership, as the task re-counts it.

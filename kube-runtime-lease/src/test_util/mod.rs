@@ -135,7 +135,9 @@ pub struct Seen {
     pub at: Instant,
     /// The client's index (see [`FakeLeaseApi::client`]).
     pub client: usize,
-    /// `get`, `create`, `update`, `delete`, `list`, `watch`, or `other`.
+    /// `get`, `create`, `update`, `delete`, `list`, `watch`, or `other`
+    /// (`candidate` for a `LeaseCandidate` request, whose `client` is
+    /// `usize::MAX`).
     pub verb: &'static str,
 }
 
@@ -154,6 +156,10 @@ struct Store {
     served: Option<(String, String)>,
     seen: Vec<Seen>,
     clients: Vec<ClientFaults>,
+    /// `LeaseCandidate`s by name, once [`FakeLeaseApi::serve_lease_candidates`]
+    /// was called (`None`: answered 404, as by an API server without
+    /// Coordinated Leader Election).
+    candidates: Option<std::collections::BTreeMap<String, serde_json::Value>>,
 }
 
 #[derive(Default)]
@@ -236,6 +242,23 @@ impl FakeLeaseApi {
     /// Refuses `client`'s lists and watches with 403 (RBAC without them).
     pub fn forbid_watch(&self, client: usize) {
         self.lock().clients[client].watch_forbidden = true;
+    }
+
+    /// A double that also serves `coordination.k8s.io/v1beta1`
+    /// `LeaseCandidate`s (create, get, replace, delete; kept for
+    /// [`lease_candidates`](Self::lease_candidates)), as an API server with
+    /// Coordinated Leader Election does. It does not elect: a test plays the
+    /// API server's part with [`put`](Self::put). Without it, every
+    /// `LeaseCandidate` request is answered 404, as where the feature is off.
+    #[must_use]
+    pub fn serve_lease_candidates(self) -> Self {
+        self.lock().candidates = Some(std::collections::BTreeMap::new());
+        self
+    }
+
+    /// The `LeaseCandidate`s stored now, as JSON, by name.
+    pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        self.lock().candidates.clone().unwrap_or_default()
     }
 
     /// The Lease as stored now.

@@ -47,6 +47,9 @@ impl FakeLeaseApi {
             .to_bytes();
         let is_watch = query.contains("watch=true");
         let target = Target::of(&path);
+        if target.resource == "leasecandidates" && !is_watch {
+            return Ok(self.lease_candidate(&method, target.name.as_deref(), &body));
+        }
         if target.resource != "leases" {
             return Ok(self.other_resource(&method, is_watch, target.name.is_some()));
         }
@@ -142,6 +145,61 @@ impl FakeLeaseApi {
                 "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": [],
             })),
             (false, _) => status(404, "NotFound", "the double serves only leases"),
+        }
+    }
+
+    /// A `LeaseCandidate` request (seen as `candidate`): 404 unless
+    /// [`FakeLeaseApi::serve_lease_candidates`] was called; then create (409
+    /// if it exists), get, replace, delete by name (no resourceVersion check:
+    /// the double only keeps them for inspection). Lists are empty, and
+    /// watches silent, as for other resources.
+    fn lease_candidate(&self, method: &Method, name: Option<&str>, body: &[u8]) -> Response<ResBody> {
+        let mut s = self.lock();
+        s.seen.push(Seen {
+            at: Instant::now(),
+            client: usize::MAX,
+            verb: "candidate",
+        });
+        let Some(candidates) = s.candidates.as_mut() else {
+            return status(404, "NotFound", "the double serves no lease candidates");
+        };
+        let parsed = || serde_json::from_slice::<serde_json::Value>(body).ok();
+        match (method, name) {
+            (&Method::POST, _) => match parsed() {
+                Some(mut object) => {
+                    let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
+                        return status(422, "Invalid", "a LeaseCandidate needs a name");
+                    };
+                    if candidates.contains_key(&name) {
+                        return status(409, "AlreadyExists", "the LeaseCandidate exists");
+                    }
+                    object["metadata"]["resourceVersion"] = json!("1");
+                    candidates.insert(name, object.clone());
+                    created(&object)
+                }
+                None => status(400, "BadRequest", "not JSON"),
+            },
+            (&Method::GET, Some(name)) => match candidates.get(name) {
+                Some(object) => ok(object),
+                None => status(404, "NotFound", "no such LeaseCandidate"),
+            },
+            (&Method::PUT, Some(name)) => match (candidates.get_mut(name), parsed()) {
+                (Some(stored), Some(object)) => {
+                    *stored = object;
+                    ok(stored)
+                }
+                (None, _) => status(404, "NotFound", "no such LeaseCandidate"),
+                (_, None) => status(400, "BadRequest", "not JSON"),
+            },
+            (&Method::DELETE, Some(name)) => match candidates.remove(name) {
+                Some(object) => ok(&object),
+                None => status(404, "NotFound", "no such LeaseCandidate"),
+            },
+            (&Method::GET, None) => ok(&json!({
+                "apiVersion": "coordination.k8s.io/v1beta1", "kind": "LeaseCandidateList",
+                "metadata": { "resourceVersion": "1" }, "items": [],
+            })),
+            _ => status(405, "MethodNotAllowed", "not served by the double"),
         }
     }
 

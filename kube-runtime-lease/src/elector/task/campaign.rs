@@ -13,7 +13,7 @@ use tracing::{debug, info};
 use super::{Attempt, Obs, Task};
 use crate::{
     config::JITTER_FACTOR,
-    elector::supervise::Demand,
+    elector::{Coordination, supervise::Demand},
     error::Result,
     record::{self, Verdict},
 };
@@ -100,8 +100,17 @@ impl Task {
         }
         let now = Instant::now();
         let cfg = self.inner.config.clone();
+        let coordination = self.inner.lock().coordination;
+        let coordinated = match coordination {
+            // The LeaseCandidate's creation is not answered yet.
+            Coordination::Pending => return Ok(Attempt::WaitUntil(now + cfg.retry_period)),
+            Coordination::Coordinated => true,
+            Coordination::Ordinary => false,
+        };
         match &self.obs {
             Obs::Unknown => Ok(Attempt::RetryNow),
+            // Only the API server creates a coordinated Lease.
+            Obs::Missing if coordinated => Ok(Attempt::WaitUntil(now + cfg.retry_period)),
             Obs::Missing => {
                 let hold = self.inner.lock().memory.creation_hold(now, cfg.lease_duration);
                 let lease = Lease {
@@ -122,7 +131,12 @@ impl Task {
                     .own
                     .as_ref()
                     .is_some_and(|o| o.matches(object));
-                match record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now) {
+                let verdict = if coordinated {
+                    record::coordinated_verdict(observed, &cfg.identity, own, cfg.lease_duration, now)
+                } else {
+                    record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now)
+                };
+                match verdict {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
                         let mut lease = (**object).clone();

@@ -1,0 +1,209 @@
+//! [`Coordinated`]: the settings of Coordinated Leader Election (KEP-4355).
+
+/// Coordinated Leader Election: the API server picks the leader among the
+/// candidates that publish a `coordination.k8s.io/v1beta1` `LeaseCandidate`
+/// (client-go's `NewCandidate` with `LeaderElectionConfig.Coordinated`).
+///
+/// With [`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), the
+/// elector:
+/// - publishes a `LeaseCandidate` named after its identity, in the Lease's
+///   namespace, for the Lease, and answers the API server's pings
+///   (`spec.pingTime` newer than `spec.renewTime`) at once, from a watch of
+///   that one object; it also refreshes `renewTime` every five minutes, as
+///   client-go's candidate does;
+/// - never creates the Lease and never takes it over: it leads when the API
+///   server's election names it holder (a record written by the API server,
+///   without `acquireTime`), and from then on renews it as in an ordinary
+///   term. Its first write of a term sets `acquireTime` and increments
+///   `leaseTransitions` (client-go's coordinated renewal does not), so that
+///   [`fencing_token`](crate::LeaseGuard::fencing_token) still grows with
+///   every term;
+/// - ends its term when the API server marks `preferredHolder` for a better
+///   candidate ([`Lost::SteppedDown`](crate::Lost::SteppedDown)), and
+///   releases the Lease once its guarded work has stopped, so that the API
+///   server hands it over at once instead of after its expiry;
+/// - deletes its `LeaseCandidate` when its election task ends (shutdown, or
+///   nobody wants leadership any more); client-go leaves it to the API
+///   server's garbage collection (30 minutes).
+///
+/// When the API server does not serve `LeaseCandidate` (the
+/// `CoordinatedLeaderElection` feature gate and `coordination.k8s.io/v1beta1`
+/// are both off by default up to Kubernetes 1.37), creating it is answered
+/// 404: the elector logs one warning and falls back to the ordinary election,
+/// so that one binary runs on clusters with and without the gate.
+/// [`LeaderStatus::coordinated`](crate::LeaderStatus::coordinated) says which
+/// election is in force.
+///
+/// The API server's default strategy, `OldestEmulationVersion`, elects the
+/// candidate with the lowest emulation version, then the lowest binary
+/// version, then the oldest `LeaseCandidate`: during a rolling upgrade,
+/// leadership stays with the old binary until the last old replica is gone.
+/// The API server writes the Lease with a 5 s lease duration and checks again
+/// every 5 s; [`LeaseConfig::retry_period`](crate::LeaseConfig::retry_period)
+/// must be short enough (client-go's 2 s is) for the elected candidate to
+/// renew within those 5 s.
+///
+/// The API server judges expiry by `renewTime` on its own clock, not by an
+/// observed change as candidates do: a candidate whose wall clock lags the
+/// API server's by more than `lease_duration - renew_deadline` may be replaced
+/// while it still leads. Keep node clocks synchronised (NTP), as for
+/// client-go's coordinated mode.
+///
+/// ```
+/// use kube_runtime_lease::{Coordinated, LeaseConfig};
+///
+/// let config = LeaseConfig::new("default", "my-controller", "pod-a")
+///     .coordinated(Coordinated::new("1.37.0").emulation_version("1.36.0"));
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Coordinated {
+    pub(crate) binary_version: String,
+    pub(crate) emulation_version: String,
+    pub(crate) strategy: String,
+}
+
+/// The API server's default strategy.
+pub(crate) const OLDEST_EMULATION_VERSION: &str = "OldestEmulationVersion";
+
+impl Coordinated {
+    /// A candidate of binary version `binary_version` (strict semantic
+    /// version, `"1.37.0"`: the API server refuses `"1.37"` and `"v1.37.0"`),
+    /// emulating the same version, offering the `OldestEmulationVersion`
+    /// strategy.
+    #[must_use]
+    pub fn new(binary_version: impl Into<String>) -> Self {
+        let binary_version = binary_version.into();
+        Coordinated {
+            emulation_version: binary_version.clone(),
+            binary_version,
+            strategy: OLDEST_EMULATION_VERSION.to_owned(),
+        }
+    }
+
+    /// The emulation version (strict semantic version, at most the binary
+    /// version): what `OldestEmulationVersion` orders candidates by.
+    #[must_use]
+    pub fn emulation_version(mut self, version: impl Into<String>) -> Self {
+        self.emulation_version = version.into();
+        self
+    }
+
+    /// The strategy offered: `OldestEmulationVersion` (the default, and the
+    /// only one the API server implements), or a third-party strategy, a
+    /// qualified name such as `example.com/my-strategy`. (`v1beta1` carries
+    /// one strategy per candidate; `v1alpha1`'s list is gone.)
+    #[must_use]
+    pub fn strategy(mut self, strategy: impl Into<String>) -> Self {
+        self.strategy = strategy.into();
+        self
+    }
+
+    /// The first rule broken, as `(field, value, rule)`.
+    pub(crate) fn check(&self, identity: &str) -> Option<(&'static str, String, &'static str)> {
+        let Some(binary) = semver(&self.binary_version) else {
+            return Some((
+                "binaryVersion",
+                self.binary_version.clone(),
+                "must be a semantic version MAJOR.MINOR.PATCH, such as 1.37.0",
+            ));
+        };
+        let Some(emulation) = semver(&self.emulation_version) else {
+            return Some((
+                "emulationVersion",
+                self.emulation_version.clone(),
+                "must be a semantic version MAJOR.MINOR.PATCH, such as 1.36.0",
+            ));
+        };
+        if emulation > binary {
+            return Some((
+                "emulationVersion",
+                self.emulation_version.clone(),
+                "must not be newer than the binary version",
+            ));
+        }
+        if self.strategy != OLDEST_EMULATION_VERSION && !self.strategy.contains('/') {
+            return Some((
+                "strategy",
+                self.strategy.clone(),
+                "must be OldestEmulationVersion or a qualified name (example.com/name)",
+            ));
+        }
+        // The LeaseCandidate is named after the identity: a ConfigMap key.
+        if identity.len() > 253
+            || identity == "."
+            || identity == ".."
+            || !identity
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        {
+            return Some((
+                "identity",
+                identity.to_owned(),
+                "names the LeaseCandidate: at most 253 of [-._a-zA-Z0-9], not . or ..",
+            ));
+        }
+        None
+    }
+}
+
+/// `MAJOR.MINOR.PATCH[-pre][+build]` as numbers, or `None`.
+fn semver(v: &str) -> Option<(u64, u64, u64)> {
+    let core = v.split(['-', '+']).next()?;
+    let mut parts = core.split('.');
+    let mut num = || -> Option<u64> {
+        let p = parts.next()?;
+        // No leading zeros, digits only (semver's rule).
+        if p.is_empty() || (p.len() > 1 && p.starts_with('0')) || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        p.parse().ok()
+    };
+    let version = (num()?, num()?, num()?);
+    parts.next().is_none().then_some(version)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_strict_semver_and_emulation_is_not_newer() {
+        assert_eq!(semver("1.37.0"), Some((1, 37, 0)));
+        assert_eq!(semver("1.37.0-alpha.1+abc"), Some((1, 37, 0)));
+        for bad in ["1.37", "v1.37.0", "1.37.0.1", "01.2.3", "1..3", "", "a.b.c"] {
+            assert_eq!(semver(bad), None, "{bad}");
+        }
+        assert_eq!(Coordinated::new("1.37.0").check("a"), None);
+        assert_eq!(
+            Coordinated::new("1.37.0")
+                .emulation_version("1.36.0")
+                .check("pod-a_1.x"),
+            None
+        );
+        let broken = |c: &Coordinated, id: &str| c.check(id).map(|(field, _, _)| field);
+        assert_eq!(broken(&Coordinated::new("1.37"), "a"), Some("binaryVersion"));
+        assert_eq!(
+            broken(&Coordinated::new("1.37.0").emulation_version("v1.36.0"), "a"),
+            Some("emulationVersion")
+        );
+        assert_eq!(
+            broken(&Coordinated::new("1.36.0").emulation_version("1.37.0"), "a"),
+            Some("emulationVersion")
+        );
+        assert_eq!(
+            broken(&Coordinated::new("1.37.0").strategy("Mine"), "a"),
+            Some("strategy")
+        );
+        assert_eq!(
+            broken(&Coordinated::new("1.37.0").strategy("example.com/mine"), "a"),
+            None
+        );
+        assert_eq!(broken(&Coordinated::new("1.37.0"), "pod a"), Some("identity"));
+        assert_eq!(broken(&Coordinated::new("1.37.0"), ".."), Some("identity"));
+        assert_eq!(
+            broken(&Coordinated::new("1.37.0"), &"x".repeat(254)),
+            Some("identity")
+        );
+    }
+}

@@ -1,0 +1,240 @@
+//! Coordinated Leader Election on the Lease API double, with paused time:
+//! the test plays the API server's election with `FakeLeaseApi::put`.
+
+use std::time::Duration;
+
+use futures::FutureExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use tokio::time::sleep;
+
+use crate::test_util::FakeLeaseApi;
+use crate::{
+    Coordinated, LeaseConfig, Lost,
+    test_support::{config, elector, held_by, holder, paused, spec},
+};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+fn coordinated(identity: &str) -> LeaseConfig {
+    config(identity).coordinated(Coordinated::new("1.37.0").emulation_version("1.36.0"))
+}
+
+/// What the API server's election writes: `holder`, a 5 s lease renewed now,
+/// no `acquireTime`, the strategy; transitions kept.
+fn assign(fake: &FakeLeaseApi, holder: &str) {
+    let mut lease = fake.lease().unwrap_or_else(|| held_by("", 5));
+    let spec = lease.spec.get_or_insert_with(Default::default);
+    spec.holder_identity = Some(holder.to_owned());
+    spec.lease_duration_seconds = Some(5);
+    spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    spec.acquire_time = None;
+    spec.preferred_holder = None;
+    spec.strategy = Some("OldestEmulationVersion".to_owned());
+    fake.put(lease);
+}
+
+/// The API server marks the end of the current term for `preferred`.
+fn prefer(fake: &FakeLeaseApi, preferred: &str) {
+    let mut lease = fake.lease().expect("a lease");
+    lease.spec.as_mut().expect("a spec").preferred_holder = Some(preferred.to_owned());
+    fake.put(lease);
+}
+
+#[test]
+fn where_lease_candidates_are_not_served_the_ordinary_election_runs() {
+    paused(async {
+        // The double answers LeaseCandidate requests 404, as an API server
+        // with the feature gate off.
+        let fake = FakeLeaseApi::default();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let guard = tokio::time::timeout(S(60), e.acquire())
+            .await
+            .expect("leads by the ordinary election")
+            .expect("leads");
+        assert!(guard.is_valid());
+        assert_eq!(
+            holder(&fake).as_deref(),
+            Some("me"),
+            "created and took the Lease itself"
+        );
+        assert!(!e.status().coordinated, "the fallback is in force");
+        let tried = || fake.seen().iter().filter(|s| s.verb == "candidate").count();
+        assert_eq!(
+            tried(),
+            1,
+            "the LeaseCandidate was tried first: {:?}",
+            fake.seen()
+        );
+        // A later election task (leadership given up, then wanted again) does
+        // not ask again: one fallback, one warning, per elector.
+        drop(guard);
+        sleep(S(10)).await;
+        let again = tokio::time::timeout(S(60), e.acquire())
+            .await
+            .expect("leads again")
+            .expect("leads");
+        assert!(again.is_valid());
+        assert_eq!(tried(), 1, "asked again: {:?}", fake.seen());
+    });
+}
+
+#[test]
+fn a_coordinated_candidate_never_creates_or_takes_a_lease_and_leads_when_elected() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        // No Lease: it waits for the API server to create one.
+        assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
+        assert!(
+            fake.lease().is_none(),
+            "a coordinated candidate created the Lease"
+        );
+        assert!(e.status().coordinated);
+        let candidates = fake.lease_candidates();
+        let published = &candidates.get("me").expect("the LeaseCandidate is published")["spec"];
+        assert_eq!(published["leaseName"], "lease");
+        assert_eq!(published["binaryVersion"], "1.37.0");
+        assert_eq!(published["emulationVersion"], "1.36.0");
+        assert_eq!(published["strategy"], "OldestEmulationVersion");
+
+        // A free Lease, then one held by someone else that expires: neither is taken.
+        fake.put(held_by("", 5));
+        assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
+        assert_eq!(holder(&fake).as_deref(), Some(""), "took a free Lease");
+        assert_coordinated_waits(&fake, &mut acquire, "other").await;
+
+        // The API server elects us: we lead, at once.
+        assign(&fake, "me");
+        let guard = tokio::time::timeout(S(1), acquire)
+            .await
+            .expect("leads when elected")
+            .expect("leads");
+        let s = spec(&fake);
+        assert_eq!(s.holder_identity.as_deref(), Some("me"));
+        assert!(
+            s.acquire_time.is_some(),
+            "our first write of the term sets acquireTime"
+        );
+        assert_eq!(s.lease_transitions, Some(5), "and counts a transition (4 before)");
+        assert_eq!(guard.fencing_token(), 5);
+        assert_eq!(
+            s.lease_duration_seconds,
+            Some(15),
+            "renewed with our own duration"
+        );
+        assert_eq!(
+            s.strategy.as_deref(),
+            Some("OldestEmulationVersion"),
+            "the strategy kept"
+        );
+        // It renews like any leader.
+        sleep(S(30)).await;
+        assert!(guard.is_valid());
+    });
+}
+
+async fn assert_coordinated_waits(
+    fake: &FakeLeaseApi,
+    acquire: &mut (impl std::future::Future<Output = Result<crate::LeaseGuard, crate::AcquireError>> + Unpin),
+    other: &str,
+) {
+    let mut lease = held_by(other, 5);
+    lease.spec.as_mut().unwrap().acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    fake.put(lease);
+    assert!(
+        tokio::time::timeout(S(60), acquire).await.is_err(),
+        "took an expired Lease held by {other}"
+    );
+    assert_eq!(holder(fake).as_deref(), Some(other));
+}
+
+#[test]
+fn a_coordinated_leader_steps_down_for_the_preferred_holder_and_stops_renewing() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        assign(&fake, "me");
+        let guard = acquire.await.expect("leads");
+        prefer(&fake, "better");
+        let lost = tokio::time::timeout(S(1), guard)
+            .await
+            .expect("the term ends at once");
+        assert_eq!(
+            lost,
+            Lost::SteppedDown {
+                preferred_holder: "better".to_owned()
+            }
+        );
+        assert!(!e.is_leader());
+        // Its work was stopped, not finished (the guard was alive when the
+        // term ended): no release, and no renewal either, so the Lease
+        // expires for the API server to hand over (client-go's end of term).
+        let renewed = spec(&fake).renew_time;
+        let mut again = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(60), &mut again).await.is_err());
+        let s = spec(&fake);
+        assert_eq!(
+            s.holder_identity.as_deref(),
+            Some("me"),
+            "released after stopped work"
+        );
+        assert_eq!(s.renew_time, renewed, "renewed after stepping down");
+        // Nor does it take the Lease back on its own: the API server hands it on.
+        assign(&fake, "better");
+        assert!(tokio::time::timeout(S(60), &mut again).await.is_err());
+        assert_eq!(holder(&fake).as_deref(), Some("better"));
+    });
+}
+
+#[test]
+fn the_lease_candidate_is_deleted_when_the_election_ends() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        assert!(fake.lease_candidates().contains_key("me"));
+        assign(&fake, "me");
+        let guard = acquire.await.expect("leads");
+        drop(guard);
+        e.shutdown(S(5)).await.expect("shuts down");
+        assert!(
+            fake.lease_candidates().is_empty(),
+            "{:?}",
+            fake.lease_candidates()
+        );
+        assert_eq!(holder(&fake).as_deref(), Some(""), "released on shutdown");
+    });
+}
+
+#[test]
+fn a_record_naming_us_that_is_not_the_api_servers_assignment_is_waited_out() {
+    paused(async {
+        // Another process with our identity holds the Lease (its record has an
+        // acquireTime: not the API server's assignment): waited out for one
+        // lease duration after it last changed, as in the ordinary election.
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let mut lease = held_by("me", 5);
+        lease.spec.as_mut().unwrap().acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        fake.put(lease);
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(
+            tokio::time::timeout(S(4), &mut acquire).await.is_err(),
+            "took a record of unknown provenance before it expired"
+        );
+        let guard = tokio::time::timeout(S(4), acquire)
+            .await
+            .expect("takes it once expired")
+            .expect("leads");
+        assert!(guard.is_valid());
+        assert!(acquire_ready_now(&e));
+    });
+}
+
+fn acquire_ready_now(e: &crate::LeaderElector) -> bool {
+    e.acquire().now_or_never().is_some_and(|r| r.is_ok())
+}
