@@ -5,7 +5,11 @@
 //! configuration), and reads its Lease settings from the environment:
 //! `LEASE_NAMESPACE` (default `default`), `LEASE_NAME` (default the example's
 //! name), `LEASE_DURATION`, `RENEW_DEADLINE`, `RETRY_PERIOD` (seconds, with
-//! client-go's 15/10/2 defaults), and `POD_NAME` for the identity.
+//! client-go's 15/10/2 defaults), and `POD_NAME` for the identity. With
+//! `COORDINATED_BINARY_VERSION` set (`1.37.0`), the election is coordinated
+//! by the API server ([`Coordinated`](kube_runtime_lease::Coordinated)), with
+//! `COORDINATED_EMULATION_VERSION` as the emulation version (default: the
+//! binary version).
 
 pub mod probes;
 
@@ -104,11 +108,21 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
     let namespace = std::env::var("LEASE_NAMESPACE").unwrap_or_else(|_| "default".into());
     let name = std::env::var("LEASE_NAME").unwrap_or_else(|_| default_name.into());
     let identity = std::env::var("IDENTITY").unwrap_or_else(|_| unique_identity());
-    Ok(LeaseConfig::new(namespace, name, identity)
+    let config = LeaseConfig::new(namespace, name, identity)
         .lease_duration(env_seconds("LEASE_DURATION", 15.0)?)
         .renew_deadline(env_seconds("RENEW_DEADLINE", 10.0)?)
         .retry_period(env_seconds("RETRY_PERIOD", 2.0)?)
-        .watch(std::env::var("LEASE_WATCH").map_or(true, |v| v != "false")))
+        .watch(std::env::var("LEASE_WATCH").map_or(true, |v| v != "false"));
+    Ok(match std::env::var("COORDINATED_BINARY_VERSION") {
+        Ok(binary) => {
+            let mut coordinated = kube_runtime_lease::Coordinated::new(binary);
+            if let Ok(emulation) = std::env::var("COORDINATED_EMULATION_VERSION") {
+                coordinated = coordinated.emulation_version(emulation);
+            }
+            config.coordinated(coordinated)
+        }
+        Err(_) => config,
+    })
 }
 
 /// Resolves on SIGTERM or Ctrl+C.

@@ -91,10 +91,24 @@ impl TestEnv {
         let mode = if let Some(path) = std::env::var_os("KRL_TEST_KUBECONFIG") {
             Mode::External(Box::new(External::connect(PathBuf::from(path)).await?))
         } else {
-            Mode::Local(Box::new(Local::start().await?))
+            Mode::Local(Box::new(Local::start(true).await?))
         };
         Ok(Self {
             mode,
+            namespaces: AtomicU32::new(0),
+        })
+    }
+
+    /// Starts a local etcd and kube-apiserver like [`TestEnv::start`], but
+    /// without Coordinated Leader Election (no `CoordinatedLeaderElection`
+    /// gate, no `coordination.k8s.io/v1beta1`: Kubernetes' defaults up to
+    /// 1.37), whatever `KRL_TEST_KUBECONFIG` says.
+    ///
+    /// # Errors
+    /// As [`TestEnv::start`].
+    pub async fn start_without_coordinated_leader_election() -> Result<Self> {
+        Ok(Self {
+            mode: Mode::Local(Box::new(Local::start(false).await?)),
             namespaces: AtomicU32::new(0),
         })
     }

@@ -115,6 +115,43 @@ impl Fixture {
         Process::spawn(name, Flavor::Rust, command, log)
     }
 
+    /// A candidate of `flavor` in Coordinated Leader Election, binary
+    /// version 1.37.0 emulating `emulation` (the Rust candidate's
+    /// `COORDINATED_*` variables; goelect's `--coordinated`, which campaigns
+    /// again after each term, as a coordinated candidate must).
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn spawn_coordinated(
+        &self,
+        flavor: Flavor,
+        log: &EventLog,
+        lease: &LeaseRef,
+        name: &str,
+        timings: Timings,
+        emulation: &str,
+    ) -> Result<Process> {
+        let command = match flavor {
+            Flavor::Go => {
+                let mut c = go_candidate(&self.goelect, self.env.kubeconfig_path(), lease, name, timings);
+                c.args([
+                    "--coordinated",
+                    "--rejoin",
+                    "--binary-version=1.37.0",
+                    &format!("--emulation-version={emulation}"),
+                ]);
+                c
+            }
+            Flavor::Rust => {
+                let mut c = rust_candidate(&self.candidate, self.env.kubeconfig_path(), lease, name, timings);
+                c.env("COORDINATED_BINARY_VERSION", "1.37.0")
+                    .env("COORDINATED_EMULATION_VERSION", emulation);
+                c
+            }
+        };
+        Process::spawn(name, flavor, command, log)
+    }
+
     /// A client-go candidate (`goelect`) named `name` (also its identity) on
     /// `lease` with `timings`, talking to the apiserver directly.
     ///

@@ -4,7 +4,10 @@
 //! the API server elects the candidate with the oldest emulation version;
 //! a better candidate joining takes over at the end of the term, with no
 //! overlap of the candidates' terms; every candidate publishes a
-//! `LeaseCandidate` and deletes it on shutdown.
+//! `LeaseCandidate` and deletes it on shutdown; and the API server makes the
+//! same choice among Rust and client-go candidates (`goelect --coordinated`:
+//! `NewCandidate` and `LeaderElectionConfig.Coordinated`), checked by the
+//! failover suite's interval check (no two leaders at any instant).
 
 use std::{
     sync::{Arc, Mutex},
@@ -18,7 +21,7 @@ use kube::{
     api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
 };
 use kube_runtime_lease::{Coordinated, LeaderElector, LeaseConfig, Lost};
-use kube_runtime_lease_harness::shared_env;
+use kube_runtime_lease_harness::{EventLog, Fixture, Flavor, Kind, Sig, Timings, check_log, shared_env};
 use tokio::time::{Instant, sleep, timeout};
 
 /// One candidate's terms as it saw them: (identity, begun, ended or `None`
@@ -172,5 +175,149 @@ async fn the_api_server_elects_the_oldest_emulation_version_and_hands_over_at_th
     assert_no_overlap(&terms);
     let left = candidates.list(&ListParams::default()).await?.items;
     ensure!(left.is_empty(), "LeaseCandidates left after shutdown: {left:?}");
+    Ok(())
+}
+
+/// Waits for `who`'s `started-leading`.
+async fn leads(log: &EventLog, who: &str, within: Duration) -> Result<u64> {
+    Ok(log
+        .wait_for(&format!("{who} to lead"), within, |e| {
+            e.kind == Kind::StartedLeading && e.process == who
+        })
+        .await
+        .with_context(|| log.dump())?
+        .at)
+}
+
+/// Leadership stays with `who` (who started leading at `since`): nobody
+/// else starts leading in the next 6 s (more than the API server's 5 s
+/// re-check).
+async fn stays_with(log: &EventLog, who: &str, since: u64) -> Result<()> {
+    let other = log.wait_for("another leader", Duration::from_secs(6), |e| {
+        e.kind == Kind::StartedLeading && e.at > since && e.process != who
+    });
+    match other.await {
+        Ok(e) => bail!("{} led after {who}: {}", e.process, log.dump()),
+        Err(_) => Ok(()),
+    }
+}
+
+#[tokio::test]
+async fn rust_and_client_go_candidates_are_elected_alike() -> Result<()> {
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "cle-mixed").await?;
+    let t = Timings {
+        lease_duration: Duration::from_secs(4),
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_millis(500),
+    };
+    // client-go emulating 1.36 against Rust emulating 1.37: client-go is elected.
+    let mut procs = vec![
+        ctx.spawn_coordinated(Flavor::Go, &log, &lease, "go-136", t, "1.36.0")?,
+        ctx.spawn_coordinated(Flavor::Rust, &log, &lease, "rust-137", t, "1.37.0")?,
+    ];
+    // (Whichever candidate publishes first may be elected at once, alone;
+    // the API server moves leadership to the better one at the end of the term.)
+    let go_leads = leads(&log, "go-136", Duration::from_secs(60)).await?;
+    stays_with(&log, "go-136", go_leads).await?;
+    // Rust emulating 1.35 joins: it is elected at the end of client-go's term.
+    let joined = log.note("rust-135 joins");
+    procs.push(ctx.spawn_coordinated(Flavor::Rust, &log, &lease, "rust-135", t, "1.35.0")?);
+    let took = leads(&log, "rust-135", Duration::from_secs(60)).await?;
+    ensure!(took > joined, "{}", log.dump());
+    stays_with(&log, "rust-135", took).await?;
+    // The leader is killed: the API server elects the next oldest, client-go,
+    // once the Lease expired.
+    let killed = procs[2].kill().await?;
+    let next = log
+        .next_leader(killed, "rust-135", Duration::from_secs(60))
+        .await?;
+    ensure!(
+        next.process == "go-136",
+        "{} took over: {}",
+        next.process,
+        log.dump()
+    );
+    for p in &procs[..2] {
+        p.signal(Sig::Term)?;
+    }
+    for p in &mut procs[..2] {
+        p.wait_exit(Duration::from_secs(15)).await?;
+    }
+    check_log(&log).with_context(|| log.dump())?;
+    Ok(())
+}
+
+/// A `MakeWriter` into a shared buffer: the log lines of this test.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn without_the_feature_gate_the_ordinary_election_runs_after_one_warning() -> Result<()> {
+    // The test's runtime is current-thread: every task of the electors logs
+    // on this thread, into this subscriber.
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let env = kube_runtime_lease_harness::TestEnv::start_without_coordinated_leader_election().await?;
+    let ns = env.new_namespace("cle-off").await?;
+    let leases = Api::<Lease>::namespaced(env.client().await?, &ns);
+    let a = LeaderElector::new(env.client().await?, config(&ns, "a", "1.36.0"))?;
+    let b = LeaderElector::new(env.client().await?, config(&ns, "b", "1.37.0"))?;
+    let terms: Terms = Arc::default();
+    let tasks = [
+        campaign(a.clone(), terms.clone()),
+        campaign(b.clone(), terms.clone()),
+    ];
+    // The ordinary election: someone creates the Lease and leads.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader = loop {
+        if let Some(l) = [&a, &b].into_iter().find(|e| e.is_leader()) {
+            break l.clone();
+        }
+        ensure!(Instant::now() < deadline, "nobody leads without the gate");
+        sleep(Duration::from_millis(50)).await;
+    };
+    ensure!(
+        !a.status().coordinated && !b.status().coordinated,
+        "coordinated mode claimed"
+    );
+    let holder = leases.get("lease").await?.spec.and_then(|s| s.holder_identity);
+    ensure!(
+        holder.as_deref() == Some(leader.config().identity()),
+        "{holder:?}"
+    );
+    // A handover on shutdown, as in the ordinary election.
+    let other = if leader.config().identity() == "a" { &b } else { &a };
+    leader.shutdown(Duration::from_secs(5)).await?;
+    wait_leader(&leases, other, other.config().identity(), Duration::from_secs(30)).await?;
+    other.shutdown(Duration::from_secs(5)).await?;
+    for t in tasks {
+        timeout(Duration::from_secs(10), t).await??;
+    }
+    assert_no_overlap(&terms);
+    let text = String::from_utf8_lossy(&captured.0.lock().expect("lock")).into_owned();
+    let warnings = text.matches("does not serve coordination.k8s.io/v1beta1").count();
+    ensure!(
+        warnings == 2,
+        "one fallback warning per elector, {warnings} seen:\n{text}"
+    );
     Ok(())
 }

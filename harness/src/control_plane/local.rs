@@ -24,6 +24,9 @@ pub(super) struct Local {
     pub(super) kubeconfig: PathBuf,
     users: AtomicU32,
     restarts: AtomicU32,
+    /// Whether the apiserver runs with Coordinated Leader Election (the
+    /// feature gate and `coordination.k8s.io/v1beta1`).
+    coordinated: bool,
     // Drop order matters: the apiserver goes first, then etcd, then the directory.
     pub(super) apiserver: Mutex<Option<Managed>>,
     pub(super) etcd: Mutex<Option<Managed>>,
@@ -31,7 +34,7 @@ pub(super) struct Local {
 }
 
 impl Local {
-    pub(super) async fn start() -> Result<Self> {
+    pub(super) async fn start(coordinated: bool) -> Result<Self> {
         let bin_dir = bin_dir().await?;
         let control_plane = bin_dir.join(CONTROL_PLANE_BIN);
         let mut dir = tempfile::Builder::new()
@@ -89,6 +92,7 @@ impl Local {
             kubeconfig,
             users: AtomicU32::new(0),
             restarts: AtomicU32::new(0),
+            coordinated,
             apiserver: Mutex::new(None),
             etcd: Mutex::new(Some(etcd)),
             dir,
@@ -100,7 +104,7 @@ impl Local {
     fn apiserver_args(&self) -> Vec<String> {
         let f = &self.pki.files;
         let port = self.apiserver_port;
-        vec![
+        let mut args = vec![
             "kube-apiserver".to_owned(),
             format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
             format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
@@ -115,10 +119,13 @@ impl Local {
             format!("--service-account-key-file={}", f.sa_pub.display()),
             format!("--service-account-signing-key-file={}", f.sa_key.display()),
             "--disable-admission-plugins=ServiceAccount".to_owned(),
-            "--feature-gates=CoordinatedLeaderElection=true".to_owned(),
-            "--runtime-config=coordination.k8s.io/v1beta1=true".to_owned(),
             "--profiling=false".to_owned(),
-        ]
+        ];
+        if self.coordinated {
+            args.push("--feature-gates=CoordinatedLeaderElection=true".to_owned());
+            args.push("--runtime-config=coordination.k8s.io/v1beta1=true".to_owned());
+        }
+        args
     }
 
     pub(super) async fn start_apiserver(&self) -> Result<()> {

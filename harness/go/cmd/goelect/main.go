@@ -75,6 +75,9 @@ func main() {
 	rejoin := flag.Bool("rejoin", false, "campaign again after losing leadership instead of exiting 1")
 	exitOnStdinEOF := flag.Bool("exit-on-stdin-eof", false, "treat EOF on stdin like SIGTERM (parent-death watchdog)")
 	qps := flag.Float64("qps", 50, "client QPS")
+	coordinated := flag.Bool("coordinated", false, "Coordinated Leader Election: publish a LeaseCandidate (NewCandidate) and let the API server elect (LeaderElectionConfig.Coordinated)")
+	binaryVersion := flag.String("binary-version", "1.37.0", "the LeaseCandidate's binaryVersion (with --coordinated)")
+	emulationVersion := flag.String("emulation-version", "", "the LeaseCandidate's emulationVersion (with --coordinated; default: the binary version)")
 	flag.Parse()
 
 	if *kubeconfig == "" || *name == "" {
@@ -138,6 +141,22 @@ func main() {
 			OnStoppedLeading: func() { event("stopped-leading", id) },
 			OnNewLeader:      func(leader string) { event("new-leader", leader) },
 		},
+	}
+	if *coordinated {
+		ev := *emulationVersion
+		if ev == "" {
+			ev = *binaryVersion
+		}
+		// As kube-controller-manager does: the candidate is named after the
+		// identity, in the Lease's namespace, and runs beside the elector.
+		candidate, synced, err := leaderelection.NewCandidate(client, *namespace, id, *name, *binaryVersion, ev, "OldestEmulationVersion")
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "goelect: creating the LeaseCandidate controller: %v\n", err)
+			os.Exit(2)
+		}
+		go candidate.Run(ctx)
+		synced.WaitForCacheSync(ctx.Done())
+		lec.Coordinated = true
 	}
 	elector, err := leaderelection.NewLeaderElector(lec)
 	if err != nil {
