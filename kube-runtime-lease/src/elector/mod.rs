@@ -3,6 +3,8 @@
 
 mod acquire;
 mod api;
+#[cfg(test)]
+mod campaign_tests;
 mod disabled;
 mod events;
 mod memory;
