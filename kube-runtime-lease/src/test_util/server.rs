@@ -236,7 +236,7 @@ impl FakeLeaseApi {
                 let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
                     return status(400, "BadRequest", "bad body");
                 };
-                if let Err(refused) = in_namespace(&mut lease, namespace) {
+                if let Some(refused) = in_namespace(&mut lease, namespace) {
                     return refused;
                 }
                 // Validation comes first, as in the API server.
@@ -279,7 +279,7 @@ impl FakeLeaseApi {
         let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
             return status(400, "BadRequest", "bad body");
         };
-        if let Err(refused) = in_namespace(&mut lease, namespace) {
+        if let Some(refused) = in_namespace(&mut lease, namespace) {
             return refused;
         }
         let Some(current) = &s.lease else {
@@ -385,20 +385,20 @@ fn field_selector_name(query: &str) -> Option<String> {
 }
 
 /// As the API server does before anything else: a written object takes the
-/// request path's namespace if it names none, and is refused (400) if it
-/// names another.
-fn in_namespace(lease: &mut Lease, path: Option<&str>) -> Result<(), Response<ResBody>> {
+/// request path's namespace if it names none; the refusal (400) if it names
+/// another.
+fn in_namespace(lease: &mut Lease, path: Option<&str>) -> Option<Response<ResBody>> {
     match (lease.metadata.namespace.as_deref(), path) {
-        (Some(named), Some(path)) if named != path => Err(status(
+        (Some(named), Some(path)) if named != path => Some(status(
             400,
             "BadRequest",
             "the namespace of the provided object does not match the namespace sent on the request",
         )),
         (None, Some(path)) => {
             lease.metadata.namespace = Some(path.to_owned());
-            Ok(())
+            None
         }
-        _ => Ok(()),
+        _ => None,
     }
 }
 
