@@ -3,6 +3,8 @@
 
 mod acquire;
 mod api;
+#[cfg(test)]
+mod campaign_tests;
 mod candidate;
 #[cfg(test)]
 mod coordinated_tests;

@@ -1169,3 +1169,60 @@ fn a_release_retries_one_conflict_and_nothing_else() {
         }
     });
 }
+
+/// Log lines written while `body` runs on this thread (the paused runtime's),
+/// at `WARN` and above.
+fn warnings_during(body: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let buffer = buffer.clone();
+            move || buffer.clone()
+        })
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .finish();
+    tracing::subscriber::with_default(subscriber, body);
+    let bytes = buffer.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// A broken watch is warned about once per outage, not once per retry of
+/// the watch: the first failure says the candidate polls until it recovers,
+/// the retries say nothing more.
+#[test]
+fn a_broken_watch_is_warned_about_once_per_outage_not_per_retry() {
+    let logs = warnings_during(|| {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            fake.put(held_by("other", 3600));
+            let (f, id) = elector(&fake, config("follower"));
+            let mut acquire = std::pin::pin!(f.acquire());
+            assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
+            let cut = Instant::now();
+            fake.partition(id, true);
+            assert!(tokio::time::timeout(S(30), &mut acquire).await.is_err());
+            let watches = count(&fake, id, "watch", cut);
+            assert!(
+                watches >= 3,
+                "the watch was retried {watches} times during the outage"
+            );
+        });
+    });
+    let warned = logs.matches("lease watch failed").count();
+    assert_eq!(
+        warned, 1,
+        "warnings about the broken watch in one outage (expected one):\n{logs}"
+    );
+}

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{Stream, StreamExt, poll, stream};
+use futures::{FutureExt, Stream, StreamExt, poll, stream};
 use tokio::time::{Instant, sleep};
 
 use crate::{
@@ -666,5 +666,77 @@ fn the_accessors_follow_the_streams_life() {
             "the inner stream is dropped at the end"
         );
         assert!(guarded.as_mut().get_pin_mut().is_none());
+    });
+}
+
+/// `get_mut` reaches the inner stream itself while it lives: what is taken
+/// from it there is not handed out again.
+#[test]
+fn get_mut_reaches_the_inner_stream_itself() {
+    paused(async {
+        let (e, _) = elector(&free(), config("me"));
+        let mut guarded = stream::iter([1, 2, 3]).with_leader_election(&e);
+        let taken = guarded
+            .get_mut()
+            .expect("the inner stream lives before the first poll")
+            .next()
+            .now_or_never();
+        assert_eq!(taken, Some(Some(1)), "get_mut gave the inner stream itself");
+        let mut guarded = pin!(guarded);
+        assert_eq!(
+            guarded.next().await,
+            Some(2),
+            "the item taken through get_mut is gone"
+        );
+        assert_eq!(guarded.next().await, Some(3));
+        assert_eq!(guarded.next().await, None);
+    });
+}
+
+/// A guarded stream is a `FusedStream` that is terminated exactly once it
+/// stopped (what `select!` relies on to skip it), not before.
+#[test]
+fn a_guarded_stream_is_terminated_only_once_it_stopped() {
+    use futures::stream::FusedStream;
+
+    paused(async {
+        let (e, _) = elector(&free(), config("me"));
+        let mut guarded = pin!(stream::iter([1]).with_leader_election(&e));
+        assert!(!guarded.is_terminated(), "terminated before the first poll");
+        assert_eq!(guarded.next().await, Some(1));
+        assert!(!guarded.is_terminated(), "terminated while leading");
+        assert_eq!(guarded.next().await, None);
+        assert!(guarded.is_terminated(), "not terminated after it ended");
+    });
+}
+
+/// `Debug` shows whether the stream leads, whether it stopped, and why
+/// leadership ended.
+#[test]
+fn debug_shows_whether_a_guarded_stream_leads_and_why_it_stopped() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let mut guarded = pin!(stream::pending::<()>().with_leader_election(&e));
+        let before = format!("{guarded:?}");
+        assert!(
+            before.starts_with("WithLeaderElection") && before.contains("leading: false"),
+            "{before}"
+        );
+        assert!(poll!(guarded.next()).is_pending());
+        sleep(S(1)).await;
+        assert!(poll!(guarded.next()).is_pending());
+        let leading = format!("{guarded:?}");
+        assert!(
+            leading.contains("leading: true") && leading.contains("stopped: false"),
+            "{leading}"
+        );
+        fake.take_over("other");
+        assert_eq!(guarded.next().await, None);
+        let ended = format!("{guarded:?}");
+        assert!(
+            ended.contains("stopped: true") && ended.contains("TakenOver") && ended.contains("other"),
+            "{ended}"
+        );
     });
 }

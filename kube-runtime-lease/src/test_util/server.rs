@@ -56,6 +56,7 @@ impl FakeLeaseApi {
         if let Some(refused) = self.another_lease(&target, &method, is_watch, &query, &body) {
             return Ok(refused);
         }
+        let namespace = target.namespace.clone();
         let named = target.name;
         let verb: &'static str = match (&method, &named, is_watch) {
             (&Method::GET, Some(_), _) => "get",
@@ -100,20 +101,20 @@ impl FakeLeaseApi {
                 let api = self.clone();
                 let handle = tokio::spawn(async move {
                     tokio::time::sleep(d).await;
-                    api.apply(client, verb, &query, &body)
+                    api.apply(client, verb, namespace.as_deref(), &query, &body)
                 });
                 return handle.await.map_err(std::io::Error::other);
             }
             Some(Fault::DelayResponse(d)) => respond_after = d,
             Some(Fault::AppliedThenLost) => {
-                let _ = self.apply(client, verb, &query, &body);
+                let _ = self.apply(client, verb, namespace.as_deref(), &query, &body);
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::ConnectionReset,
                     "injected: the answer was lost after the write was applied",
                 ));
             }
             Some(Fault::AppliedThenStatus(code)) => {
-                let _ = self.apply(client, verb, &query, &body);
+                let _ = self.apply(client, verb, namespace.as_deref(), &query, &body);
                 return Ok(status(
                     code,
                     "Injected",
@@ -125,7 +126,7 @@ impl FakeLeaseApi {
         if self.lock().clients[client].partitioned {
             return Err(cut_off(std::io::ErrorKind::ConnectionReset));
         }
-        let resp = self.apply(client, verb, &query, &body);
+        let resp = self.apply(client, verb, namespace.as_deref(), &query, &body);
         if !respond_after.is_zero() {
             tokio::time::sleep(respond_after).await;
             if self.lock().clients[client].partitioned {
@@ -252,7 +253,15 @@ impl FakeLeaseApi {
         })
     }
 
-    fn apply(&self, client: usize, verb: &str, query: &str, body: &[u8]) -> Response<ResBody> {
+    /// Handles one Lease request; `namespace` is the request path's.
+    fn apply(
+        &self,
+        client: usize,
+        verb: &str,
+        namespace: Option<&str>,
+        query: &str,
+        body: &[u8],
+    ) -> Response<ResBody> {
         let mut s = self.lock();
         match verb {
             "get" => match &s.lease {
@@ -285,7 +294,17 @@ impl FakeLeaseApi {
                 let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
                     return status(400, "BadRequest", "bad body");
                 };
+                if let Some(refused) = in_namespace(&mut lease, namespace) {
+                    return refused;
+                }
                 // Validation comes first, as in the API server.
+                if lease.metadata.name.is_none() {
+                    return status(
+                        422,
+                        "Invalid",
+                        "metadata.name: Required value: name or generateName is required",
+                    );
+                }
                 if let Some(invalid) = invalid_spec(&lease) {
                     return status(422, "Invalid", invalid);
                 }
@@ -299,7 +318,7 @@ impl FakeLeaseApi {
                 Self::emit(&mut s, "ADDED", &lease);
                 created(&with_type(&lease))
             }
-            "update" => Self::update(&mut s, body),
+            "update" => Self::update(&mut s, namespace, body),
             "delete" => match s.lease.take() {
                 Some(mut lease) => {
                     s.rv += 1;
@@ -314,10 +333,13 @@ impl FakeLeaseApi {
     }
     /// A `replace`: compare-and-swap on the resourceVersion; create on
     /// update (Leases allow it) unless the write names a uid that is gone.
-    fn update(s: &mut Store, body: &[u8]) -> Response<ResBody> {
+    fn update(s: &mut Store, namespace: Option<&str>, body: &[u8]) -> Response<ResBody> {
         let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
             return status(400, "BadRequest", "bad body");
         };
+        if let Some(refused) = in_namespace(&mut lease, namespace) {
+            return refused;
+        }
         let Some(current) = &s.lease else {
             // Leases allow create on update; a write that names the
             // uid of an object that is gone fails its precondition.
@@ -418,6 +440,24 @@ fn field_selector_name(query: &str) -> Option<String> {
             .replace("%3d", "=");
         v.strip_prefix("metadata.name=").map(str::to_owned)
     })
+}
+
+/// As the API server does before anything else: a written object takes the
+/// request path's namespace if it names none; the refusal (400) if it names
+/// another.
+fn in_namespace(lease: &mut Lease, path: Option<&str>) -> Option<Response<ResBody>> {
+    match (lease.metadata.namespace.as_deref(), path) {
+        (Some(named), Some(path)) if named != path => Some(status(
+            400,
+            "BadRequest",
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        (None, Some(path)) => {
+            lease.metadata.namespace = Some(path.to_owned());
+            None
+        }
+        _ => None,
+    }
 }
 
 /// The API server's validation of a Lease's spec (`ValidateLeaseSpec`).

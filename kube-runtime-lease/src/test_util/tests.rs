@@ -59,3 +59,37 @@ fn a_double_serves_one_lease_and_nothing_else() {
         assert_eq!(fake.lease().and_then(|l| l.metadata.name).as_deref(), Some("a"));
     });
 }
+
+/// As the API server: a created Lease must have a name (422 without one),
+/// takes the request path's namespace when it names none, and is refused
+/// (400) when it names another.
+#[test]
+fn a_create_needs_a_name_and_takes_the_namespace_of_its_path() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (client, _) = fake.client();
+        let leases = Api::<Lease>::namespaced(client, "default");
+        let pp = PostParams::default();
+        let nameless = leases.create(&pp, &Lease::default()).await.unwrap_err();
+        assert!(
+            matches!(nameless, kube_client::Error::Api(ref s) if s.code == 422),
+            "a create without a name: {nameless:?}"
+        );
+        assert!(fake.lease().is_none(), "nothing stored by a refused create");
+        let mut elsewhere = named("a");
+        elsewhere.metadata.namespace = Some("other".into());
+        let mismatch = leases.create(&pp, &elsewhere).await.unwrap_err();
+        assert!(
+            matches!(mismatch, kube_client::Error::Api(ref s) if s.code == 400),
+            "a create naming another namespace than its path: {mismatch:?}"
+        );
+        leases.create(&pp, &named("a")).await.unwrap();
+        let stored = fake.lease().unwrap();
+        assert_eq!(stored.metadata.name.as_deref(), Some("a"));
+        assert_eq!(
+            stored.metadata.namespace.as_deref(),
+            Some("default"),
+            "the namespace comes from the request path"
+        );
+    });
+}

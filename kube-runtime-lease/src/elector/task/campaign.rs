@@ -246,7 +246,8 @@ impl Task {
         until
     }
 
-    /// The retry period with client-go's jitter (up to 20 % longer).
+    /// The retry period with client-go's jitter (`JitterFactor` 1.2: up to
+    /// 120 % longer, so each wait is 1 to 2.2 retry periods).
     pub(in crate::elector) fn jittered_retry(&self) -> Duration {
         self.inner
             .config

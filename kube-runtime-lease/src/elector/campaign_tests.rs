@@ -1,0 +1,300 @@
+//! The acquire path (`task/campaign.rs`): one test per property that mutation
+//! testing (issue 16) showed untested, each named after it. On the in-memory
+//! Lease API double, with paused time.
+
+use std::{pin::pin, time::Duration};
+
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::LeaseConfig;
+use crate::test_support::{config, elector, held_by, holder, paused, spec};
+use crate::test_util::{FakeLeaseApi, Fault};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// The longest wait between two attempts of a candidate without a watch:
+/// the retry period (2 s) with client-go's jitter (factor 1.2).
+const LONGEST_POLL: Duration = Duration::from_millis(4400);
+
+/// When `client` sent each request of `verb`, in order.
+fn times(fake: &FakeLeaseApi, client: usize, verb: &str) -> Vec<Instant> {
+    fake.seen()
+        .iter()
+        .filter(|s| s.client == client && s.verb == verb)
+        .map(|s| s.at)
+        .collect()
+}
+
+/// When `client` last wrote the Lease (create or update).
+fn last_write(fake: &FakeLeaseApi, client: usize) -> Instant {
+    fake.seen()
+        .iter()
+        .filter(|s| s.client == client && matches!(s.verb, "create" | "update"))
+        .map(|s| s.at)
+        .max()
+        .expect("no write yet")
+}
+
+/// Invariant 7: every write during a creation hold carries a duration that
+/// covers the rest of the hold, rounded *up* to whole seconds, so that a
+/// candidate that only ever sees our record cannot take it before the hold
+/// ends. The hold here has a fractional rest: the deletion of a 40 s record
+/// is seen while the task lingers (nobody wants leadership), and leadership
+/// is wanted again 250 ms later.
+#[test]
+fn every_write_during_a_creation_hold_covers_its_rest_rounded_up() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 40));
+        let (a, id) = elector(&fake, config("a"));
+        assert!(timeout(S(1), a.acquire()).await.is_err(), "go holds the lease");
+        // Nobody wants leadership: the task lingers, watching, for a retry period.
+        sleep(MS(500)).await;
+        let deleted = Instant::now();
+        fake.delete();
+        sleep(MS(250)).await;
+        let mut acquire = pin!(a.acquire());
+        assert!(
+            timeout(MS(100), &mut acquire).await.is_err(),
+            "a holds the re-created lease"
+        );
+        assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created by a");
+        let hold_ends = deleted + S(40);
+        for _ in 0..5 {
+            let written = last_write(&fake, id);
+            let seconds = spec(&fake).lease_duration_seconds.expect("a duration");
+            let covers = written + S(u64::try_from(seconds).unwrap());
+            assert!(
+                covers >= hold_ends,
+                "the write {:?} after the deletion says {seconds} s: it ends {:?} before the hold",
+                written - deleted,
+                hold_ends - covers
+            );
+            sleep(S(2)).await; // the next renewal during the hold
+        }
+        let _guard = acquire.await.unwrap();
+        assert!(
+            deleted.elapsed() >= S(40),
+            "led {:?} after the deletion",
+            deleted.elapsed()
+        );
+    });
+}
+
+/// A missing Lease is created under the configured name, in the configured
+/// namespace (the API server refuses a create without a name).
+#[test]
+fn a_missing_lease_is_created_under_the_configured_name_and_namespace() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, _) = elector(&fake, LeaseConfig::new("ns1", "my-lease", "a"));
+        assert!(timeout(S(1), a.acquire()).await.is_err(), "created, then held");
+        let lease = fake
+            .lease()
+            .unwrap_or_else(|| panic!("no Lease created: {:?}", fake.seen()));
+        assert_eq!(lease.metadata.name.as_deref(), Some("my-lease"));
+        assert_eq!(lease.metadata.namespace.as_deref(), Some("ns1"));
+        assert_eq!(lease.spec.and_then(|s| s.holder_identity).as_deref(), Some("a"));
+    });
+}
+
+/// A candidate without a watch reads the Lease before every attempt, so it
+/// sees a release at its next poll (within one jittered retry period), not
+/// only once the record it read first would have expired.
+#[test]
+fn a_polling_candidate_reads_before_every_attempt_and_takes_a_release_at_its_next_poll() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 60));
+        let (a, id) = elector(&fake, config("a").watch(false));
+        let mut acquire = pin!(a.acquire());
+        assert!(
+            timeout(S(10), &mut acquire).await.is_err(),
+            "other holds the lease"
+        );
+        let polls = times(&fake, id, "get").len();
+        assert!(polls >= 3, "{polls} reads in 10 s of polling: {:?}", fake.seen());
+        // The holder releases: a free record.
+        let mut released = fake.lease().unwrap();
+        released.spec.as_mut().unwrap().holder_identity = Some(String::new());
+        fake.put(released);
+        let released_at = Instant::now();
+        let guard = timeout(LONGEST_POLL + MS(1), &mut acquire)
+            .await
+            .expect("the release was not taken at the next poll")
+            .unwrap();
+        assert!(guard.is_valid());
+        assert!(
+            released_at.elapsed() <= LONGEST_POLL,
+            "{:?}",
+            released_at.elapsed()
+        );
+    });
+}
+
+/// A write to acquire answered 404 (the Lease deleted since it was read)
+/// makes what the candidate saw outdated: it reads the Lease again and tries
+/// again at once, with no backoff and no wait of a retry period. (The write
+/// is the takeover of an expired record, the watch in sync.)
+#[test]
+fn an_acquire_that_meets_404_on_update_reads_again_and_retries_at_once() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 5));
+        let (a, id) = elector(&fake, config("a"));
+        fake.fault(id, Some("update"), Fault::Status(404));
+        let expired = Instant::now() + S(5);
+        let guard = timeout(S(6), a.acquire())
+            .await
+            .expect("a 404 on the write to acquire was not retried at once")
+            .unwrap();
+        assert!(guard.is_valid());
+        assert_eq!(
+            expired.elapsed(),
+            Duration::ZERO,
+            "led at the expiry, at once after the 404"
+        );
+        let writes = times(&fake, id, "update");
+        assert_eq!(
+            writes,
+            [expired, expired],
+            "the write answered 404, then the retry"
+        );
+        let reads_since: Vec<_> = times(&fake, id, "get")
+            .into_iter()
+            .filter(|t| *t >= expired)
+            .collect();
+        assert_eq!(
+            reads_since.len(),
+            1,
+            "one read between the 404 and the retry: {:?}",
+            fake.seen()
+        );
+        assert_eq!(holder(&fake).as_deref(), Some("a"));
+    });
+}
+
+/// A write to acquire that fails (a 500, here three times) is retried after
+/// the backoff (at least one retry period), never at once: a candidate never
+/// hammers a failing API server. (The first write is the takeover of an
+/// expired record, once the watch is in sync.)
+#[test]
+fn a_failed_write_to_acquire_backs_off_before_the_next_attempt() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 5));
+        let (a, id) = elector(&fake, config("a"));
+        for _ in 0..3 {
+            fake.fault(id, Some("update"), Fault::Status(500));
+        }
+        let expired = Instant::now() + S(5);
+        let guard = a.acquire().await.unwrap();
+        assert!(guard.is_valid());
+        let writes = times(&fake, id, "update");
+        assert!(
+            writes.len() >= 4,
+            "three failures, then the write that won: {writes:?}"
+        );
+        assert_eq!(writes[0], expired, "the first attempt at the expiry");
+        let gaps: Vec<_> = writes[..4].windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            gaps.iter().all(|g| *g >= S(2)),
+            "a failed write retried before a retry period: {gaps:?}"
+        );
+    });
+}
+
+/// A candidate that lost a race to acquire (409, the record not its own
+/// write) waits one jittered retry period before it tries again, as
+/// client-go does, instead of retrying at once. (The race is at the expiry
+/// of another's record, the watch in sync.)
+#[test]
+fn a_candidate_that_lost_a_race_waits_a_retry_period_before_trying_again() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 5));
+        let (a, id) = elector(&fake, config("a"));
+        fake.fault(id, Some("update"), Fault::Status(409));
+        let start = Instant::now() + S(5);
+        let guard = a.acquire().await.unwrap();
+        assert!(guard.is_valid());
+        let waited = start.elapsed();
+        assert!(
+            waited >= S(2) && waited <= LONGEST_POLL,
+            "tried again {waited:?} after the lost race"
+        );
+        let writes = times(&fake, id, "update");
+        assert_eq!(writes.len(), 2, "the lost write, then one more: {writes:?}");
+        assert!(writes[1] - writes[0] >= S(2), "{writes:?}");
+    });
+}
+
+/// Invariant 7 on the takeover path: a Lease object that replaced a held one
+/// (deleted and re-created free by someone else) is not led before the
+/// deleted record's holder may have given up (here 40 s), although it is
+/// taken with an update, not created.
+#[test]
+fn a_takeover_of_a_lease_re_created_since_its_holder_was_seen_waits_out_that_holder() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 40));
+        let (a, id) = elector(&fake, config("a"));
+        let mut acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err(), "go holds the lease");
+        let deleted = Instant::now();
+        fake.delete();
+        let mut recreated = held_by("", 1);
+        recreated.metadata.labels = None;
+        fake.put(recreated);
+        let uid = fake.lease().unwrap().metadata.uid;
+        let guard = acquire.await.unwrap();
+        assert!(
+            deleted.elapsed() >= S(40),
+            "led {:?} after the held object was replaced",
+            deleted.elapsed()
+        );
+        assert!(guard.is_valid());
+        assert_eq!(
+            fake.lease().unwrap().metadata.uid,
+            uid,
+            "the re-created object was taken over, not created again"
+        );
+        assert!(
+            !times(&fake, id, "update").is_empty(),
+            "taken with an update: {:?}",
+            fake.seen()
+        );
+    });
+}
+
+/// A candidate without a watch polls every retry period with client-go's
+/// jitter: each wait is between 1 and 2.2 retry periods (`JitterFactor`
+/// 1.2), and spread over that whole range, so that candidates started
+/// together drift apart. Over 100 or so polls, a wait beyond 1.85 retry
+/// periods is all but certain.
+#[test]
+fn polling_waits_are_spread_over_client_gos_jitter_of_up_to_2_2_retry_periods() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 3600));
+        let (a, id) = elector(&fake, config("a").watch(false));
+        assert!(
+            timeout(S(400), a.acquire()).await.is_err(),
+            "other holds the lease"
+        );
+        let reads = times(&fake, id, "get");
+        let gaps: Vec<_> = reads.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(gaps.len() >= 90, "{} polls in 400 s", gaps.len());
+        assert!(
+            gaps.iter().all(|g| *g >= S(2) && *g <= LONGEST_POLL),
+            "a wait outside [1, 2.2] retry periods: {gaps:?}"
+        );
+        let longest = gaps.iter().max().unwrap();
+        assert!(
+            *longest > MS(3700),
+            "no wait beyond 1.85 retry periods in {} polls (longest {longest:?}): the jitter is narrower than client-go's",
+            gaps.len()
+        );
+    });
+}
