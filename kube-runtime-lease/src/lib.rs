@@ -162,6 +162,9 @@
 //!   preferred holder that never campaigns (a pod that no longer exists)
 //!   cannot stop the election. The term ends at once, and the Lease is
 //!   released only if no guarded work had to be stopped.
+//! - **Coordinated Leader Election** itself, where the API server picks the
+//!   leader among published `LeaseCandidate`s, is opt-in:
+//!   [`LeaseConfig::coordinated`] (see [`Coordinated`]).
 //! - Releasing re-reads the Lease and writes it free only if it still holds a
 //!   record of our term, with the resourceVersion just read; a conflict is
 //!   retried once after a fresh read, as client-go does.

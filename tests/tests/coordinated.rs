@@ -165,6 +165,26 @@ async fn the_api_server_elects_the_oldest_emulation_version_and_hands_over_at_th
         );
     }
     assert_no_overlap(&terms);
+    // The API server pinged the candidates that had not renewed for 5 s
+    // before it elected again; each answered (renewTime at or after pingTime).
+    let mut pinged = 0;
+    for name in ["newer", "older"] {
+        let c = candidates.get(name).await?;
+        let time = |f: &str| c.data["spec"][f].as_str().map(str::to_owned);
+        if let Some(ping) = time("pingTime") {
+            pinged += 1;
+            let renew = time("renewTime").unwrap_or_default();
+            // RFC 3339 in UTC with fixed-width microseconds: strings order as times.
+            ensure!(
+                renew >= ping,
+                "{name} did not answer its ping: renewTime {renew}, pingTime {ping}"
+            );
+        }
+    }
+    ensure!(
+        pinged > 0,
+        "the API server pinged nobody: the check above proved nothing"
+    );
 
     for e in [&newer, &older, &oldest] {
         e.shutdown(Duration::from_secs(5)).await?;
