@@ -1226,3 +1226,35 @@ fn a_broken_watch_is_warned_about_once_per_outage_not_per_retry() {
         "warnings about the broken watch in one outage (expected one):\n{logs}"
     );
 }
+
+/// A watch that resumes after an outage from its last resourceVersion (no
+/// re-list, so no `InitDone`) is trusted again at its first event: the
+/// follower stops polling with a read every retry period.
+#[test]
+fn a_watch_resumed_after_an_outage_ends_the_polling_at_its_first_event() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (leader, _) = elector(&fake, config("leader"));
+        let _guard = leader.acquire().await.unwrap();
+        let (f, id) = elector(&fake, config("follower"));
+        let mut acquire = std::pin::pin!(f.acquire());
+        assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
+        fake.partition(id, true);
+        assert!(tokio::time::timeout(S(30), &mut acquire).await.is_err());
+        fake.partition(id, false);
+        // Back: the watch resumes, and the leader's next renewal arrives on it.
+        assert!(tokio::time::timeout(S(20), &mut acquire).await.is_err());
+        let since = Instant::now();
+        assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
+        let (gets, lists) = (count(&fake, id, "get", since), count(&fake, id, "list", since));
+        assert!(
+            gets <= 1 && lists == 0,
+            "{gets} reads and {lists} lists in the 60 s after the watch came back: still polling"
+        );
+        assert!(
+            count(&fake, id, "watch", since) <= 1,
+            "the watch keeps failing: {:?}",
+            fake.seen()
+        );
+    });
+}

@@ -110,8 +110,14 @@ impl Task {
                 self.init_seen = true;
                 self.observe(lease, now)
             }
-            Some(Ok(watcher::Event::Apply(lease))) => self.observe(lease, now),
-            Some(Ok(watcher::Event::Delete(_))) => self.observe_missing(),
+            Some(Ok(watcher::Event::Apply(lease))) => {
+                let recovered = self.resumed();
+                self.observe(lease, now) || recovered
+            }
+            Some(Ok(watcher::Event::Delete(_))) => {
+                let recovered = self.resumed();
+                self.observe_missing() || recovered
+            }
             Some(Ok(watcher::Event::InitDone)) => {
                 if self.watch_warned {
                     info!("lease watch recovered");
@@ -140,6 +146,21 @@ impl Task {
                 true
             }
         }
+    }
+
+    /// An event outside a re-list after the watch failed: the watcher
+    /// resumed from the last resourceVersion (no re-list: a `410 Gone`
+    /// would have forced one), so no event was missed and the watch is
+    /// trusted again, without waiting for an `InitDone` that never comes.
+    /// Returns whether it recovered now.
+    fn resumed(&mut self) -> bool {
+        if self.synced || !self.watch_warned {
+            return false;
+        }
+        info!("lease watch recovered");
+        self.watch_warned = false;
+        self.synced = true;
+        true
     }
 
     /// Waits until `until`, a change of demand, or a watch event that changes the record.
