@@ -238,3 +238,62 @@ fn a_record_naming_us_that_is_not_the_api_servers_assignment_is_waited_out() {
 fn acquire_ready_now(e: &crate::LeaderElector) -> bool {
     e.acquire().now_or_never().is_some_and(|r| r.is_ok())
 }
+
+#[cfg(feature = "metrics")]
+#[test]
+fn the_coordinated_metric_says_which_election_is_in_force() {
+    use prometheus_client::{encoding::text::encode, registry::Registry};
+
+    fn scrape(registry: &Registry) -> String {
+        let mut out = String::new();
+        encode(&mut out, registry).unwrap();
+        out
+    }
+    const SERIES: &str = r#"leader_election_coordinated{namespace="default",lease="lease"}"#;
+
+    paused(async {
+        // Served: 1 once the LeaseCandidate is published (0 before).
+        let mut registry = Registry::default();
+        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let e = e.with_metrics(&metrics);
+        assert!(
+            scrape(&registry).contains(&format!("{SERIES} 0")),
+            "{}",
+            scrape(&registry)
+        );
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        assert!(
+            scrape(&registry).contains(&format!("{SERIES} 1")),
+            "{}",
+            scrape(&registry)
+        );
+
+        // Attached after the election decided: the gauge starts at the truth.
+        let mut late = Registry::default();
+        let late_metrics = crate::LeaseMetrics::register(&mut late);
+        let _e = e.clone().with_metrics(&late_metrics);
+        assert!(
+            scrape(&late).contains(&format!("{SERIES} 1")),
+            "{}",
+            scrape(&late)
+        );
+
+        // Not served: 0, the fallback.
+        let mut registry = Registry::default();
+        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let fake = FakeLeaseApi::default();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let e = e.with_metrics(&metrics);
+        let guard = e.acquire().await.expect("leads by the ordinary election");
+        assert!(
+            scrape(&registry).contains(&format!("{SERIES} 0")),
+            "{}",
+            scrape(&registry)
+        );
+        drop(guard);
+        drop(acquire);
+    });
+}
