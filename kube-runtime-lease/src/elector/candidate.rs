@@ -130,7 +130,17 @@ impl Candidate {
                         .get_or_insert_with(|| inner.config.retry_backoff().build())
                         .next()
                         .unwrap_or(inner.config.lease_duration);
-                    warn!(error = %e, retry_in = ?delay, "coordinated leader election: publishing the LeaseCandidate failed");
+                    if matches!(e.status(), Some(401 | 403)) {
+                        warn!(
+                            error = %e,
+                            retry_in = ?delay,
+                            "coordinated leader election: forbidden to publish the LeaseCandidate: RBAC needs verbs \
+                             create, get, list, watch, update, delete on resource `leasecandidates` in API group \
+                             `coordination.k8s.io`; this candidate cannot be elected until then"
+                        );
+                    } else {
+                        warn!(error = %e, retry_in = ?delay, "coordinated leader election: publishing the LeaseCandidate failed");
+                    }
                     tokio::time::sleep(delay).await;
                 }
             }
