@@ -298,3 +298,36 @@ fn polling_waits_are_spread_over_client_gos_jitter_of_up_to_2_2_retry_periods() 
         );
     });
 }
+
+/// Only a Lease that was *held* when it went away puts its successor on
+/// hold: a free Lease replaced by a new object is taken and led at once
+/// (`Memory::went_away`: the risk is a holder that may still lead).
+#[test]
+fn a_lease_replaced_while_free_is_led_at_once() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        // Free, but reserved for someone else for one lease duration: seen,
+        // not taken.
+        let mut reserved = held_by("", 15);
+        reserved.spec.as_mut().unwrap().preferred_holder = Some("x".to_owned());
+        reserved.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".to_owned());
+        fake.put(reserved);
+        let (e, _) = elector(&fake, config("me"));
+        let mut acquire = pin!(e.acquire());
+        assert!(
+            timeout(S(5), &mut acquire).await.is_err(),
+            "took a reserved Lease"
+        );
+        assert_eq!(holder(&fake).as_deref(), Some(""));
+        // Replaced, while free, by a new object (deleted and re-created
+        // between two observations), free too.
+        let mut successor = held_by("", 15);
+        successor.metadata.uid = Some("another-object".to_owned());
+        fake.put(successor);
+        let guard = timeout(S(2), &mut acquire)
+            .await
+            .expect("a free Lease re-created after a free one went away is led at once")
+            .expect("leads");
+        assert!(guard.is_valid());
+    });
+}
