@@ -160,6 +160,8 @@ struct Store {
     /// was called (`None`: answered 404, as by an API server without
     /// Coordinated Leader Election).
     candidates: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    /// Events created, in order (see [`FakeLeaseApi::events`]).
+    events: Vec<serde_json::Value>,
 }
 
 #[derive(Default)]
@@ -259,6 +261,13 @@ impl FakeLeaseApi {
     /// The `LeaseCandidate`s stored now, as JSON, by name.
     pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         self.lock().candidates.clone().unwrap_or_default()
+    }
+
+    /// The Kubernetes Events created through this double so far, as JSON,
+    /// in order (every Event POST is accepted; updates of an Event series are
+    /// answered 404, so a repeat is created anew).
+    pub fn events(&self) -> Vec<serde_json::Value> {
+        self.lock().events.clone()
     }
 
     /// The Lease as stored now.

@@ -47,6 +47,9 @@ impl FakeLeaseApi {
             .to_bytes();
         let is_watch = query.contains("watch=true");
         let target = Target::of(&path);
+        if target.resource == "events" && method == Method::POST {
+            return Ok(self.event_posted(&body));
+        }
         if target.resource == "leasecandidates" && !is_watch {
             return Ok(self.lease_candidate(&method, target.name.as_deref(), &body));
         }
@@ -146,6 +149,18 @@ impl FakeLeaseApi {
                 "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": [],
             })),
             (false, _) => status(404, "NotFound", "the double serves only leases"),
+        }
+    }
+
+    /// An Event created (`events.k8s.io` or core): kept for
+    /// [`FakeLeaseApi::events`], answered 201 with itself.
+    fn event_posted(&self, body: &[u8]) -> Response<ResBody> {
+        match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(event) => {
+                self.lock().events.push(event.clone());
+                created(&event)
+            }
+            Err(_) => status(400, "BadRequest", "not JSON"),
         }
     }
 
