@@ -1286,7 +1286,8 @@ fn each_kind_of_end_is_published_with_its_own_action() {
             .collect()
     }
     paused(async {
-        let mut cases: Vec<(&str, &str, Vec<(String, String)>)> = Vec::new();
+        // (the kind of end, the Event type expected, the Events published)
+        let mut cases = Vec::new();
         for case in [
             "TakenOver",
             "Deleted",

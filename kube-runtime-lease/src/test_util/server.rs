@@ -47,11 +47,8 @@ impl FakeLeaseApi {
             .to_bytes();
         let is_watch = query.contains("watch=true");
         let target = Target::of(&path);
-        if target.resource == "events" && method == Method::POST {
-            return Ok(self.event_posted(&body));
-        }
-        if target.resource == "leasecandidates" && !is_watch {
-            return Ok(self.lease_candidate(&method, target.name.as_deref(), &body));
+        if let Some(answer) = self.beside_leases(&target, &method, is_watch, &body) {
+            return Ok(answer);
         }
         if target.resource != "leases" {
             return Ok(self.other_resource(&method, is_watch, target.name.is_some()));
@@ -149,6 +146,24 @@ impl FakeLeaseApi {
                 "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": [],
             })),
             (false, _) => status(404, "NotFound", "the double serves only leases"),
+        }
+    }
+
+    /// What the double keeps beside the Lease: Events created, and
+    /// `LeaseCandidate`s; `None` for everything else.
+    fn beside_leases(
+        &self,
+        target: &Target,
+        method: &Method,
+        is_watch: bool,
+        body: &[u8],
+    ) -> Option<Response<ResBody>> {
+        match target.resource.as_str() {
+            "events" if *method == Method::POST => Some(self.event_posted(body)),
+            "leasecandidates" if !is_watch => {
+                Some(self.lease_candidate(method, target.name.as_deref(), body))
+            }
+            _ => None,
         }
     }
 
