@@ -1334,3 +1334,22 @@ fn each_kind_of_end_is_published_with_its_own_action() {
         }
     });
 }
+
+/// Invariant 1 rests on generations: every task gets a new one, and it is
+/// the one campaigning, so that a task left behind (an older generation)
+/// can never pass for the current one or for the slot's holder.
+#[test]
+fn every_election_task_gets_a_new_generation() {
+    let mut state = super::State::default();
+    let first = state.next_task();
+    let second = state.next_task();
+    let third = state.next_task();
+    assert!(first < second && second < third, "{first}, {second}, {third}");
+    assert_eq!(state.current, Some(third));
+    state.abandon();
+    assert_eq!(state.current, None);
+    assert!(
+        state.next_task() > third,
+        "a generation came back after an abandonment"
+    );
+}
