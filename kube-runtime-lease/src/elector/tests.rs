@@ -1353,3 +1353,24 @@ fn every_election_task_gets_a_new_generation() {
         "a generation came back after an abandonment"
     );
 }
+
+/// A release that fails is what `shutdown` returns (the API's answer
+/// attached), and the Lease is left to expire.
+#[test]
+fn a_failed_release_is_the_error_of_shutdown() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        drop(e.acquire().await.unwrap());
+        fake.fault(id, Some("update"), Fault::Status(500));
+        match e.shutdown(S(5)).await {
+            Err(crate::ShutdownError::Release(error)) => assert_eq!(error.status(), Some(500), "{error:?}"),
+            other => panic!("shutdown after a failed release: {other:?}"),
+        }
+        assert_eq!(
+            spec(&fake).holder_identity.as_deref(),
+            Some("me"),
+            "released after all"
+        );
+    });
+}
