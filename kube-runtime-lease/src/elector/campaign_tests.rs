@@ -331,3 +331,31 @@ fn a_lease_replaced_while_free_is_led_at_once() {
         assert!(guard.is_valid());
     });
 }
+
+/// A completed sync of the watch re-evaluates the election at once: the API
+/// server answers again, so a backoff begun before it (a failed write while
+/// the initial list was still on its way) ends there instead of running its
+/// course. (Kills observe.rs's `InitDone` survivors, which reduce the
+/// answer to "the record changed".)
+#[test]
+fn a_backoff_begun_before_the_watch_synced_ends_when_it_syncs() {
+    paused(async {
+        let fake = crate::test_support::free();
+        let (a, id) = elector(&fake, config("a"));
+        // The first write to take the free Lease fails; the watch's initial
+        // list answers only after 1 s.
+        fake.fault(id, Some("update"), Fault::Status(500));
+        fake.fault(id, Some("list"), Fault::DelayResponse(S(1)));
+        let start = Instant::now();
+        let guard = timeout(S(60), a.acquire()).await.expect("leads").expect("leads");
+        assert!(guard.is_valid());
+        let writes = times(&fake, id, "update");
+        assert!(writes.len() >= 2, "{writes:?}");
+        assert_eq!(writes[0], start, "the first attempt at once");
+        assert!(
+            writes[1] - start <= MS(1100),
+            "the retry waited out its backoff ({:?}) instead of ending at the sync (1 s)",
+            writes[1] - start
+        );
+    });
+}
