@@ -736,3 +736,47 @@ fn flapping_demand_keeps_one_observation() {
         }
     });
 }
+
+/// 7: a shutdown that had to leave its task behind says so everywhere: the
+/// `leader_election_is_leader` gauge drops to 0 although the task that
+/// would have said it never runs again (`Inner::abandon`).
+#[cfg(feature = "metrics")]
+#[test]
+fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
+    use prometheus_client::{encoding::text::encode, registry::Registry};
+
+    let fake = free();
+    let main = paused_runtime();
+    let mut registry = Registry::default();
+    let metrics = crate::LeaseMetrics::register(&mut registry);
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let e = e.with_metrics(&metrics);
+    let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
+    let scrape = |registry: &Registry| {
+        let mut out = String::new();
+        encode(&mut out, registry).unwrap();
+        out
+    };
+    const SERIES: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
+    assert!(
+        scrape(&registry).contains(&format!("{SERIES} 1")),
+        "{}",
+        scrape(&registry)
+    );
+    main.block_on(async {
+        let result = timeout(S(60), e.shutdown(S(1)))
+            .await
+            .expect("shutdown is bounded");
+        assert!(
+            matches!(result, Err(crate::ShutdownError::TaskDidNotEnd { .. })),
+            "{result:?}"
+        );
+    });
+    assert!(
+        scrape(&registry).contains(&format!("{SERIES} 0")),
+        "{}",
+        scrape(&registry)
+    );
+    drop(guard);
+    drop(helper);
+}
