@@ -744,6 +744,7 @@ fn flapping_demand_keeps_one_observation() {
 #[test]
 fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
     use prometheus_client::{encoding::text::encode, registry::Registry};
+    const SERIES: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
 
     let fake = free();
     let main = paused_runtime();
