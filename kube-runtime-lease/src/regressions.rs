@@ -758,7 +758,6 @@ fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
         encode(&mut out, registry).unwrap();
         out
     };
-    const SERIES: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
     assert!(
         scrape(&registry).contains(&format!("{SERIES} 1")),
         "{}",
