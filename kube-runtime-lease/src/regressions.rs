@@ -453,11 +453,20 @@ fn an_election_task_on_a_runtime_no_longer_driven_does_not_hang_the_elector() {
         assert_eq!(lost, Lost::RenewDeadlineExceeded);
         assert!(!e.is_leader(), "9: not a leader past the renew deadline");
         assert!(!e.status().is_leader);
+        let asked = Instant::now();
         let again = timeout(S(120), e.acquire())
             .await
             .expect("a new election task starts")
             .unwrap();
         assert!(again.is_valid());
+        // Left behind only once it missed its beats for a renew deadline
+        // and a retry period (10 s + 2 s): a runtime merely busy for less is
+        // not replaced.
+        assert!(
+            asked.elapsed() >= S(12),
+            "the task was left behind {:?} after the waiter came",
+            asked.elapsed()
+        );
         drop(again);
         timeout(S(60), e.shutdown(S(1)))
             .await
