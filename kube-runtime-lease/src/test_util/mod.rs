@@ -162,6 +162,9 @@ struct Store {
     candidates: Option<std::collections::BTreeMap<String, serde_json::Value>>,
     /// Events created, in order (see [`FakeLeaseApi::events`]).
     events: Vec<serde_json::Value>,
+    /// The status every `LeaseCandidate` request is answered with, if set
+    /// (see [`FakeLeaseApi::refuse_lease_candidates`]).
+    candidates_refused: Option<u16>,
 }
 
 #[derive(Default)]
@@ -255,6 +258,14 @@ impl FakeLeaseApi {
     #[must_use]
     pub fn serve_lease_candidates(self) -> Self {
         self.lock().candidates = Some(std::collections::BTreeMap::new());
+        self
+    }
+
+    /// Answers every `LeaseCandidate` request with `status` (403: RBAC
+    /// without `leasecandidates`; 500: a failing API server).
+    #[must_use]
+    pub fn refuse_lease_candidates(self, status: u16) -> Self {
+        self.lock().candidates_refused = Some(status);
         self
     }
 

@@ -191,6 +191,9 @@ impl FakeLeaseApi {
             client: usize::MAX,
             verb: "candidate",
         });
+        if let Some(code) = s.candidates_refused {
+            return status(code, "Refused", "refused by the test");
+        }
         let Some(candidates) = s.candidates.as_mut() else {
             return status(404, "NotFound", "the double serves no lease candidates");
         };
