@@ -789,3 +789,31 @@ fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
     drop(guard);
     drop(helper);
 }
+
+/// 7: dropping a task that was left behind (its runtime is dropped at
+/// last) leaves the task that replaced it alone: its term goes on.
+#[test]
+fn dropping_a_task_left_behind_does_not_end_the_term_of_its_successor() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
+    let again = main.block_on(async {
+        assert_eq!(
+            timeout(S(11), guard).await.expect("resolves"),
+            Lost::RenewDeadlineExceeded
+        );
+        timeout(S(120), e.acquire()).await.expect("a new task").unwrap()
+    });
+    // The old task's runtime goes away now: its task is dropped.
+    drop(helper);
+    main.block_on(async {
+        sleep(S(10)).await;
+        assert!(
+            again.is_valid(),
+            "the successor's term ended when the old task was dropped"
+        );
+        assert!(e.is_leader());
+        assert_eq!(again.lost(), None);
+    });
+}
