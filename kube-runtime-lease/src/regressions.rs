@@ -798,13 +798,16 @@ fn dropping_a_task_left_behind_does_not_end_the_term_of_its_successor() {
     let main = paused_runtime();
     let (e, _) = main.block_on(async { elector(&fake, config("me")) });
     let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
-    let again = main.block_on(async {
-        assert_eq!(
-            timeout(S(11), guard).await.expect("resolves"),
-            Lost::RenewDeadlineExceeded
-        );
-        timeout(S(120), e.acquire()).await.expect("a new task").unwrap()
-    });
+    let again = main
+        .block_on(async {
+            assert_eq!(
+                timeout(S(11), guard).await.expect("resolves"),
+                Lost::RenewDeadlineExceeded
+            );
+            // (In a tuple: the guard is itself a future.)
+            (timeout(S(120), e.acquire()).await.expect("a new task").unwrap(),)
+        })
+        .0;
     // The old task's runtime goes away now: its task is dropped.
     drop(helper);
     main.block_on(async {
