@@ -343,3 +343,41 @@ fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
         "{text}"
     );
 }
+
+/// A task that ends in coordinated mode deletes its LeaseCandidate after it
+/// gave the term up, still holding the slot: a task spawned meanwhile (wanted
+/// again) waits for the slot, and starts the moment the old task is gone
+/// (which tells it, although the old task was no longer the current one).
+#[test]
+fn a_task_spawned_while_the_last_one_deletes_its_candidate_starts_when_it_is_gone() {
+    paused(async {
+        let fake = FakeLeaseApi::default()
+            .serve_lease_candidates()
+            .lease_candidates_latency(S(3));
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
+        assign(&fake, "me");
+        drop(acquire.await.expect("leads"));
+        // Nobody wants it: after a retry period the task releases and exits,
+        // then deletes its candidate (3 s).
+        sleep(S(2) + Duration::from_millis(500)).await;
+        assert!(!e.is_leader());
+        let mut again = Box::pin(e.acquire());
+        assert!(
+            tokio::time::timeout(S(10), &mut again).await.is_err(),
+            "nothing assigns it yet"
+        );
+        let published = fake.lease_candidates();
+        assert!(
+            published.contains_key("me"),
+            "the new task did not start after the old one deleted its candidate: {published:?}"
+        );
+        assign(&fake, "me");
+        let guard = tokio::time::timeout(S(5), again)
+            .await
+            .expect("leads again")
+            .expect("leads");
+        assert!(guard.is_valid());
+    });
+}

@@ -130,7 +130,11 @@ async fn run(mut task: Task) -> Result<()> {
             }
         }
     };
-    let elect = async move {
+    // `task` is borrowed, not moved: it keeps the slot until this function
+    // returns, after the LeaseCandidate's deletion below (invariant 1 covers
+    // that object too: the next task publishes its own only after this one
+    // deleted it).
+    let elect = async {
         loop {
             let Some((lease, sent, created)) = task.campaign().await else {
                 return Ok(());
@@ -168,6 +172,7 @@ async fn run(mut task: Task) -> Result<()> {
     {
         candidate.delete().await;
     }
+    drop(task);
     result
 }
 

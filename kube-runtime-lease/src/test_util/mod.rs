@@ -165,6 +165,8 @@ struct Store {
     /// The status every `LeaseCandidate` request is answered with, if set
     /// (see [`FakeLeaseApi::refuse_lease_candidates`]).
     candidates_refused: Option<u16>,
+    /// How long every `LeaseCandidate` request takes (paused time).
+    candidates_latency: Duration,
 }
 
 #[derive(Default)]
@@ -266,6 +268,14 @@ impl FakeLeaseApi {
     #[must_use]
     pub fn refuse_lease_candidates(self, status: u16) -> Self {
         self.lock().candidates_refused = Some(status);
+        self
+    }
+
+    /// Makes every `LeaseCandidate` request take `latency` before it is
+    /// handled.
+    #[must_use]
+    pub fn lease_candidates_latency(self, latency: Duration) -> Self {
+        self.lock().candidates_latency = latency;
         self
     }
 

@@ -47,7 +47,7 @@ impl FakeLeaseApi {
             .to_bytes();
         let is_watch = query.contains("watch=true");
         let target = Target::of(&path);
-        if let Some(answer) = self.beside_leases(&target, &method, is_watch, &body) {
+        if let Some(answer) = self.beside_leases(&target, &method, is_watch, &body).await {
             return Ok(answer);
         }
         if target.resource != "leases" {
@@ -151,13 +151,19 @@ impl FakeLeaseApi {
 
     /// What the double keeps beside the Lease: Events created, and
     /// `LeaseCandidate`s; `None` for everything else.
-    fn beside_leases(
+    async fn beside_leases(
         &self,
         target: &Target,
         method: &Method,
         is_watch: bool,
         body: &[u8],
     ) -> Option<Response<ResBody>> {
+        if target.resource == "leasecandidates" {
+            let latency = self.lock().candidates_latency;
+            if !latency.is_zero() {
+                tokio::time::sleep(latency).await;
+            }
+        }
         match target.resource.as_str() {
             "events" if *method == Method::POST => Some(self.event_posted(body)),
             "leasecandidates" if !is_watch => {
