@@ -820,3 +820,31 @@ fn dropping_a_task_left_behind_does_not_end_the_term_of_its_successor() {
         assert_eq!(again.lost(), None);
     });
 }
+
+/// 7: the task of a first `acquire` polled once on a runtime that is then
+/// never driven again never even starts (it holds no slot yet); a waiter
+/// still leaves it behind after the watchdog's period and starts one of its
+/// own.
+#[test]
+fn a_task_that_never_started_is_left_behind_too() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let helper = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut acquire = Box::pin(e.acquire());
+    // Polled once on the helper: the task is spawned there, and never runs.
+    helper.block_on(async {
+        assert!(poll!(&mut acquire).is_pending());
+    });
+    main.block_on(async {
+        let guard = timeout(S(120), acquire)
+            .await
+            .expect("the waiter left the unstarted task behind and started its own")
+            .unwrap();
+        assert!(guard.is_valid());
+    });
+    drop(helper);
+}

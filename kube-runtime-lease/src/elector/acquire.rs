@@ -9,7 +9,7 @@ use std::{
 };
 
 use futures::channel::oneshot;
-use tokio::time::{Instant, Sleep, sleep};
+use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tracing::warn;
 
 use super::Inner;
@@ -121,6 +121,12 @@ impl Acquire {
             let beats = self.inner.lock().beats;
             (Box::pin(sleep(period)), beats)
         });
+        // Re-armed on the runtime polling now, at the same deadline: a timer
+        // belongs to the runtime it was made on, and a waiter first polled on
+        // a runtime that is then no longer driven (whose task never ran)
+        // would otherwise wait for a timer that never fires.
+        let deadline = timer.deadline();
+        timer.set(sleep_until(deadline));
         while timer.as_mut().poll(cx).is_ready() {
             let spawn = {
                 let mut state = self.inner.lock();

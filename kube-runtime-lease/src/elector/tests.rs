@@ -1374,3 +1374,27 @@ fn a_failed_release_is_the_error_of_shutdown() {
         );
     });
 }
+
+/// A waiter that gives up (its `acquire` dropped) tells the task at once:
+/// with nobody left wanting leadership, the task leaves the election after
+/// its linger (one retry period), instead of campaigning for nobody until
+/// the Lease it waits for expires.
+#[test]
+fn a_dropped_acquire_lets_the_task_leave_after_its_linger() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 3600));
+        let (e, _) = elector(&fake, config("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
+        assert!(e.inner.lock().current.is_some(), "a task campaigns");
+        assert!(format!("{acquire:?}").contains("Acquire"), "{acquire:?}");
+        drop(acquire);
+        sleep(S(10)).await;
+        assert_eq!(
+            e.inner.lock().current,
+            None,
+            "the task still campaigns for nobody"
+        );
+    });
+}
