@@ -1242,8 +1242,19 @@ fn a_watch_resumed_after_an_outage_ends_the_polling_at_its_first_event() {
         fake.partition(id, true);
         assert!(tokio::time::timeout(S(30), &mut acquire).await.is_err());
         fake.partition(id, false);
-        // Back: the watch resumes, and the leader's next renewal arrives on it.
-        assert!(tokio::time::timeout(S(20), &mut acquire).await.is_err());
+        let healed = Instant::now();
+        // Back: the watch resumes (after the watcher's jittered backoff, up
+        // to 30 s), and the leader's next renewal arrives on it.
+        let deadline = healed + S(120);
+        while count(&fake, id, "watch", healed) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the watch never came back: {:?}",
+                fake.seen()
+            );
+            assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        }
+        assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
         let since = Instant::now();
         assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
         let (gets, lists) = (count(&fake, id, "get", since), count(&fake, id, "list", since));
