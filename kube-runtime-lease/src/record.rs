@@ -192,14 +192,7 @@ pub(crate) fn verdict(
 ) -> Verdict {
     let spec = &observed.spec;
     let duration = lease_duration(spec, fallback);
-    let after = |times: u32| {
-        let until = later(observed.at, duration.saturating_mul(times));
-        if now >= until {
-            Verdict::Take
-        } else {
-            Verdict::WaitUntil(until)
-        }
-    };
+    let after = |times: u32| after_unchanged(observed, duration.saturating_mul(times), now);
     match (holder(spec), preferred_holder(spec)) {
         // Free, and reserved for nobody or for us.
         (None, None) => Verdict::Take,
@@ -234,15 +227,18 @@ pub(crate) fn coordinated_verdict(
     let duration = lease_duration(spec, fallback);
     match (holder(spec), preferred_holder(spec)) {
         (Some(h), None) if h == identity && (own || spec.acquire_time.is_none()) => Verdict::Take,
-        (Some(h), None) if h == identity => {
-            let until = later(observed.at, duration);
-            if now >= until {
-                Verdict::Take
-            } else {
-                Verdict::WaitUntil(until)
-            }
-        }
+        (Some(h), None) if h == identity => after_unchanged(observed, duration, now),
         _ => Verdict::WaitUntil(later(now, duration)),
+    }
+}
+
+/// Take once `observed` has stayed unchanged for `wait`, else wait until then.
+fn after_unchanged(observed: &Observed, wait: Duration, now: Instant) -> Verdict {
+    let until = later(observed.at, wait);
+    if now >= until {
+        Verdict::Take
+    } else {
+        Verdict::WaitUntil(until)
     }
 }
 

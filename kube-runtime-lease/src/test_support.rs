@@ -111,3 +111,31 @@ pub(crate) fn count(fake: &FakeLeaseApi, client: usize, verb: &str, since: Insta
 pub(crate) fn holder(fake: &FakeLeaseApi) -> Option<String> {
     fake.lease().and_then(|l| l.spec).and_then(|s| s.holder_identity)
 }
+
+/// Log lines written at `level` and above while `body` runs on this thread
+/// (the paused runtime's, whose tasks log there too).
+pub(crate) fn logs_during(level: tracing::Level, body: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer({
+            let buffer = buffer.clone();
+            move || buffer.clone()
+        })
+        .with_ansi(false)
+        .with_max_level(level)
+        .finish();
+    tracing::subscriber::with_default(subscriber, body);
+    let bytes = buffer.0.lock().unwrap().clone();
+    String::from_utf8(bytes).unwrap()
+}

@@ -300,25 +300,7 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
 
 #[test]
 fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
-    #[derive(Clone)]
-    struct Writer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Writer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
-    let writer = Writer(logs.clone());
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    tracing::subscriber::with_default(subscriber, || {
+    let text = crate::test_support::logs_during(tracing::Level::WARN, || {
         paused(async {
             // RBAC without `leasecandidates`: not the fallback (the API is
             // served), so no ordinary election either: it waits, retrying.
@@ -335,7 +317,6 @@ fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
             );
         });
     });
-    let text = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
     assert!(
         text.contains(
             "RBAC needs verbs create, get, list, watch, update, delete on resource `leasecandidates`"

@@ -1173,29 +1173,7 @@ fn a_release_retries_one_conflict_and_nothing_else() {
 /// Log lines written while `body` runs on this thread (the paused runtime's),
 /// at `WARN` and above.
 fn warnings_during(body: impl FnOnce()) -> String {
-    #[derive(Clone, Default)]
-    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Buffer {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let buffer = Buffer::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer({
-            let buffer = buffer.clone();
-            move || buffer.clone()
-        })
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    tracing::subscriber::with_default(subscriber, body);
-    let bytes = buffer.0.lock().unwrap().clone();
-    String::from_utf8(bytes).unwrap()
+    crate::test_support::logs_during(tracing::Level::WARN, body)
 }
 
 /// A broken watch is warned about once per outage, not once per retry of
