@@ -47,7 +47,7 @@ pub mod timings;
 
 pub use candidates::{candidate_bin, candidate_path, go_candidate, rust_candidate};
 pub use clock::{fmt_delta, fmt_ms, now_ns, ns};
-pub use control_plane::{READY_TIMEOUT, TestEnv, bin_dir, workspace_root};
+pub use control_plane::{READY_TIMEOUT, TestEnv, bin_dir, requests_served, workspace_root};
 pub use events::{Entry, EventLog, Flavor, Kind, Sig, parse_line};
 pub use fixture::Fixture;
 pub use intervals::{

@@ -13,8 +13,9 @@
     reason = "each test follows one scenario from start to end"
 )]
 
+mod support;
+
 use std::{
-    io::Write,
     sync::{
         Arc, Mutex,
         atomic::{AtomicBool, AtomicUsize, Ordering},
@@ -43,6 +44,7 @@ use kube_runtime_lease::{
     LeaseGuard, Lost,
 };
 use kube_runtime_lease_harness::{TestEnv, Timings, create_lease, free_spec, shared_env};
+use support::LogBuf;
 use tokio::{
     sync::watch,
     task::JoinHandle,
@@ -704,26 +706,7 @@ async fn a_deleted_lease_ends_the_term_and_can_be_created_again() -> Result<()> 
 // 6. RBAC
 // ---------------------------------------------------------------------------
 
-/// A shared log buffer for a `tracing_subscriber::fmt` writer.
-#[derive(Clone, Default)]
-struct LogBuf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for LogBuf {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("log buffer").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 impl LogBuf {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
-    }
-
     fn lines_with(&self, needle: &str) -> Vec<String> {
         self.text()
             .lines()
@@ -754,14 +737,7 @@ impl LogBuf {
 // the scoped subscriber is the default.
 #[tokio::test]
 async fn without_rbac_a_candidate_never_leads_and_says_which_rule_is_missing() -> Result<()> {
-    let logs = LogBuf::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
 
     let fx = fixture("rbac").await?;
     let user = format!("lease-user-{}", fx.ns);

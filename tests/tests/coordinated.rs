@@ -9,6 +9,8 @@
 //! `NewCandidate` and `LeaderElectionConfig.Coordinated`), checked by the
 //! failover suite's interval check (no two leaders at any instant).
 
+mod support;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -269,32 +271,11 @@ async fn rust_and_client_go_candidates_are_elected_alike() -> Result<()> {
     Ok(())
 }
 
-/// A `MakeWriter` into a shared buffer: the log lines of this test.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn without_the_feature_gate_the_ordinary_election_runs_after_one_warning() -> Result<()> {
     // The test's runtime is current-thread: every task of the electors logs
     // on this thread, into this subscriber.
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (logs, _default) = support::LogBuf::capture(tracing::Level::INFO);
 
     let env = kube_runtime_lease_harness::TestEnv::start_without_coordinated_leader_election().await?;
     let ns = env.new_namespace("cle-off").await?;
@@ -333,7 +314,7 @@ async fn without_the_feature_gate_the_ordinary_election_runs_after_one_warning()
         timeout(Duration::from_secs(10), t).await??;
     }
     assert_no_overlap(&terms);
-    let text = String::from_utf8_lossy(&captured.0.lock().expect("lock")).into_owned();
+    let text = logs.text();
     let warnings = text.matches("does not serve coordination.k8s.io/v1beta1").count();
     ensure!(
         warnings == 2,

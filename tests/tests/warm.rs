@@ -47,15 +47,7 @@ fn configmap(name: &str, v: &str) -> ConfigMap {
 
 /// ConfigMap LISTs the apiserver has served so far.
 fn configmap_lists(metrics: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("apiserver_request_total{")
-                && l.contains(r#"resource="configmaps""#)
-                && l.contains(r#"verb="LIST""#)
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    kube_runtime_lease_harness::requests_served(metrics, "configmaps", "LIST")
 }
 
 async fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
