@@ -122,6 +122,25 @@ struct Spawn<'a> {
     start: Instant,
 }
 
+/// Starts `count` replicas of `group`, named `{group.name}-{i}`.
+fn start_group(
+    group: &Spawn<'_>,
+    count: usize,
+    leading_tx: &mpsc::UnboundedSender<(Instant, String)>,
+) -> anyhow::Result<BTreeMap<String, Replica>> {
+    let mut replicas = BTreeMap::new();
+    for i in 1..=count {
+        let name = format!("{}-{i}", group.name);
+        let spawn = Spawn {
+            name: &name,
+            reconciles: group.reconciles.clone(),
+            ..*group
+        };
+        replicas.insert(name.clone(), start_replica(&spawn, leading_tx.clone())?);
+    }
+    Ok(replicas)
+}
+
 /// Starts one replica; its log goes to a file, its leadership events to `leading_tx`.
 fn spawn_replica(
     s: &Spawn<'_>,
@@ -256,24 +275,20 @@ async fn main() -> anyhow::Result<()> {
 
     let (leading_tx, mut leading) = mpsc::unbounded_channel::<(Instant, String)>();
     let (reconciles_tx, mut reconciles) = mpsc::unbounded_channel::<(Instant, String)>();
-    let mut running = BTreeMap::new();
     let log_dir = kube_runtime_lease_harness::workspace_root().join("target/failover-demo");
     std::fs::create_dir_all(&log_dir)?;
-    for i in 1..=replicas {
-        let name = format!("replica-{i}");
-        let spawn = Spawn {
-            controller: &controller,
-            lease: LEASE,
-            warm: false,
-            reconciles: reconciles_tx.clone(),
-            env: &env,
-            ns: &ns,
-            log_dir: &log_dir,
-            name: &name,
-            start,
-        };
-        running.insert(name.clone(), start_replica(&spawn, leading_tx.clone())?);
-    }
+    let group = Spawn {
+        controller: &controller,
+        lease: LEASE,
+        warm: false,
+        reconciles: reconciles_tx.clone(),
+        env: &env,
+        ns: &ns,
+        log_dir: &log_dir,
+        name: "replica",
+        start,
+    };
+    let mut running = start_group(&group, replicas, &leading_tx)?;
 
     let timeout = Duration::from_secs_f64(lease_duration * 4.0 + 30.0);
 
@@ -351,22 +366,14 @@ async fn main() -> anyhow::Result<()> {
         &format!("Warm standby (WARM=1), Lease {WARM_LEASE}: 2 replicas"),
     );
     let (warm_tx, mut warm_leading) = mpsc::unbounded_channel::<(Instant, String)>();
-    let mut warm = BTreeMap::new();
-    for i in 1..=2 {
-        let name = format!("warm-{i}");
-        let spawn = Spawn {
-            controller: &controller,
-            lease: WARM_LEASE,
-            warm: true,
-            reconciles: reconciles_tx.clone(),
-            env: &env,
-            ns: &ns,
-            log_dir: &log_dir,
-            name: &name,
-            start,
-        };
-        warm.insert(name.clone(), start_replica(&spawn, warm_tx.clone())?);
-    }
+    let warm_group = Spawn {
+        lease: WARM_LEASE,
+        warm: true,
+        reconciles: reconciles_tx.clone(),
+        name: "warm",
+        ..group
+    };
+    let mut warm = start_group(&warm_group, 2, &warm_tx)?;
     let (_, warm_leader) = next_leader(&mut warm_leading, start, timeout).await?;
     say(start, &format!("LEADER: {warm_leader}"));
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -167,6 +167,59 @@ impl Chain {
     }
 }
 
+/// One trial of `scenario` on `chain` (started first if there is none: the
+/// first trial, or the one after a failure, which finishes the chain).
+async fn chain_trial(
+    ctx: &Ctx,
+    chain: &mut Option<Chain>,
+    imp: Impl,
+    t: Timing,
+    scenario: &str,
+    trial: usize,
+    kill: bool,
+) -> Trial {
+    let mut record = Trial {
+        scenario: scenario.to_owned(),
+        implementation: imp,
+        timing: t.name.to_owned(),
+        lease_ms: t.lease_ms,
+        trial,
+        signal_to_leader_ms: None,
+        lease_event_to_leader_ms: None,
+        old_leader_stopped_ms: None,
+        error: None,
+        loadavg: loadavg(),
+    };
+    let outcome = async {
+        if chain.is_none() {
+            *chain = Some(Chain::new(ctx, imp, t, scenario).await?);
+        }
+        chain.as_mut().unwrap().step(ctx, kill).await
+    }
+    .await;
+    match outcome {
+        Ok((sig, ev, stopped)) => {
+            record.signal_to_leader_ms = Some(sig);
+            record.lease_event_to_leader_ms = ev;
+            record.old_leader_stopped_ms = stopped;
+            eprintln!(
+                "  {scenario} {} {} #{trial}: {sig:.1} ms after the signal, {} ms after the lease event",
+                imp.name(),
+                t.name,
+                ev.map_or("?".to_owned(), |e| format!("{e:.1}"))
+            );
+        }
+        Err(e) => {
+            eprintln!("  {scenario} {} {} #{trial}: FAILED: {e:#}", imp.name(), t.name);
+            record.error = Some(format!("{e:#}"));
+            if let Some(c) = chain.take() {
+                c.finish().await;
+            }
+        }
+    }
+    record
+}
+
 async fn run_chain_trials(
     ctx: &Ctx,
     imp: Impl,
@@ -178,45 +231,7 @@ async fn run_chain_trials(
     let kill = scenario == "failover";
     let mut chain: Option<Chain> = None;
     for trial in 0..trials {
-        let mut record = Trial {
-            scenario: scenario.to_owned(),
-            implementation: imp,
-            timing: t.name.to_owned(),
-            lease_ms: t.lease_ms,
-            trial,
-            signal_to_leader_ms: None,
-            lease_event_to_leader_ms: None,
-            old_leader_stopped_ms: None,
-            error: None,
-            loadavg: loadavg(),
-        };
-        let outcome = async {
-            if chain.is_none() {
-                chain = Some(Chain::new(ctx, imp, t, scenario).await?);
-            }
-            chain.as_mut().unwrap().step(ctx, kill).await
-        }
-        .await;
-        match outcome {
-            Ok((sig, ev, stopped)) => {
-                record.signal_to_leader_ms = Some(sig);
-                record.lease_event_to_leader_ms = ev;
-                record.old_leader_stopped_ms = stopped;
-                eprintln!(
-                    "  {scenario} {} {} #{trial}: {sig:.1} ms after the signal, {} ms after the lease event",
-                    imp.name(),
-                    t.name,
-                    ev.map_or("?".to_owned(), |e| format!("{e:.1}"))
-                );
-            }
-            Err(e) => {
-                eprintln!("  {scenario} {} {} #{trial}: FAILED: {e:#}", imp.name(), t.name);
-                record.error = Some(format!("{e:#}"));
-                if let Some(c) = chain.take() {
-                    c.finish().await;
-                }
-            }
-        }
+        let record = chain_trial(ctx, &mut chain, imp, t, scenario, trial, kill).await;
         results.lock().unwrap().push(record);
     }
     if let Some(c) = chain.take() {
@@ -245,45 +260,7 @@ pub async fn scenario_handover(ctx: &Ctx, trials: usize) -> Vec<Trial> {
         }
         for trial in 0..trials {
             for (i, imp) in HANDOVER_IMPLS.into_iter().enumerate() {
-                let mut record = Trial {
-                    scenario: "handover".into(),
-                    implementation: imp,
-                    timing: t.name.into(),
-                    lease_ms: t.lease_ms,
-                    trial,
-                    signal_to_leader_ms: None,
-                    lease_event_to_leader_ms: None,
-                    old_leader_stopped_ms: None,
-                    error: None,
-                    loadavg: loadavg(),
-                };
-                let outcome = async {
-                    if chains[i].is_none() {
-                        chains[i] = Some(Chain::new(ctx, imp, t, "handover").await?);
-                    }
-                    chains[i].as_mut().unwrap().step(ctx, false).await
-                }
-                .await;
-                match outcome {
-                    Ok((sig, ev, stopped)) => {
-                        record.signal_to_leader_ms = Some(sig);
-                        record.lease_event_to_leader_ms = ev;
-                        record.old_leader_stopped_ms = stopped;
-                        eprintln!(
-                            "  handover {} {} #{trial}: release->leader {} ms, SIGTERM->leader {sig:.1} ms",
-                            imp.name(),
-                            t.name,
-                            ev.map_or("?".to_owned(), |e| format!("{e:.1}"))
-                        );
-                    }
-                    Err(e) => {
-                        eprintln!("  handover {} {} #{trial}: FAILED: {e:#}", imp.name(), t.name);
-                        record.error = Some(format!("{e:#}"));
-                        if let Some(c) = chains[i].take() {
-                            c.finish().await;
-                        }
-                    }
-                }
+                let record = chain_trial(ctx, &mut chains[i], imp, t, "handover", trial, false).await;
                 results.lock().unwrap().push(record);
             }
         }

@@ -19,7 +19,9 @@ use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     guard::Term,
-    test_support::{config, count, elector, free, held_by, holder, paused, paused_runtime, spec},
+    test_support::{
+        config, count, elector, free, held_by, helper_runtime, holder, paused, paused_runtime, spec,
+    },
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -421,10 +423,7 @@ async fn acquire_on_a_helper_runtime(e: &LeaderElector) -> (crate::LeaseGuard, t
     let (tx, rx) = futures::channel::oneshot::channel();
     let e = e.clone();
     std::thread::spawn(move || {
-        let helper = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
+        let helper = helper_runtime();
         let guard = helper
             .block_on(async { timeout(S(10), e.acquire()).await })
             .unwrap()
@@ -752,7 +751,8 @@ fn flapping_demand_keeps_one_observation() {
 #[cfg(feature = "metrics")]
 #[test]
 fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
-    use prometheus_client::{encoding::text::encode, registry::Registry};
+    use crate::test_support::scrape;
+    use prometheus_client::registry::Registry;
     const SERIES: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
 
     let fake = free();
@@ -762,11 +762,6 @@ fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
     let (e, _) = main.block_on(async { elector(&fake, config("me")) });
     let e = e.with_metrics(&metrics);
     let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
-    let scrape = |registry: &Registry| {
-        let mut out = String::new();
-        encode(&mut out, registry).unwrap();
-        out
-    };
     assert!(
         scrape(&registry).contains(&format!("{SERIES} 1")),
         "{}",
@@ -830,10 +825,7 @@ fn a_task_that_never_started_is_left_behind_too() {
     let fake = free();
     let main = paused_runtime();
     let (e, _) = main.block_on(async { elector(&fake, config("me")) });
-    let helper = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
+    let helper = helper_runtime();
     let mut acquire = Box::pin(e.acquire());
     // Polled once on the helper: the task is spawned there, and never runs.
     helper.block_on(async {

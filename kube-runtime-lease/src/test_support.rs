@@ -26,6 +26,15 @@ pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
+/// A current-thread runtime with a real clock, for a task that must run on a
+/// runtime of its own (and, once its `block_on` returns, is never polled again).
+pub(crate) fn helper_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
 /// How much real time a unit test may take. Paused time advances only while
 /// the runtime is idle, so a loop that never yields to a timer (against the
 /// instant double) keeps a test from ever reaching [`PAUSED_TEST_BOUND`]; this
@@ -59,6 +68,14 @@ pub(crate) fn paused(test: impl Future<Output = ()>) {
         );
     });
     drop(finished_tx);
+}
+
+/// The text exposition of `registry`, as a Prometheus scrape reads it.
+#[cfg(feature = "metrics")]
+pub(crate) fn scrape(registry: &prometheus_client::registry::Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("encoding metrics");
+    out
 }
 
 /// A double holding a free (released) Lease, so that acquisition is one write.

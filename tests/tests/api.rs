@@ -87,11 +87,7 @@ async fn fixture(prefix: &str) -> Result<Fx> {
 
 impl Fx {
     fn config(&self, identity: &str) -> LeaseConfig {
-        LeaseConfig::new(&self.ns, LEASE, identity)
-            .lease_duration(LEASE_DURATION)
-            .renew_deadline(RENEW_DEADLINE)
-            .retry_period(RETRY_PERIOD)
-            .release_timeout(Duration::from_secs(2))
+        support::fast_config(&self.ns, identity).release_timeout(Duration::from_secs(2))
     }
 
     /// A candidate with a client of its own, as if in a process of its own.

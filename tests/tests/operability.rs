@@ -4,6 +4,8 @@
 //! and their leader-election Role is exactly enough for a watch-driven
 //! election), and the off switch (no Lease permission, no Lease request).
 
+mod support;
+
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
@@ -14,18 +16,11 @@ use kube::{
     core::GroupVersionKind,
     discovery::{self, Scope},
 };
-use kube_runtime_lease::{LeaderElector, LeaseConfig, LeaseMetrics};
+use kube_runtime_lease::{LeaderElector, LeaseMetrics};
 use kube_runtime_lease_harness::{Timings, shared_env};
 use prometheus_client::{encoding::text::encode, registry::Registry};
+use support::fast_config;
 use tokio::time::timeout;
-
-fn config(ns: &str, identity: &str) -> LeaseConfig {
-    let t = Timings::FAST;
-    LeaseConfig::new(ns, "lease", identity)
-        .lease_duration(t.lease_duration)
-        .renew_deadline(t.renew_deadline)
-        .retry_period(t.retry_period)
-}
 
 fn scrape(registry: &Registry) -> String {
     let mut out = String::new();
@@ -51,9 +46,9 @@ async fn metrics_follow_a_real_election_and_handover() -> Result<()> {
 
     // Two replicas, each with its own registry (as two pods would have).
     let (mut reg_a, mut reg_b) = (Registry::default(), Registry::default());
-    let a = LeaderElector::new(env.client().await?, config(&ns, "a"))?
+    let a = LeaderElector::new(env.client().await?, fast_config(&ns, "a"))?
         .with_metrics(&LeaseMetrics::register(&mut reg_a));
-    let b = LeaderElector::new(env.client().await?, config(&ns, "b"))?
+    let b = LeaderElector::new(env.client().await?, fast_config(&ns, "b"))?
         .with_metrics(&LeaseMetrics::register(&mut reg_b));
     assert_eq!(sample(&scrape(&reg_a), &is_leader), Some(0.0));
 
@@ -189,8 +184,8 @@ async fn the_deploy_role_is_enough_for_a_watch_driven_election() -> Result<()> {
         .await?;
 
     // With exactly that Role: a leader, and a standby that takes a release at once (so it watches).
-    let a = LeaderElector::new(env.user_client(&user, &[]).await?, config(&ns, "a"))?;
-    let b = LeaderElector::new(env.user_client(&user, &[]).await?, config(&ns, "b"))?;
+    let a = LeaderElector::new(env.user_client(&user, &[]).await?, fast_config(&ns, "a"))?;
+    let b = LeaderElector::new(env.user_client(&user, &[]).await?, fast_config(&ns, "b"))?;
     let guard = timeout(Duration::from_secs(10), a.acquire()).await??;
     let mut acquiring = Box::pin(b.acquire());
     ensure!(
@@ -301,7 +296,7 @@ async fn a_disabled_election_reconciles_with_no_lease_permission_and_no_lease_re
         lease_requests.load(Ordering::SeqCst) == 1,
         "the Lease request was not counted"
     );
-    let elector = LeaderElector::new(client.clone(), config(&ns, "solo").enabled(false))?;
+    let elector = LeaderElector::new(client.clone(), fast_config(&ns, "solo").enabled(false))?;
     let reconciled = Arc::new(AtomicUsize::new(0));
     let controller = Controller::new(
         Api::<ConfigMap>::namespaced(client, &ns),
@@ -408,7 +403,7 @@ async fn transitions_are_published_as_events_on_the_lease() -> Result<()> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    let elector = LeaderElector::new(env.client().await?, config(&ns, "pod-a"))?.with_events(Reporter {
+    let elector = LeaderElector::new(env.client().await?, fast_config(&ns, "pod-a"))?.with_events(Reporter {
         controller: "kube-runtime-lease-tests".into(),
         instance: Some("pod-a".into()),
     });
@@ -468,8 +463,8 @@ async fn the_probes_follow_leadership() -> Result<()> {
             anyhow::Ok(addr)
         }
     };
-    let a = LeaderElector::new(env.client().await?, config(&ns, "a"))?;
-    let b = LeaderElector::new(env.client().await?, config(&ns, "b"))?;
+    let a = LeaderElector::new(env.client().await?, fast_config(&ns, "a"))?;
+    let b = LeaderElector::new(env.client().await?, fast_config(&ns, "b"))?;
     let (a_probes, b_probes) = (
         serve(&a, Readiness::WhenLeading).await?,
         serve(&b, Readiness::WhenLeading).await?,

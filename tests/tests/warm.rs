@@ -5,6 +5,8 @@
 //! across a lost-then-rejoined term. One test, so that nothing else in this
 //! binary lists ConfigMaps while the LISTs are counted.
 
+mod support;
+
 use std::{
     collections::BTreeMap,
     sync::{Arc, Mutex},
@@ -19,20 +21,13 @@ use kube::{
     api::{DeleteParams, ObjectMeta, PostParams},
     runtime::{Controller, controller::Action, watcher},
 };
-use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector, LeaseConfig};
+use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
 use kube_runtime_lease_harness::{Timings, shared_env};
+use support::fast_config;
 use tokio::time::{Instant, timeout};
 
 /// Reconciles seen: name → the `data.v` value the reconcile read.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
-
-fn config(ns: &str, identity: &str) -> LeaseConfig {
-    let t = Timings::FAST;
-    LeaseConfig::new(ns, "lease", identity)
-        .lease_duration(t.lease_duration)
-        .renew_deadline(t.renew_deadline)
-        .retry_period(t.retry_period)
-}
 
 fn configmap(name: &str, v: &str) -> ConfigMap {
     ConfigMap {
@@ -71,11 +66,11 @@ async fn a_warm_standby_reconciles_its_store_at_takeover_without_a_list() -> Res
             .await?;
     }
     // Another candidate leads first.
-    let other = LeaderElector::new(env.client().await?, config(&ns, "other"))?;
+    let other = LeaderElector::new(env.client().await?, fast_config(&ns, "other"))?;
     let other_guard = timeout(Duration::from_secs(10), other.acquire()).await??;
 
     let client = env.client().await?;
-    let elector = LeaderElector::new(client.clone(), config(&ns, "warm"))?;
+    let elector = LeaderElector::new(client.clone(), fast_config(&ns, "warm"))?;
     let seen: Seen = Arc::default();
     let controller = Controller::new(
         Api::<ConfigMap>::namespaced(client, &ns),

@@ -242,13 +242,8 @@ fn acquire_ready_now(e: &crate::LeaderElector) -> bool {
 #[cfg(feature = "metrics")]
 #[test]
 fn the_coordinated_metric_says_which_election_is_in_force() {
-    use prometheus_client::{encoding::text::encode, registry::Registry};
-
-    fn scrape(registry: &Registry) -> String {
-        let mut out = String::new();
-        encode(&mut out, registry).unwrap();
-        out
-    }
+    use crate::test_support::scrape;
+    use prometheus_client::registry::Registry;
     const SERIES: &str = r#"leader_election_coordinated{namespace="default",lease="lease"}"#;
 
     paused(async {

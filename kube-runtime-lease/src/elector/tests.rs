@@ -718,13 +718,8 @@ fn a_release_is_taken_within_one_watch_event_and_one_write() {
 #[test]
 fn metrics_are_read_back_from_a_registry() {
     paused(async {
-        use prometheus_client::{encoding::text::encode, registry::Registry};
-
-        fn scrape(registry: &Registry) -> String {
-            let mut out = String::new();
-            encode(&mut out, registry).unwrap();
-            out
-        }
+        use crate::test_support::scrape;
+        use prometheus_client::registry::Registry;
 
         let mut registry = Registry::default();
         let metrics = crate::LeaseMetrics::register(&mut registry);

@@ -73,6 +73,7 @@
 mod server;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 use std::{
     collections::VecDeque,

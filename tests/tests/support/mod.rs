@@ -1,6 +1,21 @@
-//! Helpers shared by the test binaries (each includes this module).
+//! Helpers shared by the test binaries (each includes this module, and
+//! uses only some of it).
+#![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
+
+use kube_runtime_lease::LeaseConfig;
+use kube_runtime_lease_harness::Timings;
+
+/// A candidate `identity` for the Lease `lease` in `ns`, with the short
+/// timings of the failover tests ([`Timings::FAST`]).
+pub fn fast_config(ns: &str, identity: &str) -> LeaseConfig {
+    let t = Timings::FAST;
+    LeaseConfig::new(ns, "lease", identity)
+        .lease_duration(t.lease_duration)
+        .renew_deadline(t.renew_deadline)
+        .retry_period(t.retry_period)
+}
 
 /// The log lines of one test: a `tracing_subscriber::fmt` writer into a
 /// shared buffer, installed as this thread's default subscriber (a
