@@ -12,6 +12,7 @@ use crate::{
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
 
 fn assert_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
 
@@ -1091,6 +1092,89 @@ fn a_takeover_made_while_the_watch_was_broken_ends_the_term_when_it_is_back() {
             "ended only after {:?}",
             back.elapsed()
         );
+    });
+}
+
+/// A foreign record delivered by the watch before it showed our own last
+/// write may be older than that write: it is confirmed by a read, and the
+/// term ends on that read, not one renewal later (issue 16: kills
+/// `verify -> Ok(())`). Here the watch's first list fails twice, so the term
+/// begins on a polled read with the watch not yet in sync; the Lease is taken
+/// over; the list that then succeeds shows the new holder.
+#[test]
+fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(
+            &fake,
+            config("me")
+                .lease_duration(S(40))
+                .renew_deadline(S(30))
+                .retry_period(S(20)),
+        );
+        fake.fault(id, Some("list"), Fault::Status(500));
+        fake.fault(id, Some("list"), Fault::Status(500));
+        let guard = e.acquire().await.unwrap();
+        let lists = |fake: &FakeLeaseApi| fake.seen().iter().filter(|s| s.verb == "list").count();
+        assert!(lists(&fake) < 3, "the term began before the watch synced");
+        fake.take_over("other");
+        let taken = Instant::now();
+        let lost = tokio::time::timeout(S(60), guard)
+            .await
+            .expect("the term never ended");
+        assert_eq!(
+            lost,
+            Lost::TakenOver {
+                holder: "other".into()
+            }
+        );
+        assert_eq!(lists(&fake), 3, "ended once the third list succeeded");
+        // The next renewal (which would meet a conflict) is 20 s after the
+        // term began.
+        assert!(
+            taken.elapsed() < S(15),
+            "ended {:?} after the takeover, at a renewal, not on the read",
+            taken.elapsed()
+        );
+    });
+}
+
+/// A watch error or a re-list does not make the leader "caught up" with its
+/// own last write: only the watch delivering that write does. A re-list
+/// served by a lagging watch cache shows the record before our write (here
+/// the free one we took): that is confirmed by a read, which shows our term,
+/// and the term goes on. Found by mutation testing (issue 16): every event,
+/// an error included, used to compare the last object *observed* (our own
+/// write's answer) with our write, and claim the watch had caught up; the
+/// stale record then ended the term at once, as taken over.
+#[test]
+fn a_re_list_from_a_lagging_cache_does_not_end_the_term() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        sleep(MS(100)).await;
+        // The watch expires (410 Gone), so the watcher re-lists, and the
+        // list comes from a cache one change behind.
+        let lists = |fake: &FakeLeaseApi| fake.seen().iter().filter(|s| s.verb == "list").count();
+        let before = lists(&fake);
+        fake.fault(id, Some("list"), Fault::StaleList);
+        fake.expire_watches();
+        // The watcher re-lists after its backoff (jittered).
+        tokio::time::timeout(S(60), async {
+            while lists(&fake) == before {
+                sleep(MS(50)).await;
+            }
+        })
+        .await
+        .expect("the watcher re-listed");
+        sleep(MS(100)).await;
+        assert_eq!(guard.lost(), None, "the term ended on a stale record");
+        assert!(e.is_leader());
+        assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
+        // Still renewing, in a term that holds.
+        sleep(S(10)).await;
+        assert!(guard.is_valid());
     });
 }
 

@@ -105,6 +105,12 @@ pub enum Fault {
     /// Handle the request (the write takes effect), then lose the answer
     /// (the connection resets): the client cannot tell whether it applied.
     AppliedThenLost,
+    /// Answer a `list` with the Lease as it was before its last change, at
+    /// that change's resourceVersion (a watch started from it then delivers
+    /// the change): what an API server's watch cache that lags answers to the
+    /// `resourceVersion=0` lists of kube-runtime's watcher. With no earlier
+    /// version, the list is answered as usual.
+    StaleList,
 }
 
 /// How many Lease requests one double answers, by default, before it aborts
@@ -239,6 +245,15 @@ impl FakeLeaseApi {
         s.clients[client].partitioned = partitioned;
         if partitioned {
             s.watchers.retain(|(c, _)| *c != client);
+        }
+    }
+
+    /// Ends every watch with a `410 Gone` error event, as an API server does
+    /// when etcd compacted past a watch's resourceVersion: watchers re-list.
+    pub fn expire_watches(&self) {
+        let line = server::gone_event_line();
+        for (_, tx) in std::mem::take(&mut self.lock().watchers) {
+            let _ = tx.unbounded_send(line.clone());
         }
     }
 

@@ -18,6 +18,17 @@ use super::wire::{
 };
 use super::{FakeLeaseApi, Fault, Seen, Store, check_budget};
 
+/// A watch's `ERROR` event for `410 Gone` (the resourceVersion is too old).
+pub(super) fn gone_event_line() -> Bytes {
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410, "reason": "Expired",
+        "message": "too old resource version",
+    });
+    let mut v = serde_json::to_vec(&json!({ "type": "ERROR", "object": status })).unwrap();
+    v.push(b'\n');
+    v.into()
+}
+
 impl FakeLeaseApi {
     pub(super) fn emit(s: &mut Store, kind: &'static str, lease: &Lease) {
         let rv = s.rv;
@@ -108,6 +119,20 @@ impl FakeLeaseApi {
                 return handle.await.map_err(std::io::Error::other);
             }
             Some(Fault::DelayResponse(d)) => respond_after = d,
+            Some(Fault::StaleList) if verb == "list" => {
+                let s = self.lock();
+                if let [.., (rv, kind, lease), _] = s.history.as_slice() {
+                    let items: Vec<_> = (*kind != "DELETED")
+                        .then(|| with_type(lease))
+                        .into_iter()
+                        .collect();
+                    return Ok(ok(&json!({
+                        "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                        "metadata": { "resourceVersion": rv.to_string() }, "items": items,
+                    })));
+                }
+            }
+            Some(Fault::StaleList) => {}
             Some(Fault::AppliedThenLost) => {
                 let _ = self.apply(client, verb, namespace.as_deref(), &query, &body);
                 return Err(std::io::Error::new(

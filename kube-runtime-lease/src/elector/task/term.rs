@@ -236,7 +236,21 @@ impl Task {
         run: &TermRun,
         event: Option<watcher::Result<watcher::Event<Lease>>>,
     ) -> Result<(), Lost> {
+        // Only an event that shows the Lease (or, after an empty list, its
+        // absence) says what the watch delivered; after any other (a re-list
+        // beginning, an error, the end of the watch) the last object observed
+        // may be our own write's answer, which the watch has not delivered.
+        let shows = match &event {
+            Some(Ok(watcher::Event::InitApply(_) | watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {
+                true
+            }
+            Some(Ok(watcher::Event::InitDone)) => !self.init_seen,
+            _ => false,
+        };
         let changed = self.handle_watch(event);
+        if !shows {
+            return Ok(());
+        }
         let object = match &self.obs {
             Obs::Known { object, .. } => Some(object.clone()),
             _ => None,
