@@ -20,7 +20,8 @@ use crate::{
     AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     guard::Term,
     test_support::{
-        config, count, elector, free, held_by, helper_runtime, holder, paused, paused_runtime, spec,
+        acquire_on_a_helper_runtime, config, count, elector, free, held_by, helper_runtime, holder, paused,
+        paused_runtime, spec,
     },
 };
 
@@ -413,25 +414,6 @@ fn a_campaigning_preferred_holder_gets_the_lease_promptly() {
 }
 
 // ---- 7, 9. An election task whose runtime is no longer driven ---------------
-
-/// Acquires on a helper current-thread runtime, on its own thread, while the
-/// caller's runtime keeps serving the client (the double's `kube::Client`
-/// runs its buffer on the runtime it was made on); returns the guard and the
-/// helper runtime, whose `block_on` has returned: its tasks, the election task
-/// among them, are not polled any more.
-async fn acquire_on_a_helper_runtime(e: &LeaderElector) -> (crate::LeaseGuard, tokio::runtime::Runtime) {
-    let (tx, rx) = futures::channel::oneshot::channel();
-    let e = e.clone();
-    std::thread::spawn(move || {
-        let helper = helper_runtime();
-        let guard = helper
-            .block_on(async { timeout(S(10), e.acquire()).await })
-            .unwrap()
-            .unwrap();
-        let _ = tx.send((guard, helper));
-    });
-    rx.await.expect("acquired on the helper runtime")
-}
 
 /// 7, 9: the election task was spawned on a runtime that stopped being polled
 /// (a helper current-thread runtime whose `block_on` returned). Guards resolve

@@ -156,3 +156,24 @@ pub(crate) fn logs_during(level: tracing::Level, body: impl FnOnce()) -> String 
     let bytes = buffer.0.lock().unwrap().clone();
     String::from_utf8(bytes).unwrap()
 }
+
+/// Acquires on a helper current-thread runtime, on its own thread, while the
+/// caller's runtime keeps serving the client (the double's `kube::Client`
+/// runs its buffer on the runtime it was made on); returns the guard and the
+/// helper runtime, whose `block_on` has returned: its tasks, the election task
+/// among them, are not polled any more.
+pub(crate) async fn acquire_on_a_helper_runtime(
+    e: &LeaderElector,
+) -> (crate::LeaseGuard, tokio::runtime::Runtime) {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let e = e.clone();
+    std::thread::spawn(move || {
+        let helper = helper_runtime();
+        let guard = helper
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), e.acquire()).await })
+            .unwrap()
+            .unwrap();
+        let _ = tx.send((guard, helper));
+    });
+    rx.await.expect("acquired on the helper runtime")
+}

@@ -13,6 +13,8 @@ mod events;
 mod memory;
 mod status;
 mod supervise;
+#[cfg(test)]
+mod supervise_tests;
 mod task;
 #[cfg(test)]
 mod tests;
@@ -88,6 +90,26 @@ pub(crate) struct Inner {
     /// Tests: a wake-up between any two waits of the task (a storm of them).
     #[cfg(test)]
     pub(crate) storm: std::sync::atomic::AtomicBool,
+    /// Tests: what runs, once, when the task's supervision reaches a point
+    /// (see [`Interleave`]).
+    #[cfg(test)]
+    interleavings: Mutex<Vec<(Interleave, Action)>>,
+}
+
+/// Tests: what runs at an [`Interleave`].
+#[cfg(test)]
+type Action = Box<dyn FnOnce() + Send>;
+
+/// Tests: points of the supervision between two statements with no `.await`,
+/// where on a multi-threaded runtime another thread may act (a waiter
+/// registering, a shutdown beginning); a test runs that action there.
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Interleave {
+    /// A task was spawned, its handle not stored yet.
+    Spawned,
+    /// A task that nobody wanted any more is about to leave the election.
+    Exiting,
 }
 
 #[derive(Default)]
@@ -172,6 +194,8 @@ impl LeaderElector {
                 shutdown_rx: shutdown_rx.shared(),
                 #[cfg(test)]
                 storm: std::sync::atomic::AtomicBool::new(false),
+                #[cfg(test)]
+                interleavings: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -325,6 +349,23 @@ impl LeaderElector {
         self.inner.lock().term = Some(term);
     }
 
+    /// Runs `action` once, the next time the supervision reaches `point`.
+    pub(crate) fn interleave_for_test(&self, point: Interleave, action: impl FnOnce() + Send + 'static) {
+        self.inner.interleavings.lock().push((point, Box::new(action)));
+    }
+
+    /// The generations of the task that campaigns and of the one holding
+    /// the slot, and whether a task's handle is kept.
+    pub(crate) fn tasks_for_test(&self) -> (Option<u64>, Option<u64>, bool) {
+        let state = self.inner.lock();
+        (state.current, state.active, state.task.is_some())
+    }
+
+    /// Wakes every wait of every election task on the elector's wake-up.
+    pub(crate) fn wake_all_for_test(&self) {
+        self.inner.wake.notify_waiters();
+    }
+
     /// A wake-up between any two waits of the election task, for ever.
     pub(crate) fn storm_for_test(&self) {
         self.inner.storm.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -341,5 +382,19 @@ impl LeaderElector {
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
+    }
+
+    /// Tests: runs what was set to run at `point` (see
+    /// [`LeaderElector::interleave_for_test`]), with no lock held.
+    #[cfg(test)]
+    pub(crate) fn interleave(&self, point: Interleave) {
+        let action = {
+            let mut all = self.interleavings.lock();
+            let i = all.iter().position(|(p, _)| *p == point);
+            i.map(|i| all.remove(i).1)
+        };
+        if let Some(action) = action {
+            action();
+        }
     }
 }

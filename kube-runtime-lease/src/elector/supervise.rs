@@ -52,6 +52,8 @@ impl Inner {
     pub(super) fn spawn(self: &Arc<Self>, runtime: &tokio::runtime::Handle, n: u64) {
         let task = Task::new(self.clone(), n);
         let handle = runtime.spawn(run(task).instrument(self.span()));
+        #[cfg(test)]
+        self.interleave(super::Interleave::Spawned);
         let mut state = self.lock();
         if state.current == Some(n) {
             state.task = Some(handle);

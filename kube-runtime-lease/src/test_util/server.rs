@@ -18,6 +18,35 @@ use super::wire::{
 };
 use super::{FakeLeaseApi, Fault, Seen, Store, check_budget};
 
+/// The verb of a Lease request, as the double's faults and log name it.
+fn verb(method: &Method, named: bool, is_watch: bool) -> &'static str {
+    match (method, named, is_watch) {
+        (&Method::GET, true, _) => "get",
+        (&Method::GET, false, true) => "watch",
+        (&Method::GET, false, false) => "list",
+        (&Method::POST, _, _) => "create",
+        (&Method::PUT, _, _) => "update",
+        (&Method::DELETE, true, _) => "delete",
+        _ => "other",
+    }
+}
+
+/// A list of the Lease as it was before its last change, at that change's
+/// resourceVersion (see [`Fault::StaleList`]); `None` with no earlier version.
+fn stale_list(s: &Store) -> Option<Response<ResBody>> {
+    let [.., (rv, kind, lease), _] = s.history.as_slice() else {
+        return None;
+    };
+    let items: Vec<_> = (*kind != "DELETED")
+        .then(|| with_type(lease))
+        .into_iter()
+        .collect();
+    Some(ok(&json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+        "metadata": { "resourceVersion": rv.to_string() }, "items": items,
+    })))
+}
+
 /// A watch's `ERROR` event for `410 Gone` (the resourceVersion is too old).
 pub(super) fn gone_event_line() -> Bytes {
     let status = json!({
@@ -71,15 +100,7 @@ impl FakeLeaseApi {
         }
         let namespace = target.namespace.clone();
         let named = target.name;
-        let verb: &'static str = match (&method, &named, is_watch) {
-            (&Method::GET, Some(_), _) => "get",
-            (&Method::GET, None, true) => "watch",
-            (&Method::GET, None, false) => "list",
-            (&Method::POST, _, _) => "create",
-            (&Method::PUT, _, _) => "update",
-            (&Method::DELETE, Some(_), _) => "delete",
-            _ => "other",
-        };
+        let verb = verb(&method, named.is_some(), is_watch);
         let (fault, latency, forbidden) = {
             let mut s = self.lock();
             check_budget(&s);
@@ -119,20 +140,13 @@ impl FakeLeaseApi {
                 return handle.await.map_err(std::io::Error::other);
             }
             Some(Fault::DelayResponse(d)) => respond_after = d,
-            Some(Fault::StaleList) if verb == "list" => {
-                let s = self.lock();
-                if let [.., (rv, kind, lease), _] = s.history.as_slice() {
-                    let items: Vec<_> = (*kind != "DELETED")
-                        .then(|| with_type(lease))
-                        .into_iter()
-                        .collect();
-                    return Ok(ok(&json!({
-                        "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
-                        "metadata": { "resourceVersion": rv.to_string() }, "items": items,
-                    })));
+            Some(Fault::StaleList) => {
+                if verb == "list"
+                    && let Some(stale) = stale_list(&self.lock())
+                {
+                    return Ok(stale);
                 }
             }
-            Some(Fault::StaleList) => {}
             Some(Fault::AppliedThenLost) => {
                 let _ = self.apply(client, verb, namespace.as_deref(), &query, &body);
                 return Err(std::io::Error::new(

@@ -42,6 +42,8 @@ impl Task {
                     let until =
                         *linger_until.get_or_insert_with(|| Instant::now() + self.config().retry_period);
                     if Instant::now() >= until {
+                        #[cfg(test)]
+                        self.inner.interleave(crate::elector::Interleave::Exiting);
                         if self.exit() {
                             debug!("nobody wants leadership: leaving the election");
                             return None;

@@ -1,0 +1,149 @@
+//! The supervision of election tasks (one at a time, left behind, exit and
+//! shutdown) at the interleavings a multi-threaded runtime produces between
+//! two statements with no `.await`: a test hook ([`Interleave`]) runs the
+//! other thread's action there.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{Arc, Mutex},
+    task::Context,
+    time::Duration,
+};
+
+use futures::{future::MaybeDone, task::noop_waker_ref};
+use tokio::time::{Instant, sleep, timeout};
+
+use super::{Acquire, Interleave};
+use crate::{
+    AcquireError,
+    test_support::{acquire_on_a_helper_runtime, config, elector, free, paused, paused_runtime},
+};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// A future first polled inside an interleaving, to be awaited by the test.
+type Begun<F> = Arc<Mutex<Option<Pin<Box<MaybeDone<F>>>>>>;
+
+/// Polls `future` once (no waker: the test polls it again), and keeps it.
+fn begin<F: Future>(slot: &Begun<F>, future: F) {
+    let mut future = Box::pin(futures::future::maybe_done(future));
+    let _ = future.as_mut().poll(&mut Context::from_waker(noop_waker_ref()));
+    *slot.lock().unwrap() = Some(future);
+}
+
+/// A waiter that registers as the task, nobody wanting it any more, leaves
+/// the election (between the campaign's last count of demand and `exit`: on
+/// a multi-threaded runtime, another thread's `acquire`) is served by that
+/// task at once, not after its watchdog gives up on the task (renew deadline
+/// + retry period). Kills `exit -> true`.
+#[test]
+fn a_waiter_arriving_as_the_task_exits_is_served_at_once() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let late: Begun<Acquire> = Arc::default();
+        {
+            let (e2, late) = (e.clone(), late.clone());
+            e.interleave_for_test(Interleave::Exiting, move || begin(&late, e2.acquire()));
+        }
+        // Nobody wants leadership after this guard: released, the task
+        // lingers one retry period, then exits.
+        drop(e.acquire().await.unwrap());
+        timeout(S(60), async {
+            while late.lock().unwrap().is_none() {
+                sleep(MS(100)).await;
+            }
+        })
+        .await
+        .expect("the task left the election");
+        let asked = Instant::now();
+        let mut acquire = late.lock().unwrap().take().unwrap();
+        timeout(S(60), acquire.as_mut())
+            .await
+            .expect("the waiter was served");
+        let guard = acquire.as_mut().take_output().unwrap().unwrap();
+        assert!(guard.is_valid());
+        assert!(
+            asked.elapsed() < S(1),
+            "served {:?} after it asked: the task left it waiting for the watchdog",
+            asked.elapsed()
+        );
+    });
+}
+
+/// `shutdown` returns only once no election task runs or holds the slot and
+/// the last one was awaited, also for a task spawned as it began (its handle
+/// stored only after `shutdown` took the last one: on a multi-threaded
+/// runtime, another thread's `acquire`). Kills `idle -> ()` and its
+/// `&& -> ||`.
+#[test]
+fn shutdown_awaits_a_task_spawned_as_it_began() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let shutdown: Begun<_> = Arc::default();
+        {
+            let (e2, shutdown) = (e.clone(), shutdown.clone());
+            e.interleave_for_test(Interleave::Spawned, move || {
+                begin(&shutdown, async move { e2.shutdown(S(1)).await });
+            });
+        }
+        let acquired = timeout(S(60), e.acquire()).await.expect("the acquire ended");
+        assert!(matches!(acquired, Err(AcquireError::Shutdown)), "{acquired:?}");
+        let mut shutdown = shutdown.lock().unwrap().take().expect("the shutdown began");
+        timeout(S(60), shutdown.as_mut())
+            .await
+            .expect("the shutdown ended");
+        shutdown.as_mut().take_output().unwrap().unwrap();
+        assert_eq!(
+            e.tasks_for_test(),
+            (None, None, false),
+            "shutdown returned with a task running, holding the slot, or not awaited"
+        );
+    });
+}
+
+/// A task left behind (its runtime no longer driven, and a waiter started a
+/// new one) that is driven again leaves its successor alone: its term ended
+/// when it was left behind, and ending it now neither tells subscribers that
+/// nobody leads nor touches the state. Kills `may_write -> true`.
+#[test]
+fn a_task_left_behind_that_resumes_leaves_its_successor_alone() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let (old, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
+    let status = e.subscribe();
+    let (again,) = main.block_on(async {
+        timeout(S(11), old)
+            .await
+            .expect("the old guard resolves at its renew deadline on its own timer");
+        let again = timeout(S(120), e.acquire())
+            .await
+            .expect("a new election task starts")
+            .unwrap();
+        assert!(status.borrow().is_leader);
+        (again,)
+    });
+    let tasks = e.tasks_for_test();
+    // The old task wakes (every wait on the elector's wake-up ends) on its
+    // runtime, driven again.
+    e.wake_all_for_test();
+    helper.block_on(async {
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+    });
+    main.block_on(async {
+        sleep(MS(10)).await;
+        assert!(
+            status.borrow().is_leader,
+            "the task left behind said nobody leads"
+        );
+        assert!(e.is_leader());
+        assert!(again.is_valid());
+        assert_eq!(e.tasks_for_test(), tasks, "the task left behind changed the slot");
+    });
+}
