@@ -8,7 +8,7 @@ use tokio::time::{Instant, advance, sleep};
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     ConfigError, LeaderElectionStreamExt, LeaderElector, Lost,
-    test_support::{config, count, elector, free, held_by, paused, spec},
+    test_support::{config, count, elector, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -1464,5 +1464,115 @@ fn a_dropped_acquire_lets_the_task_leave_after_its_linger() {
             None,
             "the task still campaigns for nobody"
         );
+    });
+}
+
+/// An elector's `Debug` names its Lease and identity, and what it observed
+/// (issue 16: kills `Debug::fmt -> Ok(..)`).
+#[test]
+fn debug_shows_the_lease_the_identity_and_the_status() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let _guard = e.acquire().await.unwrap();
+        let debug = format!("{e:?}");
+        for part in ["LeaderElector", "\"lease\"", "\"me\"", "holder: Some(\"me\")"] {
+            assert!(debug.contains(part), "{part} missing from {debug}");
+        }
+    });
+}
+
+/// The off switch's leader gauge drops at shutdown, with no task to drop it
+/// (issue 16: kills `delete !` in `shutdown`).
+#[cfg(feature = "metrics")]
+#[test]
+fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
+    paused(async {
+        use crate::test_support::scrape;
+        const SERIES: &str = r#"leader_election_master_status{name="lease"}"#;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let fake = FakeLeaseApi::default();
+        let (e, _) = elector(&fake, config("me").enabled(false));
+        let e = e.with_metrics(&metrics);
+        let guard = e.acquire().await.unwrap();
+        assert!(
+            scrape(&registry).contains(&format!("{SERIES} 1")),
+            "{}",
+            scrape(&registry)
+        );
+        drop(guard);
+        e.shutdown(S(1)).await.unwrap();
+        assert!(
+            scrape(&registry).contains(&format!("{SERIES} 0")),
+            "{}",
+            scrape(&registry)
+        );
+    });
+}
+
+/// `current_guard` (the warm-standby gate: a reconcile runs only with a
+/// guard of the term in force) hands out a guard while a term holds, and
+/// none before, after the term, or once shutdown began (issue 16: kills
+/// `current_guard -> None`).
+#[test]
+fn current_guard_is_a_guard_of_the_term_in_force_only() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        assert!(e.current_guard().is_none(), "no term yet");
+        let guard = e.acquire().await.unwrap();
+        let current = e.current_guard().expect("a guard of the term in force");
+        assert!(current.is_valid());
+        assert_eq!(current.fencing_token(), guard.fencing_token());
+        // The term ends (renew deadline, partitioned): no guard after it.
+        fake.partition(id, true);
+        assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+        assert!(e.current_guard().is_none(), "the term ended");
+        fake.partition(id, false);
+        let again = e.acquire().await.unwrap();
+        assert!(e.current_guard().is_some());
+        let shutdown = e.shutdown(S(5));
+        let mut shutdown = std::pin::pin!(shutdown);
+        assert!(poll!(&mut shutdown).is_pending(), "waits for the guard");
+        assert!(e.current_guard().is_none(), "shutdown began");
+        drop(again);
+        shutdown.await.unwrap();
+    });
+}
+
+/// `shutdown` is bounded by renew deadline + release timeout + retry period
+/// after the grace, and that bound is not cut short: a write to acquire in
+/// flight when shutdown begins (answered after nearly the renew deadline),
+/// then the release (its read answered just within the release timeout),
+/// both fit (issue 16: kills `+ -> -` in the bound).
+#[test]
+fn a_shutdown_that_meets_a_slow_acquisition_and_a_slow_release_ends_in_time() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        fake.fault(
+            id,
+            Some("update"),
+            Fault::DelayResponse(Duration::from_millis(9_500)),
+        );
+        fake.fault(
+            id,
+            Some("get"),
+            Fault::DelayResponse(Duration::from_millis(4_500)),
+        );
+        let mut acquire = Box::pin(e.acquire());
+        assert!(poll!(&mut acquire).is_pending());
+        sleep(MS(100)).await;
+        let started = Instant::now();
+        let result = e.shutdown(S(1)).await;
+        assert!(result.is_ok(), "{result:?} after {:?}", started.elapsed());
+        assert!(matches!(acquire.await, Err(crate::AcquireError::Shutdown)));
+        assert!(
+            started.elapsed() > S(12),
+            "the slow steps were taken: {:?}",
+            started.elapsed()
+        );
+        assert_eq!(holder(&fake).as_deref(), Some(""), "released");
     });
 }
