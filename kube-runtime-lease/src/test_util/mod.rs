@@ -70,6 +70,7 @@
 //! # }
 //! ```
 
+mod candidates;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -143,8 +144,8 @@ pub struct Seen {
     /// The client's index (see [`FakeLeaseApi::client`]).
     pub client: usize,
     /// `get`, `create`, `update`, `delete`, `list`, `watch`, or `other`
-    /// (`candidate` for a `LeaseCandidate` request, whose `client` is
-    /// `usize::MAX`).
+    /// (`candidate ` and one of those for a `LeaseCandidate` request, whose
+    /// `client` is `usize::MAX`).
     pub verb: &'static str,
 }
 
@@ -166,7 +167,7 @@ struct Store {
     /// `LeaseCandidate`s by name, once [`FakeLeaseApi::serve_lease_candidates`]
     /// was called (`None`: answered 404, as by an API server without
     /// Coordinated Leader Election).
-    candidates: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    candidates: Option<candidates::Candidates>,
     /// Events created, in order (see [`FakeLeaseApi::events`]).
     events: Vec<serde_json::Value>,
     /// The status every `LeaseCandidate` request is answered with, if set
@@ -268,14 +269,15 @@ impl FakeLeaseApi {
     }
 
     /// A double that also serves `coordination.k8s.io/v1beta1`
-    /// `LeaseCandidate`s (create, get, replace, delete; kept for
+    /// `LeaseCandidate`s (create, get, replace with resourceVersion checks,
+    /// delete, lists and watches; kept for
     /// [`lease_candidates`](Self::lease_candidates)), as an API server with
     /// Coordinated Leader Election does. It does not elect: a test plays the
     /// API server's part with [`put`](Self::put). Without it, every
     /// `LeaseCandidate` request is answered 404, as where the feature is off.
     #[must_use]
     pub fn serve_lease_candidates(self) -> Self {
-        self.lock().candidates = Some(std::collections::BTreeMap::new());
+        self.lock().candidates = Some(candidates::Candidates::default());
         self
     }
 
@@ -287,6 +289,13 @@ impl FakeLeaseApi {
         self
     }
 
+    /// From now on, answers every `LeaseCandidate` request with `status`
+    /// (`None`: serves them again); see
+    /// [`refuse_lease_candidates`](Self::refuse_lease_candidates).
+    pub fn set_lease_candidates_refused(&self, status: Option<u16>) {
+        self.lock().candidates_refused = status;
+    }
+
     /// Makes every `LeaseCandidate` request take `latency` before it is
     /// handled.
     #[must_use]
@@ -295,9 +304,34 @@ impl FakeLeaseApi {
         self
     }
 
+    /// Pings the `LeaseCandidate` `name`, as the API server does before it
+    /// elects (`spec.pingTime` now): a live candidate answers by renewing
+    /// (`spec.renewTime` after it). Whether it exists.
+    pub fn ping_lease_candidate(&self, name: &str) -> bool {
+        self.lock().candidates.as_mut().is_some_and(|c| c.ping(name))
+    }
+
+    /// Stores `object` as a `LeaseCandidate` (by its `metadata.name`), as
+    /// someone else's write would: a new resourceVersion, its watchers told.
+    pub fn put_lease_candidate(&self, object: serde_json::Value) {
+        if let Some(c) = self.lock().candidates.as_mut() {
+            c.put(object);
+        }
+    }
+
+    /// Deletes the `LeaseCandidate` `name`, as someone else would (its
+    /// watchers are told). Whether it existed.
+    pub fn delete_lease_candidate(&self, name: &str) -> bool {
+        self.lock().candidates.as_mut().is_some_and(|c| c.delete(name))
+    }
+
     /// The `LeaseCandidate`s stored now, as JSON, by name.
     pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
-        self.lock().candidates.clone().unwrap_or_default()
+        self.lock()
+            .candidates
+            .as_ref()
+            .map(|c| c.objects.clone())
+            .unwrap_or_default()
     }
 
     /// The Kubernetes Events created through this double so far, as JSON,

@@ -18,6 +18,11 @@ use super::wire::{
 };
 use super::{FakeLeaseApi, Fault, Seen, Store, check_budget};
 
+/// A request's body, whole.
+async fn read_body(body: Body) -> Result<Bytes, std::io::Error> {
+    Ok(body.collect().await.map_err(std::io::Error::other)?.to_bytes())
+}
+
 /// The verb of a Lease request, as the double's faults and log name it.
 fn verb(method: &Method, named: bool, is_watch: bool) -> &'static str {
     match (method, named, is_watch) {
@@ -81,15 +86,13 @@ impl FakeLeaseApi {
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let query = req.uri().query().unwrap_or("").to_owned();
-        let body = req
-            .into_body()
-            .collect()
-            .await
-            .map_err(std::io::Error::other)?
-            .to_bytes();
+        let body = read_body(req.into_body()).await?;
         let is_watch = query.contains("watch=true");
         let target = Target::of(&path);
-        if let Some(answer) = self.beside_leases(&target, &method, is_watch, &body).await {
+        if let Some(answer) = self
+            .beside_leases(&target, &method, is_watch, &query, &body)
+            .await
+        {
             return Ok(answer);
         }
         if target.resource != "leases" {
@@ -197,6 +200,7 @@ impl FakeLeaseApi {
         target: &Target,
         method: &Method,
         is_watch: bool,
+        query: &str,
         body: &[u8],
     ) -> Option<Response<ResBody>> {
         if target.resource == "leasecandidates" {
@@ -207,8 +211,8 @@ impl FakeLeaseApi {
         }
         match target.resource.as_str() {
             "events" if *method == Method::POST => Some(self.event_posted(body)),
-            "leasecandidates" if !is_watch => {
-                Some(self.lease_candidate(method, target.name.as_deref(), body))
+            "leasecandidates" => {
+                Some(self.lease_candidate(method, target.name.as_deref(), is_watch, query, body))
             }
             _ => None,
         }
@@ -223,64 +227,6 @@ impl FakeLeaseApi {
                 created(&event)
             }
             Err(_) => status(400, "BadRequest", "not JSON"),
-        }
-    }
-
-    /// A `LeaseCandidate` request (seen as `candidate`): 404 unless
-    /// [`FakeLeaseApi::serve_lease_candidates`] was called; then create (409
-    /// if it exists), get, replace, delete by name (no resourceVersion check:
-    /// the double only keeps them for inspection). Lists are empty, and
-    /// watches silent, as for other resources.
-    fn lease_candidate(&self, method: &Method, name: Option<&str>, body: &[u8]) -> Response<ResBody> {
-        let mut s = self.lock();
-        s.seen.push(Seen {
-            at: Instant::now(),
-            client: usize::MAX,
-            verb: "candidate",
-        });
-        if let Some(code) = s.candidates_refused {
-            return status(code, "Refused", "refused by the test");
-        }
-        let Some(candidates) = s.candidates.as_mut() else {
-            return status(404, "NotFound", "the double serves no lease candidates");
-        };
-        let parsed = || serde_json::from_slice::<serde_json::Value>(body).ok();
-        match (method, name) {
-            (&Method::POST, _) => match parsed() {
-                Some(mut object) => {
-                    let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
-                        return status(422, "Invalid", "a LeaseCandidate needs a name");
-                    };
-                    if candidates.contains_key(&name) {
-                        return status(409, "AlreadyExists", "the LeaseCandidate exists");
-                    }
-                    object["metadata"]["resourceVersion"] = json!("1");
-                    candidates.insert(name, object.clone());
-                    created(&object)
-                }
-                None => status(400, "BadRequest", "not JSON"),
-            },
-            (&Method::GET, Some(name)) => match candidates.get(name) {
-                Some(object) => ok(object),
-                None => status(404, "NotFound", "no such LeaseCandidate"),
-            },
-            (&Method::PUT, Some(name)) => match (candidates.get_mut(name), parsed()) {
-                (Some(stored), Some(object)) => {
-                    *stored = object;
-                    ok(stored)
-                }
-                (None, _) => status(404, "NotFound", "no such LeaseCandidate"),
-                (_, None) => status(400, "BadRequest", "not JSON"),
-            },
-            (&Method::DELETE, Some(name)) => match candidates.remove(name) {
-                Some(object) => ok(&object),
-                None => status(404, "NotFound", "no such LeaseCandidate"),
-            },
-            (&Method::GET, None) => ok(&json!({
-                "apiVersion": "coordination.k8s.io/v1beta1", "kind": "LeaseCandidateList",
-                "metadata": { "resourceVersion": "1" }, "items": [],
-            })),
-            _ => status(405, "MethodNotAllowed", "not served by the double"),
         }
     }
 
