@@ -639,6 +639,42 @@ fn health_check_fails_only_for_an_overdue_leader() {
             }
         );
         assert!(e.health_check(S(30)).is_ok(), "within a larger tolerance");
+        // As client-go's: overdue only once strictly past the limit (issue
+        // 16: kills `> -> >=`).
+        assert!(e.health_check(S(25)).is_ok(), "exactly at the limit");
+        assert!(e.health_check(S(25) - Duration::from_nanos(1)).is_err());
+    });
+}
+
+/// Subscribers are told of every change of status, and only of changes
+/// (issue 16: kills `!= -> ==` in `update_status`).
+#[test]
+fn subscribers_are_told_of_changes_only() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let mut status = e.subscribe();
+        status.borrow_and_update();
+        let guard = e.acquire().await.unwrap();
+        assert!(status.has_changed().unwrap(), "not told it leads");
+        assert!(status.borrow_and_update().is_leader);
+        // Renewals leave the status as it was.
+        sleep(S(30)).await;
+        assert!(guard.is_valid());
+        assert!(
+            !status.has_changed().unwrap(),
+            "told of renewals: {:?}",
+            *status.borrow()
+        );
+        fake.take_over("other");
+        assert_eq!(
+            guard.await,
+            Lost::TakenOver {
+                holder: "other".into()
+            }
+        );
+        assert!(status.has_changed().unwrap());
+        assert_eq!(status.borrow_and_update().holder.as_deref(), Some("other"));
     });
 }
 
