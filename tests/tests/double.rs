@@ -1,8 +1,12 @@
 //! The test kit's Lease API double (`kube_runtime_lease::test_util`) is
 //! honest: one script of operations (creation races, conflicts, missing
-//! objects, the API server's validation, resourceVersion semantics, watch
-//! events) runs against the double and against a real kube-apiserver, and
-//! must have the same outcomes.
+//! objects, the API server's validation, resourceVersion semantics, lists,
+//! watch events; and the same for `LeaseCandidate`s) runs against the double
+//! and against a real kube-apiserver, and must have the same outcomes. Not
+//! compared: what a real API server does only under conditions a test cannot
+//! bring about on demand (a watch cache that lags, a compacted
+//! resourceVersion): the double's `Fault::StaleList` and `expire_watches`
+//! play those, as documented by the API.
 
 use std::time::Duration;
 
@@ -11,7 +15,10 @@ use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::{
     Api,
-    api::{DeleteParams, ListParams, ObjectMeta, PostParams, WatchEvent, WatchParams},
+    api::{
+        ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, ObjectMeta, PostParams,
+        WatchEvent, WatchParams,
+    },
 };
 use kube_runtime_lease::test_util::FakeLeaseApi;
 use kube_runtime_lease_harness::shared_env;
@@ -73,14 +80,16 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
                 WatchEvent::Error(e) => return Err(anyhow::anyhow!("watch error: {e:?}")),
             };
             seen.push(kind);
-            if kind == "DELETED" {
+            // The script deletes the Lease three times: after its creation,
+            // its re-creation by an update, and the creation race.
+            if seen.iter().filter(|k| **k == "DELETED").count() == 3 {
                 break;
             }
         }
         anyhow::Ok(seen)
     });
     let pp = PostParams::default();
-    out.push(format!("get missing: {:?}", api.get_opt(NAME).await?.is_some()));
+    out.push(format!("get missing: {}", outcome(&api.get(NAME).await)));
     let created = api.create(&pp, &lease(None, |_| {})).await;
     out.push(format!("create: {}", outcome(&created)));
     out.push(format!(
@@ -138,6 +147,24 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
         "replace preferred holder with strategy: {}",
         outcome(&with_strategy)
     ));
+    let rv3 = with_strategy?
+        .metadata
+        .resource_version
+        .context("no resourceVersion")?;
+    let same = api
+        .replace(
+            NAME,
+            &pp,
+            &lease(Some(&rv3), |s| {
+                s.strategy = Some("OldestEmulationVersion".into());
+                s.preferred_holder = Some("c".into());
+            }),
+        )
+        .await?;
+    out.push(format!(
+        "replace unchanged keeps the resourceVersion: {}",
+        same.metadata.resource_version.as_deref() == Some(rv3.as_str())
+    ));
     let read = api.get(NAME).await?;
     let old_uid = read.metadata.uid.clone();
     let kept = read.spec.unwrap_or_default();
@@ -149,7 +176,11 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
         "delete: {}",
         outcome(&api.delete(NAME, &DeleteParams::default()).await)
     ));
-    out.push(format!("get deleted: {:?}", api.get_opt(NAME).await?.is_some()));
+    out.push(format!("get deleted: {}", outcome(&api.get(NAME).await)));
+    out.push(format!(
+        "list deleted: {} items",
+        api.list(&ListParams::default()).await?.items.len()
+    ));
     // A replace of a deleted Lease carrying the deleted object's uid (as
     // every write of the elector does) fails its precondition; without a uid,
     // Leases allow create on update.
@@ -168,7 +199,33 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
         ));
     }
     out.push(format!(
+        "list: {} items",
+        api.list(&ListParams::default()).await?.items.len()
+    ));
+    out.push(format!(
         "delete again: {}",
+        outcome(&api.delete(NAME, &DeleteParams::default()).await)
+    ));
+    out.push(format!(
+        "delete missing: {}",
+        outcome(&api.delete(NAME, &DeleteParams::default()).await)
+    ));
+    // Two candidates create the missing Lease at once: one wins.
+    let (la, lb) = (
+        lease(None, |_| {}),
+        lease(None, |s| s.holder_identity = Some("b".into())),
+    );
+    let (a, b) = futures::join!(api.create(&pp, &la), api.create(&pp, &lb));
+    let mut race = [outcome(&a), outcome(&b)];
+    race.sort();
+    out.push(format!("create race: {race:?}"));
+    let winner = api.get(NAME).await?.spec.unwrap_or_default().holder_identity;
+    out.push(format!(
+        "race won by one: {}",
+        matches!(winner.as_deref(), Some("a" | "b"))
+    ));
+    out.push(format!(
+        "delete the winner: {}",
         outcome(&api.delete(NAME, &DeleteParams::default()).await)
     ));
     let events = timeout(Duration::from_secs(10), events)
@@ -187,6 +244,9 @@ async fn the_double_answers_as_a_real_api_server_does() -> Result<()> {
     let double = script(&Api::namespaced(fake.client().0, "default")).await?;
     // The script itself is meaningful: it saw each kind of answer.
     for expected in [
+        "get missing: 404 NotFound",
+        "create race: [\"409 AlreadyExists\", \"ok\"]",
+        "watch: ADDED MODIFIED MODIFIED DELETED ADDED DELETED ADDED DELETED",
         "create again: 409 AlreadyExists",
         "replace stale: 409 Conflict",
         "replace deleted: 409 Conflict",
@@ -199,5 +259,131 @@ async fn the_double_answers_as_a_real_api_server_does() -> Result<()> {
     }
     assert!(real.iter().any(|l| l.contains("422")), "{real:#?}");
     assert_eq!(double, real, "the double differs from the real apiserver");
+    Ok(())
+}
+
+/// The same for the double's `LeaseCandidate`s (Coordinated Leader
+/// Election): creation, conflicts on a stale resourceVersion, missing
+/// objects, lists by name, and watch events.
+async fn candidate_script(api: &Api<DynamicObject>) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let object = |name: &str, rv: Option<&str>| {
+        let mut o = DynamicObject::new(name, &candidate_resource()).data(serde_json::json!({
+            "spec": {
+                "leaseName": "lease", "binaryVersion": "1.37.0", "emulationVersion": "1.36.0",
+                "strategy": "OldestEmulationVersion",
+            },
+        }));
+        o.metadata.resource_version = rv.map(str::to_owned);
+        o
+    };
+    let named = ListParams::default().fields("metadata.name=a");
+    let from = api
+        .list(&named)
+        .await?
+        .metadata
+        .resource_version
+        .context("no list resourceVersion")?;
+    let watch = api
+        .watch(&WatchParams::default().fields("metadata.name=a"), &from)
+        .await?;
+    let events = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut watch = std::pin::pin!(watch);
+        while let Some(event) = watch.try_next().await? {
+            seen.push(match event {
+                WatchEvent::Added(_) => "ADDED",
+                WatchEvent::Modified(_) => "MODIFIED",
+                WatchEvent::Deleted(_) => "DELETED",
+                WatchEvent::Bookmark(_) => continue,
+                WatchEvent::Error(e) => return Err(anyhow::anyhow!("watch error: {e:?}")),
+            });
+            if seen.last() == Some(&"DELETED") {
+                break;
+            }
+        }
+        anyhow::Ok(seen)
+    });
+    let pp = PostParams::default();
+    out.push(format!("get missing: {}", outcome(&api.get("a").await)));
+    let created = api.create(&pp, &object("a", None)).await;
+    out.push(format!("create: {}", outcome(&created)));
+    out.push(format!(
+        "create again: {}",
+        outcome(&api.create(&pp, &object("a", None)).await)
+    ));
+    out.push(format!(
+        "create another: {}",
+        outcome(&api.create(&pp, &object("b", None)).await)
+    ));
+    let rv1 = created?.metadata.resource_version.context("no resourceVersion")?;
+    let mut renew = object("a", Some(&rv1));
+    renew.data["spec"]["renewTime"] = serde_json::json!("2026-12-01T10:00:00.000000Z");
+    let renewed = api.replace("a", &pp, &renew).await;
+    out.push(format!("replace current: {}", outcome(&renewed)));
+    let rv2 = renewed?.metadata.resource_version.context("no resourceVersion")?;
+    renew.metadata.resource_version = Some(rv2.clone());
+    let again = api.replace("a", &pp, &renew).await?;
+    out.push(format!(
+        "replace unchanged keeps the resourceVersion: {}",
+        again.metadata.resource_version.as_deref() == Some(rv2.as_str())
+    ));
+    out.push(format!(
+        "replace stale: {}",
+        outcome(&api.replace("a", &pp, &object("a", Some(&rv1))).await)
+    ));
+    out.push(format!(
+        "list by name: {} items",
+        api.list(&named).await?.items.len()
+    ));
+    out.push(format!(
+        "delete: {}",
+        outcome(&api.delete("a", &DeleteParams::default()).await)
+    ));
+    out.push(format!(
+        "delete again: {}",
+        outcome(&api.delete("a", &DeleteParams::default()).await)
+    ));
+    out.push(format!(
+        "replace deleted: {}",
+        outcome(&api.replace("a", &pp, &object("a", Some(&rv1))).await)
+    ));
+    let events = timeout(Duration::from_secs(10), events)
+        .await
+        .context("watch events")???;
+    out.push(format!("watch: {}", events.join(" ")));
+    Ok(out)
+}
+
+fn candidate_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("coordination.k8s.io", "v1beta1", "LeaseCandidate"),
+        "leasecandidates",
+    )
+}
+
+#[tokio::test]
+async fn the_doubles_lease_candidates_answer_as_a_real_api_server_does() -> Result<()> {
+    let env = shared_env().await?;
+    let ns = env.new_namespace("double-candidates").await?;
+    let resource = candidate_resource();
+    let real = candidate_script(&Api::namespaced_with(env.client().await?, &ns, &resource)).await?;
+    let fake = FakeLeaseApi::default().serve_lease_candidates();
+    let double = candidate_script(&Api::namespaced_with(fake.client().0, "default", &resource)).await?;
+    for expected in [
+        "create again: 409 AlreadyExists",
+        "replace stale: 409 Conflict",
+        "delete again: 404 NotFound",
+        "watch: ADDED MODIFIED DELETED",
+    ] {
+        assert!(
+            real.iter().any(|l| l == expected),
+            "{expected:?} not in {real:#?}"
+        );
+    }
+    assert_eq!(
+        double, real,
+        "the double's LeaseCandidates differ from the real apiserver's"
+    );
     Ok(())
 }

@@ -642,7 +642,7 @@ fn health_check_fails_only_for_an_overdue_leader() {
         // As client-go's: overdue only once strictly past the limit (issue
         // 16: kills `> -> >=`).
         assert!(e.health_check(S(25)).is_ok(), "exactly at the limit");
-        assert!(e.health_check(S(25) - Duration::from_nanos(1)).is_err());
+        assert!(e.health_check(Duration::from_nanos(24_999_999_999)).is_err());
     });
 }
 

@@ -129,9 +129,20 @@ impl FakeLeaseApi {
                     if sent.is_some_and(|rv| Some(rv) != stored["metadata"]["resourceVersion"].as_str()) {
                         return status(409, "Conflict", "the object has been modified");
                     }
+                    let same = |f: &str| object[f] == stored[f];
+                    let meta = |o: &Value, f: &str| o["metadata"][f].clone();
+                    if same("spec")
+                        && ["labels", "annotations"]
+                            .iter()
+                            .all(|f| meta(&object, f) == meta(stored, f))
+                    {
+                        // A no-op: no new resourceVersion, no event.
+                        return ok(stored);
+                    }
                     ok(&candidates.store(name, object, "MODIFIED"))
                 }
-                (None, _) => status(404, "NotFound", "no such LeaseCandidate"),
+                // As for Leases, create on update.
+                (None, Some(object)) => created(&candidates.store(name, object, "ADDED")),
                 (_, None) => status(400, "BadRequest", "not JSON"),
             },
             (&Method::DELETE, Some(name)) => match candidates.objects.get(name).cloned() {

@@ -18,6 +18,16 @@ use super::wire::{
 };
 use super::{FakeLeaseApi, Fault, Seen, Store, check_budget};
 
+/// Whether a write would leave the stored Lease as it is (the API server
+/// then skips it: the same resourceVersion, no watch event).
+fn unchanged(lease: &Lease, current: &Lease) -> bool {
+    let (a, b) = (&lease.metadata, &current.metadata);
+    lease.spec == current.spec
+        && a.labels == b.labels
+        && a.annotations == b.annotations
+        && a.owner_references == b.owner_references
+}
+
 /// A request's body, whole.
 async fn read_body(body: Body) -> Result<Bytes, std::io::Error> {
     Ok(body.collect().await.map_err(std::io::Error::other)?.to_bytes())
@@ -400,6 +410,10 @@ impl FakeLeaseApi {
         }
         // The server keeps the object's identity.
         lease.metadata.uid.clone_from(&current.metadata.uid);
+        if unchanged(&lease, current) {
+            // A no-op: no new resourceVersion, no event.
+            return ok(&with_type(current));
+        }
         s.rv += 1;
         lease.metadata.resource_version = Some(s.rv.to_string());
         s.lease = Some(lease.clone());
