@@ -100,7 +100,12 @@ pub fn env_seconds(var: &str, default: f64) -> anyhow::Result<Duration> {
     }
 }
 
-/// The Lease settings of an example, from the environment.
+/// The Lease settings of an example, from the environment: `LEASE_NAMESPACE`,
+/// `LEASE_NAME`, `IDENTITY`, the timings (`LEASE_DURATION`, `RENEW_DEADLINE`,
+/// `RETRY_PERIOD`, in seconds), `LEASE_WATCH=false` (poll), `LEADER_ELECT=false`
+/// (the off switch), `POD_NAME` and `NODE_NAME` (written on the Lease as
+/// annotations by its holder), `COORDINATED_BINARY_VERSION` and
+/// `COORDINATED_EMULATION_VERSION` (Coordinated Leader Election).
 ///
 /// # Errors
 /// When a timing variable is not a number.
@@ -108,11 +113,25 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
     let namespace = std::env::var("LEASE_NAMESPACE").unwrap_or_else(|_| "default".into());
     let name = std::env::var("LEASE_NAME").unwrap_or_else(|_| default_name.into());
     let identity = std::env::var("IDENTITY").unwrap_or_else(|_| unique_identity());
-    let config = LeaseConfig::new(namespace, name, identity)
+    let mut config = LeaseConfig::new(namespace, name.clone(), identity)
         .lease_duration(env_seconds("LEASE_DURATION", 15.0)?)
         .renew_deadline(env_seconds("RENEW_DEADLINE", 10.0)?)
         .retry_period(env_seconds("RETRY_PERIOD", 2.0)?)
-        .watch(std::env::var("LEASE_WATCH").map_or(true, |v| v != "false"));
+        .watch(std::env::var("LEASE_WATCH").map_or(true, |v| v != "false"))
+        // LEADER_ELECT=false: no election (a local run, a single replica): the
+        // same code leads at once and makes no Lease request.
+        .enabled(std::env::var("LEADER_ELECT").map_or(true, |v| v != "false"))
+        // Found with `kubectl get lease -l app.kubernetes.io/name=<name>`.
+        .label("app.kubernetes.io/name", name);
+    // Who holds the Lease, on the Lease: written when a candidate takes it.
+    for (var, key) in [
+        ("POD_NAME", "leader-election.example.com/pod"),
+        ("NODE_NAME", "leader-election.example.com/node"),
+    ] {
+        if let Ok(value) = std::env::var(var) {
+            config = config.annotation(key, value);
+        }
+    }
     Ok(match std::env::var("COORDINATED_BINARY_VERSION") {
         Ok(binary) => {
             let mut coordinated = kube_runtime_lease::Coordinated::new(binary);

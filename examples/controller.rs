@@ -8,7 +8,11 @@
 //! `/livez` fails when this replica believes it leads but its renewals are
 //! overdue, and `/readyz` is ready always, or only while leading with
 //! `READY_WHEN=leading` (see `probes.rs`; `deploy/deployment.yaml` wires both).
-//! With `WARM=1` it runs in warm standby (`with_leader_election_warm`).
+//! With `WARM=1` it runs in warm standby (`with_leader_election_warm`); with
+//! `EVENTS=1` it publishes its transitions as Events on the Lease; with
+//! `LEADER_ELECT=false` it runs no election at all (the off switch: it leads
+//! at once and needs no Lease permission); `POD_NAME` and `NODE_NAME` are
+//! written on the Lease by its holder (see `common.rs` for every variable).
 //!
 //! ```sh
 //! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example controller
@@ -20,7 +24,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, ResourceExt,
-    runtime::{Controller, controller::Action, watcher},
+    runtime::{Controller, controller::Action, events::Reporter, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
 use kube_runtime_lease_examples::{
@@ -47,7 +51,14 @@ async fn main() -> anyhow::Result<()> {
     let client = client().await?;
     let config = lease_config("configmap-controller")?;
     info!(identity = config.identity(), "starting");
-    let elector = LeaderElector::new(client.clone(), config)?;
+    let mut elector = LeaderElector::new(client.clone(), config)?;
+    // EVENTS=1: "became leader" / "stopped leading" as Events on the Lease.
+    if std::env::var("EVENTS").as_deref() == Ok("1") {
+        elector = elector.with_events(Reporter {
+            controller: "configmap-controller".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        });
+    }
 
     // Show who leads, and every change.
     let mut status = elector.subscribe();

@@ -145,7 +145,7 @@ async fn the_deploy_manifests_are_accepted_by_the_api_server() -> Result<()> {
 }
 
 #[tokio::test]
-async fn the_deploy_role_is_enough_for_a_watch_driven_election() -> Result<()> {
+async fn the_deploy_role_is_enough_for_a_watch_driven_election_its_events_and_lease_labels() -> Result<()> {
     let env = shared_env().await?;
     let ns = env.new_namespace("deploy-rbac").await?;
     let admin = env.client().await?;
@@ -183,8 +183,17 @@ async fn the_deploy_role_is_enough_for_a_watch_driven_election() -> Result<()> {
         .create(&PostParams::default(), &binding)
         .await?;
 
-    // With exactly that Role: a leader, and a standby that takes a release at once (so it watches).
-    let a = LeaderElector::new(env.user_client(&user, &[]).await?, fast_config(&ns, "a"))?;
+    // With exactly that Role: a leader that labels the Lease and publishes
+    // Events (as the example does), and a standby that takes a release at
+    // once (so it watches).
+    let a = LeaderElector::new(
+        env.user_client(&user, &[]).await?,
+        fast_config(&ns, "a").label("app.kubernetes.io/name", "lease"),
+    )?
+    .with_events(kube::runtime::events::Reporter {
+        controller: "deploy-rbac".into(),
+        instance: None,
+    });
     let b = LeaderElector::new(env.user_client(&user, &[]).await?, fast_config(&ns, "b"))?;
     let guard = timeout(Duration::from_secs(10), a.acquire()).await??;
     let mut acquiring = Box::pin(b.acquire());
@@ -199,6 +208,39 @@ async fn the_deploy_role_is_enough_for_a_watch_driven_election() -> Result<()> {
     // A polling standby would need up to 2.2 retry periods (1.1 s); a watching one, one event.
     assert!(took < Duration::from_millis(400), "handover took {took:?}");
     assert!(guard.is_valid());
+    let admin = env.client().await?;
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin.clone(), &ns)
+        .get("lease")
+        .await?;
+    assert_eq!(
+        lease
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("app.kubernetes.io/name")
+            .map(String::as_str),
+        Some("lease"),
+        "the leader's label"
+    );
+    // a's two Events (became leader, gave up), created with the Role's rights.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin, &ns);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let list = events.list(&kube::api::ListParams::default()).await?;
+        let ours = list
+            .items
+            .iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some("deploy-rbac"))
+            .count();
+        if ours >= 2 {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{ours} Events of the leader within 10 s: the Role does not let it publish them"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     Ok(())
 }
 
