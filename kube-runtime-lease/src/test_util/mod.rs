@@ -23,6 +23,7 @@
 //! double aborts the process after [`REQUEST_BUDGET`] requests instead.
 //!
 //! ```
+//! use std::sync::{Arc, atomic::{AtomicUsize, Ordering::SeqCst}};
 //! use std::time::Duration;
 //! use futures::StreamExt;
 //! use k8s_openapi::api::core::v1::ConfigMap;
@@ -39,32 +40,56 @@
 //!     let (client, _) = fake.client();
 //!     let elector = LeaderElector::new(client.clone(), LeaseConfig::new("default", "my-controller", "me"))?;
 //!     let mut status = elector.subscribe();
+//!     // Counts the Controllers made (one per term) and those still running.
+//!     let (made, running) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+//!     struct Running(Arc<AtomicUsize>);
+//!     impl Drop for Running {
+//!         fn drop(&mut self) {
+//!             self.0.fetch_sub(1, SeqCst);
+//!         }
+//!     }
 //!     // The guarded Controller, campaigning again after every loss.
 //!     let run = tokio::spawn({
-//!         let elector = elector.clone();
+//!         let (elector, made, running) = (elector.clone(), made.clone(), running.clone());
 //!         async move {
 //!             elector
 //!                 .run_each_term(|| {
+//!                     made.fetch_add(1, SeqCst);
+//!                     running.fetch_add(1, SeqCst);
+//!                     let alive = Running(running.clone());
 //!                     Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
 //!                         .with_leader_election(&elector)
 //!                         .run(
 //!                             |_cm, _ctx| async { Ok::<_, kube_client::Error>(Action::await_change()) },
 //!                             |_cm, _err, _ctx| Action::requeue(Duration::from_secs(5)),
-//!                             std::sync::Arc::new(()),
+//!                             Arc::new(()),
 //!                         )
+//!                         // `alive` lives as long as this term's Controller.
+//!                         .map(move |item| {
+//!                             let _alive = &alive;
+//!                             item
+//!                         })
 //!                 })
 //!                 .await
 //!         }
 //!     });
 //!     // This candidate creates the Lease, and leads after the creation hold.
 //!     status.wait_for(|s| s.is_leader).await?;
-//!     // Another candidate takes over: the Controller stops...
+//!     assert_eq!((made.load(SeqCst), running.load(SeqCst)), (1, 1));
+//!     // Another candidate takes over: the Controller is dropped...
 //!     fake.take_over("other");
 //!     status.wait_for(|s| !s.is_leader).await?;
-//!     // ...and the candidate leads again once the other stops renewing.
+//!     tokio::time::sleep(Duration::from_millis(10)).await;
+//!     assert_eq!(running.load(SeqCst), 0);
+//!     assert_eq!(status.borrow().holder.as_deref(), Some("other"));
+//!     // ...and a new one runs once the candidate leads again (the other
+//!     // stopped renewing: its record expires).
 //!     status.wait_for(|s| s.is_leader).await?;
+//!     tokio::time::sleep(Duration::from_millis(10)).await;
+//!     assert_eq!((made.load(SeqCst), running.load(SeqCst)), (2, 1));
 //!     elector.shutdown(Duration::from_secs(1)).await?;
 //!     assert_eq!(run.await?, RunEnded::Shutdown);
+//!     assert_eq!(running.load(SeqCst), 0);
 //!     Ok::<_, Box<dyn std::error::Error>>(())
 //! })
 //! # }
