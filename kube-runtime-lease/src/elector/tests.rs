@@ -1612,3 +1612,41 @@ fn a_shutdown_that_meets_a_slow_acquisition_and_a_slow_release_ends_in_time() {
         assert_eq!(holder(&fake).as_deref(), Some(""), "released");
     });
 }
+
+/// An Event of a transition is about the Lease itself (`regarding`: its API
+/// version, kind, namespace, name and uid), so that `kubectl describe lease`
+/// shows it (issue 16: kills the deleted fields of the reference).
+#[test]
+fn events_are_about_the_lease_object() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let e = e.with_events(kube_runtime::events::Reporter {
+            controller: "test".into(),
+            instance: None,
+        });
+        let _guard = e.acquire().await.unwrap();
+        sleep(MS(10)).await;
+        let uid = fake.lease().unwrap().metadata.uid.unwrap();
+        let events = fake.events();
+        assert_eq!(events.len(), 1, "{events:?}");
+        let regarding = &events[0]["regarding"];
+        assert_eq!(
+            (
+                &regarding["apiVersion"],
+                &regarding["kind"],
+                &regarding["namespace"],
+                &regarding["name"],
+                &regarding["uid"]
+            ),
+            (
+                &serde_json::json!("coordination.k8s.io/v1"),
+                &serde_json::json!("Lease"),
+                &serde_json::json!("default"),
+                &serde_json::json!("lease"),
+                &serde_json::json!(uid)
+            ),
+            "{regarding}"
+        );
+    });
+}
