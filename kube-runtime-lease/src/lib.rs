@@ -198,8 +198,9 @@
 //! - `metrics`: `LeaseMetrics`, leader-election metrics registered into a
 //!   `prometheus-client` registry.
 //! - `test-util`: [`test_util`], an in-memory Lease API double behind a real
-//!   `kube::Client`, to test guarded code without a cluster on paused time
-//!   (enables `tokio/test-util`; for dev-dependencies).
+//!   `kube::Client`, to test guarded code without a cluster, on paused time
+//!   when the test crate enables `tokio`'s `test-util` (this feature does
+//!   not, so that it changes no clock; for dev-dependencies).
 //!
 //! This crate does not pick a Kubernetes version: enable one of
 //! `k8s-openapi`'s version features in your application, as with kube.

@@ -1,13 +1,13 @@
 //! Adapter overhead: items per second through
 //! `stream.with_leader_election(&elector)` versus the bare stream.
 //!
-//! The library is built as applications build it: without its `test-util`
-//! feature, whose tokio `test-util` adds a mock-clock check to every
-//! `tokio::time::Instant::now()` (this package is built alone for that; see its
-//! Cargo.toml). The elector leads against a minimal in-process Lease API (one
-//! Lease, GET/POST/PUT with resourceVersion compare-and-swap, below) plugged
-//! into a real `kube::Client`, so renewals run as in production, minus the
-//! network.
+//! The library is built as applications build it, with tokio's real clock:
+//! without tokio's `test-util`, which adds a mock-clock check to every
+//! `tokio::time::Instant::now()` (this package is built alone for that; see
+//! its Cargo.toml). The elector leads against the library's Lease API double
+//! (`test_util::FakeLeaseApi`, whose feature leaves tokio's clock alone)
+//! plugged into a real `kube::Client`, so renewals run as in production,
+//! minus the network.
 //! Three inner streams:
 //! - `iter`: `futures::stream::iter` — no work per item, the worst case: the
 //!   adapter's fixed cost per poll is all that is measured;
@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput};
 use futures::{Stream, StreamExt};
-use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig};
+use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig, test_util::FakeLeaseApi};
 use serde_json::json;
 
 const ITEMS: u64 = 100_000;
@@ -44,7 +44,7 @@ async fn leading_elector() -> (LeaderElector, kube_runtime_lease::LeaseGuard) {
         .renew_deadline(Duration::from_secs(10))
         .retry_period(Duration::from_secs(2))
         .watch(false);
-    let elector = LeaderElector::new(lease_api::client(), config).expect("valid config");
+    let elector = LeaderElector::new(FakeLeaseApi::default().client().0, config).expect("valid config");
     let guard = elector.acquire().await.expect("leads against the double");
     (elector, guard)
 }
@@ -361,80 +361,5 @@ fn main() {
             serde_json::to_vec_pretty(&rows).unwrap(),
         )
         .unwrap();
-    }
-}
-
-/// A minimal Lease API for the elector to lead against: one Lease in memory,
-/// GET, POST (create) and PUT (update, compare-and-swap on resourceVersion);
-/// anything else is answered 404. (The library's `test_util` double does far
-/// more, but needs the `test-util` feature this benchmark must not build.)
-mod lease_api {
-    use std::sync::{Arc, Mutex};
-
-    use http::{Method, Request, Response, StatusCode};
-    use http_body_util::{BodyExt, Full};
-    use serde_json::{Value, json};
-
-    #[derive(Default)]
-    struct Lease {
-        object: Option<Value>,
-        version: u64,
-    }
-
-    pub fn client() -> kube::Client {
-        let lease = Arc::new(Mutex::new(Lease::default()));
-        let svc = tower::service_fn(move |req: Request<kube::client::Body>| {
-            let lease = lease.clone();
-            async move {
-                let method = req.method().clone();
-                let body = req.into_body().collect().await?.to_bytes();
-                let (status, answer) = answer(&mut lease.lock().unwrap(), &method, &body);
-                let body = Full::new(bytes::Bytes::from(answer.to_string()));
-                Ok::<_, kube::Error>(
-                    Response::builder()
-                        .status(status)
-                        .header("content-type", "application/json")
-                        .body(body)
-                        .expect("a valid response"),
-                )
-            }
-        });
-        kube::Client::new(svc, "default")
-    }
-
-    fn status(code: StatusCode, reason: &str) -> (StatusCode, Value) {
-        let body = json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "reason": reason, "message": reason, "code": code.as_u16(),
-        });
-        (code, body)
-    }
-
-    fn answer(lease: &mut Lease, method: &Method, body: &[u8]) -> (StatusCode, Value) {
-        let stored = |lease: &mut Lease, mut object: Value| {
-            lease.version += 1;
-            object["metadata"]["resourceVersion"] = json!(lease.version.to_string());
-            lease.object = Some(object.clone());
-            object
-        };
-        match *method {
-            Method::GET => match &lease.object {
-                Some(object) => (StatusCode::OK, object.clone()),
-                None => status(StatusCode::NOT_FOUND, "NotFound"),
-            },
-            Method::POST if lease.object.is_none() => match serde_json::from_slice(body) {
-                Ok(object) => (StatusCode::CREATED, stored(lease, object)),
-                Err(_) => status(StatusCode::BAD_REQUEST, "BadRequest"),
-            },
-            Method::POST => status(StatusCode::CONFLICT, "AlreadyExists"),
-            Method::PUT => match serde_json::from_slice::<Value>(body) {
-                Ok(object) if object["metadata"]["resourceVersion"] == json!(lease.version.to_string()) => {
-                    (StatusCode::OK, stored(lease, object))
-                }
-                Ok(_) => status(StatusCode::CONFLICT, "Conflict"),
-                Err(_) => status(StatusCode::BAD_REQUEST, "BadRequest"),
-            },
-            _ => status(StatusCode::NOT_FOUND, "NotFound"),
-        }
     }
 }

@@ -1,7 +1,10 @@
 //! A test kit for code guarded by this crate (the `test-util` feature): an
 //! in-memory double of the Lease API behind a real [`kube::Client`](kube_client::Client), so
 //! that guarded streams and Controllers can be tested without a cluster, on
-//! tokio's paused time (the feature enables `tokio/test-util`).
+//! tokio's paused time (enable `tokio`'s `test-util` feature in your
+//! dev-dependencies for that, as for `#[tokio::test(start_paused = true)]`;
+//! this crate's feature does not, so that it changes no clock: a benchmark
+//! built with it measures the real one).
 //!
 //! The double serves one Lease (the namespace and name of its first
 //! `create` or [`FakeLeaseApi::put`]; use one double per Lease): `get`,
