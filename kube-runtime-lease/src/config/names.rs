@@ -1,0 +1,46 @@
+//! Kubernetes name rules (DNS-1123), as the API server checks them.
+
+fn is_label_char(c: u8) -> bool {
+    c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
+}
+
+/// `None` when `s` is a DNS-1123 label (RFC 1123, as Kubernetes checks namespaces).
+pub(crate) fn dns1123_label(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        return Some("must not be empty");
+    }
+    if s.len() > 63 {
+        return Some("must be no more than 63 characters");
+    }
+    let b = s.as_bytes();
+    if !b.iter().copied().all(is_label_char) {
+        return Some("must consist of lower case alphanumeric characters or '-'");
+    }
+    if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
+        return Some("must start and end with an alphanumeric character");
+    }
+    None
+}
+
+/// `None` when `s` is a DNS-1123 subdomain (as Kubernetes checks object names).
+pub(crate) fn dns1123_subdomain(s: &str) -> Option<&'static str> {
+    if s.is_empty() {
+        return Some("must not be empty");
+    }
+    if s.len() > 253 {
+        return Some("must be no more than 253 characters");
+    }
+    for part in s.split('.') {
+        let b = part.as_bytes();
+        if b.is_empty() {
+            return Some("must not contain empty dot-separated parts");
+        }
+        if !b.iter().copied().all(is_label_char) {
+            return Some("must consist of lower case alphanumeric characters, '-' or '.'");
+        }
+        if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
+            return Some("must start and end with an alphanumeric character");
+        }
+    }
+    None
+}
