@@ -32,17 +32,23 @@ impl LeaseApi {
 
     /// Reads the Lease; `None` if it does not exist.
     pub(super) async fn get(&self, bound: Duration) -> Result<Option<Lease>> {
-        bounded("get", bound, self.api.get_opt(&self.name), ApiError::Get).await
+        bounded(
+            bound,
+            self.api.get_opt(&self.name),
+            ApiError::Get,
+            timeout("get", bound),
+        )
+        .await
     }
 
     /// Creates the Lease (`create` has no precondition: it fails with a
     /// conflict, 409, if the object exists).
     pub(super) async fn create(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
         bounded(
-            "create",
             bound,
             self.api.create(&PostParams::default(), lease),
             ApiError::Create,
+            timeout("create", bound),
         )
         .await
     }
@@ -51,10 +57,10 @@ impl LeaseApi {
     /// precondition: a lost race is a conflict, never a silent overwrite.
     pub(super) async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
         bounded(
-            "update",
             bound,
             self.api.replace(&self.name, &PostParams::default(), lease),
             ApiError::Replace,
+            timeout("update", bound),
         )
         .await
     }
@@ -66,15 +72,22 @@ impl LeaseApi {
     }
 }
 
-/// Runs one request, failing it with [`ApiError::Timeout`] once `bound` passed.
-async fn bounded<T>(
-    verb: &'static str,
+/// Runs one request, failing it with `timed_out()` once `bound` passed, and
+/// with `wrap(e)` when it fails (the Lease's calls here, the LeaseCandidate's
+/// in `candidate.rs`).
+pub(super) async fn bounded<T, E>(
     bound: Duration,
     fut: impl Future<Output = kube_client::Result<T>>,
-    wrap: fn(kube_client::Error) -> ApiError,
-) -> Result<T> {
+    wrap: impl FnOnce(kube_client::Error) -> E,
+    timed_out: impl FnOnce() -> E,
+) -> std::result::Result<T, E> {
     match tokio::time::timeout(bound, fut).await {
-        Err(_) => Err(ApiError::Timeout { verb, after: bound }),
+        Err(_) => Err(timed_out()),
         Ok(r) => r.map_err(wrap),
     }
+}
+
+/// The [`ApiError::Timeout`] of a Lease request of `verb` bounded by `after`.
+fn timeout(verb: &'static str, after: Duration) -> impl FnOnce() -> ApiError {
+    move || ApiError::Timeout { verb, after }
 }

@@ -57,10 +57,7 @@ impl std::fmt::Display for CallError {
 }
 
 async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result<T, CallError> {
-    match tokio::time::timeout(BOUND, fut).await {
-        Err(_) => Err(CallError::Timeout),
-        Ok(r) => r.map_err(CallError::Api),
-    }
+    super::api::bounded(BOUND, fut, CallError::Api, || CallError::Timeout).await
 }
 
 /// This elector's `LeaseCandidate`.
