@@ -80,21 +80,8 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
 
 struct TermInner {
     lost: Option<Lost>,
-    /// A term with no renew deadline (the election switched off): it ends
-    /// only when it is lost.
-    timeless: bool,
-    /// The renew deadline: the instant before the last successful write was sent, plus the renew deadline.
-    deadline: Instant,
     last_renewal: Instant,
     senders: Vec<oneshot::Sender<Lost>>,
-}
-
-impl TermInner {
-    /// Not ended, and the renew deadline not passed: a passed deadline is
-    /// final, whether or not the elector task has noticed it yet.
-    fn holds(&self) -> bool {
-        self.lost.is_none() && (self.timeless || Instant::now() < self.deadline)
-    }
 }
 
 impl Term {
@@ -115,8 +102,6 @@ impl Term {
             timeless,
             inner: Mutex::new(TermInner {
                 lost: None,
-                timeless,
-                deadline: sent_at + renew_deadline,
                 last_renewal: sent_at,
                 senders: Vec::new(),
             }),
@@ -141,31 +126,48 @@ impl Term {
     #[must_use]
     pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) -> bool {
         let mut inner = self.lock();
-        if !inner.holds() {
+        if !self.holds() {
             return false;
         }
-        inner.deadline = sent_at + renew_deadline;
-        self.deadline_nanos
-            .store(nanos_after(self.base, inner.deadline), Ordering::Release);
+        self.deadline_nanos.store(
+            nanos_after(self.base, sent_at + renew_deadline),
+            Ordering::Release,
+        );
         inner.last_renewal = sent_at;
         true
     }
 
+    /// The renew deadline: the instant before the last successful write was
+    /// sent, plus the renew deadline (read without the lock).
     pub(crate) fn deadline(&self) -> Instant {
-        self.lock().deadline
+        self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
+    }
+
+    /// Whether the term has ended (an atomic load).
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    /// Whether the renew deadline has passed at `now`, even if the elector
+    /// task has not noticed yet (never, for a timeless term).
+    pub(crate) fn deadline_passed_at(&self, now: Instant) -> bool {
+        !self.timeless && now >= self.deadline()
+    }
+
+    /// The one answer to "does the term still hold?": not ended, and the
+    /// renew deadline not passed. A passed deadline is final, whether or not
+    /// the elector task has noticed it yet. Lock-free (a clock read and two
+    /// atomic loads), and consistent with the writes made under the lock
+    /// ([`lose`](Self::lose), [`renewed`](Self::renewed)).
+    pub(crate) fn holds(&self) -> bool {
+        !self.has_ended() && !self.deadline_passed_at(Instant::now())
     }
 
     /// Tests: the renew deadline passes now (as during a pause).
     #[cfg(test)]
     pub(crate) fn expire_for_test(&self) {
-        let mut inner = self.lock();
-        inner.deadline = self.base;
+        let _inner = self.lock();
         self.deadline_nanos.store(0, Ordering::Release);
-    }
-
-    /// Not ended, and the renew deadline not passed.
-    pub(crate) fn holds(&self) -> bool {
-        self.lock().holds()
     }
 
     /// Whether guards were still alive when the term ended (see [`Term::lose`]).
@@ -228,7 +230,7 @@ impl Term {
         let (tx, rx) = oneshot::channel();
         {
             let mut inner = self.lock();
-            if !inner.holds() {
+            if !self.holds() {
                 return None;
             }
             inner.senders.push(tx);
@@ -281,23 +283,21 @@ impl LeaseGuard {
     /// Whether this term still holds: not ended, and the renew deadline not
     /// passed. A cheap synchronous check to make right before a side effect.
     pub fn is_valid(&self) -> bool {
-        !self.has_ended() && !self.deadline_passed()
+        self.term.holds()
     }
 
-    /// Whether the term has ended (an atomic load).
+    /// Whether the term has ended (see [`Term::has_ended`]).
     pub(crate) fn has_ended(&self) -> bool {
-        self.term.ended.load(Ordering::Acquire)
+        self.term.has_ended()
     }
 
-    /// Whether the renew deadline has passed (a clock read and an atomic load),
-    /// even if the elector task has not noticed yet.
+    /// Whether the renew deadline has passed (see [`Term::deadline_passed_at`]).
     pub(crate) fn deadline_passed(&self) -> bool {
-        !self.term.timeless && Instant::now() >= self.deadline()
+        self.term.deadline_passed_at(Instant::now())
     }
 
-    /// The renew deadline, read without the term's lock.
     fn deadline(&self) -> Instant {
-        self.term.base + Duration::from_nanos(self.term.deadline_nanos.load(Ordering::Acquire))
+        self.term.deadline()
     }
 
     /// Whether this guard's timer is set for the current renew deadline.
@@ -312,14 +312,13 @@ impl LeaseGuard {
     /// renewal; `Duration::MAX` when the election is switched off
     /// ([`LeaseConfig::enabled`](crate::LeaseConfig::enabled)).
     pub fn time_left(&self) -> Duration {
-        let inner = self.term.lock();
-        if inner.lost.is_some() {
-            return Duration::ZERO;
+        if self.term.has_ended() {
+            Duration::ZERO
+        } else if self.term.timeless {
+            Duration::MAX
+        } else {
+            self.term.deadline().saturating_duration_since(Instant::now())
         }
-        if inner.timeless {
-            return Duration::MAX;
-        }
-        inner.deadline.saturating_duration_since(Instant::now())
     }
 
     /// The fencing token of this term: the Lease's `leaseTransitions` as this

@@ -142,7 +142,7 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
         // and the renew deadline (a clock read), since after a pause
         // (SIGSTOP, a frozen VM) this poll may run before the elector task has
         // noticed that the term is over.
-        if guard.has_ended() || guard.deadline_passed() {
+        if !guard.is_valid() {
             let lost = ended(guard);
             return finish(&mut this, Some(lost));
         }

@@ -350,10 +350,10 @@ impl Task {
         let term = &run.term;
         for attempt in 0..2 {
             let sent = Instant::now();
-            let deadline = term.deadline();
-            if sent >= deadline {
+            if term.deadline_passed_at(sent) {
                 return Err(Lost::RenewDeadlineExceeded);
             }
+            let deadline = term.deadline();
             let Some(cached) = &self.cached else {
                 return Err(Lost::ElectorStopped);
             };
