@@ -1,8 +1,9 @@
 //! A deterministic simulation: several candidates on one Lease, thousands of
 //! random schedules of delays, failures, partitions, latency spikes, deletions,
-//! foreign writes, writes applied but answered 409, voluntary releases,
-//! acquisitions given up, shutdowns (with guarded work that finishes in its
-//! grace or has to be stopped) and restarts, on paused time; in a third of the
+//! foreign writes, writes applied but answered 409, watches expired and
+//! re-listed from a lagging cache, voluntary releases, acquisitions given up,
+//! shutdowns (with guarded work that finishes in its grace or has to be
+//! stopped) and restarts, on paused time; in a third of the
 //! schedules two candidates share one identity. Asserts that no two candidates
 //! ever act as leader at the same virtual instant, counting, for guarded work
 //! that was stopped rather than finished, a tail of [`TAIL`] after the stop
@@ -404,6 +405,12 @@ fn inject(
             Some("update"),
             Fault::DelayRequest(MARGIN + ms(rng, 4000)),
         ),
+        // Every watch expires (410 Gone: etcd compacted), and the victim's
+        // re-list comes from a watch cache one change behind.
+        12 => {
+            fake.fault(victim, Some("list"), Fault::StaleList);
+            fake.expire_watches();
+        }
         _ => {}
     }
 }

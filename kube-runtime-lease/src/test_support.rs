@@ -1,5 +1,12 @@
 //! Helpers shared by the unit tests: the paused-time runner that bounds every
 //! test, and the Lease fixtures on the in-memory double.
+//!
+//! The integration tests' helpers live in the harness crate
+//! (`kube-runtime-lease-harness`), which these unit tests do not use: the
+//! library builds, tests and publishes on its own (as it would inside
+//! kube-runtime). Two small helpers therefore exist on both sides of that
+//! line, each once per side: the log capture ([`logs_during`]; the harness
+//! side's `LogBuf` in `tests/tests/support`) and the metrics scrape.
 
 use std::{future::Future, time::Duration};
 
