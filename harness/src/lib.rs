@@ -37,11 +37,11 @@ pub mod events;
 pub mod fixture;
 pub mod intervals;
 pub mod lease;
+pub mod parent_exit;
 pub mod process;
 pub mod proxy;
 pub mod runs;
 pub mod shared;
-pub mod signal;
 pub mod takeovers;
 pub mod timings;
 
