@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, ensure};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
-use kube_runtime_lease_harness::Kind;
+use kube_runtime_lease_harness::{Kind, configmap_lists};
 use serde::{Deserialize, Serialize};
 
 use crate::candidate::Ctx;
@@ -53,11 +53,6 @@ pub struct WarmTrial {
     /// The standby's VmRSS once every object was reconciled as leader.
     pub leader_rss_kib: u64,
     pub loadavg: f64,
-}
-
-/// ConfigMap LISTs the apiserver has served so far.
-fn configmap_lists(metrics: &str) -> f64 {
-    kube_runtime_lease_harness::requests_served(metrics, "configmaps", "LIST")
 }
 
 async fn fill(ctx: &Ctx, ns: &str, objects: usize) -> Result<()> {

@@ -37,6 +37,7 @@ pub mod events;
 pub mod fixture;
 pub mod intervals;
 pub mod lease;
+pub mod metrics;
 pub mod parent_exit;
 pub mod process;
 pub mod proxy;
@@ -47,7 +48,7 @@ pub mod timings;
 
 pub use candidates::{candidate_bin, candidate_path, go_candidate, rust_candidate};
 pub use clock::{fmt_delta, fmt_ms, now_ns, ns};
-pub use control_plane::{READY_TIMEOUT, TestEnv, bin_dir, requests_served, workspace_root};
+pub use control_plane::{READY_TIMEOUT, TestEnv, bin_dir, workspace_root};
 pub use events::{Entry, EventLog, Flavor, Kind, Sig, parse_line};
 pub use fixture::Fixture;
 pub use intervals::{
@@ -55,6 +56,7 @@ pub use intervals::{
     wait_settled,
 };
 pub use lease::{LeaseRecorder, LeaseRef, create_lease, free_spec, new_free_lease, watch_lease};
+pub use metrics::{configmap_lists, metric_label, metric_samples, requests_served};
 pub use process::Process;
 pub use proxy::{Partition, Proxy, ProxyStats};
 pub use runs::Runs;
