@@ -43,6 +43,7 @@ pub mod process;
 pub mod proxy;
 pub mod runs;
 pub mod shared;
+pub mod stats;
 pub mod takeovers;
 pub mod timings;
 
@@ -61,5 +62,6 @@ pub use process::Process;
 pub use proxy::{Partition, Proxy, ProxyStats};
 pub use runs::Runs;
 pub use shared::{serial, shared_env};
+pub use stats::percentile;
 pub use takeovers::{RECORD_SLACK, check_takeovers};
 pub use timings::Timings;
