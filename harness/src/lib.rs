@@ -58,10 +58,10 @@ pub use intervals::{
 };
 pub use lease::{LeaseRecorder, LeaseRef, create_lease, free_spec, new_free_lease, watch_lease};
 pub use metrics::{configmap_lists, metric_label, metric_samples, requests_served};
-pub use process::Process;
+pub use process::{Process, send_signal};
 pub use proxy::{Partition, Proxy, ProxyStats};
 pub use runs::Runs;
 pub use shared::{serial, shared_env};
 pub use stats::percentile;
 pub use takeovers::{RECORD_SLACK, check_takeovers};
-pub use timings::Timings;
+pub use timings::{Timings, env_seconds};

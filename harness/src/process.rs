@@ -86,6 +86,11 @@ impl Process {
         &self.name
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw_pid().unsigned_abs()
+    }
+
     /// Which implementation it runs.
     pub fn flavor(&self) -> Flavor {
         self.flavor
@@ -101,8 +106,7 @@ impl Process {
     /// When `kill(2)` fails.
     pub fn signal(&self, sig: Sig) -> Result<u64> {
         let before = now_ns();
-        rustix::process::kill_process(self.pid, sig.signal())
-            .with_context(|| format!("sending {sig:?} to {}", self.name))?;
+        send_signal(self.pid(), sig).with_context(|| format!("sending {sig:?} to {}", self.name))?;
         // SIGKILL and SIGSTOP take effect at some point before `kill` returns:
         // the later reading is the conservative one. SIGCONT and SIGTERM start
         // something in the process, which may react (and print a timestamp)
@@ -144,4 +148,18 @@ impl Process {
         self.status = Some(status);
         Ok(status)
     }
+}
+
+/// Sends `sig` to the process `pid` (`kill(2)`): for a child the test did not
+/// spawn as a [`Process`] (which has [`Process::signal`], recorded in its log).
+///
+/// # Errors
+/// When `pid` is not a valid process id or `kill(2)` fails (no such process,
+/// no permission).
+pub fn send_signal(pid: u32, sig: Sig) -> Result<()> {
+    let id = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| anyhow!("{pid} is not a process id"))?;
+    rustix::process::kill_process(id, sig.signal()).with_context(|| format!("sending {sig:?} to pid {pid}"))
 }
