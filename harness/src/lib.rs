@@ -56,7 +56,10 @@ pub use intervals::{
     Checked, Interval, check_log, check_no_overlap, describe_intervals, leadership_intervals, wait_seen_by,
     wait_settled,
 };
-pub use lease::{LeaseRecorder, LeaseRef, create_lease, free_spec, new_free_lease, watch_lease};
+pub use lease::{
+    LeaseEvent, LeaseRecorder, LeaseRef, create_lease, free_spec, new_free_lease, watch_lease,
+    watch_lease_events,
+};
 pub use metrics::{configmap_lists, metric_label, metric_samples, requests_served};
 pub use process::{Process, send_signal};
 pub use proxy::{Partition, Proxy, ProxyStats};
