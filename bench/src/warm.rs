@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, ensure};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
-use kube_runtime_lease_harness::{Kind, configmap_lists};
+use kube_runtime_lease_harness::{Kind, Sig, configmap_lists};
 use serde::{Deserialize, Serialize};
 
 use crate::candidate::Ctx;
@@ -131,8 +131,8 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
             .wait_for("a synced store", Duration::from_secs(120), |lines| {
                 lines
                     .iter()
-                    .find(|(k, _, _)| *k == Kind::Synced)
-                    .map(|(_, _, n)| n.clone())
+                    .find(|e| e.kind == Kind::Synced)
+                    .map(|e| e.who.clone())
             })
             .await?;
         ensure!(
@@ -144,7 +144,7 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
         .wait_for("the leader seen", Duration::from_secs(30), |lines| {
             lines
                 .iter()
-                .any(|(k, _, who)| *k == Kind::NewLeader && who == "leader")
+                .any(|e| e.kind == Kind::NewLeader && e.who == "leader")
                 .then_some(())
         })
         .await?;
@@ -156,13 +156,13 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
 
     let lists_before = configmap_lists(&ctx.env.metrics_text().await?);
     let signalled = kube_runtime_lease_harness::now_ns();
-    leader.signal(rustix::process::Signal::TERM)?;
+    leader.signal(Sig::Term)?;
     let won = standby
         .wait_for("the Lease won", Duration::from_secs(30), |lines| {
             lines
                 .iter()
-                .find(|(k, _, who)| *k == Kind::NewLeader && who == "standby")
-                .map(|(_, at, _)| *at)
+                .find(|e| e.kind == Kind::NewLeader && e.who == "standby")
+                .map(|e| e.at)
         })
         .await?;
     let (first, last) = standby
@@ -172,8 +172,8 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
             |lines| {
                 let work: Vec<u64> = lines
                     .iter()
-                    .filter(|(k, _, _)| *k == Kind::Work)
-                    .map(|(_, at, _)| *at)
+                    .filter(|e| e.kind == Kind::Work)
+                    .map(|e| e.at)
                     .collect();
                 (work.len() >= objects).then(|| (work[0], work[objects - 1]))
             },
