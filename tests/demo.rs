@@ -24,9 +24,9 @@ use kube::{
     api::{ObjectMeta, PostParams},
 };
 use kube_runtime_lease_harness::{
-    LeaseRef, TestEnv,
+    LeaseRef, Sig, TestEnv,
     cargo::{self, Target},
-    watch_lease,
+    env_seconds, send_signal, watch_lease,
 };
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
@@ -36,13 +36,6 @@ use tokio::{
 
 const LEASE: &str = "configmap-controller";
 const WARM_LEASE: &str = "configmap-controller-warm";
-
-fn env_f64(var: &str, default: f64) -> f64 {
-    std::env::var(var)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn say(start: Instant, msg: &str) {
     println!("[{:>7.2}s] {msg}", start.elapsed().as_secs_f64());
@@ -99,9 +92,8 @@ fn start_replica(
 /// Sends SIGTERM to `replica` (as the kubelet does in a rollout).
 fn sigterm(replica: &Replica) -> anyhow::Result<()> {
     let pid = replica.child.id().context("pid")?;
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status();
+    // As `kill -TERM` did: a replica that already exited is no error here.
+    let _ = send_signal(pid, Sig::Term);
     Ok(())
 }
 
@@ -148,7 +140,7 @@ fn spawn_replica(
 ) -> anyhow::Result<Child> {
     let (controller, env, ns, log_dir, name, start) = (s.controller, s.env, s.ns, s.log_dir, s.name, s.start);
     let reconciles = s.reconciles.clone();
-    let env_f = |v: &str, d: f64| env_f64(v, d).to_string();
+    let env_f = |v: &str, d: f64| env_seconds(v, d).map(|s| s.as_secs_f64().to_string());
     let log = std::fs::File::create(log_dir.join(format!("{name}.log")))?;
     let mut child = Command::new(controller)
         .env("KUBECONFIG", env.kubeconfig_path())
@@ -158,9 +150,9 @@ fn spawn_replica(
         .env("LEASE_NAMESPACE", ns)
         .env("LEASE_NAME", s.lease)
         .env("WARM", if s.warm { "1" } else { "0" })
-        .env("LEASE_DURATION", env_f("LEASE_DURATION", 5.0))
-        .env("RENEW_DEADLINE", env_f("RENEW_DEADLINE", 3.0))
-        .env("RETRY_PERIOD", env_f("RETRY_PERIOD", 1.0))
+        .env("LEASE_DURATION", env_f("LEASE_DURATION", 5.0)?)
+        .env("RENEW_DEADLINE", env_f("RENEW_DEADLINE", 3.0)?)
+        .env("RETRY_PERIOD", env_f("RETRY_PERIOD", 1.0)?)
         .env("RUST_LOG", "info,kube_runtime_lease=info")
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
@@ -248,9 +240,9 @@ async fn main() -> anyhow::Result<()> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(3);
     let (lease_duration, renew_deadline, retry_period) = (
-        env_f64("LEASE_DURATION", 5.0),
-        env_f64("RENEW_DEADLINE", 3.0),
-        env_f64("RETRY_PERIOD", 1.0),
+        env_seconds("LEASE_DURATION", 5.0)?.as_secs_f64(),
+        env_seconds("RENEW_DEADLINE", 3.0)?.as_secs_f64(),
+        env_seconds("RETRY_PERIOD", 1.0)?.as_secs_f64(),
     );
     // scripts/demo.sh passes KUBECONFIG on as KRL_TEST_KUBECONFIG for the harness.
     if let Ok(kubeconfig) = std::env::var("KRL_TEST_KUBECONFIG") {

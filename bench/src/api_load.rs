@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use kube_runtime_lease_harness::{Kind, TestEnv, now_ns};
+use kube_runtime_lease_harness::{Kind, TestEnv, metric_label, metric_samples, now_ns};
 use serde::{Deserialize, Serialize};
 
 use crate::candidate::{Candidate, Ctx, proc_sched_ms};
@@ -22,13 +22,6 @@ pub struct Scrape {
     pub watches_open: f64,
 }
 
-fn parse_label<'a>(line: &'a str, label: &str) -> Option<&'a str> {
-    let key = format!("{label}=\"");
-    let start = line.find(&key)? + key.len();
-    let end = line[start..].find('"')?;
-    Some(&line[start..start + end])
-}
-
 async fn scrape(env: &TestEnv) -> Result<Scrape> {
     let text = env.metrics_text().await?;
     let at_ns = now_ns();
@@ -36,22 +29,16 @@ async fn scrape(env: &TestEnv) -> Result<Scrape> {
         at_ns,
         ..Scrape::default()
     };
-    for line in text.lines() {
-        let is_total = line.starts_with("apiserver_request_total{");
-        let is_lr = line.starts_with("apiserver_longrunning_requests{");
-        if !(is_total || is_lr) || parse_label(line, "resource") != Some("leases") {
-            continue;
-        }
-        let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
-            continue;
-        };
-        let verb = parse_label(line, "verb").unwrap_or("?").to_owned();
-        if is_total {
-            *s.requests.entry(verb).or_default() += value;
-        } else if verb == "WATCH" {
-            s.watches_open += value;
-        }
+    let on_leases = |(line, _): &(&str, f64)| metric_label(line, "resource") == Some("leases");
+    for (line, value) in metric_samples(&text, "apiserver_request_total").filter(on_leases) {
+        let verb = metric_label(line, "verb").unwrap_or("?").to_owned();
+        *s.requests.entry(verb).or_default() += value;
     }
+    s.watches_open += metric_samples(&text, "apiserver_longrunning_requests")
+        .filter(on_leases)
+        .filter(|(line, _)| metric_label(line, "verb") == Some("WATCH"))
+        .map(|(_, value)| value)
+        .sum::<f64>();
     Ok(s)
 }
 

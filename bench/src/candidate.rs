@@ -1,13 +1,11 @@
 use std::path::PathBuf;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow};
 use kube::Client;
-use kube_runtime_lease_harness::{Kind, LeaseRef, TestEnv, go_candidate, parse_line, rust_candidate};
-use tokio::io::AsyncBufReadExt as _;
-use tokio::sync::Notify;
+use kube_runtime_lease_harness::{
+    Entry, EventLog, Flavor, Kind, LeaseRef, Outputs, Process, Sig, TestEnv, go_candidate, rust_candidate,
+};
 
 use crate::impls::{Impl, Timing};
 
@@ -18,20 +16,13 @@ pub struct Bins {
     pub kc: PathBuf,
 }
 
-/// What a candidate printed: (kind, CLOCK_MONOTONIC ns, who) in arrival order.
-#[derive(Default)]
-struct Printed {
-    events: Vec<(Kind, u64, String)>,
-    closed: bool,
-}
-
+/// A candidate process: a harness [`Process`] with a log of its own.
 pub struct Candidate {
     pub imp: Impl,
     pub id: String,
     pub pid: u32,
-    child: tokio::process::Child,
-    log: Arc<Mutex<Printed>>,
-    notify: Arc<Notify>,
+    process: Process,
+    log: EventLog,
 }
 
 /// What every scenario needs: the control plane, an admin client, the
@@ -94,124 +85,93 @@ impl Ctx {
             .create(true)
             .append(true)
             .open(&self.stderr_log)?;
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .kill_on_drop(true);
-        // SAFETY: only an async-signal-safe prctl between fork and exec.
+        // SAFETY: only an async-signal-safe prctl between fork and exec. (It
+        // stays here, on the command given to the harness: pre_exec is unsafe,
+        // and the harness forbids unsafe code.)
         unsafe {
             cmd.pre_exec(|| {
                 rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
                     .map_err(std::io::Error::from)
             });
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("spawning {} candidate", imp.name()))?;
-        let pid = child.id().ok_or_else(|| anyhow!("no pid"))?;
-        let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-        let log = Arc::new(Mutex::new(Printed::default()));
-        let notify = Arc::new(Notify::new());
-        {
-            let log = log.clone();
-            let notify = notify.clone();
+        let outputs = Outputs {
+            stderr_to: Some(stderr),
             // Diagnostics: with KRL_BENCH_CANDIDATE_LOG set, the stdout lines
             // go to the stderr log too, marked with the candidate.
-            let echo = std::env::var_os("KRL_BENCH_CANDIDATE_LOG")
+            copy_stdout_to: std::env::var_os("KRL_BENCH_CANDIDATE_LOG")
                 .is_some()
-                .then(|| (self.stderr_log.clone(), id.to_owned()));
-            tokio::spawn(async move {
-                let mut lines = tokio::io::BufReader::new(stdout).lines();
-                while let Ok(Some(line)) = lines.next_line().await {
-                    if let Some((path, id)) = &echo
-                        && let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path)
-                    {
-                        use std::io::Write as _;
-                        let _ = writeln!(f, "[{id} stdout] {line}");
-                    }
-                    if let Some((kind, at, who, _)) = parse_line(&line) {
-                        log.lock().unwrap().events.push((kind, at, who));
-                        notify.notify_waiters();
-                    }
-                }
-                log.lock().unwrap().closed = true;
-                notify.notify_waiters();
-            });
-        }
+                .then(|| self.stderr_log.clone()),
+        };
+        let flavor = if imp == Impl::ClientGo {
+            Flavor::Go
+        } else {
+            Flavor::Rust
+        };
+        let log = EventLog::new();
+        let process = Process::spawn_with(id, flavor, cmd, &log, outputs)
+            .with_context(|| format!("spawning {} candidate", imp.name()))?;
         Ok(Candidate {
             imp,
             id: id.to_owned(),
-            pid,
-            child,
+            pid: process.pid(),
+            process,
             log,
-            notify,
         })
     }
 }
 
 impl Candidate {
+    /// When it first printed a line of `kind`, if it did yet.
     pub fn find(&self, kind: Kind) -> Option<u64> {
-        self.log
-            .lock()
-            .unwrap()
-            .events
-            .iter()
-            .find(|(k, _, _)| *k == kind)
-            .map(|(_, t, _)| *t)
+        self.log.find(|e| e.kind == kind).map(|e| e.at)
     }
 
     pub async fn wait_event(&self, kind: Kind, timeout: Duration) -> Result<u64> {
         self.wait_for(&format!("{kind:?}"), timeout, |lines| {
-            lines.iter().find(|(k, _, _)| *k == kind).map(|(_, t, _)| *t)
+            lines.iter().find(|e| e.kind == kind).map(|e| e.at)
         })
         .await
     }
 
-    /// Waits until `ready` finds what it looks for in the lines printed so
-    /// far (kind, CLOCK_MONOTONIC ns, who), or fails after `timeout`. `ready`
-    /// runs under the log's lock: it must not call back into this candidate.
+    /// Waits until `ready` finds what it looks for in its log so far (the
+    /// lines it printed, stamped with CLOCK_MONOTONIC ns, and what the driver
+    /// did to it), or fails after `timeout` or when its stdout closes first.
+    /// `ready` runs under the log's lock: it must not call back into this
+    /// candidate.
     pub async fn wait_for<T>(
         &self,
         what: &str,
         timeout: Duration,
-        ready: impl Fn(&[(Kind, u64, String)]) -> Option<T>,
+        ready: impl Fn(&[Entry]) -> Option<T>,
     ) -> Result<T> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let notified = self.notify.notified();
-            {
-                let log = self.log.lock().unwrap();
-                if let Some(found) = ready(&log.events) {
-                    return Ok(found);
+        let (imp, id) = (self.imp.name(), &self.id);
+        self.log
+            .wait_until(&format!("{imp} {id}: {what}"), timeout, |lines| {
+                if let Some(found) = ready(lines) {
+                    return Some(Ok(found));
                 }
-                if log.closed {
-                    bail!("{} {} exited before {what}", self.imp.name(), self.id);
-                }
-            }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                bail!("{} {}: no {what} within {timeout:?}", self.imp.name(), self.id);
-            }
-        }
+                lines
+                    .iter()
+                    .any(|e| e.kind == Kind::StdoutClosed)
+                    .then(|| Err(anyhow!("{imp} {id} exited before {what}")))
+            })
+            .await?
     }
 
-    pub fn signal(&self, sig: rustix::process::Signal) -> Result<()> {
-        let pid = rustix::process::Pid::from_raw(i32::try_from(self.pid)?).ok_or_else(|| anyhow!("pid 0"))?;
-        rustix::process::kill_process(pid, sig)?;
+    /// Sends `sig` (recorded in its log).
+    pub fn signal(&self, sig: Sig) -> Result<()> {
+        self.process.signal(sig)?;
         Ok(())
     }
 
-    /// Waits for the process to exit (SIGKILL after `timeout`).
+    /// Waits for the process to exit (SIGKILL after `timeout`); whether it
+    /// exited on its own.
     pub async fn reap(&mut self, timeout: Duration) -> bool {
-        if tokio::time::timeout(timeout, self.child.wait()).await.is_ok() {
-            return true;
-        }
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-        false
+        self.process.reap(timeout).await.unwrap_or(false)
     }
 
     pub async fn stop(mut self) {
-        let _ = self.signal(rustix::process::Signal::TERM);
+        let _ = self.signal(Sig::Term);
         self.reap(Duration::from_secs(10)).await;
     }
 

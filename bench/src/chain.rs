@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use kube::Client;
-use kube_runtime_lease_harness::{Kind, LeaseRef, now_ns, watch_lease};
+use kube_runtime_lease_harness::{Kind, LeaseRef, Sig, now_ns, watch_lease};
 use serde::{Deserialize, Serialize};
 
 use crate::candidate::{Candidate, Ctx};
@@ -135,11 +135,7 @@ impl Chain {
         tokio::time::sleep(settle).await;
         let mut leader = self.leader.take().ok_or_else(|| anyhow!("chain has no leader"))?;
         let t0 = now_ns();
-        leader.signal(if kill {
-            rustix::process::Signal::KILL
-        } else {
-            rustix::process::Signal::TERM
-        })?;
+        leader.signal(if kill { Sig::Kill } else { Sig::Term })?;
         let timeout = self.t.lease() * 2 + self.t.retry() * 3 + Duration::from_secs(20);
         let result = follower.wait_event(Kind::StartedLeading, timeout).await;
         let old_id = leader.id.clone();

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use kube::Client;
-use kube_runtime_lease_harness::{TestEnv, create_lease, free_spec};
+use kube_runtime_lease_harness::{TestEnv, create_lease, free_spec, workspace_root};
 use serde::Serialize;
 
 use crate::api_load::scenario_api;
@@ -62,13 +62,6 @@ fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
-
 struct Args {
     cmd: String,
     quick: bool,
@@ -82,7 +75,7 @@ struct Args {
 
 fn parse_args() -> Result<Args> {
     let mut it = std::env::args().skip(1);
-    let root = repo_root();
+    let root = workspace_root();
     let mut a = Args {
         cmd: it.next().unwrap_or_else(|| "run".into()),
         quick: false,
@@ -142,7 +135,7 @@ async fn main() -> Result<()> {
             .as_secs(),
         ..Meta::default()
     };
-    machine(&mut meta, &repo_root());
+    machine(&mut meta, &workspace_root());
     let samples = Arc::new(Mutex::new(Vec::new()));
     let sampler = {
         let samples = samples.clone();

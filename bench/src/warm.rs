@@ -16,7 +16,7 @@ use anyhow::{Context as _, Result, ensure};
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ObjectMeta, PostParams};
-use kube_runtime_lease_harness::Kind;
+use kube_runtime_lease_harness::{Kind, Sig, configmap_lists};
 use serde::{Deserialize, Serialize};
 
 use crate::candidate::Ctx;
@@ -53,11 +53,6 @@ pub struct WarmTrial {
     /// The standby's VmRSS once every object was reconciled as leader.
     pub leader_rss_kib: u64,
     pub loadavg: f64,
-}
-
-/// ConfigMap LISTs the apiserver has served so far.
-fn configmap_lists(metrics: &str) -> f64 {
-    kube_runtime_lease_harness::requests_served(metrics, "configmaps", "LIST")
 }
 
 async fn fill(ctx: &Ctx, ns: &str, objects: usize) -> Result<()> {
@@ -136,8 +131,8 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
             .wait_for("a synced store", Duration::from_secs(120), |lines| {
                 lines
                     .iter()
-                    .find(|(k, _, _)| *k == Kind::Synced)
-                    .map(|(_, _, n)| n.clone())
+                    .find(|e| e.kind == Kind::Synced)
+                    .map(|e| e.who.clone())
             })
             .await?;
         ensure!(
@@ -149,7 +144,7 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
         .wait_for("the leader seen", Duration::from_secs(30), |lines| {
             lines
                 .iter()
-                .any(|(k, _, who)| *k == Kind::NewLeader && who == "leader")
+                .any(|e| e.kind == Kind::NewLeader && e.who == "leader")
                 .then_some(())
         })
         .await?;
@@ -161,13 +156,13 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
 
     let lists_before = configmap_lists(&ctx.env.metrics_text().await?);
     let signalled = kube_runtime_lease_harness::now_ns();
-    leader.signal(rustix::process::Signal::TERM)?;
+    leader.signal(Sig::Term)?;
     let won = standby
         .wait_for("the Lease won", Duration::from_secs(30), |lines| {
             lines
                 .iter()
-                .find(|(k, _, who)| *k == Kind::NewLeader && who == "standby")
-                .map(|(_, at, _)| *at)
+                .find(|e| e.kind == Kind::NewLeader && e.who == "standby")
+                .map(|e| e.at)
         })
         .await?;
     let (first, last) = standby
@@ -177,8 +172,8 @@ async fn one(ctx: &Ctx, ns: &str, mode: &str, trial: usize, objects: usize) -> R
             |lines| {
                 let work: Vec<u64> = lines
                     .iter()
-                    .filter(|(k, _, _)| *k == Kind::Work)
-                    .map(|(_, at, _)| *at)
+                    .filter(|e| e.kind == Kind::Work)
+                    .map(|e| e.at)
                     .collect();
                 (work.len() >= objects).then(|| (work[0], work[objects - 1]))
             },

@@ -25,7 +25,7 @@ use std::time::Duration;
 use k8s_controller::LeaderElection;
 use kube_runtime_lease_examples::env_seconds as secs;
 use kube_runtime_lease_harness::now_ns as mono;
-use kube_runtime_lease_harness::signal::stdin_closed;
+use kube_runtime_lease_harness::parent_exit::stdin_closed;
 
 fn emit(line: &str) {
     let mut out = std::io::stdout().lock();

@@ -320,15 +320,3 @@ impl TestEnv {
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
-
-/// Requests of `verb` (`LIST`, `GET`, ...) on `resource` (`configmaps`) the
-/// apiserver has served, summed over the other labels, from the text of
-/// [`TestEnv::metrics_text`] (`apiserver_request_total`).
-pub fn requests_served(metrics: &str, resource: &str, verb: &str) -> f64 {
-    let (resource, verb) = (format!(r#"resource="{resource}""#), format!(r#"verb="{verb}""#));
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains(&resource) && l.contains(&verb))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}

@@ -80,33 +80,70 @@ pub async fn new_free_lease(env: &TestEnv, client: &Client, prefix: &str) -> Res
     Ok(lease)
 }
 
-/// Watches `lease` on a task of its own: `on_version` gets every new
-/// version of it and when it was seen ([`now_ns`]). A version is passed once:
-/// the watch's re-lists replay the current version, which is skipped. The
-/// watch retries with kube's default backoff; it ends when the task is
-/// aborted.
+/// What the test's watch on a Lease saw ([`watch_lease_events`]).
+#[derive(Clone, Debug)]
+pub enum LeaseEvent {
+    /// A version of the Lease: listed (the watch's initial list, or a
+    /// re-list, which replays the current version) or changed.
+    Applied(Lease),
+    /// The Lease was deleted: its last version.
+    Deleted(Lease),
+    /// A listing is complete: the versions applied so far are the state of
+    /// the Lease when the watch (re)started.
+    Listed,
+}
+
+/// Watches the Lease `name` through `api` on a task of its own: `on_event`
+/// gets every event of kube's watcher on it (deletions, and the end of each
+/// listing, included; re-lists replay the current version) and when it was
+/// seen ([`now_ns`]). The watch retries with kube's default backoff (an
+/// erroring watch does not spin); it ends when the task is aborted.
+pub fn watch_lease_events(
+    api: Api<Lease>,
+    name: &str,
+    mut on_event: impl FnMut(u64, LeaseEvent) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, config).default_backoff());
+        while let Some(event) = events.next().await {
+            let at = now_ns();
+            let event = match event {
+                Ok(watcher::Event::InitApply(lease) | watcher::Event::Apply(lease)) => {
+                    LeaseEvent::Applied(lease)
+                }
+                Ok(watcher::Event::Delete(lease)) => LeaseEvent::Deleted(lease),
+                Ok(watcher::Event::InitDone) => LeaseEvent::Listed,
+                Ok(watcher::Event::Init) | Err(_) => continue,
+            };
+            on_event(at, event);
+        }
+    })
+}
+
+/// Watches `lease` on a task of its own ([`watch_lease_events`]):
+/// `on_version` gets every new version of it and when it was seen
+/// ([`now_ns`]). A version is passed once: the watch's re-lists replay the
+/// current version, which is skipped. Deletions are not reported. It ends
+/// when the task is aborted.
 pub fn watch_lease(
     client: Client,
     lease: &LeaseRef,
     mut on_version: impl FnMut(u64, Lease) + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
-    use futures::StreamExt as _;
-    use kube::runtime::{WatchStreamExt as _, watcher};
-
-    let api = lease.api(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={}", lease.name));
-    tokio::spawn(async move {
-        let mut last_rv = None;
-        let mut events = std::pin::pin!(watcher(api, config).default_backoff().applied_objects());
-        while let Some(event) = events.next().await {
-            let Ok(object) = event else { continue };
-            let at = now_ns();
-            if object.metadata.resource_version == last_rv {
-                continue;
-            }
-            last_rv.clone_from(&object.metadata.resource_version);
-            on_version(at, object);
+    let mut last_rv = None;
+    watch_lease_events(lease.api(client), &lease.name, move |at, event| {
+        let LeaseEvent::Applied(object) = event else {
+            return;
+        };
+        if object.metadata.resource_version == last_rv {
+            return;
         }
+        last_rv.clone_from(&object.metadata.resource_version);
+        on_version(at, object);
     })
 }
 

@@ -37,27 +37,34 @@ pub mod events;
 pub mod fixture;
 pub mod intervals;
 pub mod lease;
+pub mod metrics;
+pub mod parent_exit;
 pub mod process;
 pub mod proxy;
 pub mod runs;
 pub mod shared;
-pub mod signal;
+pub mod stats;
 pub mod takeovers;
 pub mod timings;
 
 pub use candidates::{candidate_bin, candidate_path, go_candidate, rust_candidate};
 pub use clock::{fmt_delta, fmt_ms, now_ns, ns};
-pub use control_plane::{READY_TIMEOUT, TestEnv, bin_dir, requests_served, workspace_root};
+pub use control_plane::{READY_TIMEOUT, TestEnv, bin_dir, workspace_root};
 pub use events::{Entry, EventLog, Flavor, Kind, Sig, parse_line};
 pub use fixture::Fixture;
 pub use intervals::{
     Checked, Interval, check_log, check_no_overlap, describe_intervals, leadership_intervals, wait_seen_by,
     wait_settled,
 };
-pub use lease::{LeaseRecorder, LeaseRef, create_lease, free_spec, new_free_lease, watch_lease};
-pub use process::Process;
+pub use lease::{
+    LeaseEvent, LeaseRecorder, LeaseRef, create_lease, free_spec, new_free_lease, watch_lease,
+    watch_lease_events,
+};
+pub use metrics::{configmap_lists, metric_label, metric_samples, requests_served};
+pub use process::{Outputs, Process, send_signal};
 pub use proxy::{Partition, Proxy, ProxyStats};
 pub use runs::Runs;
 pub use shared::{serial, shared_env};
+pub use stats::percentile;
 pub use takeovers::{RECORD_SLACK, check_takeovers};
-pub use timings::Timings;
+pub use timings::{Timings, env_seconds};

@@ -1,5 +1,6 @@
 //! [`Process`]: a candidate process whose output feeds an [`EventLog`].
 
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -10,6 +11,19 @@ use tokio::process::{Child, ChildStdin, Command};
 
 use crate::clock::now_ns;
 use crate::events::{EventLog, Flavor, Kind, Sig, parse_line};
+
+/// Where a [`Process`]'s output goes besides its [`EventLog`]
+/// ([`Process::spawn_with`]); by default, nowhere else.
+#[derive(Debug, Default)]
+pub struct Outputs {
+    /// The process's stderr goes to this file instead of the log (its lines
+    /// are not recorded): for candidates whose logs are kept, not judged.
+    pub stderr_to: Option<std::fs::File>,
+    /// Every stdout line is also appended to this file, as `[<name> stdout]
+    /// <line>` (the file is opened for each line, so that several processes
+    /// can share it).
+    pub copy_stdout_to: Option<PathBuf>,
+}
 
 /// A candidate process whose output feeds an [`EventLog`]. Killed on drop.
 #[derive(Debug)]
@@ -30,11 +44,28 @@ impl Process {
     ///
     /// # Errors
     /// When the process cannot be started.
-    pub fn spawn(name: &str, flavor: Flavor, mut cmd: Command, log: &EventLog) -> Result<Self> {
+    pub fn spawn(name: &str, flavor: Flavor, cmd: Command, log: &EventLog) -> Result<Self> {
+        Self::spawn_with(name, flavor, cmd, log, Outputs::default())
+    }
+
+    /// [`Process::spawn`], with some output going elsewhere too ([`Outputs`]).
+    /// What else `cmd` was given stays (a `pre_exec`, such as a parent-death
+    /// signal, environment, arguments).
+    ///
+    /// # Errors
+    /// When the process cannot be started.
+    pub fn spawn_with(
+        name: &str,
+        flavor: Flavor,
+        mut cmd: Command,
+        log: &EventLog,
+        outputs: Outputs,
+    ) -> Result<Self> {
+        let stderr_to = outputs.stderr_to.map_or_else(Stdio::piped, Stdio::from);
         let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(stderr_to)
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("spawning candidate {name}"))?;
@@ -51,11 +82,17 @@ impl Process {
             &format!("{flavor:?}, pid {}", pid.as_raw_pid()),
         );
         let stdout = child.stdout.take().context("stdout")?;
-        let stderr = child.stderr.take().context("stderr")?;
         let (l, n) = (log.clone(), name.to_owned());
+        let copy_to = outputs.copy_stdout_to;
         tokio::spawn(async move {
             let mut lines = BufReader::new(stdout).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(path) = &copy_to
+                    && let Ok(mut f) = std::fs::OpenOptions::new().append(true).open(path)
+                {
+                    use std::io::Write as _;
+                    let _ = writeln!(f, "[{n} stdout] {line}");
+                }
                 match parse_line(&line) {
                     Some((kind, at, who, detail)) => l.record(&n, kind, at, &who, &detail),
                     None => l.record(&n, Kind::Other, now_ns(), "", &line),
@@ -63,13 +100,15 @@ impl Process {
             }
             l.record(&n, Kind::StdoutClosed, now_ns(), "", "");
         });
-        let (l, n) = (log.clone(), name.to_owned());
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                l.record(&n, Kind::Stderr, now_ns(), "", line.trim_end());
-            }
-        });
+        if let Some(stderr) = child.stderr.take() {
+            let (l, n) = (log.clone(), name.to_owned());
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stderr).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    l.record(&n, Kind::Stderr, now_ns(), "", line.trim_end());
+                }
+            });
+        }
         Ok(Self {
             name: name.to_owned(),
             flavor,
@@ -84,6 +123,11 @@ impl Process {
     /// Its name in the log (also its identity, for the helpers of this crate).
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.pid.as_raw_pid().unsigned_abs()
     }
 
     /// Which implementation it runs.
@@ -101,8 +145,7 @@ impl Process {
     /// When `kill(2)` fails.
     pub fn signal(&self, sig: Sig) -> Result<u64> {
         let before = now_ns();
-        rustix::process::kill_process(self.pid, sig.signal())
-            .with_context(|| format!("sending {sig:?} to {}", self.name))?;
+        send_signal(self.pid(), sig).with_context(|| format!("sending {sig:?} to {}", self.name))?;
         // SIGKILL and SIGSTOP take effect at some point before `kill` returns:
         // the later reading is the conservative one. SIGCONT and SIGTERM start
         // something in the process, which may react (and print a timestamp)
@@ -127,6 +170,20 @@ impl Process {
         Ok(at)
     }
 
+    /// Waits up to `timeout` for the process to exit, then SIGKILLs and reaps
+    /// it. Returns whether it exited on its own.
+    ///
+    /// # Errors
+    /// When it does not exit on its own and cannot be killed and reaped
+    /// ([`Process::kill`]).
+    pub async fn reap(&mut self, timeout: Duration) -> Result<bool> {
+        if self.wait_exit(timeout).await.is_ok() {
+            return Ok(true);
+        }
+        self.kill().await?;
+        Ok(false)
+    }
+
     /// Waits for the process to exit and records it.
     ///
     /// # Errors
@@ -144,4 +201,18 @@ impl Process {
         self.status = Some(status);
         Ok(status)
     }
+}
+
+/// Sends `sig` to the process `pid` (`kill(2)`): for a child the test did not
+/// spawn as a [`Process`] (which has [`Process::signal`], recorded in its log).
+///
+/// # Errors
+/// When `pid` is not a valid process id or `kill(2)` fails (no such process,
+/// no permission).
+pub fn send_signal(pid: u32, sig: Sig) -> Result<()> {
+    let id = i32::try_from(pid)
+        .ok()
+        .and_then(Pid::from_raw)
+        .ok_or_else(|| anyhow!("{pid} is not a process id"))?;
+    rustix::process::kill_process(id, sig.signal()).with_context(|| format!("sending {sig:?} to pid {pid}"))
 }

@@ -1,121 +1,54 @@
 //! The client-go candidate `goelect`: its output format, hand-over on SIGTERM
 //! (release on cancel) and its exit code.
 
-use std::io::{BufRead as _, BufReader, Lines};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::Api;
-use kube_runtime_lease_harness::TestEnv;
+use anyhow::Result;
+use kube_runtime_lease_harness::{
+    Entry, EventLog, Flavor, Kind, LeaseRef, Process, Sig, TestEnv, Timings, go_candidate,
+};
 
-/// One parsed stdout line of goelect.
-#[derive(Debug, Clone, PartialEq)]
-struct Event {
-    kind: String,
-    mono_ns: u64,
-    identity: String,
-}
+/// The timings of this test: a 4 s lease, so that a hand-over by release is
+/// told apart from one by expiry.
+const TIMINGS: Timings = Timings {
+    lease_duration: Duration::from_secs(4),
+    renew_deadline: Duration::from_secs(3),
+    retry_period: Duration::from_millis(500),
+};
 
-fn parse(line: &str) -> Option<Event> {
-    let mut parts = line.split_whitespace();
-    match parts.next()? {
-        "READY" => Some(Event {
-            kind: "READY".to_owned(),
-            mono_ns: parts.next()?.parse().ok()?,
-            identity: String::new(),
-        }),
-        "EVENT" => Some(Event {
-            kind: parts.next()?.to_owned(),
-            mono_ns: parts.next()?.parse().ok()?,
-            identity: parts.next().unwrap_or("").to_owned(),
-        }),
-        _ => None,
-    }
-}
-
-struct Candidate {
-    child: Child,
-    events: mpsc::Receiver<Event>,
-}
-
-impl Candidate {
-    fn spawn(bin: &std::path::Path, kubeconfig: &std::path::Path, ns: &str, id: &str) -> Result<Self> {
-        let mut child = Command::new(bin)
-            .args([
-                format!("--kubeconfig={}", kubeconfig.display()),
-                format!("--namespace={ns}"),
-                "--name=goelect-test".to_owned(),
-                format!("--identity={id}"),
-                "--lease-duration=4s".to_owned(),
-                "--renew-deadline=3s".to_owned(),
-                "--retry-period=500ms".to_owned(),
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("spawning goelect")?;
-        let lines: Lines<BufReader<ChildStdout>> =
-            BufReader::new(child.stdout.take().context("stdout")?).lines();
-        let (tx, events) = mpsc::channel();
-        std::thread::spawn(move || {
-            for ev in lines.map_while(Result::ok).filter_map(|l| parse(&l)) {
-                if tx.send(ev).is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(Self { child, events })
-    }
-
-    fn wait_for(&self, kind: &str, timeout: Duration) -> Result<Event> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.events.recv_timeout(left) {
-                Ok(ev) if ev.kind == kind => return Ok(ev),
-                Ok(_) => {}
-                Err(e) => bail!("no {kind} event within {timeout:?}: {e}"),
-            }
-        }
-    }
-
-    fn sigterm(&self) -> Result<()> {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()?;
-        anyhow::ensure!(status.success(), "kill -TERM failed");
-        Ok(())
-    }
-}
-
-impl Drop for Candidate {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Waits for `process`'s first line of `kind`.
+async fn line(log: &EventLog, process: &str, kind: Kind, timeout: Duration) -> Result<Entry> {
+    log.wait_for(&format!("{kind:?} of {process}"), timeout, |e| {
+        e.process == process && e.kind == kind
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn goelect_hands_over_on_sigterm() -> Result<()> {
     let env = TestEnv::start().await?;
-    let ns = env.new_namespace("goelect").await?;
+    let lease = LeaseRef {
+        namespace: env.new_namespace("goelect").await?,
+        name: "goelect-test".to_owned(),
+    };
     let bin = env.goelect_path().await?;
+    let log = EventLog::new();
+    let spawn = |id: &str| {
+        let cmd = go_candidate(&bin, env.kubeconfig_path(), &lease, id, TIMINGS);
+        Process::spawn(id, Flavor::Go, cmd, &log)
+    };
 
-    let a = Candidate::spawn(&bin, env.kubeconfig_path(), &ns, "cand-a")?;
-    let ready = a.wait_for("READY", Duration::from_secs(10))?;
-    let led = a.wait_for("started-leading", Duration::from_secs(20))?;
-    assert_eq!(led.identity, "cand-a");
-    assert!(led.mono_ns >= ready.mono_ns);
+    let mut a = spawn("cand-a")?;
+    let ready = line(&log, "cand-a", Kind::Ready, Duration::from_secs(10)).await?;
+    let led = line(&log, "cand-a", Kind::StartedLeading, Duration::from_secs(20)).await?;
+    assert_eq!(led.who, "cand-a");
+    assert!(led.at >= ready.at);
 
-    let b = Candidate::spawn(&bin, env.kubeconfig_path(), &ns, "cand-b")?;
-    let seen = b.wait_for("new-leader", Duration::from_secs(10))?;
-    assert_eq!(seen.identity, "cand-a");
+    let _b = spawn("cand-b")?;
+    let seen = line(&log, "cand-b", Kind::NewLeader, Duration::from_secs(10)).await?;
+    assert_eq!(seen.who, "cand-a");
 
-    let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
-    let lease = leases.get("goelect-test").await?;
+    let lease = lease.api(env.client().await?).get(&lease.name).await?;
     assert_eq!(
         lease.spec.as_ref().and_then(|s| s.holder_identity.as_deref()),
         Some("cand-a")
@@ -123,14 +56,17 @@ async fn goelect_hands_over_on_sigterm() -> Result<()> {
 
     // SIGTERM: a releases (ReleaseOnCancel), prints stopped-leading, exits 0;
     // b takes over well before the 4 s lease would have expired.
-    let mut a = a;
-    a.sigterm()?;
-    let stopped = a.wait_for("stopped-leading", Duration::from_secs(10))?;
-    let status = a.child.wait()?;
+    a.signal(Sig::Term)?;
+    let stopped = line(&log, "cand-a", Kind::StoppedLeading, Duration::from_secs(10)).await?;
+    let status = a.wait_exit(Duration::from_secs(10)).await?;
     assert!(status.success(), "goelect exited with {status}");
-    let b_led = b.wait_for("started-leading", Duration::from_secs(10))?;
-    let handover = Duration::from_nanos(b_led.mono_ns.saturating_sub(stopped.mono_ns));
-    assert!(handover < Duration::from_secs(3), "hand-over took {handover:?}");
-    assert_eq!(b_led.identity, "cand-b");
+    let b_led = line(&log, "cand-b", Kind::StartedLeading, Duration::from_secs(10)).await?;
+    let handover = Duration::from_nanos(b_led.at.saturating_sub(stopped.at));
+    assert!(
+        handover < Duration::from_secs(3),
+        "hand-over took {handover:?}\n{}",
+        log.dump()
+    );
+    assert_eq!(b_led.who, "cand-b");
     Ok(())
 }

@@ -37,13 +37,15 @@ use k8s_openapi::{
 use kube::{
     Api, Client,
     api::{DeleteParams, ObjectMeta, PostParams},
-    runtime::{Controller, WatchStreamExt, controller::Action, watcher},
+    runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{
     LeaderElectionControllerExt, LeaderElectionStreamExt, LeaderElector, LeaderStatus, LeaseConfig,
     LeaseGuard, Lost,
 };
-use kube_runtime_lease_harness::{TestEnv, Timings, create_lease, free_spec, shared_env};
+use kube_runtime_lease_harness::{
+    LeaseEvent, TestEnv, Timings, create_lease, free_spec, shared_env, watch_lease_events,
+};
 use support::LogBuf;
 use tokio::{
     sync::watch,
@@ -175,39 +177,33 @@ impl Recorder {
     async fn start(api: Api<Lease>) -> Result<Self> {
         let (tx, seen) = watch::channel(Vec::<Seen>::new());
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let cfg = watcher::Config::default().fields(&format!("metadata.name={LEASE}"));
-        let task = tokio::spawn(async move {
-            let mut ready = Some(ready_tx);
-            // With backoff: an erroring watch must not spin (and block the runtime's shutdown).
-            let mut stream = std::pin::pin!(watcher(api, cfg).default_backoff());
-            while let Some(event) = stream.next().await {
-                let at = Instant::now();
-                let (lease, deleted) = match event {
-                    Ok(watcher::Event::InitApply(l) | watcher::Event::Apply(l)) => (l, false),
-                    Ok(watcher::Event::Delete(l)) => (l, true),
-                    Ok(watcher::Event::InitDone) => {
-                        if let Some(r) = ready.take() {
-                            let _ = r.send(());
-                        }
-                        continue;
+        let mut ready = Some(ready_tx);
+        let task = watch_lease_events(api, LEASE, move |_, event| {
+            let at = Instant::now();
+            let (lease, deleted) = match event {
+                LeaseEvent::Applied(l) => (l, false),
+                LeaseEvent::Deleted(l) => (l, true),
+                LeaseEvent::Listed => {
+                    if let Some(r) = ready.take() {
+                        let _ = r.send(());
                     }
-                    Ok(watcher::Event::Init) | Err(_) => continue,
-                };
-                let rv = lease.metadata.resource_version.clone().unwrap_or_default();
-                tx.send_modify(|v| {
-                    let dup = v
-                        .last()
-                        .is_some_and(|last| last.rv == rv && last.spec.is_none() == deleted);
-                    if !dup {
-                        v.push(Seen {
-                            n: v.len(),
-                            at,
-                            rv,
-                            spec: if deleted { None } else { lease.spec },
-                        });
-                    }
-                });
-            }
+                    return;
+                }
+            };
+            let rv = lease.metadata.resource_version.clone().unwrap_or_default();
+            tx.send_modify(|v| {
+                let dup = v
+                    .last()
+                    .is_some_and(|last| last.rv == rv && last.spec.is_none() == deleted);
+                if !dup {
+                    v.push(Seen {
+                        n: v.len(),
+                        at,
+                        rv,
+                        spec: if deleted { None } else { lease.spec },
+                    });
+                }
+            });
         });
         timeout(Duration::from_secs(10), ready_rx)
             .await

@@ -38,8 +38,8 @@ use kube::{
 };
 use kube_runtime_lease_harness::TestEnv;
 use kube_runtime_lease_harness::{
-    Entry, EventLog, Flavor, Kind, LeaseRecorder, LeaseRef, Process, Sig, fmt_ms, serial, shared_env,
-    workspace_root,
+    Entry, EventLog, Flavor, Kind, LeaseRecorder, LeaseRef, Process, Sig, cargo::Build, fmt_ms, serial,
+    shared_env, workspace_root,
 };
 use tokio::process::Command;
 
@@ -52,6 +52,8 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 /// How long a replica may take to exit after SIGTERM: the quick start's grace
 /// (20 s) would only be used by slow reconciles, which this one has not.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The scratch crate's package, and so its binary.
+const QUICKSTART: &str = "readme-quickstart";
 /// The ConfigMap the replicas reconcile.
 const CONFIGMAP: &str = "readme-quickstart";
 
@@ -103,8 +105,8 @@ fn scratch_manifest(dependencies: &str, krl: &Path) -> Result<String> {
     );
     let path = format!("path = \"{krl}\"");
     let mut replaced = 0;
-    let mut out = String::from(
-        "[package]\nname = \"readme-quickstart\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
+    let mut out = format!(
+        "[package]\nname = \"{QUICKSTART}\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
          # Not part of any enclosing workspace.\n[workspace]\n\n",
     );
     for line in dependencies.lines() {
@@ -140,55 +142,31 @@ fn scratch_manifest(dependencies: &str, krl: &Path) -> Result<String> {
 /// Builds the scratch crate in `dir`; returns its executable. Fails on a
 /// compiler warning in the quick start.
 async fn build(dir: &Path, root: &Path) -> Result<PathBuf> {
-    let cargo = std::env::var_os("CARGO").map_or_else(|| PathBuf::from(env!("CARGO")), PathBuf::from);
-    let output = tokio::time::timeout(
-        BUILD_TIMEOUT,
-        Command::new(&cargo)
-            .current_dir(dir)
-            .env("CARGO_TARGET_DIR", root.join("target").join("readme-scratch"))
-            // As the workspace's profile does: no debug info, which is most of
-            // what a target directory holds.
-            .env("CARGO_PROFILE_DEV_DEBUG", "false")
-            .args(["build", "--message-format=json"])
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| anyhow!("building the quick start took over {BUILD_TIMEOUT:?}"))?
-    .with_context(|| format!("running {}", cargo.display()))?;
-    let messages: Vec<serde_json::Value> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect();
-    let ours = |m: &&serde_json::Value| m["target"]["name"] == "readme-quickstart";
-    let rendered = |m: &serde_json::Value| m["message"]["rendered"].as_str().map(str::to_owned);
-    let compiler = || messages.iter().filter(|m| m["reason"] == "compiler-message");
-    if !output.status.success() {
+    let built = Build::in_dir(dir)
+        .env("CARGO_TARGET_DIR", root.join("target").join("readme-scratch"))
+        // As the workspace's profile does: no debug info, which is most of
+        // what a target directory holds.
+        .env("CARGO_PROFILE_DEV_DEBUG", "false")
+        .run_within(BUILD_TIMEOUT)
+        .await
+        .context("building the quick start")?;
+    if !built.status.success() {
         // Errors of any crate (a broken path dependency shows up here too).
-        let errors: Vec<String> = compiler()
-            .filter(|m| m["message"]["level"] == "error")
-            .filter_map(rendered)
-            .collect();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: Vec<&str> = stderr.lines().rev().take(30).collect();
         bail!(
             "the README's quick start does not build ({}):\n{}\n{}",
-            output.status,
-            errors.join("\n"),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            built.status,
+            built.errors().join("\n"),
+            built.stderr_tail(30)
         );
     }
-    let diagnostics: Vec<String> = compiler().filter(ours).filter_map(rendered).collect();
+    let diagnostics = built.diagnostics(QUICKSTART);
     ensure!(
         diagnostics.is_empty(),
         "the README's quick start builds with warnings:\n{}",
         diagnostics.join("\n")
     );
-    messages
-        .iter()
-        .filter(ours)
-        .filter(|m| m["reason"] == "compiler-artifact")
-        .find_map(|m| m["executable"].as_str().map(PathBuf::from))
+    built
+        .executable(QUICKSTART)
         .ok_or_else(|| anyhow!("cargo reported no executable for the quick start"))
 }
 

@@ -22,7 +22,7 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_harness::{Timings, shared_env};
+use kube_runtime_lease_harness::{Timings, configmap_lists, shared_env};
 use support::fast_config;
 use tokio::time::{Instant, timeout};
 
@@ -38,11 +38,6 @@ fn configmap(name: &str, v: &str) -> ConfigMap {
         data: Some(BTreeMap::from([("v".to_owned(), v.to_owned())])),
         ..ConfigMap::default()
     }
-}
-
-/// ConfigMap LISTs the apiserver has served so far.
-fn configmap_lists(metrics: &str) -> f64 {
-    kube_runtime_lease_harness::requests_served(metrics, "configmaps", "LIST")
 }
 
 async fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {

@@ -16,16 +16,12 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
+use kube_runtime_lease_harness::percentile;
 
 async fn nodelay_client(path: &std::path::Path) -> Result<Client> {
     let config =
         Config::from_custom_kubeconfig(Kubeconfig::read_from(path)?, &KubeConfigOptions::default()).await?;
     kube_runtime_lease_examples::nodelay_client(config)
-}
-
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
 async fn create_lease(api: &Api<Lease>, name: &str) -> Result<()> {
@@ -58,14 +54,16 @@ async fn measure(name: &str, client: Client, ns: &str, rounds: usize, idle: Dura
         gets.push((t1 - t0).as_secs_f64() * 1e3);
         puts.push((t2 - t1).as_secs_f64() * 1e3);
     }
+    gets.sort_by(f64::total_cmp);
+    puts.sort_by(f64::total_cmp);
     println!(
         "{name:22} idle {:5} ms: GET p50 {:6.2} ms p99 {:6.2} ms | PUT p50 {:6.2} ms p99 {:6.2} ms min {:6.2} ms",
         idle.as_millis(),
-        pct(&mut gets, 0.5),
-        pct(&mut gets, 0.99),
-        pct(&mut puts, 0.5),
-        pct(&mut puts, 0.99),
-        pct(&mut puts, 0.0)
+        percentile(&gets, 0.5),
+        percentile(&gets, 0.99),
+        percentile(&puts, 0.5),
+        percentile(&puts, 0.99),
+        percentile(&puts, 0.0)
     );
     Ok(())
 }
@@ -94,11 +92,12 @@ async fn measure_behind_watch(name: &str, client: Client, ns: &str, rounds: usiz
         // The watch sees the write, then is dropped with its connection.
         let _ = watch.next().await;
     }
+    puts.sort_by(f64::total_cmp);
     println!(
         "{name:22} PUT behind a watch: p50 {:6.2} ms p99 {:6.2} ms min {:6.2} ms",
-        pct(&mut puts, 0.5),
-        pct(&mut puts, 0.99),
-        pct(&mut puts, 0.0)
+        percentile(&puts, 0.5),
+        percentile(&puts, 0.99),
+        percentile(&puts, 0.0)
     );
     Ok(())
 }

@@ -19,10 +19,7 @@ pub fn stats(values: &[f64]) -> Option<Stats> {
     }
     let mut v = values.to_vec();
     v.sort_by(f64::total_cmp);
-    let rank = |p: f64| {
-        let idx = (p * v.len() as f64).ceil() as usize;
-        v[idx.clamp(1, v.len()) - 1]
-    };
+    let rank = |p: f64| kube_runtime_lease_harness::percentile(&v, p);
     Some(Stats {
         n: v.len(),
         p50: rank(0.5),

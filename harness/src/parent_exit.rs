@@ -1,4 +1,5 @@
-//! The parent-death watchdog of candidate processes.
+//! Noticing that the parent exited: the watchdog that ends a candidate process
+//! when the test or benchmark that started it is gone.
 
 /// Resolves when stdin reaches end-of-file or fails: the parent that holds
 /// its write end exited or was killed (even by SIGKILL). Never resolves unless
