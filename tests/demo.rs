@@ -26,8 +26,10 @@ use kube::{
 use kube_runtime_lease_harness::{
     LeaseRef, Sig, TestEnv,
     cargo::{self, Target},
-    env_seconds, send_signal, watch_lease,
+    send_signal, watch_lease,
 };
+// The example controller's own reader of its timings, for the same variables.
+use kube_runtime_lease_examples::env_seconds;
 use tokio::{
     io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},

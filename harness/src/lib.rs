@@ -67,4 +67,4 @@ pub use runs::Runs;
 pub use shared::{serial, shared_env};
 pub use stats::percentile;
 pub use takeovers::{RECORD_SLACK, check_takeovers};
-pub use timings::{Timings, env_seconds};
+pub use timings::Timings;
