@@ -200,7 +200,7 @@ impl TestEnv {
     ///
     /// It prints `READY <mono_ns>` then `EVENT <started-leading|stopped-leading|new-leader>
     /// <mono_ns> <identity>` lines, `mono_ns` being `CLOCK_MONOTONIC` nanoseconds; see
-    /// `hack/control-plane/cmd/goelect/main.go` for its flags.
+    /// `harness/go/cmd/goelect/main.go` for its flags.
     ///
     /// # Errors
     /// When the build fails.
