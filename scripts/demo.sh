@@ -12,4 +12,4 @@ else
     echo "==> building the local control plane (cached after the first build, ~11 min cold)" >&2
     scripts/control-plane.sh build >/dev/null
 fi
-exec cargo run --quiet --locked -p kube-runtime-lease-tests --bin failover-demo
+exec cargo run --quiet --locked -p kube-runtime-lease-demo --bin failover-demo
