@@ -80,9 +80,10 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
                 WatchEvent::Error(e) => return Err(anyhow::anyhow!("watch error: {e:?}")),
             };
             seen.push(kind);
-            // The script deletes the Lease three times: after its creation,
-            // its re-creation by an update, and the creation race.
-            if seen.iter().filter(|k| **k == "DELETED").count() == 3 {
+            // The script deletes the Lease four times: after its creation,
+            // its re-creation by an update, the creation race, and beside
+            // another Lease.
+            if seen.iter().filter(|k| **k == "DELETED").count() == 4 {
                 break;
             }
         }
@@ -228,6 +229,49 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
         "delete the winner: {}",
         outcome(&api.delete(NAME, &DeleteParams::default()).await)
     ));
+    // Several Leases side by side: by name, and selected by labels (the
+    // watch above, of `lease` only, sees nothing of them).
+    let mut labelled = lease(None, |_| {});
+    labelled.metadata.name = Some("other".into());
+    labelled.metadata.labels = Some([("shard-of".to_owned(), "x".to_owned())].into());
+    out.push(format!(
+        "create another: {}",
+        outcome(&api.create(&pp, &labelled).await)
+    ));
+    out.push(format!(
+        "create the first again: {}",
+        outcome(&api.create(&pp, &lease(None, |_| {})).await)
+    ));
+    let names = |l: kube::core::ObjectList<Lease>| {
+        let mut n: Vec<_> = l.items.into_iter().filter_map(|l| l.metadata.name).collect();
+        n.sort();
+        n.join(",")
+    };
+    out.push(format!(
+        "list: {}",
+        names(api.list(&ListParams::default()).await?)
+    ));
+    out.push(format!(
+        "list by label: {}",
+        names(api.list(&ListParams::default().labels("shard-of=x")).await?)
+    ));
+    out.push(format!(
+        "list by a label's absence: {}",
+        names(api.list(&ListParams::default().labels("!shard-of")).await?)
+    ));
+    out.push(format!(
+        "list by name: {}",
+        names(
+            api.list(&ListParams::default().fields(&format!("metadata.name={NAME}")))
+                .await?
+        )
+    ));
+    for name in ["other", NAME] {
+        out.push(format!(
+            "delete {name}: {}",
+            outcome(&api.delete(name, &DeleteParams::default()).await)
+        ));
+    }
     let events = timeout(Duration::from_secs(10), events)
         .await
         .context("watch events")???;
@@ -246,7 +290,8 @@ async fn the_double_answers_as_a_real_api_server_does() -> Result<()> {
     for expected in [
         "get missing: 404 NotFound",
         "create race: [\"409 AlreadyExists\", \"ok\"]",
-        "watch: ADDED MODIFIED MODIFIED DELETED ADDED DELETED ADDED DELETED",
+        "watch: ADDED MODIFIED MODIFIED DELETED ADDED DELETED ADDED DELETED ADDED DELETED",
+        "list by label: other",
         "create again: 409 AlreadyExists",
         "replace stale: 409 Conflict",
         "replace deleted: 409 Conflict",

@@ -6,11 +6,16 @@
 //! this crate's feature does not, so that it changes no clock: a benchmark
 //! built with it measures the real one).
 //!
-//! The double serves one Lease (the namespace and name of its first
-//! `create` or [`FakeLeaseApi::put`]; use one double per Lease): `get`,
-//! `create`, `update` (with resourceVersion compare-and-swap, and create on
-//! update as Leases allow), `delete`, `list` and `watch`, and the API
-//! server's validation of a Lease's spec (422). Every other resource answers
+//! The double serves any number of Leases, by namespace and name, with one
+//! resourceVersion sequence for all (as etcd has): `get`, `create`, `update`
+//! (with resourceVersion compare-and-swap, no-op updates, and create on
+//! update as Leases allow), `delete`, `list` and `watch` (by namespace or
+//! across namespaces, by `metadata.name`, by equality-based label
+//! selectors), and the API server's validation of a Lease's spec (422).
+//! [`FakeLeaseApi::lease`], [`take_over`](FakeLeaseApi::take_over) and
+//! [`delete`](FakeLeaseApi::delete) act on the Lease created or put first;
+//! [`lease_in`](FakeLeaseApi::lease_in), [`take_over_in`](FakeLeaseApi::take_over_in)
+//! and [`delete_in`](FakeLeaseApi::delete_in) on any. Every other resource answers
 //! an empty list, a watch that stays open, and 404 for an object by name, so
 //! that a `Controller` of anything runs against it (it reconciles nothing);
 //! faults, partitions and latency apply to Lease requests only. Another
@@ -99,6 +104,7 @@
 //! ```
 
 mod candidates;
+mod leases;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -179,17 +185,20 @@ pub struct Seen {
 
 #[derive(Default)]
 struct Store {
-    lease: Option<Lease>,
+    /// Every Lease, by namespace and name.
+    leases: std::collections::BTreeMap<leases::Key, Lease>,
+    /// The resourceVersion of the last change (of any Lease, as in etcd).
     rv: u64,
+    /// Every change, in order: (resourceVersion, event type, the object).
     history: Vec<(u64, &'static str, Lease)>,
-    watchers: Vec<(usize, mpsc::UnboundedSender<Bytes>)>,
+    watchers: Vec<leases::Watcher>,
     /// Watches of other resources, kept open and silent.
     idle_watches: Vec<mpsc::UnboundedSender<Bytes>>,
     /// See [`FakeLeaseApi::with_request_budget`].
     budget: Option<usize>,
-    /// The namespace and name of the Lease this double serves: set by the
-    /// first `create` or [`FakeLeaseApi::put`].
-    served: Option<(String, String)>,
+    /// The Lease created or put first: the one [`FakeLeaseApi::lease`],
+    /// [`FakeLeaseApi::take_over`] and [`FakeLeaseApi::delete`] act on.
+    served: Option<leases::Key>,
     seen: Vec<Seen>,
     clients: Vec<ClientFaults>,
     /// `LeaseCandidate`s by name, once [`FakeLeaseApi::serve_lease_candidates`]
@@ -217,7 +226,8 @@ struct ClientFaults {
     watch_forbidden: bool,
 }
 
-/// The double: one Lease, shared by every client made from it.
+/// The double: its Leases (and LeaseCandidates, and Events), shared by every
+/// client made from it.
 #[derive(Clone, Default)]
 pub struct FakeLeaseApi {
     store: Arc<Mutex<Store>>,
@@ -273,17 +283,14 @@ impl FakeLeaseApi {
         let mut s = self.lock();
         s.clients[client].partitioned = partitioned;
         if partitioned {
-            s.watchers.retain(|(c, _)| *c != client);
+            s.cut_watches(client);
         }
     }
 
     /// Ends every watch with a `410 Gone` error event, as an API server does
     /// when etcd compacted past a watch's resourceVersion: watchers re-list.
     pub fn expire_watches(&self) {
-        let line = server::gone_event_line();
-        for (_, tx) in std::mem::take(&mut self.lock().watchers) {
-            let _ = tx.unbounded_send(line.clone());
-        }
+        self.lock().end_watches(&server::gone_event_line());
     }
 
     /// Delays every request of `client` (other than watches) this long.
@@ -369,9 +376,24 @@ impl FakeLeaseApi {
         self.lock().events.clone()
     }
 
-    /// The Lease as stored now.
+    /// The Lease created or put first, as stored now (see
+    /// [`lease_in`](Self::lease_in) for any other).
     pub fn lease(&self) -> Option<Lease> {
-        self.lock().lease.clone()
+        let s = self.lock();
+        s.served.as_ref().and_then(|k| s.leases.get(k)).cloned()
+    }
+
+    /// The Lease `name` in `namespace`, as stored now.
+    pub fn lease_in(&self, namespace: &str, name: &str) -> Option<Lease> {
+        self.lock()
+            .leases
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned()
+    }
+
+    /// Every Lease stored now, by namespace and name.
+    pub fn leases(&self) -> Vec<Lease> {
+        self.lock().leases.values().cloned().collect()
     }
 
     /// Every request received so far, in order.
@@ -379,57 +401,66 @@ impl FakeLeaseApi {
         self.lock().seen.clone()
     }
 
-    /// Writes the Lease directly (as another actor would), bumping its resourceVersion.
+    /// Writes a Lease directly (as another actor would), bumping its
+    /// resourceVersion: the one its metadata names (namespace `default` and
+    /// name `lease` when it names none), keeping the stored object's uid.
     pub fn put(&self, mut lease: Lease) {
+        lease
+            .metadata
+            .namespace
+            .get_or_insert_with(|| "default".to_owned());
+        lease.metadata.name.get_or_insert_with(|| "lease".to_owned());
         let mut s = self.lock();
-        if s.served.is_none() {
-            s.served = Some((
-                lease
-                    .metadata
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| "default".to_owned()),
-                lease.metadata.name.clone().unwrap_or_else(|| "lease".to_owned()),
-            ));
-        }
-        s.rv += 1;
-        lease.metadata.resource_version = Some(s.rv.to_string());
-        let kind = if s.lease.is_some() { "MODIFIED" } else { "ADDED" };
+        let stored = s.leases.get(&leases::key(&lease));
+        let kind = if stored.is_some() { "MODIFIED" } else { "ADDED" };
         if lease.metadata.uid.is_none() {
-            lease.metadata.uid = s
-                .lease
-                .as_ref()
-                .and_then(|l| l.metadata.uid.clone())
-                .or_else(|| Some(format!("uid-{}", s.rv)));
+            lease.metadata.uid = stored.and_then(|l| l.metadata.uid.clone());
         }
-        s.lease = Some(lease.clone());
-        Self::emit(&mut s, kind, &lease);
+        s.store(lease, kind);
     }
 
-    /// Another candidate, `holder`, takes the Lease over now: a record naming
-    /// it, acquired and renewed now, with one more transition and the current
-    /// record's lease duration (15 s if there is none). It then never renews:
-    /// the record expires one lease duration later, as after a crash.
+    /// Another candidate, `holder`, takes the Lease created or put first
+    /// over now (see [`take_over_in`](Self::take_over_in)).
     pub fn take_over(&self, holder: &str) {
+        let (namespace, name) = self
+            .lock()
+            .served
+            .clone()
+            .unwrap_or_else(|| ("default".to_owned(), "lease".to_owned()));
+        self.take_over_in(&namespace, &name, holder);
+    }
+
+    /// Another candidate, `holder`, takes the Lease `name` in `namespace`
+    /// over now: a record naming it, acquired and renewed now, with one more
+    /// transition and the current record's lease duration (15 s if there is
+    /// none). It then never renews: the record expires one lease duration
+    /// later, as after a crash.
+    pub fn take_over_in(&self, namespace: &str, name: &str, holder: &str) {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        let mut lease = self.lease().unwrap_or_default();
+        let mut lease = self.lease_in(namespace, name).unwrap_or_default();
         let spec = lease.spec.get_or_insert_with(Default::default);
         spec.holder_identity = Some(holder.to_owned());
         spec.lease_duration_seconds = Some(spec.lease_duration_seconds.unwrap_or(15));
         spec.lease_transitions = Some(spec.lease_transitions.map_or(0, |t| t.saturating_add(1)));
         spec.acquire_time = Some(now.clone());
         spec.renew_time = Some(now);
-        lease.metadata.name.get_or_insert_with(|| "lease".to_owned());
+        lease.metadata.namespace = Some(namespace.to_owned());
+        lease.metadata.name = Some(name.to_owned());
         self.put(lease);
     }
 
-    /// Deletes the Lease (as an admin would), telling its watchers.
+    /// Deletes the Lease created or put first (as an admin would), telling
+    /// its watchers (see [`delete_in`](Self::delete_in)).
     pub fn delete(&self) {
         let mut s = self.lock();
-        if let Some(mut lease) = s.lease.take() {
-            s.rv += 1;
-            lease.metadata.resource_version = Some(s.rv.to_string());
-            Self::emit(&mut s, "DELETED", &lease);
+        if let Some(k) = s.served.clone() {
+            s.remove(&k);
         }
+    }
+
+    /// Deletes the Lease `name` in `namespace` (as an admin would), telling
+    /// its watchers.
+    pub fn delete_in(&self, namespace: &str, name: &str) {
+        self.lock().remove(&(namespace.to_owned(), name.to_owned()));
     }
 }

@@ -19,33 +19,95 @@ fn named(name: &str) -> Lease {
     }
 }
 
-/// One double serves one Lease: another name or namespace is never
-/// shared by accident; other resources are empty.
+/// One double serves any number of Leases, by namespace and name, with one
+/// resourceVersion sequence; lists and watches select by namespace, name and
+/// labels; other resources are empty.
 #[test]
-fn a_double_serves_one_lease_and_nothing_else() {
+fn a_double_serves_every_lease_by_namespace_and_name() {
     paused(async {
+        use futures::{StreamExt, TryStreamExt};
+        use kube_client::api::{WatchEvent, WatchParams};
+
         let fake = FakeLeaseApi::default();
         let (client, _) = fake.client();
         let leases = Api::<Lease>::namespaced(client.clone(), "default");
-        let pp = PostParams::default();
-        leases.create(&pp, &named("a")).await.unwrap();
-        let refused = leases.create(&pp, &named("b")).await.unwrap_err();
-        assert!(
-            matches!(refused, kube_client::Error::Api(ref s) if s.code == 403),
-            "{refused:?}"
-        );
-        assert!(leases.get_opt("b").await.unwrap().is_none());
-        assert!(leases.get_opt("a").await.unwrap().is_some());
         let elsewhere = Api::<Lease>::namespaced(client.clone(), "other");
+        let all = Api::<Lease>::all(client.clone());
+        let pp = PostParams::default();
+        let mut b = named("b");
+        b.metadata.labels = Some([("shard-of".to_owned(), "x".to_owned())].into());
+        let labelled = ListParams::default().labels("shard-of=x");
+        let from = all
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+            .unwrap();
+        let watch = leases
+            .watch(&WatchParams::default().labels("shard-of=x"), &from)
+            .await
+            .unwrap();
+        let a = leases.create(&pp, &named("a")).await.unwrap();
+        let b = leases.create(&pp, &b).await.unwrap();
+        let c = elsewhere.create(&pp, &named("a")).await.unwrap();
         assert!(
-            elsewhere
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .is_empty()
+            a.metadata.resource_version < b.metadata.resource_version
+                && b.metadata.resource_version < c.metadata.resource_version
         );
-        assert!(elsewhere.get_opt("a").await.unwrap().is_none());
+        assert_ne!(
+            a.metadata.uid, c.metadata.uid,
+            "one object per namespace and name"
+        );
+        let names = |l: kube_client::core::ObjectList<Lease>| {
+            l.items
+                .into_iter()
+                .map(|l| l.metadata.name.unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(leases.list(&ListParams::default()).await.unwrap()),
+            ["a", "b"]
+        );
+        assert_eq!(
+            names(elsewhere.list(&ListParams::default()).await.unwrap()),
+            ["a"]
+        );
+        assert_eq!(names(all.list(&ListParams::default()).await.unwrap()).len(), 3);
+        assert_eq!(names(leases.list(&labelled).await.unwrap()), ["b"]);
+        let by_name = ListParams::default().fields("metadata.name=a");
+        assert_eq!(names(leases.list(&by_name).await.unwrap()), ["a"]);
+        assert!(leases.get_opt("c").await.unwrap().is_none());
+        fake.take_over_in("default", "b", "other");
+        fake.delete_in("other", "a");
+        assert!(fake.lease_in("other", "a").is_none());
+        assert_eq!(fake.leases().len(), 2);
+        assert_eq!(
+            fake.lease_in("default", "b")
+                .unwrap()
+                .spec
+                .unwrap()
+                .holder_identity
+                .as_deref(),
+            Some("other")
+        );
+        // The labelled watch saw b's creation and takeover, nothing of a.
+        let seen: Vec<_> = watch
+            .take(2)
+            .map_ok(|e| match e {
+                WatchEvent::Added(l) => format!("ADDED {}", l.metadata.name.unwrap()),
+                WatchEvent::Modified(l) => format!("MODIFIED {}", l.metadata.name.unwrap()),
+                other => format!("{other:?}"),
+            })
+            .try_collect()
+            .await
+            .unwrap();
+        assert_eq!(seen, ["ADDED b", "MODIFIED b"]);
+        assert_eq!(
+            fake.lease().and_then(|l| l.metadata.name).as_deref(),
+            Some("a"),
+            "the first created"
+        );
         let configmaps = Api::<ConfigMap>::namespaced(client, "default");
         assert!(
             configmaps
@@ -56,7 +118,6 @@ fn a_double_serves_one_lease_and_nothing_else() {
                 .is_empty()
         );
         assert!(configmaps.get_opt("x").await.unwrap().is_none());
-        assert_eq!(fake.lease().and_then(|l| l.metadata.name).as_deref(), Some("a"));
     });
 }
 
