@@ -9,15 +9,9 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-cache="${KRL_CACHE_DIR:-${HOME:-/root}/.cache/kube-runtime-lease}"
-tools="$cache/tools"
-deny_version="0.20.2"
-deny="$tools/bin/cargo-deny"
-
-if ! "$deny" --version 2>/dev/null | grep -q "$deny_version"; then
-    echo "deny.sh: installing cargo-deny $deny_version into $tools (a few minutes, once)" >&2
-    cargo install cargo-deny --version "$deny_version" --locked --root "$tools" >&2
-fi
+# shellcheck source=scripts/lib/tools.sh
+. "$root/scripts/lib/tools.sh"
+deny="$(cargo_tool cargo-deny 0.20.2 cargo-deny)"
 
 shared="${KRL_SHARED_DIR:-$root/../shared}"
 snapshot="$shared/advisory-db"

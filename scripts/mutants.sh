@@ -19,15 +19,9 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-cache="${KRL_CACHE_DIR:-${HOME:-/root}/.cache/kube-runtime-lease}"
-tools="$cache/tools"
-mutants_version="27.1.0"
-mutants="$tools/bin/cargo-mutants"
-
-if ! "$mutants" mutants --version 2>/dev/null | grep -q "$mutants_version"; then
-    echo "mutants.sh: installing cargo-mutants $mutants_version into $tools (a few minutes, once)" >&2
-    cargo install cargo-mutants --version "$mutants_version" --locked --root "$tools" >&2
-fi
+# shellcheck source=scripts/lib/tools.sh
+. "$root/scripts/lib/tools.sh"
+mutants="$(cargo_tool cargo-mutants 27.1.0 cargo-mutants mutants)"
 
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
