@@ -221,6 +221,7 @@ mod metadata;
 mod metrics;
 mod record;
 mod rejoin;
+mod shard;
 mod stream;
 mod warm;
 
