@@ -115,6 +115,26 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
     out.push(format!("get missing: {}", outcome(&api.get(NAME).await)));
     let created = api.create(&pp, &lease(None, |_| {})).await;
     out.push(format!("create: {}", outcome(&created)));
+    // A watch from resourceVersion "0" begins with the current state.
+    {
+        let zero = api
+            .watch(
+                &WatchParams::default().fields(&format!("metadata.name={NAME}")),
+                "0",
+            )
+            .await?;
+        let mut zero = std::pin::pin!(zero);
+        let first = timeout(Duration::from_secs(5), zero.try_next())
+            .await
+            .context("a watch from 0 sent nothing")??;
+        out.push(format!(
+            "watch from 0 begins with: {}",
+            match first {
+                Some(WatchEvent::Added(l)) => format!("ADDED {}", l.metadata.name.unwrap_or_default()),
+                other => format!("{other:?}"),
+            }
+        ));
+    }
     out.push(format!(
         "create again: {}",
         outcome(&api.create(&pp, &lease(None, |_| {})).await)
