@@ -157,10 +157,20 @@ impl Term {
     /// The one answer to "does the term still hold?": not ended, and the
     /// renew deadline not passed. A passed deadline is final, whether or not
     /// the elector task has noticed it yet. Lock-free (a clock read and two
-    /// atomic loads), and consistent with the writes made under the lock
-    /// ([`lose`](Self::lose), [`renewed`](Self::renewed)).
+    /// atomic loads): the guards' and guarded streams' hot path. Under the
+    /// lock it is exact; without it, a caller may see `false` at the old
+    /// deadline while a renewal sent in time is being recorded, and `true`
+    /// once it is (see [`holds_serialized`](Self::holds_serialized)).
     pub(crate) fn holds(&self) -> bool {
         !self.has_ended() && !self.deadline_passed_at(Instant::now())
+    }
+
+    /// [`holds`](Self::holds), serialised with [`renewed`](Self::renewed)
+    /// and [`lose`](Self::lose) by the lock: once it answers `false`, it
+    /// never answers `true` again (for `is_leader`).
+    pub(crate) fn holds_serialized(&self) -> bool {
+        let _inner = self.lock();
+        self.holds()
     }
 
     /// Tests: the renew deadline passes now (as during a pause).

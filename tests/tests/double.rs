@@ -68,6 +68,28 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
             &from,
         )
         .await?;
+    // A watch by label: the Leases that start or stop matching appear as
+    // ADDED and DELETED.
+    let by_label = api
+        .watch(&WatchParams::default().labels("shard-of=x"), &from)
+        .await?;
+    let label_events = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut watch = std::pin::pin!(by_label);
+        while let Some(event) = watch.try_next().await? {
+            seen.push(match event {
+                WatchEvent::Added(l) => format!("ADDED {}", l.metadata.name.unwrap_or_default()),
+                WatchEvent::Modified(l) => format!("MODIFIED {}", l.metadata.name.unwrap_or_default()),
+                WatchEvent::Deleted(l) => format!("DELETED {}", l.metadata.name.unwrap_or_default()),
+                WatchEvent::Bookmark(_) => continue,
+                WatchEvent::Error(e) => return Err(anyhow::anyhow!("watch error: {e:?}")),
+            });
+            if seen.iter().filter(|k| k.starts_with("DELETED")).count() == 2 {
+                break;
+            }
+        }
+        anyhow::Ok(seen)
+    });
     let events = tokio::spawn(async move {
         let mut seen = Vec::new();
         let mut watch = std::pin::pin!(watch);
@@ -93,6 +115,26 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
     out.push(format!("get missing: {}", outcome(&api.get(NAME).await)));
     let created = api.create(&pp, &lease(None, |_| {})).await;
     out.push(format!("create: {}", outcome(&created)));
+    // A watch from resourceVersion "0" begins with the current state.
+    {
+        let zero = api
+            .watch(
+                &WatchParams::default().fields(&format!("metadata.name={NAME}")),
+                "0",
+            )
+            .await?;
+        let mut zero = std::pin::pin!(zero);
+        let first = timeout(Duration::from_secs(5), zero.try_next())
+            .await
+            .context("a watch from 0 sent nothing")??;
+        out.push(format!(
+            "watch from 0 begins with: {}",
+            match first {
+                Some(WatchEvent::Added(l)) => format!("ADDED {}", l.metadata.name.unwrap_or_default()),
+                other => format!("{other:?}"),
+            }
+        ));
+    }
     out.push(format!(
         "create again: {}",
         outcome(&api.create(&pp, &lease(None, |_| {})).await)
@@ -165,6 +207,21 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
     out.push(format!(
         "replace unchanged keeps the resourceVersion: {}",
         same.metadata.resource_version.as_deref() == Some(rv3.as_str())
+    ));
+    out.push(format!(
+        "replace without a resourceVersion: {}",
+        outcome(
+            &api.replace(
+                NAME,
+                &pp,
+                &lease(None, |s| {
+                    s.strategy = Some("OldestEmulationVersion".into());
+                    s.preferred_holder = Some("c".into());
+                    s.lease_transitions = Some(1);
+                }),
+            )
+            .await
+        )
     ));
     let read = api.get(NAME).await?;
     let old_uid = read.metadata.uid.clone();
@@ -266,12 +323,25 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
                 .await?
         )
     ));
+    // Relabelled: it stops matching the label watch, then matches again.
+    for label in ["y", "x"] {
+        let mut other = api.get("other").await?;
+        other.metadata.labels = Some([("shard-of".to_owned(), label.to_owned())].into());
+        out.push(format!(
+            "relabel other {label}: {}",
+            outcome(&api.replace("other", &pp, &other).await)
+        ));
+    }
     for name in ["other", NAME] {
         out.push(format!(
             "delete {name}: {}",
             outcome(&api.delete(name, &DeleteParams::default()).await)
         ));
     }
+    let label_events = timeout(Duration::from_secs(10), label_events)
+        .await
+        .context("label watch events")???;
+    out.push(format!("label watch: {}", label_events.join(", ")));
     let events = timeout(Duration::from_secs(10), events)
         .await
         .context("watch events")???;
@@ -292,6 +362,7 @@ async fn the_double_answers_as_a_real_api_server_does() -> Result<()> {
         "create race: [\"409 AlreadyExists\", \"ok\"]",
         "watch: ADDED MODIFIED MODIFIED DELETED ADDED DELETED ADDED DELETED ADDED DELETED",
         "list by label: other",
+        "label watch: ADDED other, DELETED other, ADDED other, DELETED other",
         "create again: 409 AlreadyExists",
         "replace stale: 409 Conflict",
         "replace deleted: 409 Conflict",
@@ -376,6 +447,12 @@ async fn candidate_script(api: &Api<DynamicObject>) -> Result<Vec<String>> {
     out.push(format!(
         "replace stale: {}",
         outcome(&api.replace("a", &pp, &object("a", Some(&rv1))).await)
+    ));
+    let mut unconditional = object("a", None);
+    unconditional.data["spec"]["renewTime"] = serde_json::json!("2026-12-01T11:00:00.000000Z");
+    out.push(format!(
+        "replace without a resourceVersion: {}",
+        outcome(&api.replace("a", &pp, &unconditional).await)
     ));
     out.push(format!(
         "list by name: {} items",

@@ -68,7 +68,7 @@ impl LeaderElector {
     /// [`shutdown`](Self::shutdown) has not begun. Suited to a readiness gate.
     pub fn is_leader(&self) -> bool {
         let state = self.inner.lock();
-        !state.shutdown && state.term.as_ref().is_some_and(|t| t.holds())
+        !state.shutdown && state.term.as_ref().is_some_and(|t| t.holds_serialized())
     }
 
     /// client-go's healthz watchdog: fails when this candidate believes it

@@ -1187,13 +1187,23 @@ fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
 fn a_re_list_from_a_lagging_cache_does_not_end_the_term() {
     paused(async {
         let fake = free();
-        let (e, id) = elector(&fake, config("me"));
+        // No renewal before the re-list (retry period 20 s): the stale
+        // record the re-list shows is the free one the term began on.
+        let (e, id) = elector(
+            &fake,
+            config("me")
+                .lease_duration(S(40))
+                .renew_deadline(S(30))
+                .retry_period(S(20)),
+        );
         let guard = e.acquire().await.unwrap();
         sleep(MS(100)).await;
         // The watch expires (410 Gone), so the watcher re-lists, and the
         // list comes from a cache one change behind.
         let lists = |fake: &FakeLeaseApi| fake.seen().iter().filter(|s| s.verb == "list").count();
         let before = lists(&fake);
+        let gets = |fake: &FakeLeaseApi| fake.seen().iter().filter(|s| s.verb == "get").count();
+        let gets_before = gets(&fake);
         fake.fault(id, Some("list"), Fault::StaleList);
         fake.expire_watches();
         // The watcher re-lists after its backoff (jittered).
@@ -1206,10 +1216,15 @@ fn a_re_list_from_a_lagging_cache_does_not_end_the_term() {
         .expect("the watcher re-listed");
         sleep(MS(100)).await;
         assert_eq!(guard.lost(), None, "the term ended on a stale record");
+        assert_eq!(
+            gets(&fake),
+            gets_before + 1,
+            "the stale record was confirmed by one read"
+        );
         assert!(e.is_leader());
         assert_eq!(spec(&fake).holder_identity.as_deref(), Some("me"));
         // Still renewing, in a term that holds.
-        sleep(S(10)).await;
+        sleep(S(30)).await;
         assert!(guard.is_valid());
     });
 }

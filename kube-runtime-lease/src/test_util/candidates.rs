@@ -1,7 +1,11 @@
 //! The double's `coordination.k8s.io/v1beta1` `LeaseCandidate`s, once
 //! [`FakeLeaseApi::serve_lease_candidates`] was called: create, get,
-//! replace (409 on a stale resourceVersion), delete, lists and watches
-//! (filtered by `metadata.name`), and the API server's ping.
+//! replace (409 on a stale resourceVersion, 422 without one, no-op updates,
+//! create on update), delete, lists and watches (by namespace and
+//! `metadata.name`, watches replayed from a resourceVersion), and the API
+//! server's ping.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -13,63 +17,172 @@ use tokio::time::Instant;
 use super::wire::{ResBody, created, field_selector_name, ok, status, watch_response};
 use super::{FakeLeaseApi, Seen};
 
-/// The `LeaseCandidate`s kept, their resourceVersions and their watchers.
+/// The key of a `LeaseCandidate`: its name in the namespace `default`,
+/// `<namespace>/<name>` in any other (as [`FakeLeaseApi::lease_candidates`]
+/// shows them, and the helpers take them).
+pub(super) fn display_key(namespace: &str, name: &str) -> String {
+    if namespace == "default" {
+        name.to_owned()
+    } else {
+        format!("{namespace}/{name}")
+    }
+}
+
+/// The `LeaseCandidate`s kept, their history (for watches from a
+/// resourceVersion) and their watchers.
 #[derive(Default)]
 pub(super) struct Candidates {
-    pub(super) objects: std::collections::BTreeMap<String, Value>,
+    /// By [`display_key`].
+    pub(super) objects: BTreeMap<String, Value>,
     rv: u64,
-    /// Watches, each of one name (`None`: of all).
-    watchers: Vec<(Option<String>, mpsc::UnboundedSender<Bytes>)>,
+    /// Every change: (resourceVersion, key, event type, the object).
+    history: Vec<(u64, String, &'static str, Value)>,
+    /// Watches: the namespace they watch, a name (`None`: all), their events.
+    watchers: Vec<(String, Option<String>, mpsc::UnboundedSender<Bytes>)>,
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({ "type": kind, "object": object })).unwrap();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// Whether `object` is selected by a watch or list of `namespace`
+/// and, if given, one name.
+fn selects(namespace: &str, only: Option<&str>, object: &Value) -> bool {
+    object["metadata"]["namespace"].as_str().unwrap_or("default") == namespace
+        && only.is_none_or(|n| object["metadata"]["name"].as_str() == Some(n))
 }
 
 impl Candidates {
-    /// Stores `object` under `name` with a new resourceVersion, telling its watchers.
-    fn store(&mut self, name: &str, mut object: Value, kind: &str) -> Value {
+    /// Stores `object` under `key` with a new resourceVersion, telling its
+    /// watchers.
+    fn store(&mut self, key: &str, mut object: Value, kind: &'static str) -> Value {
         self.rv += 1;
         object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.objects.insert(name.to_owned(), object.clone());
-        self.emit(name, kind, &object);
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("candidate-uid-{}", self.rv));
+        }
+        self.objects.insert(key.to_owned(), object.clone());
+        self.emit(key, kind, &object);
         object
     }
 
-    fn emit(&mut self, name: &str, kind: &str, object: &Value) {
-        let mut line = serde_json::to_vec(&json!({ "type": kind, "object": object })).unwrap();
-        line.push(b'\n');
-        let line = Bytes::from(line);
-        self.watchers.retain(|(only, tx)| {
-            only.as_deref().is_some_and(|n| n != name) || tx.unbounded_send(line.clone()).is_ok()
+    fn emit(&mut self, key: &str, kind: &'static str, object: &Value) {
+        self.history.push((self.rv, key.to_owned(), kind, object.clone()));
+        let line = event_line(kind, object);
+        self.watchers.retain(|(namespace, only, tx)| {
+            !selects(namespace, only.as_deref(), object) || tx.unbounded_send(line.clone()).is_ok()
         });
     }
 
     /// Sets `spec.pingTime` to now, as the API server does before it elects.
-    pub(super) fn ping(&mut self, name: &str) -> bool {
-        let Some(mut object) = self.objects.get(name).cloned() else {
+    pub(super) fn ping(&mut self, key: &str) -> bool {
+        let Some(mut object) = self.objects.get(key).cloned() else {
             return false;
         };
         object["spec"]["pingTime"] =
             serde_json::to_value(MicroTime(crate::record::now())).unwrap_or_default();
-        self.store(name, object, "MODIFIED");
+        self.store(key, object, "MODIFIED");
         true
     }
 
-    /// Deletes `name` (as someone else would), telling its watchers.
-    pub(super) fn delete(&mut self, name: &str) -> bool {
-        let Some(object) = self.objects.remove(name) else {
-            return false;
+    /// Deletes `key` (as someone else would), telling its watchers; what it was.
+    pub(super) fn delete(&mut self, key: &str) -> Option<Value> {
+        let mut object = self.objects.remove(key)?;
+        self.rv += 1;
+        object["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.emit(key, "DELETED", &object);
+        Some(object)
+    }
+
+    /// A `replace` of `key` with `object`: 422 without a resourceVersion
+    /// (no unconditional update), compare-and-swap on it, no-op updates,
+    /// create on update unless the write names a uid that is gone.
+    fn replace(&mut self, key: &str, mut object: Value) -> Response<ResBody> {
+        let Some(sent) = object["metadata"]["resourceVersion"].as_str().map(str::to_owned) else {
+            return status(
+                422,
+                "Invalid",
+                "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+            );
         };
-        self.emit(name, "DELETED", &object);
-        true
+        let Some(stored) = self.objects.get(key) else {
+            if !object["metadata"]["uid"].is_null() {
+                return status(
+                    409,
+                    "Conflict",
+                    "Precondition failed: UID in precondition does not match",
+                );
+            }
+            return created(&self.store(key, object, "ADDED"));
+        };
+        if Some(sent.as_str()) != stored["metadata"]["resourceVersion"].as_str() {
+            return status(409, "Conflict", "the object has been modified");
+        }
+        object["metadata"]["uid"] = stored["metadata"]["uid"].clone();
+        let meta = |o: &Value, f: &str| o["metadata"][f].clone();
+        if object["spec"] == stored["spec"]
+            && ["labels", "annotations", "finalizers"]
+                .iter()
+                .all(|f| meta(&object, f) == meta(stored, f))
+        {
+            // A no-op: no new resourceVersion, no event.
+            return ok(stored);
+        }
+        ok(&self.store(key, object, "MODIFIED"))
     }
 
-    /// Replaces the stored object (as someone else's write would).
-    pub(super) fn put(&mut self, object: Value) {
-        let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
-        let kind = if self.objects.contains_key(&name) {
+    /// A list, or a watch replayed from its resourceVersion, of the
+    /// `LeaseCandidate`s of `namespace` (one name, with a field selector).
+    fn list_or_watch(&mut self, namespace: &str, is_watch: bool, query: &str) -> Response<ResBody> {
+        let only = field_selector_name(query);
+        if is_watch {
+            let from = query
+                .split('&')
+                .find_map(|kv| kv.strip_prefix("resourceVersion="))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(self.rv);
+            let (tx, rx) = mpsc::unbounded();
+            for (rv, _, kind, object) in &self.history {
+                if *rv > from && selects(namespace, only.as_deref(), object) {
+                    let _ = tx.unbounded_send(event_line(kind, object));
+                }
+            }
+            self.watchers.push((namespace.to_owned(), only, tx));
+            return watch_response(rx);
+        }
+        let items: Vec<_> = self
+            .objects
+            .values()
+            .filter(|o| selects(namespace, only.as_deref(), o))
+            .cloned()
+            .collect();
+        ok(&json!({
+            "apiVersion": "coordination.k8s.io/v1beta1", "kind": "LeaseCandidateList",
+            "metadata": { "resourceVersion": self.rv.to_string() }, "items": items,
+        }))
+    }
+
+    /// Replaces the stored object (as someone else's write would), by its
+    /// namespace (`default` when it names none) and name.
+    pub(super) fn put(&mut self, mut object: Value) {
+        if object["metadata"]["namespace"].is_null() {
+            object["metadata"]["namespace"] = json!("default");
+        }
+        let key = display_key(
+            object["metadata"]["namespace"].as_str().unwrap_or("default"),
+            object["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+        if let Some(stored) = self.objects.get(&key) {
+            object["metadata"]["uid"] = stored["metadata"]["uid"].clone();
+        }
+        let kind = if self.objects.contains_key(&key) {
             "MODIFIED"
         } else {
             "ADDED"
         };
-        self.store(&name, object, kind);
+        self.store(&key, object, kind);
     }
 }
 
@@ -79,11 +192,12 @@ impl FakeLeaseApi {
     pub(super) fn lease_candidate(
         &self,
         method: &Method,
-        name: Option<&str>,
+        (namespace, name): (Option<&str>, Option<&str>),
         is_watch: bool,
         query: &str,
         body: &[u8],
     ) -> Response<ResBody> {
+        let namespace = namespace.unwrap_or("default");
         let verb = match (method, name, is_watch) {
             (&Method::POST, _, _) => "candidate create",
             (&Method::GET, Some(_), _) => "candidate get",
@@ -105,72 +219,41 @@ impl FakeLeaseApi {
         let Some(candidates) = s.candidates.as_mut() else {
             return status(404, "NotFound", "the double serves no lease candidates");
         };
-        let parsed = || serde_json::from_slice::<Value>(body).ok();
+        let parsed = || {
+            let mut object = serde_json::from_slice::<Value>(body).ok()?;
+            if object["metadata"]["namespace"].is_null() {
+                object["metadata"]["namespace"] = json!(namespace);
+            }
+            Some(object)
+        };
+        let key = |name: &str| display_key(namespace, name);
         match (method, name) {
             (&Method::POST, _) => match parsed() {
-                Some(object) => {
+                Some(mut object) => {
                     let Some(name) = object["metadata"]["name"].as_str().map(str::to_owned) else {
                         return status(422, "Invalid", "a LeaseCandidate needs a name");
                     };
-                    if candidates.objects.contains_key(&name) {
+                    if candidates.objects.contains_key(&key(&name)) {
                         return status(409, "AlreadyExists", "the LeaseCandidate exists");
                     }
-                    created(&candidates.store(&name, object, "ADDED"))
+                    object["metadata"]["uid"] = Value::Null;
+                    created(&candidates.store(&key(&name), object, "ADDED"))
                 }
                 None => status(400, "BadRequest", "not JSON"),
             },
-            (&Method::GET, Some(name)) => match candidates.objects.get(name) {
+            (&Method::GET, Some(name)) => match candidates.objects.get(&key(name)) {
                 Some(object) => ok(object),
                 None => status(404, "NotFound", "no such LeaseCandidate"),
             },
-            (&Method::PUT, Some(name)) => match (candidates.objects.get(name), parsed()) {
-                (Some(stored), Some(object)) => {
-                    let sent = object["metadata"]["resourceVersion"].as_str();
-                    if sent.is_some_and(|rv| Some(rv) != stored["metadata"]["resourceVersion"].as_str()) {
-                        return status(409, "Conflict", "the object has been modified");
-                    }
-                    let same = |f: &str| object[f] == stored[f];
-                    let meta = |o: &Value, f: &str| o["metadata"][f].clone();
-                    if same("spec")
-                        && ["labels", "annotations"]
-                            .iter()
-                            .all(|f| meta(&object, f) == meta(stored, f))
-                    {
-                        // A no-op: no new resourceVersion, no event.
-                        return ok(stored);
-                    }
-                    ok(&candidates.store(name, object, "MODIFIED"))
-                }
-                // As for Leases, create on update.
-                (None, Some(object)) => created(&candidates.store(name, object, "ADDED")),
-                (_, None) => status(400, "BadRequest", "not JSON"),
+            (&Method::PUT, Some(name)) => match parsed() {
+                Some(object) => candidates.replace(&key(name), object),
+                None => status(400, "BadRequest", "not JSON"),
             },
-            (&Method::DELETE, Some(name)) => match candidates.objects.get(name).cloned() {
-                Some(object) => {
-                    candidates.delete(name);
-                    ok(&object)
-                }
+            (&Method::DELETE, Some(name)) => match candidates.delete(&key(name)) {
+                Some(object) => ok(&object),
                 None => status(404, "NotFound", "no such LeaseCandidate"),
             },
-            (&Method::GET, None) => {
-                let only = field_selector_name(query);
-                if is_watch {
-                    // From now on: the double keeps no history of them.
-                    let (tx, rx) = mpsc::unbounded();
-                    candidates.watchers.push((only, tx));
-                    return watch_response(rx);
-                }
-                let items: Vec<_> = candidates
-                    .objects
-                    .iter()
-                    .filter(|(n, _)| only.as_ref().is_none_or(|o| o == *n))
-                    .map(|(_, o)| o.clone())
-                    .collect();
-                ok(&json!({
-                    "apiVersion": "coordination.k8s.io/v1beta1", "kind": "LeaseCandidateList",
-                    "metadata": { "resourceVersion": candidates.rv.to_string() }, "items": items,
-                }))
-            }
+            (&Method::GET, None) => candidates.list_or_watch(namespace, is_watch, query),
             _ => status(405, "MethodNotAllowed", "not served by the double"),
         }
     }

@@ -161,6 +161,27 @@ fn unchanged(lease: &Lease, current: &Lease) -> bool {
         && a.labels == b.labels
         && a.annotations == b.annotations
         && a.owner_references == b.owner_references
+        && a.finalizers == b.finalizers
+}
+
+/// The event a watch selecting with `filter` sees for a change from
+/// `previous` to `lease` (of `kind`): as the API server's watch cache sends
+/// them, an object that starts matching is `ADDED` and one that stops
+/// matching is `DELETED`; none if it matched neither before nor after.
+fn seen_as(
+    filter: &Filter,
+    kind: &'static str,
+    previous: Option<&Lease>,
+    lease: &Lease,
+) -> Option<&'static str> {
+    let before = previous.is_some_and(|p| filter.matches(p));
+    let after = kind != "DELETED" && filter.matches(lease);
+    match (before, after) {
+        (false, true) => Some("ADDED"),
+        (true, true) => Some("MODIFIED"),
+        (true, false) => Some("DELETED"),
+        (false, false) => None,
+    }
 }
 
 impl Store {
@@ -177,25 +198,48 @@ impl Store {
         if self.served.is_none() {
             self.served = Some(k.clone());
         }
-        self.leases.insert(k, lease.clone());
-        self.emit(kind, &lease);
+        let previous = self.leases.insert(k, lease.clone());
+        self.emit(kind, previous.as_ref(), &lease);
         lease
     }
 
     /// Deletes the Lease `k`, telling its watchers; what it was.
     pub(super) fn remove(&mut self, k: &Key) -> Option<Lease> {
-        let mut lease = self.leases.remove(k)?;
+        let previous = self.leases.remove(k)?;
+        let mut lease = previous.clone();
         self.rv += 1;
         lease.metadata.resource_version = Some(self.rv.to_string());
-        self.emit("DELETED", &lease);
+        self.emit("DELETED", Some(&previous), &lease);
         Some(lease)
     }
 
-    fn emit(&mut self, kind: &'static str, lease: &Lease) {
+    fn emit(&mut self, kind: &'static str, previous: Option<&Lease>, lease: &Lease) {
         self.history.push((self.rv, kind, lease.clone()));
-        let line = event_line(kind, lease);
         self.watchers
-            .retain(|w| !w.filter.matches(lease) || w.tx.unbounded_send(line.clone()).is_ok());
+            .retain(|w| match seen_as(&w.filter, kind, previous, lease) {
+                Some(seen) => w.tx.unbounded_send(event_line(seen, lease)).is_ok(),
+                None => true,
+            });
+    }
+
+    /// The events a watch selecting with `filter` from resourceVersion
+    /// `from` is owed: every later change it selects (the history replayed).
+    fn replay(&self, filter: &Filter, from: u64) -> Vec<Bytes> {
+        let mut last: BTreeMap<Key, Lease> = BTreeMap::new();
+        let mut lines = Vec::new();
+        for (rv, kind, lease) in &self.history {
+            let previous = if *kind == "DELETED" {
+                last.remove(&key(lease))
+            } else {
+                last.insert(key(lease), lease.clone())
+            };
+            if *rv > from
+                && let Some(seen) = seen_as(filter, kind, previous.as_ref(), lease)
+            {
+                lines.push(event_line(seen, lease));
+            }
+        }
+        lines
     }
 
     /// Ends every watch of `client` (a partition).
@@ -223,15 +267,21 @@ impl Store {
         leases
     }
 
-    /// A list one change behind (see [`Fault::StaleList`](super::Fault::StaleList));
-    /// `None` with no earlier change.
+    /// A list one change behind (see [`Fault::StaleList`](super::Fault::StaleList)):
+    /// as of just before the last change it selects, at that resourceVersion
+    /// (a watch from it then delivers the change); `None` when it selects none.
     pub(super) fn stale_list(&self, filter: &Filter) -> Option<Response<ResBody>> {
-        let [.., (rv, _, _), _] = self.history.as_slice() else {
-            return None;
-        };
+        let last = self.history.iter().rev().find(|(rv, _, lease)| {
+            filter.matches(lease)
+                || self
+                    .at(rv - 1)
+                    .get(&key(lease))
+                    .is_some_and(|p| filter.matches(p))
+        })?;
+        let before = last.0 - 1;
         Some(list(
-            self.at(*rv).into_values().filter(|l| filter.matches(l)),
-            *rv,
+            self.at(before).into_values().filter(|l| filter.matches(l)),
+            before,
         ))
     }
 }
@@ -272,15 +322,24 @@ impl FakeLeaseApi {
             }
             "watch" => {
                 let filter = Filter::of(namespace, query);
-                let from: u64 = query
+                let from = query
                     .split('&')
                     .find_map(|kv| kv.strip_prefix("resourceVersion="))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(s.rv);
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .filter(|v| *v > 0);
                 let (tx, rx) = mpsc::unbounded();
-                for (rv, kind, lease) in &s.history {
-                    if *rv > from && filter.matches(lease) {
-                        let _ = tx.unbounded_send(event_line(kind, lease));
+                match from {
+                    Some(from) => {
+                        for line in s.replay(&filter, from) {
+                            let _ = tx.unbounded_send(line);
+                        }
+                    }
+                    // No resourceVersion, or "0": the current state first,
+                    // as synthetic ADDED events.
+                    None => {
+                        for lease in s.leases.values().filter(|l| filter.matches(l)) {
+                            let _ = tx.unbounded_send(event_line("ADDED", lease));
+                        }
                     }
                 }
                 s.watchers.push(Watcher { client, filter, tx });
@@ -324,8 +383,9 @@ fn not_found() -> Response<ResBody> {
     status(404, "NotFound", "leases not found")
 }
 
-/// A `replace`: compare-and-swap on the resourceVersion; create on update
-/// (Leases allow it) unless the write names a uid that is gone.
+/// A `replace`: compare-and-swap on the resourceVersion (which must be
+/// given); create on update (Leases allow it) unless the write names a uid
+/// that is gone.
 fn update(s: &mut Store, namespace: Option<&str>, name: Option<&str>, body: &[u8]) -> Response<ResBody> {
     let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {
         return status(400, "BadRequest", "bad body");
@@ -355,6 +415,14 @@ fn update(s: &mut Store, namespace: Option<&str>, name: Option<&str>, body: &[u8
         }
         return created(&with_type(&s.store(lease, "ADDED")));
     };
+    if lease.metadata.resource_version.is_none() {
+        // Leases allow no unconditional update.
+        return status(
+            422,
+            "Invalid",
+            "metadata.resourceVersion: Invalid value: 0x0: must be specified for an update",
+        );
+    }
     if lease.metadata.resource_version != current.metadata.resource_version
         || lease
             .metadata

@@ -140,11 +140,12 @@ pub enum Fault {
     /// Handle the request (the write takes effect), then lose the answer
     /// (the connection resets): the client cannot tell whether it applied.
     AppliedThenLost,
-    /// Answer a `list` with the Lease as it was before its last change, at
-    /// that change's resourceVersion (a watch started from it then delivers
-    /// the change): what an API server's watch cache that lags answers to the
-    /// `resourceVersion=0` lists of kube-runtime's watcher. With no earlier
-    /// version, the list is answered as usual.
+    /// Answer a `list` as of just before the last change of the Leases it
+    /// selects, at the resourceVersion before that change (a watch started
+    /// from it then delivers the change): what an API server's watch cache
+    /// that lags answers to the `resourceVersion=0` lists of kube-runtime's
+    /// watcher. With no such change, the list is answered as usual. Matches
+    /// only a `list` request (other requests leave it queued).
     StaleList,
 }
 
@@ -287,7 +288,7 @@ impl FakeLeaseApi {
         }
     }
 
-    /// Ends every watch with a `410 Gone` error event, as an API server does
+    /// Ends every Lease watch with a `410 Gone` error event, as an API server does
     /// when etcd compacted past a watch's resourceVersion: watchers re-list.
     pub fn expire_watches(&self) {
         self.lock().end_watches(&server::gone_event_line());
@@ -339,28 +340,35 @@ impl FakeLeaseApi {
         self
     }
 
-    /// Pings the `LeaseCandidate` `name`, as the API server does before it
+    /// Pings the `LeaseCandidate` `key` (its name in the namespace
+    /// `default`, else `<namespace>/<name>`), as the API server does before it
     /// elects (`spec.pingTime` now): a live candidate answers by renewing
     /// (`spec.renewTime` after it). Whether it exists.
-    pub fn ping_lease_candidate(&self, name: &str) -> bool {
-        self.lock().candidates.as_mut().is_some_and(|c| c.ping(name))
+    pub fn ping_lease_candidate(&self, key: &str) -> bool {
+        self.lock().candidates.as_mut().is_some_and(|c| c.ping(key))
     }
 
-    /// Stores `object` as a `LeaseCandidate` (by its `metadata.name`), as
-    /// someone else's write would: a new resourceVersion, its watchers told.
+    /// Stores `object` as a `LeaseCandidate` (by its namespace, `default`
+    /// when it names none, and name), as someone else's write would: a new
+    /// resourceVersion, its watchers told.
     pub fn put_lease_candidate(&self, object: serde_json::Value) {
         if let Some(c) = self.lock().candidates.as_mut() {
             c.put(object);
         }
     }
 
-    /// Deletes the `LeaseCandidate` `name`, as someone else would (its
-    /// watchers are told). Whether it existed.
-    pub fn delete_lease_candidate(&self, name: &str) -> bool {
-        self.lock().candidates.as_mut().is_some_and(|c| c.delete(name))
+    /// Deletes the `LeaseCandidate` `key` (as for
+    /// [`ping_lease_candidate`](Self::ping_lease_candidate)), as someone else
+    /// would (its watchers are told). Whether it existed.
+    pub fn delete_lease_candidate(&self, key: &str) -> bool {
+        self.lock()
+            .candidates
+            .as_mut()
+            .is_some_and(|c| c.delete(key).is_some())
     }
 
-    /// The `LeaseCandidate`s stored now, as JSON, by name.
+    /// The `LeaseCandidate`s stored now, as JSON, by key: the name in the
+    /// namespace `default`, `<namespace>/<name>` in any other.
     pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         self.lock()
             .candidates

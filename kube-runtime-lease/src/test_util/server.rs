@@ -73,26 +73,7 @@ impl FakeLeaseApi {
             query,
             body,
         };
-        let (fault, latency, forbidden) = {
-            let mut s = self.lock();
-            check_budget(&s);
-            s.seen.push(Seen {
-                at: Instant::now(),
-                client,
-                verb,
-            });
-            let c = &mut s.clients[client];
-            if c.partitioned {
-                return Err(cut_off(std::io::ErrorKind::ConnectionRefused));
-            }
-            let pos = c.queue.iter().position(|(v, _)| v.is_none_or(|v| v == verb));
-            let fault = pos.and_then(|p| c.queue.remove(p)).map(|(_, f)| f);
-            (
-                fault,
-                c.latency,
-                c.watch_forbidden && matches!(verb, "watch" | "list"),
-            )
-        };
+        let (fault, latency, forbidden) = self.received(client, verb)?;
         if verb != "watch" && !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
@@ -150,6 +131,36 @@ impl FakeLeaseApi {
         Ok(resp)
     }
 
+    /// Logs a Lease request of `client`, and takes the fault queued for it:
+    /// the fault, the client's latency, and whether its lists and watches are
+    /// forbidden; the error of a partitioned client.
+    fn received(
+        &self,
+        client: usize,
+        verb: &'static str,
+    ) -> Result<(Option<Fault>, Duration, bool), std::io::Error> {
+        let mut s = self.lock();
+        check_budget(&s);
+        s.seen.push(Seen {
+            at: Instant::now(),
+            client,
+            verb,
+        });
+        let c = &mut s.clients[client];
+        if c.partitioned {
+            return Err(cut_off(std::io::ErrorKind::ConnectionRefused));
+        }
+        let pos = c.queue.iter().position(|(v, f)| {
+            v.is_none_or(|v| v == verb) && (verb == "list" || !matches!(f, Fault::StaleList))
+        });
+        let fault = pos.and_then(|p| c.queue.remove(p)).map(|(_, f)| f);
+        Ok((
+            fault,
+            c.latency,
+            c.watch_forbidden && matches!(verb, "watch" | "list"),
+        ))
+    }
+
     /// Any resource other than Leases: an empty list, a watch that stays
     /// open, and nothing to get or write.
     fn other_resource(&self, method: &Method, is_watch: bool, named: bool) -> Response<ResBody> {
@@ -181,9 +192,13 @@ impl FakeLeaseApi {
         }
         match target.resource.as_str() {
             "events" if *method == Method::POST => Some(self.event_posted(body)),
-            "leasecandidates" => {
-                Some(self.lease_candidate(method, target.name.as_deref(), is_watch, query, body))
-            }
+            "leasecandidates" => Some(self.lease_candidate(
+                method,
+                (target.namespace.as_deref(), target.name.as_deref()),
+                is_watch,
+                query,
+                body,
+            )),
             _ => None,
         }
     }
