@@ -1,8 +1,392 @@
 //! Elected shards (issue 12; docs/sharding-design.md): one controller across
-//! many replicas, each shard behind its own Lease. Work in progress on this
-//! branch: only the assignment rules exist so far, not wired to electors.
+//! many replicas, each shard behind its own Lease. **Work in progress on
+//! this branch**: the assignment rules ([`assign`]) and a first
+//! [`ShardedElector`] (S shard electors, one membership elector, one balancer
+//! loop; one watch of all the shard and member Leases, plus each elector's
+//! own watch while it campaigns or leads), tested on the Lease double. Not
+//! yet: the Controller integration, metrics, the real-apiserver tests, the
+//! simulation's sharded mode.
 
-// Not used yet: the sharded elector that will call it is the next step.
+// Not exported yet.
 #![allow(dead_code)]
 
 mod assign;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_client::{Api, Client};
+use kube_runtime::{WatchStreamExt, watcher};
+use parking_lot::Mutex;
+use tokio::{
+    sync::{Notify, watch},
+    task::JoinHandle,
+    time::Instant,
+};
+use tracing::{debug, info};
+
+use crate::{ConfigError, LeaderElector, LeaseConfig, LeaseGuard};
+
+/// The label on every Lease of one sharded election: its base name.
+pub(crate) const OF_LABEL: &str = "leases.kube-runtime-lease/sharded-by";
+/// The label telling a shard's Lease (`shard`) from a member's (`member`).
+pub(crate) const ROLE_LABEL: &str = "leases.kube-runtime-lease/role";
+
+/// A sharded election: the base Lease settings (namespace, base name,
+/// identity, timings) and the number of shards.
+#[derive(Clone, Debug)]
+pub struct ShardConfig {
+    lease: LeaseConfig,
+    shards: u16,
+}
+
+impl ShardConfig {
+    /// `shards` shards (at least 1) of the election `lease` describes: its
+    /// name is the base of every Lease (`<name>-s<shards>-shard-<NN>`, and
+    /// `<name>-member-<hash of identity>` for each replica).
+    #[must_use]
+    pub fn new(lease: LeaseConfig, shards: u16) -> Self {
+        ShardConfig {
+            lease,
+            shards: shards.max(1),
+        }
+    }
+
+    fn shard_lease(&self, shard: u16) -> LeaseConfig {
+        let mut c = self.lease.clone();
+        c.name = format!("{}-s{}-shard-{shard:02}", self.lease.name, self.shards);
+        c.label(OF_LABEL, self.lease.name.clone())
+            .label(ROLE_LABEL, "shard")
+    }
+
+    fn member_lease(&self) -> LeaseConfig {
+        let mut c = self.lease.clone();
+        c.name = format!(
+            "{}-member-{:016x}",
+            self.lease.name,
+            assign::preference(&self.lease.identity, u16::MAX)
+        );
+        c.label(OF_LABEL, self.lease.name.clone())
+            .label(ROLE_LABEL, "member")
+    }
+}
+
+/// One replica's part in a sharded election: it campaigns for about
+/// `ceil(S / live replicas)` shards, hands surplus ones over by graceful
+/// release, and says which it holds.
+#[derive(Clone)]
+pub struct ShardedElector {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: ShardConfig,
+    client: Client,
+    shards: Vec<LeaderElector>,
+    member: LeaderElector,
+    state: Mutex<State>,
+    held_tx: watch::Sender<BTreeSet<u16>>,
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Shards held: their guard, and since when.
+    held: BTreeMap<u16, (LeaseGuard, Instant)>,
+    /// Shards campaigned for.
+    acquiring: BTreeMap<u16, JoinHandle<()>>,
+    shutdown: bool,
+}
+
+/// What one watch of the election's Leases shows.
+#[derive(Default)]
+struct View {
+    /// Members: Lease name → (holder, the record, when it last changed here).
+    members: BTreeMap<
+        String,
+        (
+            Option<String>,
+            k8s_openapi::api::coordination::v1::LeaseSpec,
+            Instant,
+        ),
+    >,
+    /// Shards: shard → (holder, when the record last changed here).
+    shards: BTreeMap<
+        u16,
+        (
+            Option<String>,
+            k8s_openapi::api::coordination::v1::LeaseSpec,
+            Instant,
+        ),
+    >,
+}
+
+impl ShardedElector {
+    /// A replica of the sharded election `config`, using `client`. Makes no
+    /// API call until [`run`](Self::run).
+    ///
+    /// # Errors
+    /// The first rule a Lease's configuration breaks.
+    pub fn new(client: Client, config: ShardConfig) -> Result<Self, ConfigError> {
+        let shards = (0..config.shards)
+            .map(|s| LeaderElector::new(client.clone(), config.shard_lease(s)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let member = LeaderElector::new(client.clone(), config.member_lease())?;
+        Ok(ShardedElector {
+            inner: Arc::new(Inner {
+                config,
+                client,
+                shards,
+                member,
+                state: Mutex::new(State::default()),
+                held_tx: watch::Sender::new(BTreeSet::new()),
+                wake: Notify::new(),
+            }),
+        })
+    }
+
+    /// The shard of the object with `uid`.
+    #[must_use]
+    pub fn shard_of(&self, uid: &str) -> u16 {
+        assign::shard_of(uid, self.inner.config.shards)
+    }
+
+    /// Whether this replica holds the shard of the object with `uid` now.
+    #[must_use]
+    pub fn owns(&self, uid: &str) -> bool {
+        let shard = self.shard_of(uid);
+        self.inner
+            .state
+            .lock()
+            .held
+            .get(&shard)
+            .is_some_and(|(g, _)| g.is_valid())
+    }
+
+    /// The shards held now, and every change.
+    #[must_use]
+    pub fn held(&self) -> watch::Receiver<BTreeSet<u16>> {
+        self.inner.held_tx.subscribe()
+    }
+
+    /// A guard of `shard`'s term, if this replica holds it (for the work of
+    /// that shard: it resolves when the shard is lost).
+    #[must_use]
+    pub fn guard(&self, shard: u16) -> Option<LeaseGuard> {
+        let held = self.inner.state.lock().held.contains_key(&shard);
+        held.then(|| self.inner.shards[usize::from(shard)].current_guard())
+            .flatten()
+    }
+
+    /// Takes part in the election until [`shutdown`](Self::shutdown): holds
+    /// this replica's membership Lease, watches the election's Leases, and
+    /// campaigns for and releases shards by the rules of `assign`.
+    pub async fn run(&self) {
+        let inner = &self.inner;
+        let cfg = &inner.config.lease;
+        let Ok(_membership) = inner.member.acquire().await else {
+            return;
+        };
+        let api: Api<Lease> = Api::namespaced(inner.client.clone(), &cfg.namespace);
+        let selector = format!("{OF_LABEL}={}", cfg.name);
+        let mut events = watcher(api, watcher::Config::default().labels(&selector))
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        let mut view = View::default();
+        let mut members = BTreeSet::new();
+        let mut members_since = Instant::now();
+        let mut tick = tokio::time::interval(cfg.retry_period);
+        loop {
+            futures::select_biased! {
+                event = events.next().fuse() => {
+                    if let Some(Ok(lease)) = event {
+                        view.observe(&inner.config, &lease, Instant::now());
+                    }
+                }
+                () = inner.wake.notified().fuse() => {}
+                _ = tick.tick().fuse() => {}
+            }
+            if inner.state.lock().shutdown {
+                return;
+            }
+            let now = Instant::now();
+            let mut live = view.live_members(cfg.lease_duration, now);
+            live.insert(cfg.identity.clone());
+            if live != members {
+                debug!(?live, "members changed");
+                members.clone_from(&live);
+                members_since = now;
+            }
+            let stable = now.saturating_duration_since(members_since) >= cfg.retry_period;
+            self.rebalance(&view, &members, stable, now);
+        }
+    }
+
+    /// One step of the balancer.
+    fn rebalance(&self, view: &View, members: &BTreeSet<String>, stable: bool, now: Instant) {
+        let inner = &self.inner;
+        let cfg = &inner.config.lease;
+        let mut state = inner.state.lock();
+        // Terms that ended (lost, or their deadline passed) are not held.
+        state.held.retain(|_, (g, _)| g.is_valid());
+        state.acquiring.retain(|_, task| !task.is_finished());
+        // Shards a live other member holds are not worth campaigning for.
+        let taken_by_other = |s: u16| {
+            view.shards.get(&s).is_some_and(|(holder, spec, changed)| {
+                holder
+                    .as_ref()
+                    .is_some_and(|h| *h != cfg.identity && members.contains(h))
+                    && now.saturating_duration_since(*changed)
+                        < Duration::from_secs(
+                            spec.lease_duration_seconds
+                                .map_or(15, |d| u64::try_from(d).unwrap_or(15)),
+                        )
+            })
+        };
+        let busy: Vec<u16> = state
+            .acquiring
+            .keys()
+            .copied()
+            .filter(|s| taken_by_other(*s))
+            .collect();
+        for s in busy {
+            if let Some(task) = state.acquiring.remove(&s) {
+                task.abort();
+            }
+        }
+        let mine: BTreeSet<u16> = state.held.keys().chain(state.acquiring.keys()).copied().collect();
+        let free: BTreeSet<u16> = (0..inner.config.shards)
+            .filter(|s| !mine.contains(s) && !taken_by_other(*s))
+            .collect();
+        let plan = assign::plan(&cfg.identity, members, inner.config.shards, &mine, &free, stable);
+        for s in plan.release {
+            // Never release a shard held for less than one lease duration.
+            let young = state
+                .held
+                .get(&s)
+                .is_some_and(|(_, since)| now.saturating_duration_since(*since) < cfg.lease_duration);
+            if young {
+                continue;
+            }
+            if state.held.remove(&s).is_some() {
+                info!(shard = s, "handing the shard over");
+            } else if let Some(task) = state.acquiring.remove(&s) {
+                task.abort();
+            }
+        }
+        for s in plan.take {
+            let this = self.clone();
+            let task = tokio::spawn(async move {
+                let Ok(guard) = this.inner.shards[usize::from(s)].acquire().await else {
+                    return;
+                };
+                info!(
+                    shard = s,
+                    fencing_token = guard.fencing_token(),
+                    "holds the shard"
+                );
+                this.inner.state.lock().held.insert(s, (guard, Instant::now()));
+                this.publish();
+                this.inner.wake.notify_one();
+            });
+            state.acquiring.insert(s, task);
+        }
+        drop(state);
+        self.publish();
+    }
+
+    fn publish(&self) {
+        let held: BTreeSet<u16> = self
+            .inner
+            .state
+            .lock()
+            .held
+            .iter()
+            .filter(|(_, (g, _))| g.is_valid())
+            .map(|(s, _)| *s)
+            .collect();
+        self.inner.held_tx.send_if_modified(|h| {
+            let changed = *h != held;
+            *h = held;
+            changed
+        });
+    }
+
+    /// Leaves the election: stops the balancer, gives every shard up
+    /// (released once its guards are dropped, within `grace`), then the
+    /// membership Lease.
+    pub async fn shutdown(&self, grace: Duration) {
+        let tasks: Vec<JoinHandle<()>> = {
+            let mut state = self.inner.state.lock();
+            state.shutdown = true;
+            state.held.clear();
+            std::mem::take(&mut state.acquiring).into_values().collect()
+        };
+        for task in tasks {
+            task.abort();
+        }
+        self.publish();
+        self.inner.wake.notify_one();
+        for shard in &self.inner.shards {
+            let _ = shard.shutdown(grace).await;
+        }
+        let _ = self.inner.member.shutdown(grace).await;
+    }
+}
+
+impl View {
+    fn observe(&mut self, config: &ShardConfig, lease: &Lease, now: Instant) {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let spec = lease.spec.clone().unwrap_or_default();
+        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+        let role = lease
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ROLE_LABEL))
+            .map(String::as_str);
+        let entry = match role {
+            Some("member") => self.members.entry(name),
+            Some("shard") => {
+                let prefix = format!("{}-s{}-shard-", config.lease.name, config.shards);
+                let Some(shard) = name.strip_prefix(&prefix).and_then(|n| n.parse::<u16>().ok()) else {
+                    return;
+                };
+                let slot = self.shards.entry(shard).or_insert((None, spec.clone(), now));
+                if slot.1 != spec || slot.0 != holder {
+                    *slot = (holder, spec, now);
+                }
+                return;
+            }
+            _ => return,
+        };
+        let slot = entry.or_insert((None, spec.clone(), now));
+        if slot.1 != spec || slot.0 != holder {
+            *slot = (holder, spec, now);
+        }
+    }
+
+    /// The identities of members whose record changed within its lease
+    /// duration (the membership elector renews every retry period).
+    fn live_members(&self, fallback: Duration, now: Instant) -> BTreeSet<String> {
+        self.members
+            .values()
+            .filter(|(_, spec, changed)| {
+                let d = spec
+                    .lease_duration_seconds
+                    .and_then(|d| u64::try_from(d).ok())
+                    .map_or(fallback, Duration::from_secs);
+                now.saturating_duration_since(*changed) < d
+            })
+            .filter_map(|(holder, _, _)| holder.clone())
+            .collect()
+    }
+}

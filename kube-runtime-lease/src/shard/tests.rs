@@ -1,0 +1,74 @@
+//! The sharded election on the Lease double, with paused time.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use tokio::time::sleep;
+
+use super::{ShardConfig, ShardedElector};
+use crate::{LeaseConfig, test_support::paused, test_util::FakeLeaseApi};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+fn replica(fake: &FakeLeaseApi, identity: &str) -> ShardedElector {
+    let (client, _) = fake.client();
+    let lease = LeaseConfig::new("default", "ctl", identity)
+        .lease_duration(S(4))
+        .renew_deadline(S(3))
+        .retry_period(S(1));
+    ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap()
+}
+
+/// The shards each replica holds now.
+fn held(replicas: &[&ShardedElector]) -> Vec<BTreeSet<u16>> {
+    replicas.iter().map(|r| r.held().borrow().clone()).collect()
+}
+
+/// Samples for `span` (every 100 ms of paused time) that no shard is ever
+/// held by two replicas.
+async fn never_shared(replicas: &[&ShardedElector], span: Duration) {
+    let until = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < until {
+        let each = held(replicas);
+        let total: usize = each.iter().map(BTreeSet::len).sum();
+        let union: BTreeSet<u16> = each.iter().flatten().copied().collect();
+        assert_eq!(total, union.len(), "a shard held twice: {each:?}");
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn sizes(h: &[BTreeSet<u16>]) -> Vec<usize> {
+    h.iter().map(BTreeSet::len).collect()
+}
+
+#[test]
+fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b, c) = (replica(&fake, "a"), replica(&fake, "b"), replica(&fake, "c"));
+        for r in [&a, &b, &c] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b, &c], S(60)).await;
+        let now = held(&[&a, &b, &c]);
+        assert_eq!(sizes(&now), [4, 4, 4], "{now:?}");
+        assert_eq!(now.iter().flatten().count(), 12);
+        // A fourth replica joins: the others hand shards over (3 each).
+        let d = replica(&fake, "d");
+        {
+            let d = d.clone();
+            tokio::spawn(async move { d.run().await });
+        }
+        never_shared(&[&a, &b, &c, &d], S(60)).await;
+        let now = held(&[&a, &b, &c, &d]);
+        assert_eq!(sizes(&now), [3, 3, 3, 3], "{now:?}");
+        // It leaves: its shards are taken again (4 each).
+        d.shutdown(S(1)).await;
+        never_shared(&[&a, &b, &c], S(30)).await;
+        let now = held(&[&a, &b, &c]);
+        assert_eq!(sizes(&now), [4, 4, 4], "{now:?}");
+        let some_uid = "0b6c6c1a-0000-4000-8000-000000000001";
+        let owners = [&a, &b, &c].iter().filter(|r| r.owns(some_uid)).count();
+        assert_eq!(owners, 1, "one owner per object");
+    });
+}
