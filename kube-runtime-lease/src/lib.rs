@@ -197,6 +197,11 @@
 //! # Features
 //! - `metrics`: `LeaseMetrics`, leader-election metrics registered into a
 //!   `prometheus-client` registry.
+//! - `unstable-shards`: elected shards, `ShardedElector` (one controller
+//!   across many replicas, each shard behind its own Lease; the
+//!   `ShardedController` reconciles each object on the replica holding its
+//!   shard). Unstable: issue 12's remaining parts (fault tests, metrics,
+//!   status per shard, the example) are to come, and the API may change.
 //! - `test-util`: [`test_util`], an in-memory Lease API double behind a real
 //!   `kube::Client`, to test guarded code without a cluster, on paused time
 //!   when the test crate enables `tokio`'s `test-util` (this feature does
@@ -221,6 +226,7 @@ mod metadata;
 mod metrics;
 mod record;
 mod rejoin;
+#[cfg(feature = "unstable-shards")]
 mod shard;
 mod stream;
 mod warm;
@@ -234,6 +240,8 @@ pub use guard::{LeaseGuard, Lost};
 #[cfg(feature = "metrics")]
 pub use metrics::LeaseMetrics;
 pub use rejoin::RunEnded;
+#[cfg(feature = "unstable-shards")]
+pub use shard::{ShardConfig, ShardedController, ShardedElector};
 pub use stream::WithLeaderElection;
 pub use warm::WarmController;
 

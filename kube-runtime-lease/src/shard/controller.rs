@@ -1,0 +1,160 @@
+//! A [`Controller`] across the replicas of a sharded election: one watch per
+//! resource on every replica (its store kept warm), each object reconciled
+//! only by the replica that holds its shard, each reconcile racing its
+//! shard's guard.
+
+use std::{collections::BTreeSet, fmt::Debug, hash::Hash, pin::pin, sync::Arc};
+
+use futures::{
+    Stream, StreamExt, TryFuture, TryFutureExt,
+    channel::mpsc,
+    future::{self, Either},
+    stream,
+};
+use kube_client::Resource;
+use kube_runtime::{
+    Controller,
+    controller::{Action, Error as ControllerError},
+    reflector::ObjectRef,
+    watcher,
+};
+use serde::de::DeserializeOwned;
+use tracing::debug;
+
+use super::ShardedElector;
+use crate::Lost;
+
+/// A [`Controller`] whose objects are reconciled by the replica that holds
+/// their shard: see [`ShardedElector::controller`]. Start it with
+/// [`run`](Self::run).
+#[must_use = "call `run` to start the controller"]
+pub struct ShardedController<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    controller: Controller<K>,
+    sharded: ShardedElector,
+}
+
+/// Why a reconcile did not run the user's reconciler, or its error.
+#[derive(Debug, thiserror::Error)]
+enum Sharded<E> {
+    /// Another replica holds the object's shard (or nobody does yet).
+    #[error("the object's shard is not held here")]
+    NotOwned,
+    /// The shard was lost while the reconcile ran: it was dropped.
+    #[error("the shard was lost during the reconcile: {0}")]
+    Lost(Lost),
+    #[error(transparent)]
+    Reconciler(E),
+}
+
+impl ShardedElector {
+    /// `controller`, sharded by this election: see [`ShardedController::run`].
+    pub fn controller<K>(&self, controller: Controller<K>) -> ShardedController<K>
+    where
+        K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone,
+    {
+        ShardedController {
+            controller,
+            sharded: self.clone(),
+        }
+    }
+}
+
+impl<K> ShardedController<K>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    /// [`Controller::run`], sharded, with the election's balancer running
+    /// as long as the stream is polled:
+    /// - a reconcile of an object whose shard this replica does not hold is
+    ///   skipped without calling `reconciler` (and without an item);
+    /// - when a shard is gained, every object in the store is reconciled (the
+    ///   ones of other shards are skipped): no LIST;
+    /// - when a shard is lost, that shard's reconciles in flight are dropped
+    ///   at their next `.await`; the other shards' continue.
+    #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
+    pub fn run<ReconcilerFut, Ctx>(
+        self,
+        mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+        error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
+        context: Arc<Ctx>,
+    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
+    where
+        K::DynamicType: Debug + Unpin,
+        ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
+        ReconcilerFut::Error: std::error::Error + Send + 'static,
+    {
+        let sharded = self.sharded;
+        let (gained_tx, gained_rx) = mpsc::unbounded::<()>();
+        let gate = sharded.clone();
+        let reconcile = move |object: Arc<K>, ctx: Arc<Ctx>| {
+            let shard = object.meta().uid.as_deref().map(|uid| gate.shard_of(uid));
+            let work = shard
+                .and_then(|s| gate.guard(s))
+                .map(|guard| (guard, TryFutureExt::into_future(reconciler(object, ctx))));
+            async move {
+                let Some((guard, work)) = work else {
+                    return Err(Sharded::NotOwned);
+                };
+                match future::select(pin!(work), guard).await {
+                    Either::Left((result, _guard)) => result.map_err(Sharded::Reconciler),
+                    Either::Right((lost, _dropped)) => Err(Sharded::Lost(lost)),
+                }
+            }
+        };
+        let policy = move |object: Arc<K>, error: &Sharded<ReconcilerFut::Error>, ctx: Arc<Ctx>| match error {
+            Sharded::Reconciler(e) => error_policy(object, e, ctx),
+            // Reconciled again when its shard is gained.
+            Sharded::NotOwned | Sharded::Lost(_) => Action::await_change(),
+        };
+        let controller = self
+            .controller
+            .reconcile_all_on(gained_rx)
+            .run(reconcile, policy, context)
+            .filter_map(|item| {
+                future::ready(match item {
+                    Ok(done) => Some(Ok(done)),
+                    Err(ControllerError::ReconcilerFailed(Sharded::Reconciler(e), object)) => {
+                        Some(Err(ControllerError::ReconcilerFailed(e, object)))
+                    }
+                    Err(ControllerError::ReconcilerFailed(skipped, object)) => {
+                        debug!(%object, reason = %skipped, "reconcile skipped");
+                        None
+                    }
+                    Err(ControllerError::ObjectNotFound(object)) => {
+                        Some(Err(ControllerError::ObjectNotFound(object)))
+                    }
+                    Err(ControllerError::QueueError(e)) => Some(Err(ControllerError::QueueError(e))),
+                    Err(ControllerError::RunnerError(e)) => Some(Err(ControllerError::RunnerError(e))),
+                })
+            });
+        let balancer = {
+            let sharded = sharded.clone();
+            async move { sharded.run().await }
+        };
+        let gains = signal_gains(sharded, gained_tx);
+        let background = stream::once(async move {
+            futures::join!(balancer, gains);
+        })
+        .filter_map(|()| future::ready(None));
+        stream::select(controller, background)
+    }
+}
+
+/// Sends on `gained` whenever the set of shards held grows.
+async fn signal_gains(sharded: ShardedElector, gained: mpsc::UnboundedSender<()>) {
+    let mut held = sharded.held();
+    let mut before: BTreeSet<u16> = held.borrow_and_update().clone();
+    while held.changed().await.is_ok() {
+        let now = held.borrow_and_update().clone();
+        if !now.is_subset(&before) && gained.unbounded_send(()).is_err() {
+            return;
+        }
+        before = now;
+    }
+}

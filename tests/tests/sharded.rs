@@ -1,0 +1,140 @@
+//! Elected shards against a real kube-apiserver and etcd (issue 12, work in
+//! progress): three replicas (each with a client of its own) share 12 shards
+//! of one Controller of 600 ConfigMaps: every shard has one holder, each
+//! replica holds 4, every ConfigMap is reconciled by the replica that holds
+//! its shard, and no object is ever reconciled by two replicas at once.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use anyhow::{Result, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::{
+    Api, ResourceExt,
+    api::{ObjectMeta, PostParams},
+    runtime::{Controller, controller::Action, watcher},
+};
+use kube_runtime_lease::{LeaseConfig, ShardConfig, ShardedElector};
+use kube_runtime_lease_harness::shared_env;
+use tokio::time::Instant;
+
+/// Reconciles: (uid, replica, start, end).
+type Log = Arc<Mutex<Vec<(String, String, Instant, Instant)>>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "one scenario, phase by phase")]
+async fn three_replicas_share_twelve_shards_of_600_configmaps() -> Result<()> {
+    let env = shared_env().await?;
+    let ns = env.new_namespace("sharded").await?;
+    let admin = env.client().await?;
+    let cms = Api::<ConfigMap>::namespaced(admin, &ns);
+    for i in 0..600 {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("cm-{i:03}")),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        cms.create(&PostParams::default(), &cm).await?;
+    }
+    let log: Log = Arc::default();
+    let mut replicas = Vec::new();
+    for name in ["a", "b", "c"] {
+        let client = env.client().await?;
+        let lease = LeaseConfig::new(&ns, "ctl", name)
+            .lease_duration(Duration::from_secs(4))
+            .renew_deadline(Duration::from_secs(3))
+            .retry_period(Duration::from_secs(1));
+        let sharded = ShardedElector::new(client.clone(), ShardConfig::new(lease, 12))?;
+        let controller = Controller::new(
+            Api::<ConfigMap>::namespaced(client, &ns),
+            watcher::Config::default(),
+        );
+        let log = log.clone();
+        let run = sharded.controller(controller).run(
+            move |cm: Arc<ConfigMap>, who: Arc<String>| {
+                let log = log.clone();
+                async move {
+                    let start = Instant::now();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    log.lock().expect("log").push((
+                        cm.uid().unwrap_or_default(),
+                        (*who).clone(),
+                        start,
+                        Instant::now(),
+                    ));
+                    Ok::<_, kube::Error>(Action::await_change())
+                }
+            },
+            |_cm, _err: &kube::Error, _who| Action::requeue(Duration::from_secs(1)),
+            Arc::new(name.to_owned()),
+        );
+        tokio::spawn(run.for_each(|_| async {}));
+        replicas.push((name, sharded));
+    }
+    // Every ConfigMap reconciled (within a minute: creation holds, balance).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let done: BTreeSet<String> = log.lock().expect("log").iter().map(|r| r.0.clone()).collect();
+        if done.len() == 600 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{} of 600 ConfigMaps reconciled in 60 s",
+            done.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Settled: each replica holds 4 shards, together all 12, once each.
+    let held: Vec<BTreeSet<u16>> = replicas.iter().map(|(_, r)| r.held().borrow().clone()).collect();
+    assert_eq!(
+        held.iter().map(BTreeSet::len).collect::<Vec<_>>(),
+        [4, 4, 4],
+        "{held:?}"
+    );
+    assert_eq!(
+        held.iter().flatten().collect::<BTreeSet<_>>().len(),
+        12,
+        "{held:?}"
+    );
+    let log = log.lock().expect("log").clone();
+    // Each ConfigMap reconciled by the replica that holds its shard.
+    let owner = |uid: &str| {
+        replicas
+            .iter()
+            .filter(|(_, r)| r.owns(uid))
+            .map(|(n, _)| (*n).to_owned())
+            .collect::<Vec<_>>()
+    };
+    let mut last: BTreeMap<&str, &str> = BTreeMap::new();
+    for (uid, who, _, _) in &log {
+        last.insert(uid, who);
+    }
+    for (uid, who) in &last {
+        assert_eq!(owner(uid), [(*who).to_owned()], "{uid} reconciled last by {who}");
+    }
+    // No object reconciled by two replicas at once.
+    let mut by_object: BTreeMap<&str, Vec<(&str, Instant, Instant)>> = BTreeMap::new();
+    for (uid, who, start, end) in &log {
+        by_object.entry(uid).or_default().push((who, *start, *end));
+    }
+    for (uid, runs) in &by_object {
+        for (i, a) in runs.iter().enumerate() {
+            for b in &runs[i + 1..] {
+                assert!(
+                    a.0 == b.0 || a.2 <= b.1 || b.2 <= a.1,
+                    "{uid} reconciled by {} and {} at once",
+                    a.0,
+                    b.0
+                );
+            }
+        }
+    }
+    Ok(())
+}
