@@ -72,3 +72,59 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
         assert_eq!(owners, 1, "one owner per object");
     });
 }
+
+/// A replica cut off from the API server (as after a crash, or a partition)
+/// stops believing it holds its shards at their renew deadline; the others
+/// take them over once their records have not changed for a lease duration,
+/// and never two replicas hold one shard at any sampled instant.
+#[test]
+fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let mut ids = Vec::new();
+        let mut replicas = Vec::new();
+        for name in ["a", "b", "c"] {
+            let (client, id) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", name)
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            let r = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+            let run = r.clone();
+            tokio::spawn(async move { run.run().await });
+            ids.push(id);
+            replicas.push(r);
+        }
+        let [a, b, c] = [&replicas[0], &replicas[1], &replicas[2]];
+        never_shared(&[a, b, c], S(60)).await;
+        assert_eq!(sizes(&held(&[a, b, c])), [4, 4, 4]);
+        let cut = tokio::time::Instant::now();
+        fake.partition(ids[2], true);
+        // c's terms end at their renew deadline (3 s after its last renewal).
+        never_shared(&[a, b, c], S(4)).await;
+        assert!(
+            c.held().borrow().is_empty(),
+            "c still believes it holds {:?}",
+            c.held().borrow()
+        );
+        // a and b take c's shards: 6 each, within the lease duration and a
+        // few retry periods (membership is judged by the same rule).
+        let deadline = cut + S(20);
+        loop {
+            never_shared(&[a, b, c], Duration::from_millis(500)).await;
+            if sizes(&held(&[a, b])) == [6, 6] {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "not re-owned: {:?}",
+                held(&[a, b, c])
+            );
+        }
+        assert!(
+            cut.elapsed() >= S(4),
+            "taken before the lease duration: {:?}",
+            cut.elapsed()
+        );
+    });
+}
