@@ -345,9 +345,10 @@ impl ShardedElector {
         });
     }
 
-    /// Leaves the election: stops the balancer, gives every shard up
-    /// (released once its guards are dropped, within `grace`), then the
-    /// membership Lease.
+    /// Leaves the election: stops the balancer, releases its membership
+    /// Lease (the others' shares grow at once), and gives every shard up
+    /// (each released once its guards are dropped, within `grace`), so that
+    /// the others take them within a watch event and a write each.
     pub async fn shutdown(&self, grace: Duration) {
         let tasks: Vec<JoinHandle<()>> = {
             let mut state = self.inner.state.lock();
@@ -360,10 +361,10 @@ impl ShardedElector {
         }
         self.publish();
         self.inner.wake.notify_one();
-        for shard in &self.inner.shards {
-            let _ = shard.shutdown(grace).await;
-        }
+        // The membership first: the others' shares grow at once, so that
+        // they campaign for these shards while they are being released.
         let _ = self.inner.member.shutdown(grace).await;
+        futures::future::join_all(self.inner.shards.iter().map(|s| s.shutdown(grace))).await;
     }
 }
 

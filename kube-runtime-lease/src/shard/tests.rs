@@ -62,8 +62,18 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
         never_shared(&[&a, &b, &c, &d], S(60)).await;
         let now = held(&[&a, &b, &c, &d]);
         assert_eq!(sizes(&now), [3, 3, 3, 3], "{now:?}");
-        // It leaves: its shards are taken again (4 each).
+        // It leaves: its shards are taken again (4 each), each within a
+        // watch event and a write (paused time: within a second).
+        let left = tokio::time::Instant::now();
         d.shutdown(S(1)).await;
+        while sizes(&held(&[&a, &b, &c])) != [4, 4, 4] {
+            assert!(
+                left.elapsed() < S(1),
+                "not re-owned within 1 s: {:?}",
+                held(&[&a, &b, &c])
+            );
+            never_shared(&[&a, &b, &c], Duration::from_millis(10)).await;
+        }
         never_shared(&[&a, &b, &c], S(30)).await;
         let now = held(&[&a, &b, &c]);
         assert_eq!(sizes(&now), [4, 4, 4], "{now:?}");
