@@ -20,7 +20,7 @@
 //!
 //! Not yet (issue 12 stays open): the fault tests against a real API server
 //! (SIGKILL, SIGTERM, SIGSTOP, partitions, restarts) and their timing
-//! bounds, metrics and status per shard, a task-local fencing token for
+//! bounds, metrics per shard, a task-local fencing token for
 //! reconciles, the example and manifests, and the simulation's sharded mode.
 
 mod assign;
@@ -199,6 +199,16 @@ impl ShardedElector {
     #[must_use]
     pub fn held(&self) -> watch::Receiver<BTreeSet<u16>> {
         self.inner.held_tx.subscribe()
+    }
+
+    /// Each shard's status, as its elector sees it (who holds it, whether
+    /// this replica does, when it last renewed).
+    #[must_use]
+    pub fn status(&self) -> BTreeMap<u16, crate::LeaderStatus> {
+        (0..self.inner.config.shards)
+            .zip(&self.inner.shards)
+            .map(|(s, e)| (s, e.status()))
+            .collect()
     }
 
     /// A guard of `shard`'s term, if this replica holds it (for the work of

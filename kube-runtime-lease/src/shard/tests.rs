@@ -77,6 +77,14 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
         never_shared(&[&a, &b, &c], S(30)).await;
         let now = held(&[&a, &b, &c]);
         assert_eq!(sizes(&now), [4, 4, 4], "{now:?}");
+        let status = a.status();
+        assert_eq!(status.len(), 12);
+        let leading: BTreeSet<u16> = status
+            .iter()
+            .filter(|(_, s)| s.is_leader)
+            .map(|(k, _)| *k)
+            .collect();
+        assert_eq!(leading, *a.held().borrow(), "status agrees with held()");
         let some_uid = "0b6c6c1a-0000-4000-8000-000000000001";
         let owners = [&a, &b, &c].iter().filter(|r| r.owns(some_uid)).count();
         assert_eq!(owners, 1, "one owner per object");
