@@ -241,7 +241,7 @@ pub use guard::{LeaseGuard, Lost};
 pub use metrics::LeaseMetrics;
 pub use rejoin::RunEnded;
 #[cfg(feature = "unstable-shards")]
-pub use shard::{ShardConfig, ShardedController, ShardedElector};
+pub use shard::{Current as CurrentShard, ShardConfig, ShardedController, ShardedElector, current_shard};
 pub use stream::WithLeaderElection;
 pub use warm::WarmController;
 

@@ -43,6 +43,8 @@ async fn three_replicas_share_twelve_shards_of_600_configmaps() -> Result<()> {
         cms.create(&PostParams::default(), &cm).await?;
     }
     let log: Log = Arc::default();
+    assert_eq!(kube_runtime_lease::current_shard(), None, "outside a reconcile");
+    let wrong_shard = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
         let client = env.client().await?;
@@ -55,11 +57,19 @@ async fn three_replicas_share_twelve_shards_of_600_configmaps() -> Result<()> {
             Api::<ConfigMap>::namespaced(client, &ns),
             watcher::Config::default(),
         );
-        let log = log.clone();
+        let (log, wrong, shards) = (log.clone(), wrong_shard.clone(), sharded.clone());
         let run = sharded.controller(controller).run(
             move |cm: Arc<ConfigMap>, who: Arc<String>| {
-                let log = log.clone();
+                let (log, wrong, shards) = (log.clone(), wrong.clone(), shards.clone());
                 async move {
+                    // The reconcile knows its object's shard and that term's token.
+                    let current = kube_runtime_lease::current_shard();
+                    let expected = shards.shard_of(&cm.uid().unwrap_or_default());
+                    if current.map(|c| c.shard) != Some(expected)
+                        || current.is_some_and(|c| c.fencing_token < 0)
+                    {
+                        wrong.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     let start = Instant::now();
                     tokio::time::sleep(Duration::from_millis(5)).await;
                     log.lock().expect("log").push((
@@ -112,6 +122,11 @@ async fn three_replicas_share_twelve_shards_of_600_configmaps() -> Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert_eq!(
+        wrong_shard.load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "reconciles that did not know their shard"
+    );
     let held: Vec<BTreeSet<u16>> = replicas.iter().map(|(_, r)| r.held().borrow().clone()).collect();
     assert_eq!(
         held.iter().flatten().collect::<BTreeSet<_>>().len(),

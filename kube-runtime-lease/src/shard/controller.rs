@@ -24,6 +24,30 @@ use tracing::debug;
 use super::ShardedElector;
 use crate::Lost;
 
+/// The shard a reconcile of a [`ShardedController`] works for, and its term's
+/// fencing token: see [`current_shard`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Current {
+    /// The object's shard.
+    pub shard: u16,
+    /// The fencing token of this replica's term on that shard (see
+    /// [`LeaseGuard::fencing_token`](crate::LeaseGuard::fencing_token)).
+    pub fencing_token: i64,
+}
+
+tokio::task_local! {
+    static CURRENT: Current;
+}
+
+/// Inside a reconcile run by a [`ShardedController`] (while its future is
+/// polled, not when the reconciler function is called): the shard and the
+/// fencing token of that shard's term, to write beside the reconcile's side
+/// effects. `None` anywhere else.
+#[must_use]
+pub fn current_shard() -> Option<Current> {
+    CURRENT.try_with(|c| *c).ok()
+}
+
 /// A [`Controller`] whose objects are reconciled by the replica that holds
 /// their shard: see [`ShardedElector::controller`]. Start it with
 /// [`run`](Self::run).
@@ -76,7 +100,9 @@ where
     /// - when a shard is gained, every object in the store is reconciled (the
     ///   ones of other shards are skipped): no LIST;
     /// - when a shard is lost, that shard's reconciles in flight are dropped
-    ///   at their next `.await`; the other shards' continue.
+    ///   at their next `.await`; the other shards' continue;
+    /// - inside a reconcile, [`current_shard`] tells its shard and fencing
+    ///   token.
     #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
     pub fn run<ReconcilerFut, Ctx>(
         self,
@@ -98,10 +124,14 @@ where
                 .and_then(|s| gate.guard(s))
                 .map(|guard| (guard, TryFutureExt::into_future(reconciler(object, ctx))));
             async move {
-                let Some((guard, work)) = work else {
+                let (Some(shard), Some((guard, work))) = (shard, work) else {
                     return Err(Sharded::NotOwned);
                 };
-                match future::select(pin!(work), guard).await {
+                let current = Current {
+                    shard,
+                    fencing_token: guard.fencing_token(),
+                };
+                match future::select(pin!(CURRENT.scope(current, work)), guard).await {
                     Either::Left((result, _guard)) => result.map_err(Sharded::Reconciler),
                     Either::Right((lost, _dropped)) => Err(Sharded::Lost(lost)),
                 }

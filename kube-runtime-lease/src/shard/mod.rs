@@ -20,15 +20,15 @@
 //!
 //! Not yet (issue 12 stays open): the fault tests against a real API server
 //! (SIGKILL, SIGTERM, SIGSTOP, partitions, restarts) and their timing
-//! bounds, metrics per shard, a task-local fencing token for
-//! reconciles, the example and manifests, and the simulation's sharded mode.
+//! bounds, metrics per shard, the example and manifests, and the
+//! simulation's sharded mode.
 
 mod assign;
 mod controller;
 #[cfg(test)]
 mod tests;
 
-pub use self::controller::ShardedController;
+pub use self::controller::{Current, ShardedController, current_shard};
 
 use std::{
     collections::{BTreeMap, BTreeSet},
