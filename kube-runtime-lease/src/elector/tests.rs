@@ -1665,3 +1665,58 @@ fn events_are_about_the_lease_object() {
         );
     });
 }
+
+/// A Lease deleted while the leader's watch was down (its re-list is empty)
+/// ends the term as deleted at the re-list, confirmed by a read, not at the
+/// next renewal (issue 16: kills `shows`'s `InitDone` arm and its `!`).
+#[test]
+fn a_lease_deleted_while_the_watch_was_down_ends_the_term_at_the_re_list() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(
+            &fake,
+            config("me")
+                .lease_duration(S(40))
+                .renew_deadline(S(30))
+                .retry_period(S(20)),
+        );
+        let guard = e.acquire().await.unwrap();
+        sleep(MS(100)).await;
+        // The watch expires, and the Lease is deleted before the re-list:
+        // no watcher sees the deletion.
+        fake.expire_watches();
+        fake.delete();
+        let deleted = Instant::now();
+        let lost = tokio::time::timeout(S(60), guard)
+            .await
+            .expect("the term never ended");
+        assert_eq!(lost, Lost::Deleted);
+        assert!(
+            deleted.elapsed() < S(15),
+            "ended {:?} after the deletion: at a renewal, not at the re-list",
+            deleted.elapsed()
+        );
+    });
+}
+
+/// A renewal answered 404 ends the term as deleted at once (issue 16: kills
+/// `renew`'s 404 guard `-> false`, which logged it and renewed again).
+#[test]
+fn a_renewal_answered_not_found_ends_the_term_as_deleted() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        let begun = Instant::now();
+        fake.fault(id, Some("update"), Fault::Status(404));
+        let lost = tokio::time::timeout(S(60), guard)
+            .await
+            .expect("the term never ended");
+        assert_eq!(lost, Lost::Deleted);
+        assert!(
+            begun.elapsed() <= S(3),
+            "ended {:?} after the term began",
+            begun.elapsed()
+        );
+    });
+}
