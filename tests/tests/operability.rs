@@ -92,7 +92,7 @@ async fn metrics_follow_a_real_election_and_handover() -> Result<()> {
 fn manifests() -> Result<Vec<serde_json::Value>> {
     let dir = kube_runtime_lease_harness::workspace_root().join("deploy");
     let mut docs = Vec::new();
-    for file in ["rbac.yaml", "deployment.yaml", "pdb.yaml"] {
+    for file in ["rbac.yaml", "deployment.yaml", "pdb.yaml", "sharded.yaml"] {
         let text =
             std::fs::read_to_string(dir.join(file)).with_context(|| format!("reading deploy/{file}"))?;
         let parsed: Vec<serde_json::Value> =

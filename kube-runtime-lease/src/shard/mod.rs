@@ -20,8 +20,7 @@
 //!
 //! Not yet (issue 12 stays open): the fault tests against a real API server
 //! (SIGKILL, SIGTERM, SIGSTOP, partitions, restarts) and their timing
-//! bounds, metrics per shard, the example and manifests, and the
-//! simulation's sharded mode.
+//! bounds, a rebalance counter, and the simulation's sharded mode.
 
 mod assign;
 mod controller;
@@ -175,6 +174,20 @@ impl ShardedElector {
                 wake: Notify::new(),
             }),
         })
+    }
+
+    /// Records every shard's and the membership's election metrics into
+    /// `metrics` (see [`LeaseMetrics`](crate::LeaseMetrics)): one series per
+    /// Lease, so that the shards a replica holds are the sum of
+    /// `leader_election_is_leader` over its shard Leases
+    /// (`<base>-s<S>-shard-<NN>`).
+    #[cfg(feature = "metrics")]
+    #[must_use]
+    pub fn with_metrics(self, metrics: &crate::LeaseMetrics) -> Self {
+        for elector in self.inner.shards.iter().chain([&self.inner.member]) {
+            let _ = elector.clone().with_metrics(metrics);
+        }
+        self
     }
 
     /// The shard of the object with `uid`.

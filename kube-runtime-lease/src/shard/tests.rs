@@ -146,3 +146,29 @@ fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
         );
     });
 }
+
+/// Every shard's election is in the metrics, one series per shard Lease: the
+/// shards a replica holds are their sum.
+#[cfg(feature = "metrics")]
+#[test]
+fn the_metrics_have_one_series_per_shard() {
+    paused(async {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let fake = FakeLeaseApi::default();
+        let a = replica(&fake, "a").with_metrics(&metrics);
+        let run = a.clone();
+        tokio::spawn(async move { run.run().await });
+        never_shared(&[&a], S(30)).await;
+        assert_eq!(a.held().borrow().len(), 12);
+        let text = crate::test_support::scrape(&registry);
+        let leading = (0..12)
+            .filter(|s| {
+                text.contains(&format!(
+                    r#"leader_election_is_leader{{namespace="default",lease="ctl-s12-shard-{s:02}"}} 1"#
+                ))
+            })
+            .count();
+        assert_eq!(leading, 12, "{text}");
+    });
+}
