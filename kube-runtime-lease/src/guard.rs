@@ -296,11 +296,6 @@ impl LeaseGuard {
         self.term.holds()
     }
 
-    /// Whether the term has ended (see [`Term::has_ended`]).
-    pub(crate) fn has_ended(&self) -> bool {
-        self.term.has_ended()
-    }
-
     /// Whether the renew deadline has passed (see [`Term::deadline_passed_at`]).
     pub(crate) fn deadline_passed(&self) -> bool {
         self.term.deadline_passed_at(Instant::now())

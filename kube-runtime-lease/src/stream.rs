@@ -167,15 +167,13 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
     }
 }
 
-/// Whether the term of `guard` is over: ended by the elector, or past its
-/// renew deadline on the clock.
+/// Why the term of `guard` is over: the reason it was ended with, or (past
+/// its renew deadline on the clock, before the elector noticed) the
+/// deadline. A term that has ended always has its reason: both are set
+/// together, under the term's lock.
 #[cold]
 fn ended(guard: &LeaseGuard) -> Lost {
-    if guard.has_ended() {
-        guard.lost().unwrap_or(Lost::ElectorStopped)
-    } else {
-        guard.lost().unwrap_or(Lost::RenewDeadlineExceeded)
-    }
+    guard.lost().unwrap_or(Lost::RenewDeadlineExceeded)
 }
 
 /// Polls the acquisition: `None` once leading (the caller goes on with the
