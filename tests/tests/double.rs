@@ -124,9 +124,18 @@ async fn script(api: &Api<Lease>) -> Result<Vec<String>> {
             )
             .await?;
         let mut zero = std::pin::pin!(zero);
-        let first = timeout(Duration::from_secs(5), zero.try_next())
-            .await
-            .context("a watch from 0 sent nothing")??;
+        // The first event that is not a bookmark (the API server may send
+        // one first: kube asks for bookmarks).
+        let first = timeout(Duration::from_secs(5), async {
+            loop {
+                match zero.try_next().await? {
+                    Some(WatchEvent::Bookmark(_)) => {}
+                    other => return anyhow::Ok(other),
+                }
+            }
+        })
+        .await
+        .context("a watch from 0 sent nothing")??;
         out.push(format!(
             "watch from 0 begins with: {}",
             match first {
