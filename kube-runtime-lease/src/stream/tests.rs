@@ -693,6 +693,23 @@ fn get_mut_reaches_the_inner_stream_itself() {
     });
 }
 
+/// `into_inner` gives the inner stream back, where it stands, until the
+/// guarded stream dropped it (issue 16: kills `into_inner -> None`).
+#[test]
+fn into_inner_gives_the_inner_stream_back_until_it_was_dropped() {
+    paused(async {
+        let (e, _) = elector(&free(), config("me"));
+        let mut guarded = stream::iter([1, 2, 3]).with_leader_election(&e);
+        assert_eq!(guarded.next().await, Some(1));
+        let mut inner = guarded.into_inner().expect("the inner stream, not dropped yet");
+        assert_eq!(inner.next().await, Some(2), "where the guarded stream left it");
+        let mut ended = stream::iter([1]).with_leader_election(&e);
+        assert_eq!(ended.next().await, Some(1));
+        assert_eq!(ended.next().await, None);
+        assert!(ended.into_inner().is_none(), "dropped when it ended");
+    });
+}
+
 /// A guarded stream is a `FusedStream` that is terminated exactly once it
 /// stopped (what `select!` relies on to skip it), not before.
 #[test]
