@@ -31,6 +31,18 @@
 //! at once and the Lease is released (`shutdown` with a 5 s grace bound).
 //! Settings come from the environment, as for every example (see
 //! `examples/common.rs`), and so does its client: the examples' own.
+//!
+//! With `CANDIDATE_MODE=sharded`, it is one replica of a sharded Controller
+//! (`ShardedElector`, `SHARDS` shards, default 12) of the ConfigMaps in the
+//! Lease's namespace, the shard Leases named from `LEASE_NAME`. It prints
+//! `SHARDS <ns> <identity> <list|->` whenever the shards it holds change, and
+//! for each reconcile (done, or dropped when its shard is lost)
+//! `RECONCILE <start ns> <object> <end ns> <shard> <fencing token>`: a
+//! reconcile is two steps of 10 ms of work, and `start` and `end` are its
+//! first and last points of work, each stamped before a check that the
+//! shard's term still holds, so that `[start, end]` lies inside the term
+//! (see `kube_runtime_lease_harness::shards`). Requeued every
+//! `WORK_INTERVAL_MS`. SIGTERM hands every shard over (`shutdown`, 5 s grace).
 
 use std::time::Duration;
 
@@ -46,6 +58,9 @@ async fn main() -> anyhow::Result<()> {
     }
     let config = lease_config("candidate")?;
     let identity = config.identity().to_owned();
+    if std::env::var("CANDIDATE_MODE").is_ok_and(|m| m == "sharded") {
+        return sharded::run(config).await;
+    }
     let work_every = Duration::from_millis(
         std::env::var("WORK_INTERVAL_MS")
             .ok()
@@ -218,6 +233,146 @@ mod controller {
                 .for_each(|_| async {})
                 .await;
         }
+        Ok(())
+    }
+}
+
+mod sharded {
+    //! The sharded candidate: one replica of a sharded Controller.
+
+    use std::{fmt::Write as _, sync::Arc, time::Duration};
+
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::{
+        Api, ResourceExt,
+        runtime::{Controller, controller::Action, watcher},
+    };
+    use kube_runtime_lease::{LeaseConfig, ShardConfig, ShardedElector, current_shard};
+    use kube_runtime_lease_examples::{client, shutdown_signal};
+    use kube_runtime_lease_harness::now_ns;
+
+    /// Steps of work per reconcile, and the length of each.
+    const STEPS: usize = 2;
+    const STEP: Duration = Duration::from_millis(10);
+
+    struct Ctx {
+        sharded: ShardedElector,
+        every: Duration,
+    }
+
+    /// One reconcile's record, printed when it ends (done or dropped).
+    struct Record {
+        object: String,
+        shard: u16,
+        token: i64,
+        start: u64,
+        last: u64,
+    }
+
+    impl Drop for Record {
+        fn drop(&mut self) {
+            println!(
+                "RECONCILE {} {} {} {} {}",
+                self.start, self.object, self.last, self.shard, self.token
+            );
+        }
+    }
+
+    async fn reconcile(cm: Arc<ConfigMap>, ctx: Arc<Ctx>) -> Result<Action, kube::Error> {
+        let Some(current) = current_shard() else {
+            return Ok(Action::await_change());
+        };
+        // The guard of the term this reconcile runs in (none: that term ended).
+        let Some(guard) = ctx
+            .sharded
+            .guard(current.shard)
+            .filter(|g| g.fencing_token() == current.fencing_token)
+        else {
+            return Ok(Action::await_change());
+        };
+        // Each point of work is stamped, then checked: it lies in the term.
+        let start = now_ns();
+        if !guard.is_valid() {
+            return Ok(Action::await_change());
+        }
+        let mut record = Record {
+            object: cm.name_any(),
+            shard: current.shard,
+            token: current.fencing_token,
+            start,
+            last: start,
+        };
+        for _ in 0..STEPS {
+            tokio::time::sleep(STEP).await;
+            let at = now_ns();
+            if !guard.is_valid() {
+                return Ok(Action::await_change());
+            }
+            record.last = at;
+        }
+        drop(record);
+        Ok(Action::requeue(ctx.every))
+    }
+
+    pub(super) async fn run(config: LeaseConfig) -> anyhow::Result<()> {
+        let identity = config.identity().to_owned();
+        let namespace = config.namespace().to_owned();
+        let shards = std::env::var("SHARDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(12);
+        let every = Duration::from_millis(
+            std::env::var("WORK_INTERVAL_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(100),
+        );
+        let client = client().await?;
+        let sharded = ShardedElector::new(client.clone(), ShardConfig::new(config, shards))?;
+        let mut held = sharded.held();
+        let who = identity.clone();
+        tokio::spawn(async move {
+            loop {
+                let list = held
+                    .borrow_and_update()
+                    .iter()
+                    .fold(String::new(), |mut s, shard| {
+                        let _ = write!(s, "{}{shard}", if s.is_empty() { "" } else { "," });
+                        s
+                    });
+                let list = if list.is_empty() { "-".to_owned() } else { list };
+                println!("SHARDS {} {who} {list}", now_ns());
+                if held.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        let on_signal = sharded.clone();
+        let handover = tokio::spawn(async move {
+            shutdown_signal().await;
+            on_signal.shutdown(Duration::from_secs(5)).await;
+        });
+        println!("READY {} {identity}", now_ns());
+        let controller = Controller::new(
+            Api::<ConfigMap>::namespaced(client, &namespace),
+            watcher::Config::default(),
+        );
+        let ctx = Arc::new(Ctx {
+            sharded: sharded.clone(),
+            every,
+        });
+        let error_policy =
+            |_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Ctx>| Action::requeue(Duration::from_millis(100));
+        let run = sharded
+            .controller(controller)
+            .run(reconcile, error_policy, ctx)
+            .for_each(|_| async {});
+        tokio::select! {
+            () = run => {}
+            handed = handover => handed?,
+        }
+        println!("EXIT {}", now_ns());
         Ok(())
     }
 }

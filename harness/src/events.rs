@@ -68,6 +68,13 @@ pub enum Kind {
     /// `SYNCED`: a Controller candidate's store holds its initial listing
     /// (`who` is the number of objects in it).
     Synced,
+    /// `SHARDS`: the shards a sharded candidate holds now (`who` is its
+    /// identity, `detail` the list: see [`shards`](crate::shards)).
+    Shards,
+    /// `RECONCILE`: one reconcile of a sharded candidate, stamped with its
+    /// start (`who` is the object, `detail` `<end> <shard> <token>`: see
+    /// [`shards`](crate::shards)).
+    Reconcile,
     /// The test sent this signal (stamped after sending, except SIGCONT:
     /// before sending).
     Signal(Sig),
@@ -118,6 +125,8 @@ impl Entry {
                 | Kind::Work
                 | Kind::Exit
                 | Kind::Synced
+                | Kind::Shards
+                | Kind::Reconcile
                 | Kind::Other
         )
     }
@@ -136,6 +145,8 @@ pub fn parse_line(line: &str) -> Option<(Kind, u64, String, String)> {
         "WORK" => (Kind::Work, parts.next()?.parse().ok()?),
         "EXIT" => (Kind::Exit, parts.next()?.parse().ok()?),
         "SYNCED" => (Kind::Synced, parts.next()?.parse().ok()?),
+        "SHARDS" => (Kind::Shards, parts.next()?.parse().ok()?),
+        "RECONCILE" => (Kind::Reconcile, parts.next()?.parse().ok()?),
         "EVENT" => {
             let kind = match parts.next()? {
                 "started-leading" => Kind::StartedLeading,
@@ -348,21 +359,22 @@ impl EventLog {
         let mut i = 0;
         while i < entries.len() {
             let e = &entries[i];
-            if e.kind == Kind::Work {
-                // Fold this process's consecutive WORK lines (others' lines in
-                // between end the run).
+            if matches!(e.kind, Kind::Work | Kind::Reconcile) {
+                // Fold this process's consecutive WORK (or RECONCILE) lines
+                // (others' lines in between end the run).
                 let mut j = i;
                 while j + 1 < entries.len()
-                    && entries[j + 1].kind == Kind::Work
+                    && entries[j + 1].kind == e.kind
                     && entries[j + 1].process == e.process
                 {
                     j += 1;
                 }
                 let _ = writeln!(
                     out,
-                    "{:>14}  {:<10} WORK x{} (last at {})",
+                    "{:>14}  {:<10} {} x{} (last at {})",
                     fmt_delta(base, e.at),
                     e.process,
+                    if e.kind == Kind::Work { "WORK" } else { "RECONCILE" },
                     j - i + 1,
                     fmt_delta(base, entries[j].at)
                 );
@@ -425,6 +437,14 @@ mod tests {
         assert_eq!(
             parse_line("SYNCED 9 5000"),
             Some((Kind::Synced, 9, "5000".to_owned(), String::new()))
+        );
+        assert_eq!(
+            parse_line("SHARDS 4 a 0,3"),
+            Some((Kind::Shards, 4, "a".to_owned(), "0,3".to_owned()))
+        );
+        assert_eq!(
+            parse_line("RECONCILE 10 cm-1 20 3 7"),
+            Some((Kind::Reconcile, 10, "cm-1".to_owned(), "20 3 7".to_owned()))
         );
         assert_eq!(parse_line("WORK x"), None);
     }

@@ -115,6 +115,34 @@ impl Fixture {
         Process::spawn(name, Flavor::Rust, command, log)
     }
 
+    /// A Rust candidate in sharded mode (`CANDIDATE_MODE=sharded`): one
+    /// replica of a Controller of the ConfigMaps of `lease`'s namespace,
+    /// sharded over `shards` shards whose Leases are named from `lease`'s
+    /// name, talking to the apiserver directly or through `kubeconfig`; it
+    /// prints `SHARDS` and `RECONCILE` lines ([`shards`](crate::shards)).
+    /// Each reconcile works for 2 × 10 ms and is requeued after
+    /// `WORK_INTERVAL_MS` (100).
+    ///
+    /// # Errors
+    /// When it cannot be spawned.
+    pub fn spawn_rust_sharded(
+        &self,
+        log: &EventLog,
+        lease: &LeaseRef,
+        name: &str,
+        timings: Timings,
+        shards: u16,
+        kubeconfig: Option<&Path>,
+    ) -> Result<Process> {
+        let kubeconfig = kubeconfig.unwrap_or_else(|| self.env.kubeconfig_path());
+        let mut command = rust_candidate(&self.candidate, kubeconfig, lease, name, timings);
+        command
+            .env("CANDIDATE_MODE", "sharded")
+            .env("SHARDS", shards.to_string())
+            .env("WORK_INTERVAL_MS", "100");
+        Process::spawn(name, Flavor::Rust, command, log)
+    }
+
     /// A candidate of `flavor` in Coordinated Leader Election, binary
     /// version 1.37.0 emulating `emulation` (the Rust candidate's
     /// `COORDINATED_*` variables; goelect's `--coordinated`, which campaigns

@@ -216,8 +216,9 @@ pub struct Checked {
 
 /// Checks `log` (now): no two leadership intervals overlap
 /// ([`check_no_overlap`]), no takeover of an unexpired Lease in the test's
-/// own records ([`check_takeovers`]), and every `WORK` line lies inside an
-/// interval of its own process.
+/// own records ([`check_takeovers`]), every `WORK` line lies inside an
+/// interval of its own process, and no shard's work of sharded candidates ran
+/// in two processes at once ([`check_reconciles`](crate::check_reconciles)).
 ///
 /// # Errors
 /// Every violation, with the intervals.
@@ -226,7 +227,7 @@ pub fn check_log(log: &EventLog) -> Result<Checked> {
     let base = entries.iter().map(|e| e.at).min().unwrap_or(0);
     let intervals = leadership_intervals(&entries, now_ns());
     check_no_overlap(&intervals, base)?;
-    let notes = check_takeovers(&entries, base)?;
+    let mut notes = check_takeovers(&entries, base)?;
     let stray: Vec<String> = entries
         .iter()
         .filter(|e| e.kind == Kind::Work)
@@ -243,6 +244,13 @@ pub fn check_log(log: &EventLog) -> Result<Checked> {
             stray.join(", "),
             describe_intervals(&intervals, base)
         );
+    }
+    if entries.iter().any(|e| e.kind == Kind::Reconcile) {
+        let r = crate::shards::check_reconciles(&entries)?;
+        notes.push(format!(
+            "{} reconciles of {} objects, one owner per shard throughout ({} moves between processes)",
+            r.reconciles, r.objects, r.moves
+        ));
     }
     Ok(Checked { intervals, notes })
 }

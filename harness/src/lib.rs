@@ -42,6 +42,7 @@ pub mod parent_exit;
 pub mod process;
 pub mod proxy;
 pub mod runs;
+pub mod shards;
 pub mod shared;
 pub mod stats;
 pub mod takeovers;
@@ -64,6 +65,10 @@ pub use metrics::{configmap_lists, metric_label, metric_samples, requests_served
 pub use process::{Outputs, Process, send_signal};
 pub use proxy::{Partition, Proxy, ProxyStats};
 pub use runs::Runs;
+pub use shards::{
+    Reconcile, ReconcilesChecked, balanced, check_reconciles, held_by, parse_shards, wait_balanced,
+    wait_covered,
+};
 pub use shared::{serial, shared_env};
 pub use stats::percentile;
 pub use takeovers::{RECORD_SLACK, check_takeovers};

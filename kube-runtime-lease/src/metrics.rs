@@ -88,6 +88,15 @@ mod enabled {
     /// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal was sent |
     /// | `leader_election_coordinated` | gauge | 1 while Coordinated Leader Election is in force ([`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), served by the API server), 0 for the ordinary election |
     ///
+    /// With the `unstable-shards` feature, a sharded election
+    /// ([`ShardedElector::with_metrics`](crate::ShardedElector::with_metrics))
+    /// adds, labelled by its base name as `lease`:
+    ///
+    /// | metric | type | meaning |
+    /// |---|---|---|
+    /// | `leader_election_shards_held` | gauge | shards this replica holds now; summed over replicas it should be the number of shards |
+    /// | `leader_election_shard_rebalances_total` | counter | shards this replica handed over to balance the shares (graceful releases, not losses) |
+    ///
     /// And, so that dashboards and alerts written for Go controllers keep
     /// working when a controller moves to Rust, client-go's own two (as
     /// `k8s.io/component-base` and controller-runtime export them), labelled
@@ -130,6 +139,10 @@ mod enabled {
         master_status: Family<GoLabels, Gauge>,
         slowpath: Family<GoLabels, Counter>,
         coordinated: Family<LeaseLabels, Gauge>,
+        #[cfg(feature = "unstable-shards")]
+        shards_held: Family<LeaseLabels, Gauge>,
+        #[cfg(feature = "unstable-shards")]
+        shard_rebalances: Family<LeaseLabels, Counter>,
     }
 
     fn renew_histogram() -> Histogram {
@@ -148,7 +161,24 @@ mod enabled {
                 master_status: Family::default(),
                 slowpath: Family::default(),
                 coordinated: Family::default(),
+                #[cfg(feature = "unstable-shards")]
+                shards_held: Family::default(),
+                #[cfg(feature = "unstable-shards")]
+                shard_rebalances: Family::default(),
             };
+            #[cfg(feature = "unstable-shards")]
+            {
+                registry.register(
+                    "leader_election_shards_held",
+                    "Shards of a sharded election this replica holds",
+                    metrics.shards_held.clone(),
+                );
+                registry.register(
+                    "leader_election_shard_rebalances",
+                    "Shards this replica handed over to balance the shares",
+                    metrics.shard_rebalances.clone(),
+                );
+            }
             registry.register(
                 "leader_election_coordinated",
                 "Whether Coordinated Leader Election is in force (1) or the ordinary election (0)",
@@ -206,6 +236,21 @@ mod enabled {
                 ConstGauge::new(age.as_secs_f64()).encode(metric.encode_family(&labels)?)?;
             }
             Ok(())
+        }
+    }
+
+    #[cfg(feature = "unstable-shards")]
+    impl LeaseMetrics {
+        /// The series of the sharded election `base` in `namespace`: shards
+        /// held, and shards handed over to balance.
+        pub(crate) fn shards(&self, namespace: &str, base: &str) -> (Gauge, Counter) {
+            let labels = LeaseLabels {
+                namespace: namespace.to_owned(),
+                lease: base.to_owned(),
+            };
+            let held = self.shards_held.get_or_create(&labels).clone();
+            held.set(0);
+            (held, self.shard_rebalances.get_or_create(&labels).clone())
         }
     }
 

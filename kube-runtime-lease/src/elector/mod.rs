@@ -22,6 +22,7 @@ mod tests;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt, channel::oneshot, future::Shared};
+use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::Client;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::{
@@ -135,6 +136,10 @@ struct State {
     memory: Memory,
     /// Which election is in force (see [`Coordination`]).
     coordination: Coordination,
+    /// A record of the Lease seen elsewhere in this process, and since when
+    /// (see [`LeaderElector::seed_observation`]): the next task starts from
+    /// it.
+    seed: Option<(Box<Lease>, tokio::time::Instant)>,
 }
 
 /// Which election is in force.
@@ -330,6 +335,22 @@ impl LeaderElector {
     /// Whether [`shutdown`](Self::shutdown) has been called.
     pub(crate) fn is_shut_down(&self) -> bool {
         self.inner.lock().shutdown
+    }
+
+    /// Gives the next election task a record of the Lease that this process
+    /// observed elsewhere (another watch), unchanged since `since` by its own
+    /// clock, so that a campaign started later counts the record's expiry from
+    /// then instead of from its own first read. Safe by the same rule as every
+    /// observation: the task still reads before acting, and keeps `since`
+    /// only if the record it reads is the same (same object, same spec); a
+    /// record seen late only makes expiry later. Ignored once a task runs
+    /// (it has its own observation), and replaced by a later seed.
+    #[cfg_attr(not(feature = "unstable-shards"), allow(dead_code))]
+    pub(crate) fn seed_observation(&self, lease: Lease, since: tokio::time::Instant) {
+        let mut state = self.inner.lock();
+        if state.current.is_none() {
+            state.seed = Some((Box::new(lease), since));
+        }
     }
 
     /// A guard of the term in force, if one holds and shutdown has not begun;

@@ -142,6 +142,46 @@ fn takeover_waits_exactly_one_lease_duration_after_the_last_observed_change() {
     });
 }
 
+/// A record this process saw elsewhere (a sharded election's own watch) is
+/// the campaign's first observation: an unchanged record expires a lease
+/// duration after it was seen there; a record that changed since restarts
+/// the clock at the campaign's own read, and so does another object.
+#[test]
+fn a_seeded_observation_counts_only_for_the_same_record() {
+    paused(async {
+        for (case, change) in [("same record", 0), ("renewed since", 1), ("re-created", 2)] {
+            let fake = FakeLeaseApi::default();
+            fake.put(held_by("other", 7));
+            let seen_at = Instant::now();
+            let seen = fake.lease().unwrap();
+            sleep(S(5)).await;
+            match change {
+                1 => {
+                    let mut l = fake.lease().unwrap();
+                    l.spec.as_mut().unwrap().renew_time =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                            k8s_openapi::jiff::Timestamp::now(),
+                        ));
+                    fake.put(l);
+                }
+                2 => {
+                    fake.delete();
+                    fake.put(held_by("other", 7));
+                }
+                _ => {}
+            }
+            let (e, _) = elector(&fake, config("me"));
+            e.seed_observation(seen.clone(), seen_at);
+            let start = Instant::now();
+            let guard = e.acquire().await.unwrap();
+            let waited = start.elapsed();
+            let expected = if change == 0 { S(2) } else { S(7) };
+            assert_eq!(waited, expected, "{case}: took over after {waited:?}");
+            assert!(guard.is_valid(), "{case}");
+        }
+    });
+}
+
 #[test]
 fn a_renewing_holder_is_never_taken_over() {
     paused(async {

@@ -118,6 +118,14 @@ struct Inner {
     state: Mutex<State>,
     held_tx: watch::Sender<BTreeSet<u16>>,
     wake: Notify,
+    /// Shards handed over to balance.
+    rebalances: std::sync::atomic::AtomicU64,
+    /// `with_metrics`: the shards-held gauge and the rebalance counter.
+    #[cfg(feature = "metrics")]
+    metrics: std::sync::OnceLock<(
+        prometheus_client::metrics::gauge::Gauge,
+        prometheus_client::metrics::counter::Counter,
+    )>,
 }
 
 #[derive(Default)]
@@ -132,24 +140,37 @@ struct State {
 /// What one watch of the election's Leases shows.
 #[derive(Default)]
 struct View {
-    /// Members: Lease name → (holder, the record, when it last changed here).
-    members: BTreeMap<
-        String,
-        (
-            Option<String>,
-            k8s_openapi::api::coordination::v1::LeaseSpec,
-            Instant,
-        ),
-    >,
-    /// Shards: shard → (holder, when the record last changed here).
-    shards: BTreeMap<
-        u16,
-        (
-            Option<String>,
-            k8s_openapi::api::coordination::v1::LeaseSpec,
-            Instant,
-        ),
-    >,
+    /// Members: Lease name → what was seen of it.
+    members: BTreeMap<String, Seen>,
+    /// Shards: shard → what was seen of its Lease.
+    shards: BTreeMap<u16, Seen>,
+}
+
+/// A Lease of the election as the watch showed it.
+struct Seen {
+    /// Its holder (`None` when free).
+    holder: Option<String>,
+    /// The last object seen.
+    lease: Lease,
+    /// When its record (spec) last changed here: the observed-change clock.
+    changed: Instant,
+}
+
+impl Seen {
+    fn spec(&self) -> Option<&k8s_openapi::api::coordination::v1::LeaseSpec> {
+        self.lease.spec.as_ref()
+    }
+
+    /// Whether its record changed within its own lease duration (`fallback`
+    /// when it has none).
+    fn fresh(&self, fallback: Duration, now: Instant) -> bool {
+        let d = self
+            .spec()
+            .and_then(|s| s.lease_duration_seconds)
+            .and_then(|d| u64::try_from(d).ok())
+            .map_or(fallback, Duration::from_secs);
+        now.saturating_duration_since(self.changed) < d
+    }
 }
 
 impl ShardedElector {
@@ -172,6 +193,9 @@ impl ShardedElector {
                 state: Mutex::new(State::default()),
                 held_tx: watch::Sender::new(BTreeSet::new()),
                 wake: Notify::new(),
+                rebalances: std::sync::atomic::AtomicU64::new(0),
+                #[cfg(feature = "metrics")]
+                metrics: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -180,14 +204,30 @@ impl ShardedElector {
     /// `metrics` (see [`LeaseMetrics`](crate::LeaseMetrics)): one series per
     /// Lease, so that the shards a replica holds are the sum of
     /// `leader_election_is_leader` over its shard Leases
-    /// (`<base>-s<S>-shard-<NN>`).
+    /// (`<base>-s<S>-shard-<NN>`); and the election's own two, labelled by
+    /// its base name: `leader_election_shards_held` and
+    /// `leader_election_shard_rebalances_total` (shards handed over to
+    /// balance the shares).
     #[cfg(feature = "metrics")]
     #[must_use]
     pub fn with_metrics(self, metrics: &crate::LeaseMetrics) -> Self {
         for elector in self.inner.shards.iter().chain([&self.inner.member]) {
             let _ = elector.clone().with_metrics(metrics);
         }
+        let cfg = &self.inner.config.lease;
+        let (held, rebalances) = metrics.shards(&cfg.namespace, &cfg.name);
+        held.set(i64::try_from(self.inner.held_tx.borrow().len()).unwrap_or(i64::MAX));
+        rebalances.inc_by(self.rebalances());
+        let _ = self.inner.metrics.set((held, rebalances));
         self
+    }
+
+    /// How many shards this replica has handed over to balance the shares
+    /// (graceful releases because it held more than its share; shards lost
+    /// or given up at shutdown do not count).
+    #[must_use]
+    pub fn rebalances(&self) -> u64 {
+        self.inner.rebalances.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The shard of the object with `uid`.
@@ -239,9 +279,26 @@ impl ShardedElector {
     pub async fn run(&self) {
         let inner = &self.inner;
         let cfg = &inner.config.lease;
-        let Ok(_membership) = inner.member.acquire().await else {
+        // Live once the membership Lease is held; from then on it is taken
+        // again whenever its term ends (a pause, a partition, an API server
+        // outage): a member that stops renewing drops out of every peer's
+        // count, so it must come back.
+        let Ok(first) = inner.member.acquire().await else {
             return;
         };
+        let member = inner.member.clone();
+        let membership = async move {
+            let mut guard = first;
+            loop {
+                let lost = (&mut guard).await;
+                info!(reason = ?lost, "the membership Lease was lost: taking it again");
+                match member.acquire().await {
+                    Ok(g) => guard = g,
+                    Err(_) => return,
+                }
+            }
+        };
+        let mut membership = std::pin::pin!(membership.fuse());
         let api: Api<Lease> = Api::namespaced(inner.client.clone(), &cfg.namespace);
         let selector = format!("{OF_LABEL}={}", cfg.name);
         let mut events = watcher(api, watcher::Config::default().labels(&selector))
@@ -261,6 +318,7 @@ impl ShardedElector {
                 }
                 () = inner.wake.notified().fuse() => {}
                 _ = tick.tick().fuse() => {}
+                () = membership => return,
             }
             if inner.state.lock().shutdown {
                 return;
@@ -288,15 +346,11 @@ impl ShardedElector {
         state.acquiring.retain(|_, task| !task.is_finished());
         // Shards a live other member holds are not worth campaigning for.
         let taken_by_other = |s: u16| {
-            view.shards.get(&s).is_some_and(|(holder, spec, changed)| {
-                holder
+            view.shards.get(&s).is_some_and(|seen| {
+                seen.holder
                     .as_ref()
                     .is_some_and(|h| *h != cfg.identity && members.contains(h))
-                    && now.saturating_duration_since(*changed)
-                        < Duration::from_secs(
-                            spec.lease_duration_seconds
-                                .map_or(15, |d| u64::try_from(d).unwrap_or(15)),
-                        )
+                    && seen.fresh(cfg.lease_duration, now)
             })
         };
         let busy: Vec<u16> = state
@@ -326,11 +380,24 @@ impl ShardedElector {
             }
             if state.held.remove(&s).is_some() {
                 info!(shard = s, "handing the shard over");
+                self.inner
+                    .rebalances
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                #[cfg(feature = "metrics")]
+                if let Some((_, counter)) = self.inner.metrics.get() {
+                    counter.inc();
+                }
             } else if let Some(task) = state.acquiring.remove(&s) {
                 task.abort();
             }
         }
         for s in plan.take {
+            // The shard elector starts from this watch's observation of the
+            // shard's Lease: a dead holder's record expires a lease duration
+            // after it last changed here, not after the campaign's first read.
+            if let Some(seen) = view.shards.get(&s) {
+                inner.shards[usize::from(s)].seed_observation(seen.lease.clone(), seen.changed);
+            }
             let this = self.clone();
             let task = tokio::spawn(async move {
                 let Ok(guard) = this.inner.shards[usize::from(s)].acquire().await else {
@@ -341,9 +408,17 @@ impl ShardedElector {
                     fencing_token = guard.fencing_token(),
                     "holds the shard"
                 );
+                // When the term ends (lost, or its deadline passed), the
+                // balancer says so at once, not at its next tick.
+                let ended = guard.lost_signal();
                 this.inner.state.lock().held.insert(s, (guard, Instant::now()));
                 this.publish();
                 this.inner.wake.notify_one();
+                let this = this.clone();
+                tokio::spawn(async move {
+                    ended.await;
+                    this.inner.wake.notify_one();
+                });
             });
             state.acquiring.insert(s, task);
         }
@@ -361,6 +436,10 @@ impl ShardedElector {
             .filter(|(_, (g, _))| g.is_valid())
             .map(|(s, _)| *s)
             .collect();
+        #[cfg(feature = "metrics")]
+        if let Some((gauge, _)) = self.inner.metrics.get() {
+            gauge.set(i64::try_from(held.len()).unwrap_or(i64::MAX));
+        }
         self.inner.held_tx.send_if_modified(|h| {
             let changed = *h != held;
             *h = held;
@@ -394,32 +473,49 @@ impl ShardedElector {
 impl View {
     fn observe(&mut self, config: &ShardConfig, lease: &Lease, now: Instant) {
         let name = lease.metadata.name.clone().unwrap_or_default();
-        let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         let role = lease
             .metadata
             .labels
             .as_ref()
             .and_then(|l| l.get(ROLE_LABEL))
             .map(String::as_str);
-        let entry = match role {
+        let slot = match role {
             Some("member") => self.members.entry(name),
             Some("shard") => {
                 let prefix = format!("{}-s{}-shard-", config.lease.name, config.shards);
                 let Some(shard) = name.strip_prefix(&prefix).and_then(|n| n.parse::<u16>().ok()) else {
                     return;
                 };
-                let slot = self.shards.entry(shard).or_insert((None, spec.clone(), now));
-                if slot.1 != spec || slot.0 != holder {
-                    *slot = (holder, spec, now);
-                }
-                return;
+                return Self::see(self.shards.entry(shard), lease, now);
             }
             _ => return,
         };
-        let slot = entry.or_insert((None, spec.clone(), now));
-        if slot.1 != spec || slot.0 != holder {
-            *slot = (holder, spec, now);
+        Self::see(slot, lease, now);
+    }
+
+    /// Records `lease` in `slot`: the clock restarts only when its record
+    /// (spec) changed or it is another object.
+    fn see<K: Ord>(slot: std::collections::btree_map::Entry<'_, K, Seen>, lease: &Lease, now: Instant) {
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.clone())
+            .filter(|h| !h.is_empty());
+        let seen = Seen {
+            holder,
+            lease: lease.clone(),
+            changed: now,
+        };
+        match slot {
+            std::collections::btree_map::Entry::Vacant(v) => {
+                v.insert(seen);
+            }
+            std::collections::btree_map::Entry::Occupied(mut o) => {
+                let old = o.get();
+                let same = old.lease.spec == lease.spec && old.lease.metadata.uid == lease.metadata.uid;
+                let changed = if same { old.changed } else { now };
+                o.insert(Seen { changed, ..seen });
+            }
         }
     }
 
@@ -428,14 +524,8 @@ impl View {
     fn live_members(&self, fallback: Duration, now: Instant) -> BTreeSet<String> {
         self.members
             .values()
-            .filter(|(_, spec, changed)| {
-                let d = spec
-                    .lease_duration_seconds
-                    .and_then(|d| u64::try_from(d).ok())
-                    .map_or(fallback, Duration::from_secs);
-                now.saturating_duration_since(*changed) < d
-            })
-            .filter_map(|(holder, _, _)| holder.clone())
+            .filter(|seen| seen.fresh(fallback, now))
+            .filter_map(|seen| seen.holder.clone())
             .collect()
     }
 }

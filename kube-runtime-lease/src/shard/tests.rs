@@ -62,6 +62,9 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
         never_shared(&[&a, &b, &c, &d], S(60)).await;
         let now = held(&[&a, &b, &c, &d]);
         assert_eq!(sizes(&now), [3, 3, 3, 3], "{now:?}");
+        // Each of the three handed one shard over to balance; d none.
+        let rebalances = |rs: &[&ShardedElector]| rs.iter().map(|r| r.rebalances()).collect::<Vec<_>>();
+        assert_eq!(rebalances(&[&a, &b, &c, &d]), [1, 1, 1, 0]);
         // It leaves: its shards are taken again (4 each), each within a
         // watch event and a write (paused time: within a second).
         let left = tokio::time::Instant::now();
@@ -77,6 +80,8 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
         never_shared(&[&a, &b, &c], S(30)).await;
         let now = held(&[&a, &b, &c]);
         assert_eq!(sizes(&now), [4, 4, 4], "{now:?}");
+        // Taking a leaver's shards is no rebalance, nor is leaving.
+        assert_eq!(rebalances(&[&a, &b, &c, &d]), [1, 1, 1, 0]);
         let status = a.status();
         assert_eq!(status.len(), 12);
         let leading: BTreeSet<u16> = status
@@ -93,8 +98,12 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
 
 /// A replica cut off from the API server (as after a crash, or a partition)
 /// stops believing it holds its shards at their renew deadline; the others
-/// take them over once their records have not changed for a lease duration,
-/// and never two replicas hold one shard at any sampled instant.
+/// take them over once their records have not changed for a lease duration
+/// (counted from when their own watch last saw a change, not from when a
+/// campaign first read them: within the lease duration and one retry period
+/// of the cut), and never two replicas hold one shard at any sampled instant.
+/// Healed, it takes its membership Lease again (its term there ended too) and
+/// the shards are balanced again: 4 each.
 #[test]
 fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
     paused(async {
@@ -126,24 +135,28 @@ fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
             c.held().borrow()
         );
         // a and b take c's shards: 6 each, within the lease duration and a
-        // few retry periods (membership is judged by the same rule).
-        let deadline = cut + S(20);
+        // retry period (membership is judged by the same rule).
+        let deadline = cut + S(5);
         loop {
-            never_shared(&[a, b, c], Duration::from_millis(500)).await;
+            never_shared(&[a, b, c], Duration::from_millis(100)).await;
             if sizes(&held(&[a, b])) == [6, 6] {
                 break;
             }
             assert!(
-                tokio::time::Instant::now() < deadline,
-                "not re-owned: {:?}",
+                tokio::time::Instant::now() <= deadline,
+                "not re-owned within the lease duration and a retry period: {:?}",
                 held(&[a, b, c])
             );
         }
         assert!(
-            cut.elapsed() >= S(4),
-            "taken before the lease duration: {:?}",
+            cut.elapsed() >= S(3),
+            "taken before the lease duration since c's last renewal: {:?}",
             cut.elapsed()
         );
+        // Healed: c is a member again, and the shards are shared by three.
+        fake.partition(ids[2], false);
+        never_shared(&[a, b, c], S(60)).await;
+        assert_eq!(sizes(&held(&[a, b, c])), [4, 4, 4], "{:?}", held(&[a, b, c]));
     });
 }
 
@@ -170,5 +183,13 @@ fn the_metrics_have_one_series_per_shard() {
             })
             .count();
         assert_eq!(leading, 12, "{text}");
+        assert!(
+            text.contains(r#"leader_election_shards_held{namespace="default",lease="ctl"} 12"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"leader_election_shard_rebalances_total{namespace="default",lease="ctl"} 0"#),
+            "{text}"
+        );
     });
 }

@@ -106,10 +106,23 @@ pub(in crate::elector) struct Task {
 impl Task {
     pub(in crate::elector) fn new(inner: Arc<Inner>, generation: u64) -> Self {
         let watch = inner.config.watch.then(|| inner.api.watch());
+        // A record seen elsewhere in this process (still read before acting).
+        let obs = inner
+            .lock()
+            .seed
+            .take()
+            .map_or(Obs::Unknown, |(lease, at)| Obs::Known {
+                observed: Observed {
+                    spec: lease.spec.clone().unwrap_or_default(),
+                    resource_version: lease.metadata.resource_version.clone(),
+                    at,
+                },
+                object: lease,
+            });
         Task {
             inner,
             generation,
-            obs: Obs::Unknown,
+            obs,
             stale: true,
             watch,
             synced: false,
