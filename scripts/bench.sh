@@ -4,11 +4,11 @@
 # test run. Results: bench/results/ (raw JSON, summary.md, failover.svg) and the
 # tables of BENCHMARKS.md, regenerated in place.
 #
-# usage: scripts/bench.sh [--quick] [--only handover,failover,api,warm,adapter] [--trials N]
+# usage: scripts/bench.sh [--quick] [--only handover,failover,api,warm,sharded,adapter] [--trials N]
 #
 #   --quick    smoke run: 3 trials per scenario and 10 s windows (a few minutes);
 #              its numbers are not the ones to publish.
-#   --only     a comma-separated subset of handover, failover, api, warm, adapter
+#   --only     a comma-separated subset of handover, failover, api, warm, sharded, adapter
 #              (default: all). Only those scenarios' result files are rewritten.
 #   --trials N trials per implementation and timing set for handover and failover
 #              (default 20).
@@ -22,7 +22,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 quick=()
-only="handover,failover,api,warm,adapter"
+only="handover,failover,api,warm,sharded,adapter"
 driver_args=()
 while [ $# -gt 0 ]; do
   case "$1" in

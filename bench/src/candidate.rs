@@ -81,6 +81,55 @@ impl Ctx {
             Impl::ClientGo => go_candidate(&self.bins.goelect, kubeconfig, &lease, id, t.timings()),
         };
         cmd.envs(env.iter().copied());
+        let flavor = if imp == Impl::ClientGo {
+            Flavor::Go
+        } else {
+            Flavor::Rust
+        };
+        let log = EventLog::new();
+        let process = self
+            .spawn_into(&log, id, flavor, cmd)
+            .with_context(|| format!("spawning {} candidate", imp.name()))?;
+        Ok(Candidate {
+            imp,
+            id: id.to_owned(),
+            pid: process.pid(),
+            process,
+            log,
+        })
+    }
+
+    /// Our candidate named `id` on the Lease (or sharded election) `lease` of
+    /// `ns`, with more environment, its lines going into the shared `log`:
+    /// for scenarios that judge several candidates in one log.
+    pub fn spawn_process(
+        &self,
+        log: &EventLog,
+        ns: &str,
+        lease: &str,
+        id: &str,
+        timings: kube_runtime_lease_harness::Timings,
+        env: &[(&str, String)],
+    ) -> Result<Process> {
+        let lease = LeaseRef {
+            namespace: ns.to_owned(),
+            name: lease.to_owned(),
+        };
+        let mut cmd = rust_candidate(&self.bins.ours, self.env.kubeconfig_path(), &lease, id, timings);
+        cmd.env("EXIT_ON_STDIN_EOF", "1")
+            .env_remove("RUST_LOG")
+            .env_remove("NO_COLOR");
+        if let Ok(filter) = std::env::var("KRL_BENCH_CANDIDATE_LOG") {
+            cmd.env("RUST_LOG", filter);
+        }
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        self.spawn_into(log, id, Flavor::Rust, cmd)
+            .context("spawning our candidate")
+    }
+
+    /// Spawns `cmd` as `id` into `log`: killed with the driver, its stderr
+    /// into the candidates' stderr log.
+    fn spawn_into(&self, log: &EventLog, id: &str, flavor: Flavor, mut cmd: tokio::process::Command) -> Result<Process> {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -102,21 +151,7 @@ impl Ctx {
                 .is_some()
                 .then(|| self.stderr_log.clone()),
         };
-        let flavor = if imp == Impl::ClientGo {
-            Flavor::Go
-        } else {
-            Flavor::Rust
-        };
-        let log = EventLog::new();
-        let process = Process::spawn_with(id, flavor, cmd, &log, outputs)
-            .with_context(|| format!("spawning {} candidate", imp.name()))?;
-        Ok(Candidate {
-            imp,
-            id: id.to_owned(),
-            pid: process.pid(),
-            process,
-            log,
-        })
+        Process::spawn_with(id, flavor, cmd, log, outputs)
     }
 }
 

@@ -3,13 +3,13 @@
 //! one real etcd + kube-apiserver started by `kube-runtime-lease-harness`.
 //!
 //! ```text
-//! bench-driver run [--quick] [--only handover,failover,api,warm] [--trials N] [--out DIR]
+//! bench-driver run [--quick] [--only handover,failover,api,warm,sharded] [--trials N] [--out DIR]
 //!                  [--ours-bin PATH] [--benchmarks-md PATH]
 //! bench-driver report [--out DIR] [--benchmarks-md PATH]
 //! ```
 //!
 //! `run` writes raw results (`handover.json`, `failover.json`, `api_load.json`,
-//! `idle.json`, `warm.json`, `meta-*.json`) under `--out` (default `bench/results`), then
+//! `idle.json`, `warm.json`, `sharded.json`, `meta-*.json`) under `--out` (default `bench/results`), then
 //! does what `report` does: `summary.md`, `failover.svg`, and the tables of
 //! `BENCHMARKS.md` between its `<!-- BEGIN RESULTS -->` / `<!-- END RESULTS -->`
 //! markers. A run with `--only` rewrites only the files of those scenarios.
@@ -22,6 +22,7 @@ mod chain;
 mod impls;
 mod machine;
 mod report;
+mod sharded;
 mod warm;
 
 use std::path::{Path, PathBuf};
@@ -79,7 +80,13 @@ fn parse_args() -> Result<Args> {
     let mut a = Args {
         cmd: it.next().unwrap_or_else(|| "run".into()),
         quick: false,
-        only: vec!["handover".into(), "failover".into(), "api".into(), "warm".into()],
+        only: vec![
+            "handover".into(),
+            "failover".into(),
+            "api".into(),
+            "warm".into(),
+            "sharded".into(),
+        ],
         trials: None,
         out: root.join("bench/results"),
         benchmarks_md: None,
@@ -112,7 +119,7 @@ fn parse_args() -> Result<Args> {
     }
     if !matches!(a.cmd.as_str(), "run" | "report") {
         bail!(
-            "usage: bench-driver run|report [--quick] [--only handover,failover,api,warm] [--trials N] [--out DIR]"
+            "usage: bench-driver run|report [--quick] [--only handover,failover,api,warm,sharded] [--trials N] [--out DIR]"
         );
     }
     Ok(a)
@@ -219,6 +226,15 @@ async fn main() -> Result<()> {
             .unwrap_or(warm::OBJECTS);
         let res = scenario_warm(&ctx, if args.quick { 1 } else { 5 }, objects, &mut r).await;
         write_json(&args.out, "warm.json", &r)?;
+        res?;
+    }
+    if args.only.iter().any(|s| s == "sharded") {
+        // Three trials of each replica count (one with --quick); the
+        // apiserver cost over a 30 s quiet window (10 s with --quick).
+        let mut r = Vec::new();
+        let (trials, window) = if args.quick { (1, 10) } else { (3, 30) };
+        let res = sharded::scenario_sharded(&ctx, trials, Duration::from_secs(window), &mut r).await;
+        write_json(&args.out, "sharded.json", &r)?;
         res?;
     }
     sampler.abort();

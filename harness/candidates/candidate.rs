@@ -42,7 +42,11 @@
 //! first and last points of work, each stamped before a check that the
 //! shard's term still holds, so that `[start, end]` lies inside the term
 //! (see `kube_runtime_lease_harness::shards`). Requeued every
-//! `WORK_INTERVAL_MS`. SIGTERM hands every shard over (`shutdown`, 5 s grace).
+//! `WORK_INTERVAL_MS` (`0`: not requeued). For the benchmark: `RECONCILE_MS`
+//! sets the work per reconcile (default 20, in two steps), `CONCURRENCY` the
+//! Controller's concurrency (default unbounded), and SIGUSR1 reconciles every
+//! object again (`reconcile_all_on`). SIGTERM hands every shard over
+//! (`shutdown`, 5 s grace).
 
 use std::time::Duration;
 
@@ -252,13 +256,22 @@ mod sharded {
     use kube_runtime_lease_examples::{client, shutdown_signal};
     use kube_runtime_lease_harness::now_ns;
 
-    /// Steps of work per reconcile, and the length of each.
-    const STEPS: usize = 2;
-    const STEP: Duration = Duration::from_millis(10);
+    /// Steps of work per reconcile.
+    const STEPS: u32 = 2;
 
     struct Ctx {
         sharded: ShardedElector,
-        every: Duration,
+        /// Requeued after this (`None`: not requeued).
+        every: Option<Duration>,
+        /// The length of each step.
+        step: Duration,
+    }
+
+    fn env_u64(name: &str, default: u64) -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
     }
 
     /// One reconcile's record, printed when it ends (done or dropped).
@@ -304,7 +317,7 @@ mod sharded {
             last: start,
         };
         for _ in 0..STEPS {
-            tokio::time::sleep(STEP).await;
+            tokio::time::sleep(ctx.step).await;
             let at = now_ns();
             if !guard.is_valid() {
                 return Ok(Action::await_change());
@@ -312,22 +325,18 @@ mod sharded {
             record.last = at;
         }
         drop(record);
-        Ok(Action::requeue(ctx.every))
+        Ok(ctx.every.map_or_else(Action::await_change, Action::requeue))
     }
 
     pub(super) async fn run(config: LeaseConfig) -> anyhow::Result<()> {
         let identity = config.identity().to_owned();
         let namespace = config.namespace().to_owned();
-        let shards = std::env::var("SHARDS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(12);
-        let every = Duration::from_millis(
-            std::env::var("WORK_INTERVAL_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(100),
-        );
+        let shards = u16::try_from(env_u64("SHARDS", 12))?;
+        let every = Some(env_u64("WORK_INTERVAL_MS", 100))
+            .filter(|ms| *ms > 0)
+            .map(Duration::from_millis);
+        let step = Duration::from_millis(env_u64("RECONCILE_MS", 20)) / STEPS;
+        let concurrency = u16::try_from(env_u64("CONCURRENCY", 0))?;
         let client = client().await?;
         let sharded = ShardedElector::new(client.clone(), ShardConfig::new(config, shards))?;
         let mut held = sharded.held();
@@ -354,13 +363,19 @@ mod sharded {
             on_signal.shutdown(Duration::from_secs(5)).await;
         });
         println!("READY {} {identity}", now_ns());
+        // SIGUSR1: every object reconciled again (the benchmark's pass).
+        let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())?;
+        let again = futures::stream::poll_fn(move |cx| usr1.poll_recv(cx));
         let controller = Controller::new(
             Api::<ConfigMap>::namespaced(client, &namespace),
             watcher::Config::default(),
-        );
+        )
+        .with_config(kube::runtime::controller::Config::default().concurrency(concurrency))
+        .reconcile_all_on(again);
         let ctx = Arc::new(Ctx {
             sharded: sharded.clone(),
             every,
+            step,
         });
         let error_policy =
             |_: Arc<ConfigMap>, _: &kube::Error, _: Arc<Ctx>| Action::requeue(Duration::from_millis(100));

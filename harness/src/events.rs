@@ -23,6 +23,8 @@ pub enum Sig {
     Stop,
     /// SIGCONT: resumed.
     Cont,
+    /// SIGUSR1: the sharded candidate reconciles every object again.
+    Usr1,
 }
 
 impl Sig {
@@ -32,6 +34,7 @@ impl Sig {
             Sig::Term => Signal::TERM,
             Sig::Stop => Signal::STOP,
             Sig::Cont => Signal::CONT,
+            Sig::Usr1 => Signal::USR1,
         }
     }
 }

@@ -221,6 +221,7 @@ mod coordinated;
 mod elector;
 mod error;
 mod ext;
+mod gated;
 mod guard;
 mod metadata;
 mod metrics;

@@ -447,6 +447,19 @@ fn check(seed: u64, run: &Run) {
     }
 }
 
+/// Logs at debug level, stamped with virtual time: for replaying one seed.
+pub(crate) fn trace_in_virtual_time() {
+    fn virtual_time(w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let now = tokio::runtime::Handle::try_current().map(|_| Instant::now().into_std());
+        write!(w, "{now:?}")
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("kube_runtime_lease=debug")
+        .with_timer(virtual_time as fn(&mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result)
+        .with_test_writer()
+        .try_init();
+}
+
 #[test]
 fn no_two_candidates_ever_lead_at_the_same_instant() {
     let schedules: u64 = std::env::var("KRL_SIM_SCHEDULES")
@@ -455,17 +468,7 @@ fn no_two_candidates_ever_lead_at_the_same_instant() {
         .unwrap_or(1000);
     let seeds: Vec<u64> = match std::env::var("KRL_SIM_SEED").ok().and_then(|v| v.parse().ok()) {
         Some(seed) => {
-            fn virtual_time(w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
-                let now = tokio::runtime::Handle::try_current().map(|_| Instant::now().into_std());
-                write!(w, "{now:?}")
-            }
-            let _ = tracing_subscriber::fmt()
-                .with_env_filter("kube_runtime_lease=debug")
-                .with_timer(
-                    virtual_time as fn(&mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result,
-                )
-                .with_test_writer()
-                .try_init();
+            trace_in_virtual_time();
             vec![seed]
         }
         None => (0..schedules).collect(),

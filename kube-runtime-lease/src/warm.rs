@@ -6,7 +6,7 @@
 use std::{fmt::Debug, hash::Hash, pin::pin, sync::Arc};
 
 use futures::{
-    FutureExt, Stream, StreamExt, TryFuture, TryFutureExt,
+    FutureExt, Stream, StreamExt, TryFuture,
     channel::mpsc,
     future::{self, Either},
     stream,
@@ -36,20 +36,6 @@ where
     pub(crate) elector: LeaderElector,
 }
 
-/// Why a reconcile did not run the user's reconciler, or its error.
-#[derive(Debug, thiserror::Error)]
-enum Warm<E> {
-    /// This replica does not lead: the reconcile is skipped (the store is
-    /// never used to act on a follower).
-    #[error("not leading")]
-    NotLeading,
-    /// The term ended while the reconcile ran: it was dropped.
-    #[error("leadership ended during the reconcile: {0}")]
-    Lost(Lost),
-    #[error(transparent)]
-    Reconciler(E),
-}
-
 impl<K> WarmController<K>
 where
     K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
@@ -72,7 +58,7 @@ where
     #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
     pub fn run<ReconcilerFut, Ctx>(
         self,
-        mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+        reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
         error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
         context: Arc<Ctx>,
     ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
@@ -84,48 +70,17 @@ where
         let elector = self.elector;
         let (terms_tx, terms_rx) = mpsc::unbounded::<()>();
         let gate = elector.clone();
-        let reconcile = move |object: Arc<K>, ctx: Arc<Ctx>| {
+        let controller = crate::gated::run(
+            self.controller
+                .reconcile_all_on(terms_rx)
+                .graceful_shutdown_on(elector.shutdown_requested()),
             // Only while a term holds is the user's reconciler even called.
-            let work = gate
-                .current_guard()
-                .map(|guard| (guard, TryFutureExt::into_future(reconciler(object, ctx))));
-            async move {
-                let Some((guard, work)) = work else {
-                    return Err(Warm::NotLeading);
-                };
-                match future::select(pin!(work), guard).await {
-                    Either::Left((result, _guard)) => result.map_err(Warm::Reconciler),
-                    Either::Right((lost, _dropped)) => Err(Warm::Lost(lost)),
-                }
-            }
-        };
-        let policy = move |object: Arc<K>, error: &Warm<ReconcilerFut::Error>, ctx: Arc<Ctx>| match error {
-            Warm::Reconciler(e) => error_policy(object, e, ctx),
-            // Reconciled again when the next term begins.
-            Warm::NotLeading | Warm::Lost(_) => Action::await_change(),
-        };
-        let controller = self
-            .controller
-            .reconcile_all_on(terms_rx)
-            .graceful_shutdown_on(elector.shutdown_requested())
-            .run(reconcile, policy, context)
-            .filter_map(|item| {
-                future::ready(match item {
-                    Ok(done) => Some(Ok(done)),
-                    Err(ControllerError::ReconcilerFailed(Warm::Reconciler(e), object)) => {
-                        Some(Err(ControllerError::ReconcilerFailed(e, object)))
-                    }
-                    Err(ControllerError::ReconcilerFailed(skipped, object)) => {
-                        debug!(%object, reason = %skipped, "reconcile skipped");
-                        None
-                    }
-                    Err(ControllerError::ObjectNotFound(object)) => {
-                        Some(Err(ControllerError::ObjectNotFound(object)))
-                    }
-                    Err(ControllerError::QueueError(e)) => Some(Err(ControllerError::QueueError(e))),
-                    Err(ControllerError::RunnerError(e)) => Some(Err(ControllerError::RunnerError(e))),
-                })
-            });
+            move |_: &K| gate.current_guard().map(|guard| (guard, ())),
+            "not leading",
+            reconciler,
+            error_policy,
+            context,
+        );
         // Campaigns for as long as the stream is polled, polled with it.
         let campaign = stream::once(hold_each_term(elector, terms_tx)).filter_map(|()| future::ready(None));
         stream::select(controller, campaign)

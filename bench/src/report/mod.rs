@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 
 mod latency;
 mod load;
+mod sharded;
 mod stats;
 mod svg;
 mod warm;
@@ -84,6 +85,9 @@ pub fn report(dir: &Path, benchmarks_md: Option<&Path>) -> Result<()> {
     }
     if let Some(trials) = read::<Vec<crate::warm::WarmTrial>>(dir, "warm.json") {
         warm::warm(&mut md, &mut targets, &trials);
+    }
+    if let Some(trials) = read::<Vec<crate::sharded::ShardedTrial>>(dir, "sharded.json") {
+        sharded::sharded(&mut md, &mut targets, &trials);
     }
 
     // Targets.

@@ -3,14 +3,9 @@
 //! only by the replica that holds its shard, each reconcile racing its
 //! shard's guard.
 
-use std::{collections::BTreeSet, fmt::Debug, hash::Hash, pin::pin, sync::Arc};
+use std::{collections::BTreeSet, fmt::Debug, hash::Hash, sync::Arc};
 
-use futures::{
-    Stream, StreamExt, TryFuture, TryFutureExt,
-    channel::mpsc,
-    future::{self, Either},
-    stream,
-};
+use futures::{Stream, StreamExt, TryFuture, channel::mpsc, future, stream};
 use kube_client::Resource;
 use kube_runtime::{
     Controller,
@@ -19,10 +14,8 @@ use kube_runtime::{
     watcher,
 };
 use serde::de::DeserializeOwned;
-use tracing::debug;
 
 use super::ShardedElector;
-use crate::Lost;
 
 /// The shard a reconcile of a [`ShardedController`] works for, and its term's
 /// fencing token: see [`current_shard`].
@@ -37,6 +30,12 @@ pub struct Current {
 
 tokio::task_local! {
     static CURRENT: Current;
+}
+
+impl crate::gated::Scope for Current {
+    fn scope<F: Future + Send>(self, work: F) -> impl Future<Output = F::Output> + Send {
+        CURRENT.scope(self, work)
+    }
 }
 
 /// Inside a reconcile run by a [`ShardedController`] (while its future is
@@ -59,19 +58,6 @@ where
 {
     controller: Controller<K>,
     sharded: ShardedElector,
-}
-
-/// Why a reconcile did not run the user's reconciler, or its error.
-#[derive(Debug, thiserror::Error)]
-enum Sharded<E> {
-    /// Another replica holds the object's shard (or nobody does yet).
-    #[error("the object's shard is not held here")]
-    NotOwned,
-    /// The shard was lost while the reconcile ran: it was dropped.
-    #[error("the shard was lost during the reconcile: {0}")]
-    Lost(Lost),
-    #[error(transparent)]
-    Reconciler(E),
 }
 
 impl ShardedElector {
@@ -106,7 +92,7 @@ where
     #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
     pub fn run<ReconcilerFut, Ctx>(
         self,
-        mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+        reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
         error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
         context: Arc<Ctx>,
     ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
@@ -118,51 +104,24 @@ where
         let sharded = self.sharded;
         let (gained_tx, gained_rx) = mpsc::unbounded::<()>();
         let gate = sharded.clone();
-        let reconcile = move |object: Arc<K>, ctx: Arc<Ctx>| {
-            let shard = object.meta().uid.as_deref().map(|uid| gate.shard_of(uid));
-            let work = shard
-                .and_then(|s| gate.guard(s))
-                .map(|guard| (guard, TryFutureExt::into_future(reconciler(object, ctx))));
-            async move {
-                let (Some(shard), Some((guard, work))) = (shard, work) else {
-                    return Err(Sharded::NotOwned);
-                };
+        let controller = crate::gated::run(
+            self.controller.reconcile_all_on(gained_rx),
+            // Only on the replica holding the object's shard is the user's
+            // reconciler even called, within that shard's `current_shard`.
+            move |object: &K| {
+                let shard = gate.shard_of(object.meta().uid.as_deref()?);
+                let guard = gate.guard(shard)?;
                 let current = Current {
                     shard,
                     fencing_token: guard.fencing_token(),
                 };
-                match future::select(pin!(CURRENT.scope(current, work)), guard).await {
-                    Either::Left((result, _guard)) => result.map_err(Sharded::Reconciler),
-                    Either::Right((lost, _dropped)) => Err(Sharded::Lost(lost)),
-                }
-            }
-        };
-        let policy = move |object: Arc<K>, error: &Sharded<ReconcilerFut::Error>, ctx: Arc<Ctx>| match error {
-            Sharded::Reconciler(e) => error_policy(object, e, ctx),
-            // Reconciled again when its shard is gained.
-            Sharded::NotOwned | Sharded::Lost(_) => Action::await_change(),
-        };
-        let controller = self
-            .controller
-            .reconcile_all_on(gained_rx)
-            .run(reconcile, policy, context)
-            .filter_map(|item| {
-                future::ready(match item {
-                    Ok(done) => Some(Ok(done)),
-                    Err(ControllerError::ReconcilerFailed(Sharded::Reconciler(e), object)) => {
-                        Some(Err(ControllerError::ReconcilerFailed(e, object)))
-                    }
-                    Err(ControllerError::ReconcilerFailed(skipped, object)) => {
-                        debug!(%object, reason = %skipped, "reconcile skipped");
-                        None
-                    }
-                    Err(ControllerError::ObjectNotFound(object)) => {
-                        Some(Err(ControllerError::ObjectNotFound(object)))
-                    }
-                    Err(ControllerError::QueueError(e)) => Some(Err(ControllerError::QueueError(e))),
-                    Err(ControllerError::RunnerError(e)) => Some(Err(ControllerError::RunnerError(e))),
-                })
-            });
+                Some((guard, current))
+            },
+            "the object's shard is not held here",
+            reconciler,
+            error_policy,
+            context,
+        );
         let balancer = {
             let sharded = sharded.clone();
             async move { sharded.run().await }

@@ -25,6 +25,8 @@
 mod assign;
 mod controller;
 #[cfg(test)]
+mod simulation;
+#[cfg(test)]
 mod tests;
 
 pub use self::controller::{Current, ShardedController, current_shard};

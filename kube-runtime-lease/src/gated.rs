@@ -1,0 +1,116 @@
+//! A [`Controller`] whose reconciles are gated by a term: each reconcile runs
+//! the user's reconciler only if the gate hands it a guard, and races that
+//! guard. Shared by warm standby ([`WarmController`](crate::WarmController):
+//! the gate is the election's term) and elected shards (the gate is the
+//! object's shard's term).
+
+use std::{fmt::Debug, hash::Hash, pin::pin, sync::Arc};
+
+use futures::{
+    Stream, StreamExt, TryFuture, TryFutureExt,
+    future::{self, Either},
+};
+use kube_client::Resource;
+use kube_runtime::{
+    Controller,
+    controller::{Action, Error as ControllerError},
+    reflector::ObjectRef,
+    watcher,
+};
+use serde::de::DeserializeOwned;
+use tracing::debug;
+
+use crate::{LeaseGuard, Lost};
+
+/// What a gated reconcile runs in: nothing more (`()`), or a task-local
+/// value its reconciler can read (a shard's [`Current`](crate::Current)).
+pub(crate) trait Scope: Send + 'static {
+    /// `work`, run within this scope.
+    fn scope<F: Future + Send>(self, work: F) -> impl Future<Output = F::Output> + Send;
+}
+
+impl Scope for () {
+    fn scope<F: Future + Send>(self, work: F) -> impl Future<Output = F::Output> + Send {
+        work
+    }
+}
+
+/// Why a gated reconcile did not run the user's reconciler, or its error.
+#[derive(Debug, thiserror::Error)]
+enum Gated<E> {
+    /// The gate handed no guard (not leading; the object's shard not held
+    /// here): skipped without calling the reconciler.
+    #[error("{0}")]
+    Skipped(&'static str),
+    /// The term ended while the reconcile ran: it was dropped.
+    #[error("the term ended during the reconcile: {0}")]
+    Lost(Lost),
+    #[error(transparent)]
+    Reconciler(E),
+}
+
+/// [`Controller::run`] with every reconcile gated by `gate`:
+/// - `gate(object)` is asked as the reconcile is scheduled; without a guard
+///   the reconcile is skipped (`skipped` says why, at debug level) without
+///   calling `reconciler`, without an item in the stream, and is not retried
+///   (`await_change`: the caller triggers a reconcile of every object when it
+///   gains a term);
+/// - with one, the reconciler's future runs in the gate's [`Scope`] and races
+///   the guard: when the term ends it is dropped at its next `.await`;
+/// - the reconciler's own errors go to `error_policy` and into the stream, as
+///   [`Controller::run`] gives them.
+#[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
+pub(crate) fn run<K, ReconcilerFut, Ctx, S>(
+    controller: Controller<K>,
+    gate: impl Fn(&K) -> Option<(LeaseGuard, S)>,
+    skipped: &'static str,
+    mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+    error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
+    context: Arc<Ctx>,
+) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
+where
+    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Debug + Unpin,
+    ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
+    ReconcilerFut::Error: std::error::Error + Send + 'static,
+    S: Scope,
+{
+    let reconcile = move |object: Arc<K>, ctx: Arc<Ctx>| {
+        // Only with a guard is the user's reconciler even called.
+        let work = gate(&object).map(|(guard, scope)| {
+            let work = scope.scope(TryFutureExt::into_future(reconciler(object, ctx)));
+            (guard, work)
+        });
+        async move {
+            let Some((guard, work)) = work else {
+                return Err(Gated::Skipped(skipped));
+            };
+            match future::select(pin!(work), guard).await {
+                Either::Left((result, _guard)) => result.map_err(Gated::Reconciler),
+                Either::Right((lost, _dropped)) => Err(Gated::Lost(lost)),
+            }
+        }
+    };
+    let policy = move |object: Arc<K>, error: &Gated<ReconcilerFut::Error>, ctx: Arc<Ctx>| match error {
+        Gated::Reconciler(e) => error_policy(object, e, ctx),
+        // Reconciled again when a term is gained.
+        Gated::Skipped(_) | Gated::Lost(_) => Action::await_change(),
+    };
+    controller.run(reconcile, policy, context).filter_map(|item| {
+        future::ready(match item {
+            Ok(done) => Some(Ok(done)),
+            Err(ControllerError::ReconcilerFailed(Gated::Reconciler(e), object)) => {
+                Some(Err(ControllerError::ReconcilerFailed(e, object)))
+            }
+            Err(ControllerError::ReconcilerFailed(skipped, object)) => {
+                debug!(%object, reason = %skipped, "reconcile skipped");
+                None
+            }
+            Err(ControllerError::ObjectNotFound(object)) => {
+                Some(Err(ControllerError::ObjectNotFound(object)))
+            }
+            Err(ControllerError::QueueError(e)) => Some(Err(ControllerError::QueueError(e))),
+            Err(ControllerError::RunnerError(e)) => Some(Err(ControllerError::RunnerError(e))),
+        })
+    })
+}
