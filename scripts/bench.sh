@@ -13,7 +13,7 @@
 #   --trials N trials per implementation and timing set for handover and failover
 #              (default 20).
 #
-# A full run takes about 45 minutes on 2 cores (most of it waiting for leases
+# A full run takes about 50 minutes on 2 cores (most of it waiting for leases
 # to expire at 15 s). Everything builds into bench/target, away from the main
 # workspace's target/.
 set -euo pipefail

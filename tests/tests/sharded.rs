@@ -152,7 +152,7 @@ async fn replicas_share_twelve_shards_of_600_configmaps_and_rebalance_on_join_an
     let owner = |uid: &str| {
         replicas
             .iter()
-            .filter(|(_, r)| r.owns(uid))
+            .filter(|(_, r)| r.owns_uid(uid))
             .map(|(n, _)| (*n).to_owned())
             .collect::<Vec<_>>()
     };

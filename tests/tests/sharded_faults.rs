@@ -12,7 +12,8 @@
 //! `kube_runtime_lease_harness::shards`). Each scenario also asserts its
 //! bound: a SIGTERM'd replica's shards are re-owned within 1 s, a killed,
 //! frozen or cut-off one's within the lease duration + 1 s; afterwards the
-//! shards are balanced again (within one of each other).
+//! shards are balanced again (within one of each other). A fourth replica
+//! joining gets its share by graceful handover.
 //!
 //! The scenarios run one at a time (`serial`): one of them restarts the
 //! apiserver.
@@ -26,8 +27,8 @@ use kube::{
     api::{ObjectMeta, PostParams},
 };
 use kube_runtime_lease_harness::{
-    EventLog, Fixture, Kind, LeaseRef, Partition, Process, Proxy, Runs, Sig, Timings, check_reconciles,
-    fmt_ms, held_by, ns, serial, wait_balanced, wait_covered,
+    EventLog, Fixture, Kind, LeaseRef, Partition, Process, Proxy, Reconcile, Runs, Sig, Timings,
+    check_reconciles, fmt_ms, held_by, ns, serial, wait_balanced, wait_covered,
 };
 
 const T: Timings = Timings::FAST;
@@ -76,14 +77,15 @@ async fn election(ctx: &Fixture, prefix: &str) -> Result<LeaseRef> {
 }
 
 /// Spawns replicas `names` (`a` through `proxy` when given) and waits until
-/// they hold the shards, balanced, and every ConfigMap was reconciled.
+/// they hold the shards, balanced, and every ConfigMap was reconciled;
+/// returns the election's base Lease and the processes.
 async fn start(
     ctx: &Fixture,
     log: &EventLog,
     prefix: &str,
     names: &[&str],
     proxy: Option<&Proxy>,
-) -> Result<Vec<Process>> {
+) -> Result<(LeaseRef, Vec<Process>)> {
     let lease = election(ctx, prefix).await?;
     let through = match proxy {
         Some(p) => Some(p.kubeconfig(ctx.env.kubeconfig_path(), ctx.dir.path())?),
@@ -102,7 +104,7 @@ async fn start(
         reconciled == OBJECTS,
         "{reconciled} of {OBJECTS} ConfigMaps reconciled once settled"
     );
-    Ok(procs)
+    Ok((lease, procs))
 }
 
 fn take(procs: &mut Vec<Process>, name: &str) -> Result<Process> {
@@ -144,7 +146,7 @@ fn reconciles_after(log: &EventLog, process: &str, after: u64) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_hands_the_shards_over_within_a_second() -> Result<()> {
     scenario("sharded: SIGTERM a replica", async |ctx, log| {
-        let mut procs = start(ctx, log, "shards-term", &["a", "b", "c"], None).await?;
+        let (_, mut procs) = start(ctx, log, "shards-term", &["a", "b", "c"], None).await?;
         let mut a = take(&mut procs, "a")?;
         let had = held_by_a(log);
         let termed = a.signal(Sig::Term)?;
@@ -161,9 +163,48 @@ async fn sigterm_hands_the_shards_over_within_a_second() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fourth_replica_joins_by_graceful_handover() -> Result<()> {
+    scenario("sharded: a fourth replica joins", async |ctx, log| {
+        let (lease, mut procs) = start(ctx, log, "shards-join", &["a", "b", "c"], None).await?;
+        let joined = log.note("d joins");
+        procs.push(ctx.spawn_rust_sharded(log, &lease, "d", T, SHARDS, None)?);
+        let balanced = wait_balanced(log, &["a", "b", "c", "d"], SHARDS, QUIET, SETTLE).await?;
+        // d's membership Lease is held a lease duration after its creation;
+        // then the others hand shards over by release (no expiry to wait for).
+        let took = balanced.saturating_sub(joined);
+        ensure!(
+            took <= ns(3 * T.lease_duration + Duration::from_secs(2)),
+            "balanced over four only {} after d joined",
+            fmt_ms(took)
+        );
+        let d = held_by(&log.entries(), &["d"]).remove("d").unwrap_or_default();
+        // d reconciles the objects of its shards (unless, by the hash, they
+        // have none: every object was reconciled at the start, so its shard
+        // is known).
+        let objects_of_d = log
+            .entries()
+            .iter()
+            .filter_map(Reconcile::of)
+            .filter(|r| d.contains(&r.shard))
+            .count();
+        if objects_of_d > 0 {
+            log.wait_for("d to reconcile in its shards", Duration::from_secs(5), |e| {
+                e.kind == Kind::Reconcile && e.process == "d"
+            })
+            .await?;
+        }
+        Ok(format!(
+            "d joined and holds {d:?}: balanced over four {} after",
+            fmt_ms(took)
+        ))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_shards_are_taken_after_the_lease_duration() -> Result<()> {
     scenario("sharded: SIGKILL a replica", async |ctx, log| {
-        let mut procs = start(ctx, log, "shards-kill", &["a", "b", "c"], None).await?;
+        let (_, mut procs) = start(ctx, log, "shards-kill", &["a", "b", "c"], None).await?;
         let mut a = take(&mut procs, "a")?;
         let had = held_by_a(log);
         let killed = a.kill().await?;
@@ -187,7 +228,7 @@ async fn sigkill_shards_are_taken_after_the_lease_duration() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigstop_shards_are_taken_and_the_frozen_replica_never_works_on_them_again() -> Result<()> {
     scenario("sharded: SIGSTOP a replica, then SIGCONT", async |ctx, log| {
-        let procs = start(ctx, log, "shards-stop", &["a", "b", "c"], None).await?;
+        let (_, procs) = start(ctx, log, "shards-stop", &["a", "b", "c"], None).await?;
         let a = procs.iter().find(|p| p.name() == "a").context("a")?;
         let had = held_by_a(log);
         let frozen = a.signal(Sig::Stop)?;

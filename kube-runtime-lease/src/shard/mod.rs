@@ -18,9 +18,11 @@
 //! Watches: one of the election's Leases (by label) per replica, plus each
 //! shard elector's own while it campaigns or leads (at most `S + 2`).
 //!
-//! Not yet (issue 12 stays open): the fault tests against a real API server
-//! (SIGKILL, SIGTERM, SIGSTOP, partitions, restarts) and their timing
-//! bounds, a rebalance counter, and the simulation's sharded mode.
+//! A dead holder's shards are taken a lease duration after their records
+//! last changed *as this replica's own watch saw them*: the balancer seeds
+//! each campaign with that observation (`LeaderElector::seed_observation`),
+//! so that a campaign begun late does not count the lease duration again.
+//! Design, guarantees and tests: `docs/sharding-design.md`.
 
 mod assign;
 mod controller;
@@ -107,6 +109,26 @@ impl std::fmt::Debug for ShardedElector {
 /// One replica's part in a sharded election: it campaigns for about
 /// `ceil(S / live replicas)` shards, hands surplus ones over by graceful
 /// release, and says which it holds.
+///
+/// A Controller sharded by it reconciles each object only on the replica
+/// holding the object's shard ([`controller`](Self::controller)):
+///
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use k8s_openapi::api::core::v1::ConfigMap;
+/// # use kube_client::Api;
+/// # use kube_runtime::{Controller, controller::Action, watcher};
+/// # use kube_runtime_lease::{LeaseConfig, ShardConfig, ShardedElector};
+/// # use futures::StreamExt;
+/// # async fn reconcile(_: Arc<ConfigMap>, _: Arc<()>) -> Result<Action, kube_client::Error> { Ok(Action::await_change()) }
+/// # fn error_policy(_: Arc<ConfigMap>, _: &kube_client::Error, _: Arc<()>) -> Action { Action::await_change() }
+/// # async fn doc(client: kube_client::Client, lease: LeaseConfig) -> Result<(), Box<dyn std::error::Error>> {
+/// let sharded = ShardedElector::new(client.clone(), ShardConfig::new(lease, 16))?;
+/// let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default());
+/// let run = sharded.controller(controller).run(reconcile, error_policy, Arc::new(()));
+/// run.for_each(|_| async {}).await; // the balancer runs while this is polled
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct ShardedElector {
     inner: Arc<Inner>,
@@ -238,9 +260,18 @@ impl ShardedElector {
         assign::shard_of(uid, self.inner.config.shards)
     }
 
+    /// Whether this replica holds `object`'s shard now (by its UID: an object
+    /// without one, which a watch never delivers, is owned by nobody). The
+    /// answer is a snapshot; a reconcile run by
+    /// [`controller`](Self::controller) is the one that is fenced.
+    #[must_use]
+    pub fn owns<K: kube_client::Resource>(&self, object: &K) -> bool {
+        object.meta().uid.as_deref().is_some_and(|uid| self.owns_uid(uid))
+    }
+
     /// Whether this replica holds the shard of the object with `uid` now.
     #[must_use]
-    pub fn owns(&self, uid: &str) -> bool {
+    pub fn owns_uid(&self, uid: &str) -> bool {
         let shard = self.shard_of(uid);
         self.inner
             .state

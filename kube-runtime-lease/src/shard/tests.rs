@@ -91,8 +91,21 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
             .collect();
         assert_eq!(leading, *a.held().borrow(), "status agrees with held()");
         let some_uid = "0b6c6c1a-0000-4000-8000-000000000001";
-        let owners = [&a, &b, &c].iter().filter(|r| r.owns(some_uid)).count();
+        let owners = [&a, &b, &c].iter().filter(|r| r.owns_uid(some_uid)).count();
         assert_eq!(owners, 1, "one owner per object");
+        let mut object = k8s_openapi::api::core::v1::ConfigMap::default();
+        assert!(
+            [&a, &b, &c].iter().all(|r| !r.owns(&object)),
+            "an object without a UID is owned by nobody"
+        );
+        object.metadata.uid = Some(some_uid.to_owned());
+        let owner = [&a, &b, &c].iter().position(|r| r.owns(&object));
+        assert_eq!(
+            owner,
+            [&a, &b, &c].iter().position(|r| r.owns_uid(some_uid)),
+            "owns(&object) is owns_uid(its UID)"
+        );
+        assert!(owner.is_some());
     });
 }
 
