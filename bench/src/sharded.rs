@@ -18,9 +18,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use futures::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ObjectMeta, PostParams};
 use kube_runtime_lease_harness::{
     EventLog, Kind, Process, Reconcile, Sig, Timings, check_reconciles, metric_label, metric_samples, now_ns,
     requests_served, wait_balanced,
@@ -48,7 +45,6 @@ pub const TIMINGS: Timings = Timings {
     renew_deadline: Duration::from_secs(3),
     retry_period: Duration::from_secs(1),
 };
-const CREATE_CONCURRENCY: usize = 16;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ShardedTrial {
@@ -78,28 +74,6 @@ pub struct ShardedTrial {
     pub loadavg: f64,
 }
 
-async fn fill(ctx: &Ctx, ns: &str) -> Result<()> {
-    let api = kube::Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
-    futures::stream::iter(0..OBJECTS)
-        .map(|i| {
-            let api = api.clone();
-            async move {
-                let cm = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(format!("cm-{i:04}")),
-                        ..ObjectMeta::default()
-                    },
-                    ..ConfigMap::default()
-                };
-                api.create(&PostParams::default(), &cm).await.map(drop)
-            }
-        })
-        .buffer_unordered(CREATE_CONCURRENCY)
-        .try_collect::<()>()
-        .await
-        .context("creating the ConfigMaps")
-}
-
 /// Lease requests served so far, every verb but WATCH.
 fn lease_requests(metrics: &str) -> f64 {
     ["GET", "PUT", "POST", "LIST", "PATCH", "DELETE"]
@@ -126,7 +100,7 @@ pub async fn scenario_sharded(
 ) -> Result<()> {
     let ns = ctx.env.new_namespace("bench-sharded").await?;
     eprintln!("sharded: creating {OBJECTS} ConfigMaps in {ns}");
-    fill(ctx, &ns).await?;
+    crate::warm::fill(ctx, &ns, OBJECTS, 0).await?;
     for trial in 0..trials {
         let mut order = REPLICAS;
         if trial % 2 == 1 {

@@ -55,19 +55,21 @@ pub struct WarmTrial {
     pub loadavg: f64,
 }
 
-async fn fill(ctx: &Ctx, ns: &str, objects: usize) -> Result<()> {
+/// Creates `objects` ConfigMaps in `ns` (`cm-00000`, ...), each with one key
+/// of `value_bytes` bytes (none when 0).
+pub async fn fill(ctx: &Ctx, ns: &str, objects: usize, value_bytes: usize) -> Result<()> {
     let api = kube::Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
-    let value = "x".repeat(VALUE_BYTES);
+    let data = (value_bytes > 0).then(|| BTreeMap::from([("v".to_owned(), "x".repeat(value_bytes))]));
     futures::stream::iter(0..objects)
         .map(|i| {
-            let (api, value) = (api.clone(), value.clone());
+            let (api, data) = (api.clone(), data.clone());
             async move {
                 let cm = ConfigMap {
                     metadata: ObjectMeta {
                         name: Some(format!("cm-{i:05}")),
                         ..ObjectMeta::default()
                     },
-                    data: Some(BTreeMap::from([("v".to_owned(), value)])),
+                    data,
                     ..ConfigMap::default()
                 };
                 api.create(&PostParams::default(), &cm).await.map(drop)
@@ -84,7 +86,7 @@ async fn fill(ctx: &Ctx, ns: &str, objects: usize) -> Result<()> {
 pub async fn scenario_warm(ctx: &Ctx, trials: usize, objects: usize, out: &mut Vec<WarmTrial>) -> Result<()> {
     let ns = ctx.env.new_namespace("bench-warm").await?;
     eprintln!("warm: creating {objects} ConfigMaps in {ns}");
-    fill(ctx, &ns, objects).await?;
+    fill(ctx, &ns, objects, VALUE_BYTES).await?;
     for trial in 0..trials {
         // The order flips every trial, so that neither mode always runs first.
         let modes = if trial % 2 == 0 {

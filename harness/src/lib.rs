@@ -62,7 +62,7 @@ pub use lease::{
     watch_lease_events,
 };
 pub use metrics::{configmap_lists, metric_label, metric_samples, requests_served};
-pub use process::{Outputs, Process, send_signal};
+pub use process::{Outputs, Process, send_signal, take_process};
 pub use proxy::{Partition, Proxy, ProxyStats};
 pub use runs::Runs;
 pub use shards::{

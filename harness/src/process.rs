@@ -216,3 +216,16 @@ pub fn send_signal(pid: u32, sig: Sig) -> Result<()> {
         .ok_or_else(|| anyhow!("{pid} is not a process id"))?;
     rustix::process::kill_process(id, sig.signal()).with_context(|| format!("sending {sig:?} to pid {pid}"))
 }
+
+/// Removes the process named `name` from `procs` and returns it (to signal,
+/// kill or reap it while the others run on).
+///
+/// # Errors
+/// When no process of `procs` has that name.
+pub fn take_process(procs: &mut Vec<Process>, name: &str) -> Result<Process> {
+    let i = procs
+        .iter()
+        .position(|p| p.name() == name)
+        .with_context(|| format!("no live process {name}"))?;
+    Ok(procs.remove(i))
+}

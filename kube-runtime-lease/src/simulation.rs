@@ -447,8 +447,56 @@ fn check(seed: u64, run: &Run) {
     }
 }
 
+/// The schedules to run: the one of `KRL_SIM_SEED` when set (replayed with
+/// debug logs stamped in virtual time), else seeds `0..n`, `n` from the
+/// variable `count_var` or `default`.
+pub(crate) fn seeds(count_var: &str, default: u64) -> Vec<u64> {
+    if let Some(seed) = std::env::var("KRL_SIM_SEED").ok().and_then(|v| v.parse().ok()) {
+        trace_in_virtual_time();
+        return vec![seed];
+    }
+    let count = std::env::var(count_var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    (0..count).collect()
+}
+
+/// Runs `schedule(seed)` for every seed, on every core, each on its own
+/// single-threaded runtime with paused time (deterministic per seed: the
+/// schedules are independent); their results, in no particular order.
+pub(crate) fn on_every_core<T: Send, F: Future<Output = T>>(
+    seeds: &[u64],
+    schedule: impl Fn(u64) -> F + Sync,
+) -> Vec<T> {
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let chunk = seeds.len().div_ceil(threads).max(1);
+    let schedule = &schedule;
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = seeds
+            .chunks(chunk)
+            .map(|seeds| {
+                scope.spawn(move || {
+                    seeds
+                        .iter()
+                        .map(|&seed| {
+                            tokio::runtime::Builder::new_current_thread()
+                                .enable_time()
+                                .start_paused(true)
+                                .build()
+                                .unwrap()
+                                .block_on(schedule(seed))
+                        })
+                        .collect::<Vec<T>>()
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    })
+}
+
 /// Logs at debug level, stamped with virtual time: for replaying one seed.
-pub(crate) fn trace_in_virtual_time() {
+fn trace_in_virtual_time() {
     fn virtual_time(w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
         let now = tokio::runtime::Handle::try_current().map(|_| Instant::now().into_std());
         write!(w, "{now:?}")
@@ -462,52 +510,17 @@ pub(crate) fn trace_in_virtual_time() {
 
 #[test]
 fn no_two_candidates_ever_lead_at_the_same_instant() {
-    let schedules: u64 = std::env::var("KRL_SIM_SCHEDULES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1000);
-    let seeds: Vec<u64> = match std::env::var("KRL_SIM_SEED").ok().and_then(|v| v.parse().ok()) {
-        Some(seed) => {
-            trace_in_virtual_time();
-            vec![seed]
-        }
-        None => (0..schedules).collect(),
-    };
-    // Schedules are independent: run them on every core, each on its own
-    // single-threaded runtime with paused time (deterministic per seed).
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let chunk = seeds.len().div_ceil(threads).max(1);
-    let (terms, handovers) = std::thread::scope(|scope| {
-        let workers: Vec<_> = seeds
-            .chunks(chunk)
-            .map(|seeds| {
-                scope.spawn(move || {
-                    let (mut terms, mut handovers) = (0, 0);
-                    for &seed in seeds {
-                        let rt = tokio::runtime::Builder::new_current_thread()
-                            .enable_time()
-                            .start_paused(true)
-                            .build()
-                            .unwrap();
-                        let run = rt.block_on(schedule(seed));
-                        check(seed, &run);
-                        let intervals = run.intervals;
-                        terms += intervals.len();
-                        handovers += intervals.windows(2).filter(|w| w[0].who != w[1].who).count();
-                    }
-                    (terms, handovers)
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap())
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-    });
+    let seeds = seeds("KRL_SIM_SCHEDULES", 1000);
+    let (terms, handovers) = on_every_core(&seeds, |seed| async move {
+        let run = schedule(seed).await;
+        check(seed, &run);
+        let intervals = run.intervals;
+        let handovers = intervals.windows(2).filter(|w| w[0].who != w[1].who).count();
+        (intervals.len(), handovers)
+    })
+    .into_iter()
+    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     // The schedules exercise what they claim to: many terms and changes of leader.
-    assert!(
-        terms >= 2 * usize::try_from(schedules.min(1000)).unwrap_or(0),
-        "{terms} terms"
-    );
+    assert!(terms >= 2 * seeds.len().min(1000), "{terms} terms");
     assert!(handovers > 0);
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use kube_runtime_lease_harness::{
     EventLog, Fixture, Kind, LeaseRecorder, Partition, Process, Proxy, Runs, Sig, Timings, fmt_delta, fmt_ms,
-    now_ns, ns, serial, wait_seen_by, wait_settled,
+    now_ns, ns, serial, take_process, wait_seen_by, wait_settled,
 };
 
 /// Runs of each scenario.
@@ -29,15 +29,6 @@ fn run_count() -> usize {
 const T: Timings = Timings::FAST;
 /// Scheduling slack allowed around the protocol's bounds.
 const SLACK: Duration = Duration::from_millis(250);
-
-/// Removes the process named `name` from `procs`.
-fn take(procs: &mut Vec<Process>, name: &str) -> Result<Process> {
-    let i = procs
-        .iter()
-        .position(|p| p.name() == name)
-        .with_context(|| format!("no live process {name}"))?;
-    Ok(procs.remove(i))
-}
 
 fn names(procs: &[Process]) -> Vec<&str> {
     procs.iter().map(Process::name).collect()
@@ -125,7 +116,7 @@ async fn sigkill_run(ctx: &Fixture, log: &EventLog, mode: Mode) -> Result<String
             let others: Vec<&str> = names(&procs).into_iter().filter(|n| *n != leader).collect();
             wait_seen_by(log, &others, &leader, 0, Duration::from_secs(10)).await?;
         }
-        let mut victim = take(&mut procs, &leader)?;
+        let mut victim = take_process(&mut procs, &leader)?;
         let killed = victim.kill().await?;
         let next = log
             .next_leader(killed, &leader, T.lease_duration + Duration::from_secs(5))
@@ -182,7 +173,7 @@ async fn sigkill_the_leader_in_warm_standby() -> Result<()> {
 /// 500 ms of the release, well before the lease duration.
 async fn sigterm_run(ctx: &Fixture, log: &EventLog, mode: Mode) -> Result<String> {
     let (_lease, mut procs, leader) = start_group(ctx, log, "sigterm", &["a", "b", "c"], mode).await?;
-    let mut old = take(&mut procs, &leader)?;
+    let mut old = take_process(&mut procs, &leader)?;
     let termed = old.signal(Sig::Term)?;
     let stop = log
         .stopped_leading(&leader, termed, Duration::from_secs(10))
@@ -439,7 +430,7 @@ async fn sigterm_partitioned_run(ctx: &Fixture, log: &EventLog) -> Result<String
     let cut = now_ns();
     proxy.partition(Partition::BlackHole);
     log.record("test", Kind::Note, cut, "", "partition a (BlackHole)");
-    let mut a = take(&mut procs, "a")?;
+    let mut a = take_process(&mut procs, "a")?;
     let termed = a.signal(Sig::Term)?;
     let a_stop = log.stopped_leading("a", cut, Duration::from_secs(3)).await?;
     ensure!(

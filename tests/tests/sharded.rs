@@ -1,10 +1,12 @@
-//! Elected shards against a real kube-apiserver and etcd (issue 12, work in
-//! progress): three replicas (each with a client of its own) share 12 shards
+//! Elected shards against a real kube-apiserver and etcd (issue 12): three
+//! replicas (each with a client of its own) share 12 shards
 //! of one Controller of 600 ConfigMaps: every shard has one holder, each
 //! replica holds 4, every ConfigMap is reconciled by the replica that holds
 //! its shard; a fourth joins (3 each, by graceful handover) and leaves by
 //! shutdown (its shards re-owned within 1 s); and no object is ever
-//! reconciled by two replicas at once.
+//! reconciled by two replicas at once. And a shard lost while its reconciles
+//! run: only that shard's are dropped, the others finish, and none of it runs
+//! again until the shard is held again.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -12,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Result, ensure};
+use anyhow::{Context as _, Result, ensure};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
@@ -212,5 +214,191 @@ async fn replicas_share_twelve_shards_of_600_configmaps_and_rebalance_on_join_an
             }
         }
     }
+    Ok(())
+}
+
+/// A reconcile of the shard-loss test: (object, shard, start, end or `None`
+/// when it was dropped).
+type Runs = Arc<Mutex<Vec<(String, u16, Instant, Option<Instant>)>>>;
+
+/// Records its reconcile's end, or that it was dropped, when it goes away.
+struct Running {
+    runs: Runs,
+    at: usize,
+    done: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.done {
+            self.runs.lock().expect("runs")[self.at].3 = Some(Instant::now());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines, reason = "one scenario, phase by phase")]
+async fn a_lost_shard_drops_only_its_own_reconciles_until_it_is_held_again() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    let env = shared_env().await?;
+    let ns = env.new_namespace("shard-loss").await?;
+    let admin = env.client().await?;
+    let cms = Api::<ConfigMap>::namespaced(admin.clone(), &ns);
+    for i in 0..16 {
+        let cm = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("cm-{i:02}")),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        cms.create(&PostParams::default(), &cm).await?;
+    }
+    // One replica, 4 shards: it holds them all; each reconcile takes 4 s.
+    let client = env.client().await?;
+    let lease = LeaseConfig::new(&ns, "ctl", "a")
+        .lease_duration(Duration::from_secs(2))
+        .renew_deadline(Duration::from_millis(1500))
+        .retry_period(Duration::from_millis(500));
+    let sharded = ShardedElector::new(client.clone(), ShardConfig::new(lease, 4))?;
+    let runs: Runs = Arc::default();
+    let controller = Controller::new(
+        Api::<ConfigMap>::namespaced(client, &ns),
+        watcher::Config::default(),
+    );
+    let run = sharded.controller(controller).run(
+        |cm: Arc<ConfigMap>, runs: Arc<Runs>| async move {
+            let shard = kube_runtime_lease::current_shard().map_or(u16::MAX, |c| c.shard);
+            let at = {
+                let mut r = runs.lock().expect("runs");
+                r.push((cm.name_any(), shard, Instant::now(), None));
+                r.len() - 1
+            };
+            let mut running = Running {
+                runs: (*runs).clone(),
+                at,
+                done: false,
+            };
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            running.done = true;
+            drop(running);
+            Ok::<_, kube::Error>(Action::await_change())
+        },
+        |_cm, _err: &kube::Error, _runs| Action::requeue(Duration::from_secs(1)),
+        Arc::new(runs.clone()),
+    );
+    let task = tokio::spawn(run.for_each(|_| async {}));
+    let started = Instant::now();
+    // All 16 reconciles in flight.
+    while runs.lock().expect("runs").len() < 16 {
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "not every ConfigMap's reconcile started: {:?}",
+            runs.lock().expect("runs")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let lost = runs.lock().expect("runs")[0].1;
+    ensure!(lost < 4, "a reconcile without its shard");
+    // Someone else writes the lost shard's Lease (a foreign holder, renewed
+    // now, for 3 s): the replica's term on it ends at that watch event.
+    let leases = Api::<Lease>::namespaced(admin, &ns);
+    let name = format!("ctl-s4-shard-{lost:02}");
+    let mut record = leases.get(&name).await?;
+    if let Some(spec) = record.spec.as_mut() {
+        spec.holder_identity = Some("intruder".to_owned());
+        spec.lease_duration_seconds = Some(3);
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    }
+    leases.replace(&name, &PostParams::default(), &record).await?;
+    let taken = Instant::now();
+    // When the replica holds the shard again: first it lets it go, then
+    // (once the intruder's record expired) takes it again.
+    let reheld = {
+        let mut held = sharded.held();
+        tokio::spawn(async move {
+            while held.borrow_and_update().contains(&lost) {
+                held.changed().await.ok()?;
+            }
+            while !held.borrow_and_update().contains(&lost) {
+                held.changed().await.ok()?;
+            }
+            Some(Instant::now())
+        })
+    };
+    // Within a second the lost shard's reconciles are gone (dropped, no
+    // end), and none of it starts again while the intruder holds it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(
+        !sharded.held().borrow().contains(&lost),
+        "still holds shard {lost} after the foreign write"
+    );
+    // The other shards' reconciles finish their 4 s.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let done = runs
+            .lock()
+            .expect("runs")
+            .iter()
+            .filter(|r| r.1 != lost && r.3.is_some())
+            .count();
+        let others = runs.lock().expect("runs").iter().filter(|r| r.1 != lost).count();
+        if done == others {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{done} of {others} other reconciles finished"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let snapshot = runs.lock().expect("runs").clone();
+    let of_lost: Vec<_> = snapshot.iter().filter(|r| r.1 == lost && r.2 < taken).collect();
+    ensure!(!of_lost.is_empty(), "no reconcile of shard {lost} was in flight");
+    ensure!(
+        of_lost.iter().all(|r| r.3.is_none()),
+        "a reconcile of the lost shard ran to its end: {of_lost:?}"
+    );
+    // Nothing of the lost shard started while it was someone else's.
+    let held_again = tokio::time::timeout(Duration::from_secs(15), reheld)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten()
+        .with_context(|| format!("shard {lost} not held again after the intruder's expiry"))?;
+    ensure!(
+        held_again.duration_since(taken) >= Duration::from_secs(3),
+        "shard {lost} taken back {:?} after the foreign write, before the intruder's 3 s",
+        held_again.duration_since(taken)
+    );
+    // Once held again, its objects are reconciled again (a gained shard
+    // reconciles its objects), and none started in between.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let snapshot = runs.lock().expect("runs").clone();
+        let between: Vec<_> = snapshot
+            .iter()
+            .filter(|r| r.1 == lost && r.2 > taken && r.2 < held_again)
+            .collect();
+        ensure!(
+            between.is_empty(),
+            "reconciles of shard {lost} while it was not held: {between:?}"
+        );
+        let again = snapshot
+            .iter()
+            .filter(|r| r.1 == lost && r.2 >= held_again)
+            .count();
+        if again >= of_lost.len() {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "shard {lost}'s objects not reconciled again once held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    task.abort();
+    sharded.shutdown(Duration::from_secs(1)).await;
     Ok(())
 }

@@ -28,7 +28,7 @@ use kube::{
 };
 use kube_runtime_lease_harness::{
     EventLog, Fixture, Kind, LeaseRef, Partition, Process, Proxy, Reconcile, Runs, Sig, Timings,
-    check_reconciles, fmt_ms, held_by, ns, serial, wait_balanced, wait_covered,
+    check_reconciles, fmt_ms, held_by, ns, serial, take_process, wait_balanced, wait_covered,
 };
 
 const T: Timings = Timings::FAST;
@@ -107,14 +107,6 @@ async fn start(
     Ok((lease, procs))
 }
 
-fn take(procs: &mut Vec<Process>, name: &str) -> Result<Process> {
-    let i = procs
-        .iter()
-        .position(|p| p.name() == name)
-        .with_context(|| format!("no live process {name}"))?;
-    Ok(procs.remove(i))
-}
-
 /// The shards `a` holds now (by its last `SHARDS` line).
 fn held_by_a(log: &EventLog) -> Vec<u16> {
     held_by(&log.entries(), &["a"])
@@ -147,7 +139,7 @@ fn reconciles_after(log: &EventLog, process: &str, after: u64) -> usize {
 async fn sigterm_hands_the_shards_over_within_a_second() -> Result<()> {
     scenario("sharded: SIGTERM a replica", async |ctx, log| {
         let (_, mut procs) = start(ctx, log, "shards-term", &["a", "b", "c"], None).await?;
-        let mut a = take(&mut procs, "a")?;
+        let mut a = take_process(&mut procs, "a")?;
         let had = held_by_a(log);
         let termed = a.signal(Sig::Term)?;
         let took = re_owned(log, termed, Duration::from_secs(1)).await?;
@@ -205,7 +197,7 @@ async fn a_fourth_replica_joins_by_graceful_handover() -> Result<()> {
 async fn sigkill_shards_are_taken_after_the_lease_duration() -> Result<()> {
     scenario("sharded: SIGKILL a replica", async |ctx, log| {
         let (_, mut procs) = start(ctx, log, "shards-kill", &["a", "b", "c"], None).await?;
-        let mut a = take(&mut procs, "a")?;
+        let mut a = take_process(&mut procs, "a")?;
         let had = held_by_a(log);
         let killed = a.kill().await?;
         let took = re_owned(log, killed, T.lease_duration + Duration::from_secs(1)).await?;

@@ -312,6 +312,11 @@ impl ShardedElector {
     pub async fn run(&self) {
         let inner = &self.inner;
         let cfg = &inner.config.lease;
+        // However it ends (shutdown, the future dropped with its controller's
+        // stream, the membership elector stopped), no shard stays held by a
+        // replica that no longer takes part: its guards go, so each shard is
+        // released once its work stopped, and campaigns stop.
+        let _leave = Leave(self);
         // Live once the membership Lease is held; from then on it is taken
         // again whenever its term ends (a pause, a partition, an API server
         // outage): a member that stops renewing drops out of every peer's
@@ -447,10 +452,14 @@ impl ShardedElector {
                 this.inner.state.lock().held.insert(s, (guard, Instant::now()));
                 this.publish();
                 this.inner.wake.notify_one();
-                let this = this.clone();
+                // (Weakly: the shard's guard lives in `held`, and this task
+                // must not keep the election alive once it is dropped.)
+                let weak = Arc::downgrade(&this.inner);
                 tokio::spawn(async move {
                     ended.await;
-                    this.inner.wake.notify_one();
+                    if let Some(inner) = weak.upgrade() {
+                        inner.wake.notify_one();
+                    }
                 });
             });
             state.acquiring.insert(s, task);
@@ -480,14 +489,10 @@ impl ShardedElector {
         });
     }
 
-    /// Leaves the election: stops the balancer, releases its membership
-    /// Lease (the others' shares grow at once), and gives every shard up
-    /// (each released once its guards are dropped, within `grace`), so that
-    /// the others take them within a watch event and a write each.
-    pub async fn shutdown(&self, grace: Duration) {
+    /// Drops every shard held or campaigned for, and says so.
+    fn give_up_all(&self) {
         let tasks: Vec<JoinHandle<()>> = {
             let mut state = self.inner.state.lock();
-            state.shutdown = true;
             state.held.clear();
             std::mem::take(&mut state.acquiring).into_values().collect()
         };
@@ -495,11 +500,30 @@ impl ShardedElector {
             task.abort();
         }
         self.publish();
+    }
+
+    /// Leaves the election: stops the balancer, releases its membership
+    /// Lease (the others' shares grow at once), and gives every shard up
+    /// (each released once its guards are dropped, within `grace`), so that
+    /// the others take them within a watch event and a write each.
+    pub async fn shutdown(&self, grace: Duration) {
+        self.inner.state.lock().shutdown = true;
+        self.give_up_all();
         self.inner.wake.notify_one();
         // The membership first: the others' shares grow at once, so that
         // they campaign for these shards while they are being released.
         let _ = self.inner.member.shutdown(grace).await;
         futures::future::join_all(self.inner.shards.iter().map(|s| s.shutdown(grace))).await;
+    }
+}
+
+/// Gives every shard up when [`ShardedElector::run`] ends, however it ends.
+struct Leave<'a>(&'a ShardedElector);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        debug!("the sharded election's balancer stopped: giving every shard up");
+        self.0.give_up_all();
     }
 }
 

@@ -384,49 +384,19 @@ fn check(seed: u64, work: &[Work]) {
 
 #[test]
 fn no_shard_is_ever_worked_on_by_two_replicas() {
-    let schedules: u64 = std::env::var("KRL_SIM_SHARDED_SCHEDULES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60);
-    let seeds: Vec<u64> = match std::env::var("KRL_SIM_SEED").ok().and_then(|v| v.parse().ok()) {
-        Some(seed) => {
-            crate::simulation::trace_in_virtual_time();
-            vec![seed]
-        }
-        None => (0..schedules).collect(),
-    };
-    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let chunk = seeds.len().div_ceil(threads).max(1);
-    let (terms, moves) = std::thread::scope(|scope| {
-        let workers: Vec<_> = seeds
-            .chunks(chunk)
-            .map(|seeds| {
-                scope.spawn(move || {
-                    let (mut terms, mut moves) = (0, 0);
-                    for &seed in seeds {
-                        let rt = tokio::runtime::Builder::new_current_thread()
-                            .enable_time()
-                            .start_paused(true)
-                            .build()
-                            .unwrap();
-                        let mut work = rt.block_on(schedule(seed));
-                        check(seed, &work);
-                        terms += work.len();
-                        work.sort_by_key(|w| (w.shard, w.start));
-                        moves += work
-                            .windows(2)
-                            .filter(|w| w[0].shard == w[1].shard && w[0].process != w[1].process)
-                            .count();
-                    }
-                    (terms, moves)
-                })
-            })
-            .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap())
-            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
-    });
+    let seeds = crate::simulation::seeds("KRL_SIM_SHARDED_SCHEDULES", 60);
+    let (terms, moves) = crate::simulation::on_every_core(&seeds, |seed| async move {
+        let mut work = schedule(seed).await;
+        check(seed, &work);
+        work.sort_by_key(|w| (w.shard, w.start));
+        let moves = work
+            .windows(2)
+            .filter(|w| w[0].shard == w[1].shard && w[0].process != w[1].process)
+            .count();
+        (work.len(), moves)
+    })
+    .into_iter()
+    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     // The schedules exercise what they claim to: many terms, shards moving
     // between replicas.
     let n = seeds.len();

@@ -173,6 +173,39 @@ fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
     });
 }
 
+/// A replica whose balancer stops without `shutdown` (its controller's
+/// stream dropped, say) gives every shard up: nothing keeps renewing them,
+/// and the other takes them at once, by release, not after their lease
+/// duration.
+#[test]
+fn a_replica_whose_balancer_is_dropped_gives_its_shards_up() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        let run_a = {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await })
+        };
+        {
+            let b = b.clone();
+            tokio::spawn(async move { b.run().await });
+        }
+        never_shared(&[&a, &b], S(60)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        let stopped = tokio::time::Instant::now();
+        run_a.abort();
+        while sizes(&held(&[&a, &b])) != [0, 12] {
+            assert!(
+                stopped.elapsed() < S(2),
+                "a's shards not released within 2 s (lease duration 4 s): {:?}",
+                held(&[&a, &b])
+            );
+            never_shared(&[&a, &b], Duration::from_millis(10)).await;
+        }
+        assert!(a.status().values().all(|s| !s.is_leader), "a renews nothing");
+    });
+}
+
 /// Every shard's election is in the metrics, one series per shard Lease: the
 /// shards a replica holds are their sum.
 #[cfg(feature = "metrics")]
