@@ -101,6 +101,10 @@ pub enum ConfigError {
         /// The rule it breaks.
         rule: &'static str,
     },
+    /// A sharded election ([`ShardConfig`](crate::ShardConfig)) of no shards.
+    #[cfg(feature = "unstable-shards")]
+    #[error("a sharded election needs at least one shard")]
+    NoShards,
     /// An annotation ([`LeaseConfig::annotation`]) the API server would refuse.
     #[error("annotation {key:?} is invalid: {rule}")]
     InvalidAnnotation {

@@ -67,15 +67,16 @@ pub struct ShardConfig {
 }
 
 impl ShardConfig {
-    /// `shards` shards (at least 1) of the election `lease` describes: its
-    /// name is the base of every Lease (`<name>-s<shards>-shard-<NN>`, and
-    /// `<name>-member-<hash of identity>` for each replica).
+    /// `shards` shards of the election `lease` describes: its name is the
+    /// base of every Lease (`<name>-s<shards>-shard-<NN>`, and
+    /// `<name>-member-<hash of identity>` for each replica) and the value of
+    /// the label that finds them, so at most 63 characters of
+    /// `[A-Za-z0-9._-]`. Checked by [`ShardedElector::new`], before any API
+    /// call: zero shards is [`ConfigError::NoShards`], and every Lease's
+    /// configuration is checked as [`LeaseConfig::validate`] checks one.
     #[must_use]
     pub fn new(lease: LeaseConfig, shards: u16) -> Self {
-        ShardConfig {
-            lease,
-            shards: shards.max(1),
-        }
+        ShardConfig { lease, shards }
     }
 
     fn shard_lease(&self, shard: u16) -> LeaseConfig {
@@ -204,6 +205,9 @@ impl ShardedElector {
     /// # Errors
     /// The first rule a Lease's configuration breaks.
     pub fn new(client: Client, config: ShardConfig) -> Result<Self, ConfigError> {
+        if config.shards == 0 {
+            return Err(ConfigError::NoShards);
+        }
         let shards = (0..config.shards)
             .map(|s| LeaderElector::new(client.clone(), config.shard_lease(s)))
             .collect::<Result<Vec<_>, _>>()?;

@@ -40,6 +40,27 @@ fn sizes(h: &[BTreeSet<u16>]) -> Vec<usize> {
     h.iter().map(BTreeSet::len).collect()
 }
 
+/// Invalid settings are typed errors before any API call: no shards, a
+/// base name that cannot be the label value that finds the Leases, and
+/// whatever one Lease's configuration breaks.
+#[test]
+fn an_invalid_sharded_election_is_an_error_before_any_api_call() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (client, _) = fake.client();
+        let lease = LeaseConfig::new("default", "ctl", "a");
+        let err = ShardedElector::new(client.clone(), ShardConfig::new(lease.clone(), 0)).unwrap_err();
+        assert_eq!(err, crate::ConfigError::NoShards);
+        let long = LeaseConfig::new("default", "x".repeat(64), "a");
+        let err = ShardedElector::new(client.clone(), ShardConfig::new(long, 4)).unwrap_err();
+        assert!(matches!(err, crate::ConfigError::InvalidLabel { .. }), "{err:?}");
+        let bad = lease.renew_deadline(S(20));
+        let err = ShardedElector::new(client, ShardConfig::new(bad, 4)).unwrap_err();
+        assert_eq!(err, crate::ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
+        assert!(fake.seen().is_empty(), "no API call: {:?}", fake.seen());
+    });
+}
+
 #[test]
 fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
     paused(async {
