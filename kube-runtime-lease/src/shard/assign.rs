@@ -218,4 +218,37 @@ mod tests {
         let sizes: Vec<usize> = held.iter().map(BTreeSet::len).collect();
         assert_eq!(sizes, [3, 3, 2, 2, 2]);
     }
+
+    /// More members than a `u16` counts (a misconfiguration, but no panic):
+    /// the first `shards` get one each, the rest none.
+    #[test]
+    fn more_members_than_a_u16_counts_get_one_shard_each_at_most() {
+        let many = members(70_000);
+        let t = targets(&many, 12);
+        assert_eq!(t.len(), 70_000);
+        assert_eq!(t[..12], [1; 12]);
+        assert!(t[12..].iter().all(|&x| x == 0));
+    }
+
+    /// A member takes the free shards it prefers most, and gives up the held
+    /// ones it prefers least: members pick different shards (rendezvous).
+    #[test]
+    fn plans_follow_the_preference_order() {
+        let m = members(1);
+        let id = m.first().unwrap().clone();
+        let all: BTreeSet<u16> = (0..12).collect();
+        let mut ranked: Vec<u16> = all.iter().copied().collect();
+        ranked.sort_by_key(|s| std::cmp::Reverse(preference(&id, *s)));
+        // Alone, it wants all 12: the most preferred first.
+        let p = plan(&id, &m, 12, &BTreeSet::new(), &all, true);
+        assert_eq!(p.take, ranked);
+        // Among 4 members its target is 3: holding all 12, it gives up the 9
+        // it prefers least, least preferred first.
+        let four: BTreeSet<String> = (0..4).map(|i| format!("{id}{}", "~".repeat(i))).collect();
+        assert_eq!(target_of(&id, &four, 12), 3);
+        let p = plan(&id, &four, 12, &all, &BTreeSet::new(), true);
+        let mut least_first = ranked.clone();
+        least_first.reverse();
+        assert_eq!(p.release, least_first[..9]);
+    }
 }
