@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of the safety core (issue 16): cargo-mutants (pinned, installed
 # into the project's tool cache like cargo-deny) over the record logic, the guard,
-# the stream adapter and the election task, with the unit suite and the
+# the stream adapter, the election task and the sharded election's rules and
+# balancer (issue 12), with the unit suite and the
 # simulation as the test command. Slow on a 2-core machine (10-30 s per
 # mutant, a few hours in all), so it is not part of scripts/test.sh: run it by
 # hand, a file or folder at a time, and resume with --iterate (mutants already
@@ -10,6 +11,7 @@
 #   scripts/mutants.sh                      # the whole safety core, in turn
 #   scripts/mutants.sh src/record.rs        # one file
 #   scripts/mutants.sh src/elector          # the election task's folder
+#   scripts/mutants.sh src/shard/mod.rs     # the sharded election's balancer
 #   KRL_MUTANTS_JOBS=2 scripts/mutants.sh   # two mutants at a time
 #   KRL_MUTANTS_ARGS="--shard 0/4" scripts/mutants.sh src/elector
 #
@@ -25,7 +27,7 @@ mutants="$(cargo_tool cargo-mutants 27.1.0 cargo-mutants mutants)"
 
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-    files=(src/record.rs src/guard.rs src/stream.rs src/elector)
+    files=(src/record.rs src/guard.rs src/stream.rs src/elector src/shard/assign.rs src/shard/mod.rs)
 fi
 # A shorter simulation per mutant; the full 1000 schedules run in scripts/test.sh.
 # The unit suite takes ~8 s; a mutant that makes the election loop hot (a retry
@@ -36,6 +38,8 @@ fi
 # fixed --timeout would also bound the baseline, which a loaded machine can
 # exceed: then no mutant of that file is tested.)
 export KRL_SIM_SCHEDULES="${KRL_SIM_SCHEDULES:-200}"
+# And a shorter sharded simulation (60 schedules in scripts/test.sh).
+export KRL_SIM_SHARDED_SCHEDULES="${KRL_SIM_SHARDED_SCHEDULES:-10}"
 for file in "${files[@]}"; do
     out="mutants.out/$(basename "$file" .rs)"
     mkdir -p "$out"

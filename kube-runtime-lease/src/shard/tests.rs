@@ -260,3 +260,166 @@ fn the_metrics_have_one_series_per_shard() {
         );
     });
 }
+
+/// A member's or shard's record is judged by its own lease duration (the
+/// fallback only when it has none), and is live strictly before it expires,
+/// as `record::verdict` judges any Lease.
+#[test]
+fn records_are_fresh_for_their_own_lease_duration_and_not_at_its_end() {
+    paused(async {
+        let seen = |duration: Option<i32>| super::Seen {
+            holder: Some("b".to_owned()),
+            lease: k8s_openapi::api::coordination::v1::Lease {
+                spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                    holder_identity: Some("b".to_owned()),
+                    lease_duration_seconds: duration,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            changed: tokio::time::Instant::now(),
+        };
+        let (long, none) = (seen(Some(20)), seen(None));
+        let start = tokio::time::Instant::now();
+        // 10 s later: a 20 s record is fresh, though the fallback is 4 s.
+        assert!(long.fresh(S(4), start + S(10)));
+        assert!(!none.fresh(S(4), start + S(10)), "no duration: the fallback");
+        // At its very end it is not fresh any more.
+        assert!(long.fresh(S(4), start + S(20) - Duration::from_millis(1)));
+        assert!(!long.fresh(S(4), start + S(20)));
+        // The watch's view: a record seen again (a re-list) keeps its clock;
+        // another object, or a changed record, restarts it.
+        let config = ShardConfig::new(LeaseConfig::new("default", "ctl", "a"), 12);
+        let mut lease = long.lease.clone();
+        lease.metadata.name = Some("ctl-s12-shard-03".to_owned());
+        lease.metadata.uid = Some("u1".to_owned());
+        lease.metadata.labels = Some(
+            [(super::ROLE_LABEL.to_owned(), "shard".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        let mut view = super::View::default();
+        view.observe(&config, &lease, start);
+        view.observe(&config, &lease, start + S(2));
+        assert_eq!(view.shards[&3].changed, start, "seen again: the same clock");
+        assert_eq!(view.shards[&3].holder.as_deref(), Some("b"));
+        let mut recreated = lease.clone();
+        recreated.metadata.uid = Some("u2".to_owned());
+        view.observe(&config, &recreated, start + S(3));
+        assert_eq!(view.shards[&3].changed, start + S(3), "another object");
+        let mut renewed = recreated.clone();
+        renewed.spec.as_mut().unwrap().lease_transitions = Some(1);
+        view.observe(&config, &renewed, start + S(4));
+        assert_eq!(view.shards[&3].changed, start + S(4), "a changed record");
+        // A shard Lease of another shard count is not this election's.
+        let mut other_count = lease.clone();
+        other_count.metadata.name = Some("ctl-s6-shard-04".to_owned());
+        view.observe(&config, &other_count, start);
+        assert!(!view.shards.contains_key(&4));
+        view.members.insert("m-b".to_owned(), long);
+        assert_eq!(
+            view.live_members(S(4), start + S(10)),
+            BTreeSet::from(["b".to_owned()])
+        );
+    });
+}
+
+/// An object's shard is FNV-1a of its UID modulo the shard count, whichever
+/// replica computes it.
+#[test]
+fn every_replica_computes_the_same_shard_of_an_object() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        let shards: BTreeSet<u16> = (0..200)
+            .map(|i| {
+                let uid = format!("4a1b2c3d-0000-4000-8000-{i:012}");
+                let s = a.shard_of(&uid);
+                assert_eq!(s, b.shard_of(&uid));
+                assert_eq!(s, super::assign::shard_of(&uid, 12));
+                s
+            })
+            .collect();
+        assert_eq!(shards.len(), 12, "every shard gets objects: {shards:?}");
+        let debug = format!("{a:?}");
+        assert!(
+            debug.starts_with("ShardedElector") && debug.contains("held"),
+            "{debug}"
+        );
+    });
+}
+
+/// While replicas leave and join: `held()` notifies every change, and only
+/// changes (each notified value differs from the one before); and a shard a
+/// replica took is never handed over within a lease duration of being taken
+/// (the oscillation guard), though the replica is over its share at once.
+#[test]
+fn held_notifies_each_change_and_young_shards_are_not_handed_over() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        // Every value `a.held()` notifies, and when.
+        let notified = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        {
+            let (mut rx, notified) = (a.held(), notified.clone());
+            tokio::spawn(async move {
+                while rx.changed().await.is_ok() {
+                    let now = rx.borrow_and_update().clone();
+                    notified.lock().unwrap().push((tokio::time::Instant::now(), now));
+                }
+            });
+        }
+        for r in [&a, &b] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b], S(60)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        // b leaves: a takes its 6 (young); c joins at once: a is over its
+        // share, but hands over only shards it has held for a lease duration.
+        b.shutdown(S(1)).await;
+        while a.held().borrow().len() < 12 {
+            never_shared(&[&a, &b], Duration::from_millis(10)).await;
+        }
+        let c = replica(&fake, "c");
+        {
+            let c = c.clone();
+            tokio::spawn(async move { c.run().await });
+        }
+        never_shared(&[&a, &c], S(60)).await;
+        assert_eq!(sizes(&held(&[&a, &c])), [6, 6]);
+        let notified = notified.lock().unwrap().clone();
+        assert!(notified.len() >= 3, "{notified:?}");
+        for (i, pair) in notified.windows(2).enumerate() {
+            assert_ne!(
+                pair[0].1,
+                pair[1].1,
+                "notification {} of {} came without a change",
+                i + 1,
+                notified.len()
+            );
+        }
+        assert_eq!(
+            notified.last().map(|n| &n.1),
+            Some(&*a.held().borrow()),
+            "the last change was notified"
+        );
+        // Each shard's stay with a, from the notifications: never handed
+        // over (a is alive throughout) within a lease duration of its taking.
+        let mut since: std::collections::BTreeMap<u16, tokio::time::Instant> = Default::default();
+        let mut before = BTreeSet::new();
+        for (at, now) in &notified {
+            for s in now.difference(&before) {
+                since.insert(*s, *at);
+            }
+            for s in before.difference(now) {
+                let held_for = at.duration_since(since[s]);
+                assert!(
+                    held_for >= S(4),
+                    "shard {s} handed over {held_for:?} after a took it"
+                );
+            }
+            before.clone_from(now);
+        }
+    });
+}
