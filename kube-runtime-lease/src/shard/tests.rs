@@ -406,7 +406,7 @@ fn held_notifies_each_change_and_young_shards_are_not_handed_over() {
         );
         // Each shard's stay with a, from the notifications: never handed
         // over (a is alive throughout) within a lease duration of its taking.
-        let mut since: std::collections::BTreeMap<u16, tokio::time::Instant> = Default::default();
+        let mut since = std::collections::BTreeMap::<u16, tokio::time::Instant>::new();
         let mut before = BTreeSet::new();
         for (at, now) in &notified {
             for s in now.difference(&before) {
