@@ -9,6 +9,7 @@ use std::{fmt::Debug, hash::Hash, pin::pin, sync::Arc};
 use futures::{
     Stream, StreamExt, TryFuture, TryFutureExt,
     future::{self, Either},
+    stream,
 };
 use kube_client::Resource;
 use kube_runtime::{
@@ -58,10 +59,13 @@ enum Gated<E> {
 /// - with one, the reconciler's future runs in the gate's [`Scope`] and races
 ///   the guard: when the term ends it is dropped at its next `.await`;
 /// - the reconciler's own errors go to `error_policy` and into the stream, as
-///   [`Controller::run`] gives them.
+///   [`Controller::run`] gives them;
+/// - `background` (what hands out the terms: a campaign, a balancer) is
+///   polled with the stream, for as long as the stream is.
 #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
 pub(crate) fn run<K, ReconcilerFut, Ctx, S>(
     controller: Controller<K>,
+    background: impl Future<Output = ()>,
     gate: impl Fn(&K) -> Option<(LeaseGuard, S)>,
     skipped: &'static str,
     mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
@@ -96,7 +100,7 @@ where
         // Reconciled again when a term is gained.
         Gated::Skipped(_) | Gated::Lost(_) => Action::await_change(),
     };
-    controller.run(reconcile, policy, context).filter_map(|item| {
+    let controller = controller.run(reconcile, policy, context).filter_map(|item| {
         future::ready(match item {
             Ok(done) => Some(Ok(done)),
             Err(ControllerError::ReconcilerFailed(Gated::Reconciler(e), object)) => {
@@ -112,5 +116,7 @@ where
             Err(ControllerError::QueueError(e)) => Some(Err(ControllerError::QueueError(e))),
             Err(ControllerError::RunnerError(e)) => Some(Err(ControllerError::RunnerError(e))),
         })
-    })
+    });
+    let background = stream::once(background).filter_map(|()| future::ready(None));
+    stream::select(controller, background)
 }

@@ -6,10 +6,9 @@
 use std::{fmt::Debug, hash::Hash, pin::pin, sync::Arc};
 
 use futures::{
-    FutureExt, Stream, StreamExt, TryFuture,
+    FutureExt, Stream, TryFuture,
     channel::mpsc,
     future::{self, Either},
-    stream,
 };
 use kube_client::Resource;
 use kube_runtime::{
@@ -70,20 +69,21 @@ where
         let elector = self.elector;
         let (terms_tx, terms_rx) = mpsc::unbounded::<()>();
         let gate = elector.clone();
-        let controller = crate::gated::run(
-            self.controller
-                .reconcile_all_on(terms_rx)
-                .graceful_shutdown_on(elector.shutdown_requested()),
+        let controller = self
+            .controller
+            .reconcile_all_on(terms_rx)
+            .graceful_shutdown_on(elector.shutdown_requested());
+        crate::gated::run(
+            controller,
+            // Campaigns for as long as the stream is polled, polled with it.
+            hold_each_term(elector, terms_tx),
             // Only while a term holds is the user's reconciler even called.
             move |_: &K| gate.current_guard().map(|guard| (guard, ())),
             "not leading",
             reconciler,
             error_policy,
             context,
-        );
-        // Campaigns for as long as the stream is polled, polled with it.
-        let campaign = stream::once(hold_each_term(elector, terms_tx)).filter_map(|()| future::ready(None));
-        stream::select(controller, campaign)
+        )
     }
 }
 

@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeSet, fmt::Debug, hash::Hash, sync::Arc};
 
-use futures::{Stream, StreamExt, TryFuture, channel::mpsc, future, stream};
+use futures::{Stream, TryFuture, channel::mpsc};
 use kube_client::Resource;
 use kube_runtime::{
     Controller,
@@ -104,8 +104,16 @@ where
         let sharded = self.sharded;
         let (gained_tx, gained_rx) = mpsc::unbounded::<()>();
         let gate = sharded.clone();
-        let controller = crate::gated::run(
+        // The balancer runs, and gains are signalled, while the stream is polled.
+        let balancer = {
+            let sharded = sharded.clone();
+            async move {
+                futures::join!(sharded.run(), signal_gains(sharded.clone(), gained_tx));
+            }
+        };
+        crate::gated::run(
             self.controller.reconcile_all_on(gained_rx),
+            balancer,
             // Only on the replica holding the object's shard is the user's
             // reconciler even called, within that shard's `current_shard`.
             move |object: &K| {
@@ -121,17 +129,7 @@ where
             reconciler,
             error_policy,
             context,
-        );
-        let balancer = {
-            let sharded = sharded.clone();
-            async move { sharded.run().await }
-        };
-        let gains = signal_gains(sharded, gained_tx);
-        let background = stream::once(async move {
-            futures::join!(balancer, gains);
-        })
-        .filter_map(|()| future::ready(None));
-        stream::select(controller, background)
+        )
     }
 }
 
