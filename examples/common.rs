@@ -156,3 +156,14 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
     }
 }
+
+/// The examples' error policy: log the error, and try the object again in
+/// five seconds.
+pub fn error_policy<K>(
+    _object: std::sync::Arc<K>,
+    err: &kube::Error,
+    _ctx: std::sync::Arc<()>,
+) -> kube::runtime::controller::Action {
+    tracing::warn!(error = %err, "reconcile failed");
+    kube::runtime::controller::Action::requeue(Duration::from_secs(5))
+}

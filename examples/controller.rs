@@ -28,7 +28,7 @@ use kube::{
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
 use kube_runtime_lease_examples::{
-    client, init_tracing, lease_config,
+    client, error_policy, init_tracing, lease_config,
     probes::{self, Readiness},
     shutdown_signal,
 };
@@ -38,11 +38,6 @@ async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Er
     info!(configmap = %cm.name_any(), namespace = cm.namespace().unwrap_or_default(), "reconciling");
     tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(Action::requeue(Duration::from_secs(300)))
-}
-
-fn error_policy(_cm: Arc<ConfigMap>, err: &kube::Error, _ctx: Arc<()>) -> Action {
-    warn!(error = %err, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
 }
 
 #[tokio::main]

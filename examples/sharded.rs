@@ -22,8 +22,8 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{ShardConfig, ShardedElector, current_shard};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
-use tracing::{info, warn};
+use kube_runtime_lease_examples::{client, error_policy, init_tracing, lease_config, shutdown_signal};
+use tracing::info;
 
 async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Error> {
     // Write `fencing_token` beside the reconcile's side effects, so that a
@@ -36,11 +36,6 @@ async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Er
         "reconciling"
     );
     Ok(Action::requeue(Duration::from_secs(300)))
-}
-
-fn error_policy(_cm: Arc<ConfigMap>, err: &kube::Error, _ctx: Arc<()>) -> Action {
-    warn!(error = %err, "reconcile failed");
-    Action::requeue(Duration::from_secs(5))
 }
 
 #[tokio::main]

@@ -100,7 +100,7 @@ pub async fn scenario_sharded(
 ) -> Result<()> {
     let ns = ctx.env.new_namespace("bench-sharded").await?;
     eprintln!("sharded: creating {OBJECTS} ConfigMaps in {ns}");
-    crate::warm::fill(ctx, &ns, OBJECTS, 0).await?;
+    kube_runtime_lease_harness::create_configmaps(&ctx.client, &ns, OBJECTS, 0).await?;
     for trial in 0..trials {
         let mut order = REPLICAS;
         if trial % 2 == 1 {

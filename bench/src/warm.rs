@@ -9,14 +9,10 @@
 //! during the takeover (`apiserver_request_total`); and the standby's
 //! resident memory (VmRSS) while it follows.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use futures::{StreamExt as _, TryStreamExt as _};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{ObjectMeta, PostParams};
-use kube_runtime_lease_harness::{Kind, Sig, configmap_lists};
+use kube_runtime_lease_harness::{Kind, Sig, configmap_lists, create_configmaps};
 use serde::{Deserialize, Serialize};
 
 use crate::candidate::Ctx;
@@ -31,8 +27,6 @@ pub const OBJECTS: usize = 5_000;
 const VALUE_BYTES: usize = 256;
 /// The order of trial 0's takeovers.
 const MODES: [&str; 2] = ["cold", "warm"];
-/// Creations in flight while filling the namespace.
-const CREATE_CONCURRENCY: usize = 16;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WarmTrial {
@@ -55,38 +49,12 @@ pub struct WarmTrial {
     pub loadavg: f64,
 }
 
-/// Creates `objects` ConfigMaps in `ns` (`cm-00000`, ...), each with one key
-/// of `value_bytes` bytes (none when 0).
-pub async fn fill(ctx: &Ctx, ns: &str, objects: usize, value_bytes: usize) -> Result<()> {
-    let api = kube::Api::<ConfigMap>::namespaced(ctx.client.clone(), ns);
-    let data = (value_bytes > 0).then(|| BTreeMap::from([("v".to_owned(), "x".repeat(value_bytes))]));
-    futures::stream::iter(0..objects)
-        .map(|i| {
-            let (api, data) = (api.clone(), data.clone());
-            async move {
-                let cm = ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(format!("cm-{i:05}")),
-                        ..ObjectMeta::default()
-                    },
-                    data,
-                    ..ConfigMap::default()
-                };
-                api.create(&PostParams::default(), &cm).await.map(drop)
-            }
-        })
-        .buffer_unordered(CREATE_CONCURRENCY)
-        .try_collect::<()>()
-        .await
-        .context("creating the ConfigMaps")
-}
-
 /// Runs `trials` takeovers per mode (cold, warm, warm, cold, ...) over
 /// `objects` ConfigMaps, appending to `out`.
 pub async fn scenario_warm(ctx: &Ctx, trials: usize, objects: usize, out: &mut Vec<WarmTrial>) -> Result<()> {
     let ns = ctx.env.new_namespace("bench-warm").await?;
     eprintln!("warm: creating {objects} ConfigMaps in {ns}");
-    fill(ctx, &ns, objects, VALUE_BYTES).await?;
+    create_configmaps(&ctx.client, &ns, objects, VALUE_BYTES).await?;
     for trial in 0..trials {
         // The order flips every trial, so that neither mode always runs first.
         let modes = if trial % 2 == 0 {

@@ -38,6 +38,7 @@ pub mod fixture;
 pub mod intervals;
 pub mod lease;
 pub mod metrics;
+pub mod objects;
 pub mod parent_exit;
 pub mod process;
 pub mod proxy;
@@ -62,6 +63,7 @@ pub use lease::{
     watch_lease_events,
 };
 pub use metrics::{configmap_lists, metric_label, metric_samples, requests_served};
+pub use objects::create_configmaps;
 pub use process::{Outputs, Process, send_signal, take_process};
 pub use proxy::{Partition, Proxy, ProxyStats};
 pub use runs::Runs;

@@ -19,11 +19,11 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, ResourceExt,
-    api::{ObjectMeta, PostParams},
+    api::PostParams,
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaseConfig, ShardConfig, ShardedElector};
-use kube_runtime_lease_harness::shared_env;
+use kube_runtime_lease_harness::{create_configmaps, shared_env};
 use tokio::time::Instant;
 
 /// Reconciles: (uid, replica, start, end).
@@ -85,17 +85,7 @@ async fn replicas_share_twelve_shards_of_600_configmaps_and_rebalance_on_join_an
     let env = shared_env().await?;
     let ns = env.new_namespace("sharded").await?;
     let admin = env.client().await?;
-    let cms = Api::<ConfigMap>::namespaced(admin, &ns);
-    for i in 0..600 {
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(format!("cm-{i:03}")),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        cms.create(&PostParams::default(), &cm).await?;
-    }
+    create_configmaps(&admin, &ns, 600, 0).await?;
     let log: Log = Arc::default();
     assert_eq!(kube_runtime_lease::current_shard(), None, "outside a reconcile");
     let wrong_shard = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -244,17 +234,7 @@ async fn a_lost_shard_drops_only_its_own_reconciles_until_it_is_held_again() -> 
     let env = shared_env().await?;
     let ns = env.new_namespace("shard-loss").await?;
     let admin = env.client().await?;
-    let cms = Api::<ConfigMap>::namespaced(admin.clone(), &ns);
-    for i in 0..16 {
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(format!("cm-{i:02}")),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        cms.create(&PostParams::default(), &cm).await?;
-    }
+    create_configmaps(&admin, &ns, 16, 0).await?;
     // One replica, 4 shards: it holds them all; each reconcile takes 4 s.
     let client = env.client().await?;
     let lease = LeaseConfig::new(&ns, "ctl", "a")

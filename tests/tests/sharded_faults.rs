@@ -21,14 +21,10 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::{
-    Api,
-    api::{ObjectMeta, PostParams},
-};
 use kube_runtime_lease_harness::{
     EventLog, Fixture, Kind, LeaseRef, Partition, Process, Proxy, Reconcile, Runs, Sig, Timings,
-    check_reconciles, fmt_ms, held_by, ns, serial, take_process, wait_balanced, wait_covered,
+    check_reconciles, create_configmaps, fmt_ms, held_by, ns, serial, take_process, wait_balanced,
+    wait_covered,
 };
 
 const T: Timings = Timings::FAST;
@@ -59,17 +55,7 @@ async fn scenario(name: &str, run: impl AsyncFn(&Fixture, &EventLog) -> Result<S
 /// election's Leases in it.
 async fn election(ctx: &Fixture, prefix: &str) -> Result<LeaseRef> {
     let namespace = ctx.env.new_namespace(prefix).await?;
-    let cms = Api::<ConfigMap>::namespaced(ctx.client.clone(), &namespace);
-    for i in 0..OBJECTS {
-        let cm = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(format!("cm-{i:02}")),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        cms.create(&PostParams::default(), &cm).await?;
-    }
+    create_configmaps(&ctx.client, &namespace, OBJECTS, 0).await?;
     Ok(LeaseRef {
         namespace,
         name: "ctl".to_owned(),

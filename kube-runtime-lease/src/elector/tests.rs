@@ -14,6 +14,16 @@ use crate::{
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
+/// A candidate whose first renewal comes only 20 s after its term began
+/// (lease 40 s, renew deadline 30 s): for tests of what the watch shows
+/// between a term's first write and its next.
+fn unhurried(identity: &str) -> crate::LeaseConfig {
+    config(identity)
+        .lease_duration(S(40))
+        .renew_deadline(S(30))
+        .retry_period(S(20))
+}
+
 fn assert_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
 
 #[test]
@@ -1181,13 +1191,7 @@ fn a_takeover_made_while_the_watch_was_broken_ends_the_term_when_it_is_back() {
 fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
     paused(async {
         let fake = free();
-        let (e, id) = elector(
-            &fake,
-            config("me")
-                .lease_duration(S(40))
-                .renew_deadline(S(30))
-                .retry_period(S(20)),
-        );
+        let (e, id) = elector(&fake, unhurried("me"));
         fake.fault(id, Some("list"), Fault::Status(500));
         fake.fault(id, Some("list"), Fault::Status(500));
         let guard = e.acquire().await.unwrap();
@@ -1229,13 +1233,7 @@ fn a_re_list_from_a_lagging_cache_does_not_end_the_term() {
         let fake = free();
         // No renewal before the re-list (retry period 20 s): the stale
         // record the re-list shows is the free one the term began on.
-        let (e, id) = elector(
-            &fake,
-            config("me")
-                .lease_duration(S(40))
-                .renew_deadline(S(30))
-                .retry_period(S(20)),
-        );
+        let (e, id) = elector(&fake, unhurried("me"));
         let guard = e.acquire().await.unwrap();
         sleep(MS(100)).await;
         // The watch expires (410 Gone), so the watcher re-lists, and the
@@ -1713,13 +1711,7 @@ fn events_are_about_the_lease_object() {
 fn a_lease_deleted_while_the_watch_was_down_ends_the_term_at_the_re_list() {
     paused(async {
         let fake = free();
-        let (e, _) = elector(
-            &fake,
-            config("me")
-                .lease_duration(S(40))
-                .renew_deadline(S(30))
-                .retry_period(S(20)),
-        );
+        let (e, _) = elector(&fake, unhurried("me"));
         let guard = e.acquire().await.unwrap();
         sleep(MS(100)).await;
         // The watch expires, and the Lease is deleted before the re-list:
