@@ -217,40 +217,29 @@
 #![warn(missing_docs)]
 
 mod config;
-mod coordinated;
+mod controller;
 mod elector;
 mod error;
-mod ext;
-mod gated;
 mod guard;
-mod metadata;
 mod metrics;
 mod record;
-mod rejoin;
 #[cfg(feature = "unstable-shards")]
 mod shard;
 mod stream;
-mod warm;
+mod term;
 
-pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
-pub use coordinated::Coordinated;
-pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
+pub use config::{ConfigError, Coordinated, Field, LeaseConfig, unique_identity};
+pub use controller::{ControllerWithLeaderElection, LeaderElectionControllerExt, warm::WarmController};
+pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus, RunEnded};
 pub use error::{AcquireError, ApiError, ShutdownError};
-pub use ext::{ControllerWithLeaderElection, LeaderElectionControllerExt, LeaderElectionStreamExt};
 pub use guard::{LeaseGuard, Lost};
 #[cfg(feature = "metrics")]
 pub use metrics::LeaseMetrics;
-pub use rejoin::RunEnded;
 #[cfg(feature = "unstable-shards")]
-pub use shard::{Current as CurrentShard, ShardConfig, ShardedController, ShardedElector, current_shard};
-pub use stream::WithLeaderElection;
-pub use warm::WarmController;
+pub use shard::{CurrentShard, ShardConfig, ShardedController, ShardedElector, current_shard};
+pub use stream::{LeaderElectionStreamExt, WithLeaderElection};
 
-#[cfg(test)]
-mod regressions;
-#[cfg(test)]
-mod simulation;
-#[cfg(test)]
-mod test_support;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
+#[cfg(test)]
+mod tests;

@@ -1,4 +1,5 @@
-//! [`WithLeaderElection`]: the adapter returned by `with_leader_election`.
+//! A guarded [`Stream`]: [`LeaderElectionStreamExt::with_leader_election`] and
+//! the adapter it returns, [`WithLeaderElection`].
 
 #[cfg(test)]
 mod tests;
@@ -263,3 +264,38 @@ impl<S> std::fmt::Debug for WithLeaderElection<S> {
             .finish_non_exhaustive()
     }
 }
+
+/// Adds [`with_leader_election`](Self::with_leader_election) to every [`Stream`].
+pub trait LeaderElectionStreamExt: Stream {
+    /// Runs this stream only while `elector`'s candidate leads.
+    ///
+    /// The stream is not polled until the Lease is acquired, is dropped as soon
+    /// as leadership ends, and when it ends on its own the Lease is released
+    /// (once no other stream or guard shares the term). Several streams given
+    /// the same elector share one Lease and one renewal loop: acquiring starts
+    /// them all, losing stops them all.
+    ///
+    /// ```no_run
+    /// use futures::StreamExt;
+    /// use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig, unique_identity};
+    ///
+    /// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// let elector = LeaderElector::new(client, LeaseConfig::new("default", "my-job", unique_identity()))?;
+    /// let work = futures::stream::iter(0..).then(|i| async move { i * 2 });
+    /// let mut guarded = std::pin::pin!(work.with_leader_election(&elector));
+    /// while let Some(item) = guarded.next().await {
+    ///     println!("{item}");
+    /// }
+    /// println!("stopped: {:?}", guarded.lost());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn with_leader_election(self, elector: &LeaderElector) -> WithLeaderElection<Self>
+    where
+        Self: Sized,
+    {
+        WithLeaderElection::new(self, elector)
+    }
+}
+
+impl<S: Stream> LeaderElectionStreamExt for S {}

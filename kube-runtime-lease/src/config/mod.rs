@@ -4,12 +4,17 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
+pub(crate) mod coordinated;
 mod error;
+pub(crate) mod metadata;
 mod names;
 
-pub use self::error::{ConfigError, Field};
+use self::metadata::LeaseMetadata;
 pub(crate) use self::names::{dns1123_label, dns1123_subdomain};
-use crate::{coordinated::Coordinated, metadata::LeaseMetadata};
+pub use self::{
+    coordinated::Coordinated,
+    error::{ConfigError, Field},
+};
 
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;

@@ -8,10 +8,7 @@ use tokio::time::Instant;
 use tracing::info;
 
 use super::Inner;
-use crate::{
-    error::AcquireError,
-    guard::{LeaseGuard, Term},
-};
+use crate::{error::AcquireError, guard::LeaseGuard, term::Term};
 
 impl Inner {
     /// A guard of the one term of a disabled election, begun now if it has

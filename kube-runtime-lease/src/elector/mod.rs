@@ -3,18 +3,13 @@
 
 mod acquire;
 mod api;
-#[cfg(test)]
-mod campaign_tests;
-mod candidate;
-#[cfg(test)]
-mod coordinated_tests;
 mod disabled;
 mod events;
+mod lease_candidate;
 mod memory;
+mod rejoin;
 mod status;
 mod supervise;
-#[cfg(test)]
-mod supervise_tests;
 mod task;
 #[cfg(test)]
 mod tests;
@@ -34,15 +29,17 @@ use tracing::{info, warn};
 
 pub use self::{
     acquire::Acquire,
+    rejoin::RunEnded,
     status::{HealthError, LeaderStatus},
 };
 use self::{api::LeaseApi, memory::Memory, supervise::join};
 use crate::{
     config::{ConfigError, LeaseConfig},
     error::{Result, ShutdownError},
-    guard::{LeaseGuard, Lost, Term},
+    guard::{LeaseGuard, Lost},
     metrics::Metrics,
     record,
+    term::Term,
 };
 
 /// A candidate in the election for one Lease: a cheap, cloneable handle.

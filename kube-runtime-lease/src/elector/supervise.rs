@@ -156,7 +156,7 @@ async fn run(mut task: Task) -> Result<()> {
         .coordinated
         .as_ref()
         .filter(|_| !fell_back)
-        .map(|c| super::candidate::Candidate::new(inner.api.client(), &inner.config, c));
+        .map(|c| super::lease_candidate::Candidate::new(inner.api.client(), &inner.config, c));
     let keep_candidate = async {
         match &candidate {
             Some(c) => c.run(&inner).await,

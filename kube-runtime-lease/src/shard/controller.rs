@@ -20,7 +20,7 @@ use super::ShardedElector;
 /// The shard a reconcile of a [`ShardedController`] works for, and its term's
 /// fencing token: see [`current_shard`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Current {
+pub struct CurrentShard {
     /// The object's shard.
     pub shard: u16,
     /// The fencing token of this replica's term on that shard (see
@@ -29,10 +29,10 @@ pub struct Current {
 }
 
 tokio::task_local! {
-    static CURRENT: Current;
+    static CURRENT: CurrentShard;
 }
 
-impl crate::gated::Scope for Current {
+impl crate::controller::gated::Scope for CurrentShard {
     fn scope<F: Future + Send>(self, work: F) -> impl Future<Output = F::Output> + Send {
         CURRENT.scope(self, work)
     }
@@ -43,7 +43,7 @@ impl crate::gated::Scope for Current {
 /// fencing token of that shard's term, to write beside the reconcile's side
 /// effects. `None` anywhere else.
 #[must_use]
-pub fn current_shard() -> Option<Current> {
+pub fn current_shard() -> Option<CurrentShard> {
     CURRENT.try_with(|c| *c).ok()
 }
 
@@ -111,7 +111,7 @@ where
                 futures::join!(sharded.run(), signal_gains(sharded.clone(), gained_tx));
             }
         };
-        crate::gated::run(
+        crate::controller::gated::run(
             self.controller.reconcile_all_on(gained_rx),
             balancer,
             // Only on the replica holding the object's shard is the user's
@@ -119,7 +119,7 @@ where
             move |object: &K| {
                 let shard = gate.shard_of(object.meta().uid.as_deref()?);
                 let guard = gate.guard(shard)?;
-                let current = Current {
+                let current = CurrentShard {
                     shard,
                     fencing_token: guard.fencing_token(),
                 };

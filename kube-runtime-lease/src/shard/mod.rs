@@ -27,11 +27,9 @@
 mod assign;
 mod controller;
 #[cfg(test)]
-mod simulation;
-#[cfg(test)]
 mod tests;
 
-pub use self::controller::{Current, ShardedController, current_shard};
+pub use self::controller::{CurrentShard, ShardedController, current_shard};
 
 use std::{
     collections::{BTreeMap, BTreeSet},

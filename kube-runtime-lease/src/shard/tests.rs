@@ -5,7 +5,7 @@ use std::{collections::BTreeSet, time::Duration};
 use tokio::time::sleep;
 
 use super::{ShardConfig, ShardedElector};
-use crate::{LeaseConfig, test_support::paused, test_util::FakeLeaseApi};
+use crate::{LeaseConfig, test_util::FakeLeaseApi, tests::support::paused};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
@@ -241,7 +241,7 @@ fn the_metrics_have_one_series_per_shard() {
         tokio::spawn(async move { run.run().await });
         never_shared(&[&a], S(30)).await;
         assert_eq!(a.held().borrow().len(), 12);
-        let text = crate::test_support::scrape(&registry);
+        let text = crate::tests::support::scrape(&registry);
         let leading = (0..12)
             .filter(|s| {
                 text.contains(&format!(

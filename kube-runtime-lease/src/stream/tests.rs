@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::{
     LeaderElectionStreamExt, Lost, WithLeaderElection,
-    test_support::{config, elector, free, paused, paused_runtime},
+    tests::support::{config, elector, free, paused, paused_runtime},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -578,7 +578,7 @@ fn acquire_on_a_runtime_that_shut_down_fails_instead_of_deadlocking() {
 #[test]
 fn an_idle_guarded_stream_ends_at_a_moved_deadline_on_its_own_timer() {
     paused(async {
-        use crate::guard::Term;
+        use crate::term::Term;
 
         let (e, _) = elector(&free(), config("me"));
         let started = Instant::now();
@@ -623,7 +623,7 @@ fn a_guard_polled_outside_a_runtime_is_pending_and_debug_names_its_term() {
 #[test]
 fn an_item_made_while_the_deadline_passed_is_not_handed_out() {
     paused(async {
-        use crate::guard::Term;
+        use crate::term::Term;
 
         let (e, _) = elector(&free(), config("me"));
         let term = Arc::new(Term::new(1, Instant::now(), S(10)));

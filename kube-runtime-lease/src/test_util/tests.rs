@@ -7,7 +7,7 @@ use kube_client::{
 };
 
 use super::*;
-use crate::test_support::paused;
+use crate::tests::support::paused;
 
 fn named(name: &str) -> Lease {
     Lease {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{Task, term::TermRun};
+use super::{Task, lead::TermRun};
 use crate::{
     error::Result,
     guard::Lost,

@@ -46,8 +46,8 @@
 
 mod campaign;
 mod end;
+mod lead;
 mod observe;
-mod term;
 
 use std::sync::Arc;
 

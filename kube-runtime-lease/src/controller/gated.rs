@@ -24,7 +24,7 @@ use tracing::debug;
 use crate::{LeaseGuard, Lost};
 
 /// What a gated reconcile runs in: nothing more (`()`), or a task-local
-/// value its reconciler can read (a shard's [`Current`](crate::Current)).
+/// value its reconciler can read (a shard's [`CurrentShard`](crate::CurrentShard)).
 pub(crate) trait Scope: Send + 'static {
     /// `work`, run within this scope.
     fn scope<F: Future + Send>(self, work: F) -> impl Future<Output = F::Output> + Send;

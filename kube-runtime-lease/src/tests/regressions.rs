@@ -18,8 +18,8 @@ use tokio::time::{Instant, advance, sleep, timeout};
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
-    guard::Term,
-    test_support::{
+    term::Term,
+    tests::support::{
         acquire_on_a_helper_runtime, config, count, elector, free, held_by, helper_runtime, holder, paused,
         paused_runtime, spec,
     },
@@ -733,7 +733,7 @@ fn flapping_demand_keeps_one_observation() {
 #[cfg(feature = "metrics")]
 #[test]
 fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
-    use crate::test_support::scrape;
+    use crate::tests::support::scrape;
     use prometheus_client::registry::Registry;
     const SERIES: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
 

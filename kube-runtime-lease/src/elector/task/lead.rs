@@ -14,8 +14,9 @@ use super::{Obs, Task, observe::next_event};
 use crate::{
     elector::supervise::Demand,
     error::Result,
-    guard::{Lost, Term},
+    guard::Lost,
     record::{self, TermId},
+    term::Term,
 };
 
 /// What woke a leading term's loop.

@@ -8,7 +8,7 @@
 //! cache).
 //!
 //! Every replica does the work of each shard it holds as a Controller of
-//! [`ShardedController`](super::ShardedController) does: units of work one
+//! [`ShardedController`](crate::ShardedController) does: units of work one
 //! after another, each begun only while the shard's term holds, stopped when
 //! the term ends. Invariant: at no virtual instant do two replicas work on
 //! one shard, counting for work that was stopped (not finished) a tail of
@@ -30,11 +30,11 @@ use tokio::{
     time::{Instant, sleep, timeout},
 };
 
-use super::{ShardConfig, ShardedElector};
 use crate::{
     LeaseConfig, LeaseGuard,
     test_util::{FakeLeaseApi, Fault},
 };
+use crate::{ShardConfig, ShardedElector};
 
 /// Replica slots.
 const SLOTS: usize = 4;
@@ -384,8 +384,8 @@ fn check(seed: u64, work: &[Work]) {
 
 #[test]
 fn no_shard_is_ever_worked_on_by_two_replicas() {
-    let seeds = crate::simulation::seeds("KRL_SIM_SHARDED_SCHEDULES", 60);
-    let (terms, moves) = crate::simulation::on_every_core(&seeds, |seed| async move {
+    let seeds = crate::tests::simulation::seeds("KRL_SIM_SHARDED_SCHEDULES", 60);
+    let (terms, moves) = crate::tests::simulation::on_every_core(&seeds, |seed| async move {
         let mut work = schedule(seed).await;
         check(seed, &work);
         work.sort_by_key(|w| (w.shard, w.start));

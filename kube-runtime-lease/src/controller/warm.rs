@@ -73,7 +73,7 @@ where
             .controller
             .reconcile_all_on(terms_rx)
             .graceful_shutdown_on(elector.shutdown_requested());
-        crate::gated::run(
+        crate::controller::gated::run(
             controller,
             // Campaigns for as long as the stream is polled, polled with it.
             hold_each_term(elector, terms_tx),

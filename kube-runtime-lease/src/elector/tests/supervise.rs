@@ -14,10 +14,10 @@ use std::{
 use futures::{future::MaybeDone, task::noop_waker_ref};
 use tokio::time::{Instant, sleep, timeout};
 
-use super::{Acquire, Interleave};
+use crate::elector::{Acquire, Interleave};
 use crate::{
     AcquireError,
-    test_support::{acquire_on_a_helper_runtime, config, elector, free, paused, paused_runtime},
+    tests::support::{acquire_on_a_helper_runtime, config, elector, free, paused, paused_runtime},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;

@@ -10,7 +10,7 @@ use tokio::time::sleep;
 use crate::test_util::FakeLeaseApi;
 use crate::{
     Coordinated, LeaseConfig, Lost,
-    test_support::{config, elector, held_by, holder, paused, spec},
+    tests::support::{config, elector, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -247,7 +247,7 @@ fn acquire_ready_now(e: &crate::LeaderElector) -> bool {
 #[cfg(feature = "metrics")]
 #[test]
 fn the_coordinated_metric_says_which_election_is_in_force() {
-    use crate::test_support::scrape;
+    use crate::tests::support::scrape;
     use prometheus_client::registry::Registry;
     const SERIES: &str = r#"leader_election_coordinated{namespace="default",lease="lease"}"#;
 
@@ -300,7 +300,7 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
 
 #[test]
 fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
-    let text = crate::test_support::logs_during(tracing::Level::WARN, || {
+    let text = crate::tests::support::logs_during(tracing::Level::WARN, || {
         paused(async {
             // RBAC without `leasecandidates`: not the fallback (the API is
             // served), so no ordinary election either: it waits, retrying.
@@ -500,7 +500,7 @@ fn a_candidate_refreshes_every_five_minutes_and_not_sooner() {
 /// `delete`'s 404 guards).
 #[test]
 fn a_failed_candidate_call_says_why_and_a_candidate_already_gone_is_no_failure() {
-    let text = crate::test_support::logs_during(tracing::Level::WARN, || {
+    let text = crate::tests::support::logs_during(tracing::Level::WARN, || {
         paused(async {
             let fake = FakeLeaseApi::default().serve_lease_candidates();
             let (e, acquire) = published(&fake).await;
@@ -516,7 +516,7 @@ fn a_failed_candidate_call_says_why_and_a_candidate_already_gone_is_no_failure()
         text.contains("deleting the LeaseCandidate failed") && text.contains("refused by the test"),
         "{text}"
     );
-    let text = crate::test_support::logs_during(tracing::Level::WARN, || {
+    let text = crate::tests::support::logs_during(tracing::Level::WARN, || {
         paused(async {
             let fake = FakeLeaseApi::default()
                 .serve_lease_candidates()
@@ -544,7 +544,7 @@ fn a_failed_candidate_call_says_why_and_a_candidate_already_gone_is_no_failure()
 /// (issue 16: kills the retry guard's `-> true` and `&& -> ||`).
 #[test]
 fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
-    let text = crate::test_support::logs_during(tracing::Level::WARN, || {
+    let text = crate::tests::support::logs_during(tracing::Level::WARN, || {
         paused(async {
             let fake = FakeLeaseApi::default()
                 .serve_lease_candidates()

@@ -1,7 +1,15 @@
-//! The extension traits that add `with_leader_election`.
+//! Leadership for a [`Controller`]: [`LeaderElectionControllerExt`] and the
+//! guarded Controller it returns ([`ControllerWithLeaderElection`]), warm
+//! standby ([`warm`]), and the gated run that warm standby and elected shards
+//! share ([`gated`]).
 //!
-//! Two traits, because one trait with a blanket implementation for every
-//! stream and another for `Controller` would conflict (E0119).
+//! The Controller has its own extension trait, apart from
+//! [`LeaderElectionStreamExt`](crate::LeaderElectionStreamExt): one trait with
+//! a blanket implementation for every stream and one for `Controller` would
+//! conflict (E0119).
+
+pub(crate) mod gated;
+pub(crate) mod warm;
 
 use std::{fmt::Debug, hash::Hash, sync::Arc};
 
@@ -15,42 +23,8 @@ use kube_runtime::{
 };
 use serde::de::DeserializeOwned;
 
-use crate::{LeaderElector, WarmController, WithLeaderElection};
-
-/// Adds [`with_leader_election`](Self::with_leader_election) to every [`Stream`].
-pub trait LeaderElectionStreamExt: Stream {
-    /// Runs this stream only while `elector`'s candidate leads.
-    ///
-    /// The stream is not polled until the Lease is acquired, is dropped as soon
-    /// as leadership ends, and when it ends on its own the Lease is released
-    /// (once no other stream or guard shares the term). Several streams given
-    /// the same elector share one Lease and one renewal loop: acquiring starts
-    /// them all, losing stops them all.
-    ///
-    /// ```no_run
-    /// use futures::StreamExt;
-    /// use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, LeaseConfig, unique_identity};
-    ///
-    /// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
-    /// let elector = LeaderElector::new(client, LeaseConfig::new("default", "my-job", unique_identity()))?;
-    /// let work = futures::stream::iter(0..).then(|i| async move { i * 2 });
-    /// let mut guarded = std::pin::pin!(work.with_leader_election(&elector));
-    /// while let Some(item) = guarded.next().await {
-    ///     println!("{item}");
-    /// }
-    /// println!("stopped: {:?}", guarded.lost());
-    /// # Ok(())
-    /// # }
-    /// ```
-    fn with_leader_election(self, elector: &LeaderElector) -> WithLeaderElection<Self>
-    where
-        Self: Sized,
-    {
-        WithLeaderElection::new(self, elector)
-    }
-}
-
-impl<S: Stream> LeaderElectionStreamExt for S {}
+use self::warm::WarmController;
+use crate::{LeaderElector, WithLeaderElection};
 
 /// Adds [`with_leader_election`](Self::with_leader_election) to
 /// [`Controller`](kube_runtime::Controller).

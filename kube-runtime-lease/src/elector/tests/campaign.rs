@@ -7,8 +7,8 @@ use std::{pin::pin, time::Duration};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::LeaseConfig;
-use crate::test_support::{config, elector, held_by, holder, paused, spec};
 use crate::test_util::{FakeLeaseApi, Fault};
+use crate::tests::support::{config, elector, held_by, holder, paused, spec};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -340,7 +340,7 @@ fn a_lease_replaced_while_free_is_led_at_once() {
 #[test]
 fn a_backoff_begun_before_the_watch_synced_ends_when_it_syncs() {
     paused(async {
-        let fake = crate::test_support::free();
+        let fake = crate::tests::support::free();
         let (a, id) = elector(&fake, config("a"));
         // The first write to take the free Lease fails; the watch's initial
         // list answers only after 1 s.

@@ -1,5 +1,10 @@
 //! Election tests on the in-memory Lease API double, with paused tokio time.
 
+mod campaign;
+#[cfg(feature = "coordinated")]
+mod coordinated;
+mod supervise;
+
 use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, poll, stream};
@@ -8,7 +13,7 @@ use tokio::time::{Instant, advance, sleep};
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     ConfigError, LeaderElectionStreamExt, LeaderElector, Lost,
-    test_support::{config, count, elector, free, held_by, holder, paused, spec},
+    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -678,7 +683,7 @@ fn health_check_fails_only_for_an_overdue_leader() {
         assert!(guard.is_valid());
         // A leader whose election task is stuck (its renewals stopped without the
         // term ending): overdue past lease duration + tolerance.
-        let stuck = std::sync::Arc::new(crate::guard::Term::new(1, Instant::now() - S(40), S(10)));
+        let stuck = std::sync::Arc::new(crate::term::Term::new(1, Instant::now() - S(40), S(10)));
         e.set_term_for_test(stuck);
         let err = e.health_check(S(20)).unwrap_err();
         assert_eq!(
@@ -805,7 +810,7 @@ fn a_release_is_taken_within_one_watch_event_and_one_write() {
 #[test]
 fn metrics_are_read_back_from_a_registry() {
     paused(async {
-        use crate::test_support::scrape;
+        use crate::tests::support::scrape;
         use prometheus_client::registry::Registry;
 
         let mut registry = Registry::default();
@@ -1341,7 +1346,7 @@ fn a_release_retries_one_conflict_and_nothing_else() {
 /// Log lines written while `body` runs on this thread (the paused runtime's),
 /// at `WARN` and above.
 fn warnings_during(body: impl FnOnce()) -> String {
-    crate::test_support::logs_during(tracing::Level::WARN, body)
+    crate::tests::support::logs_during(tracing::Level::WARN, body)
 }
 
 /// A broken watch is warned about once per outage, not once per retry of
@@ -1497,7 +1502,7 @@ fn each_kind_of_end_is_published_with_its_own_action() {
 /// can never pass for the current one or for the slot's holder.
 #[test]
 fn every_election_task_gets_a_new_generation() {
-    let mut state = super::State::default();
+    let mut state = crate::elector::State::default();
     let first = state.next_task();
     let second = state.next_task();
     let third = state.next_task();
@@ -1577,7 +1582,7 @@ fn debug_shows_the_lease_the_identity_and_the_status() {
 #[test]
 fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
     paused(async {
-        use crate::test_support::scrape;
+        use crate::tests::support::scrape;
         const SERIES: &str = r#"leader_election_master_status{name="lease"}"#;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = crate::LeaseMetrics::register(&mut registry);

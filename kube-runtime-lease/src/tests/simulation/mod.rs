@@ -14,6 +14,9 @@
 //! `KRL_SIM_SCHEDULES` sets the number of schedules (default 1000);
 //! `KRL_SIM_SEED` replays one schedule.
 
+#[cfg(feature = "unstable-shards")]
+mod sharded;
+
 use std::{
     sync::{Arc, Mutex},
     time::Duration,

@@ -1,0 +1,86 @@
+use super::*;
+
+fn owner(uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "Deployment".into(),
+        name: "operator".into(),
+        uid: uid.into(),
+        ..OwnerReference::default()
+    }
+}
+
+#[test]
+fn keys_and_values_follow_the_api_servers_rules() {
+    for good in ["app", "example.com/holder-pod", "a.b_c-d", "k8s.io/x"] {
+        assert_eq!(qualified_name(good), None, "{good}");
+    }
+    for bad in [
+        "",
+        "/x",
+        "Example.com/x",
+        "x/",
+        "-x",
+        "x-",
+        "a b",
+        &"x".repeat(64),
+    ] {
+        assert!(qualified_name(bad).is_some(), "{bad:?}");
+    }
+    assert_eq!(label_value(""), None);
+    assert_eq!(label_value("pod-a_1.x"), None);
+    assert!(label_value("node/1").is_some());
+    assert!(label_value(&"v".repeat(64)).is_some());
+}
+
+#[test]
+fn invalid_metadata_is_a_typed_error() {
+    let mut m = LeaseMetadata::default();
+    m.labels.insert("holder".into(), "not a value".into());
+    assert!(matches!(m.validate(), Err(ConfigError::InvalidLabel { .. })));
+    let mut m = LeaseMetadata::default();
+    m.annotations.insert("Bad Key".into(), "anything at all".into());
+    assert!(matches!(m.validate(), Err(ConfigError::InvalidAnnotation { .. })));
+    let m = LeaseMetadata {
+        owner: Some(owner("")),
+        ..LeaseMetadata::default()
+    };
+    assert_eq!(
+        m.validate(),
+        Err(ConfigError::InvalidOwnerReference { field: "uid" })
+    );
+    let m = LeaseMetadata {
+        owner: Some(owner("u1")),
+        ..LeaseMetadata::default()
+    };
+    assert_eq!(m.validate(), Ok(()));
+}
+
+#[test]
+fn only_the_configured_keys_are_written_and_the_rest_is_kept() {
+    let mut m = LeaseMetadata::default();
+    m.labels.insert("holder".into(), "pod-b".into());
+    m.annotations.insert("example.com/node".into(), "node-2".into());
+    m.owner = Some(owner("u1"));
+    let mut meta = ObjectMeta {
+        labels: Some([("holder".into(), "pod-a".into()), ("team".into(), "x".into())].into()),
+        annotations: Some([("kept".into(), "yes".into())].into()),
+        owner_references: Some(vec![owner("u0")]),
+        ..ObjectMeta::default()
+    };
+    m.apply(&mut meta);
+    m.apply(&mut meta);
+    let labels = meta.labels.unwrap();
+    assert_eq!(labels["holder"], "pod-b");
+    assert_eq!(labels["team"], "x");
+    let annotations = meta.annotations.unwrap();
+    assert_eq!(annotations["kept"], "yes");
+    assert_eq!(annotations["example.com/node"], "node-2");
+    let owners: Vec<_> = meta
+        .owner_references
+        .unwrap()
+        .into_iter()
+        .map(|o| o.uid)
+        .collect();
+    assert_eq!(owners, ["u0", "u1"], "added once, the other kept");
+}

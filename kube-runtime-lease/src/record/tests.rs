@@ -1,0 +1,263 @@
+use super::*;
+use crate::tests::support::paused;
+
+const ME: &str = "me";
+const FALLBACK: Duration = Duration::from_secs(15);
+
+fn t(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_700_000_000 + secs).unwrap()
+}
+
+fn spec(holder: Option<&str>, transitions: Option<i32>, duration: Option<i32>) -> LeaseSpec {
+    LeaseSpec {
+        holder_identity: holder.map(str::to_owned),
+        lease_transitions: transitions,
+        lease_duration_seconds: duration,
+        acquire_time: Some(MicroTime(t(-100))),
+        renew_time: Some(MicroTime(t(-10))),
+        strategy: Some("OldestEmulationVersion".into()),
+        preferred_holder: Some("pref".into()),
+    }
+}
+
+#[test]
+fn a_term_begins_with_a_new_acquisition_whatever_the_previous_record() {
+    let holders = [None, Some(""), Some(ME), Some("other")];
+    let transitions = [None, Some(0), Some(7), Some(i32::MAX)];
+    let durations = [None, Some(0), Some(-3), Some(1), Some(15)];
+    for h in holders {
+        for tr in transitions {
+            for d in durations {
+                let prev = spec(h, tr, d);
+                let next = taken(Some(&prev), ME, 30, 9, t(0));
+                assert_eq!(next.holder_identity.as_deref(), Some(ME));
+                assert_eq!(next.lease_duration_seconds, Some(30));
+                assert_eq!(
+                    next.acquire_time,
+                    Some(MicroTime(t(0))),
+                    "{h:?}: a new acquisition"
+                );
+                assert_eq!(next.renew_time, Some(MicroTime(t(0))));
+                assert_eq!(next.lease_transitions, Some(9));
+                assert_eq!(next.strategy, prev.strategy, "strategy kept");
+                assert_eq!(
+                    next.preferred_holder, prev.preferred_holder,
+                    "preferredHolder kept"
+                );
+                let renewal = renewed(&next, 30, t(2));
+                assert_eq!(
+                    renewal.acquire_time, next.acquire_time,
+                    "renewal keeps acquireTime"
+                );
+                assert_eq!(renewal.lease_transitions, next.lease_transitions);
+                assert_eq!(renewal.renew_time, Some(MicroTime(t(2))));
+                assert_eq!(renewal.preferred_holder, prev.preferred_holder);
+                assert!(same_write(&renewal, &renewal.clone()));
+                assert!(!same_write(&renewal, &next), "another renewTime");
+                let rel = released(&next, t(5));
+                assert_eq!(rel.holder_identity.as_deref(), Some(""));
+                assert_eq!(rel.lease_duration_seconds, Some(1));
+                assert_eq!(rel.acquire_time, Some(MicroTime(t(5))));
+                assert_eq!(rel.renew_time, Some(MicroTime(t(5))));
+                assert_eq!(rel.lease_transitions, next.lease_transitions);
+                assert_eq!(rel.strategy, prev.strategy);
+                assert_eq!(rel.preferred_holder, prev.preferred_holder);
+                assert_eq!(holder(&rel), None);
+            }
+        }
+    }
+}
+
+fn object(uid: &str, spec: LeaseSpec) -> Lease {
+    Lease {
+        metadata: kube_client::core::ObjectMeta {
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        spec: Some(spec),
+    }
+}
+
+#[test]
+fn a_term_is_its_object_holder_acquire_time_and_transitions() {
+    let ours = taken(None, ME, 15, 3, t(0));
+    let term = TermId::of(&object("u1", ours.clone())).unwrap();
+    assert!(
+        term.matches(&object("u1", renewed(&ours, 15, t(4)))),
+        "renewed: same term"
+    );
+    let mut labelled = object("u1", ours.clone());
+    labelled.metadata.labels = Some([("k".to_owned(), "v".to_owned())].into());
+    assert!(term.matches(&labelled), "metadata does not matter");
+    assert!(!term.matches(&object("u2", ours.clone())), "another object");
+    assert!(
+        !term.matches(&object("u1", taken(Some(&ours), ME, 15, 3, t(1)))),
+        "the same identity, acquired again (another process)"
+    );
+    assert!(!term.matches(&object("u1", taken(Some(&ours), ME, 15, 4, t(0)))));
+    assert!(!term.matches(&object("u1", taken(Some(&ours), "other", 15, 3, t(0)))));
+    assert!(!term.matches(&object("u1", released(&ours, t(1)))), "free");
+    assert_eq!(TermId::of(&object("u1", released(&ours, t(1)))), None);
+}
+
+#[test]
+fn now_is_whole_microseconds() {
+    let n = now();
+    assert_eq!(n.subsec_nanosecond() % 1000, 0);
+}
+
+#[test]
+fn a_spec_with_nothing_in_it_is_free() {
+    let empty = LeaseSpec::default();
+    assert_eq!(holder(&empty), None);
+    assert_eq!(lease_duration(&empty, FALLBACK), FALLBACK);
+}
+
+#[test]
+fn invalid_durations_fall_back_to_our_own() {
+    for (d, want) in [
+        (None, FALLBACK),
+        (Some(0), FALLBACK),
+        (Some(-1), FALLBACK),
+        (Some(i32::MIN), FALLBACK),
+        (Some(1), Duration::from_secs(1)),
+        (Some(i32::MAX), Duration::from_secs(i32::MAX as u64)),
+    ] {
+        assert_eq!(lease_duration(&spec(Some("x"), None, d), FALLBACK), want, "{d:?}");
+    }
+}
+
+#[test]
+fn expiry_counts_from_the_first_sight_of_an_unchanged_record() {
+    paused(async {
+        let start = Instant::now();
+        let mut rec = spec(Some("other"), Some(1), Some(10));
+        rec.preferred_holder = None;
+        let o = Observed::observe(None, rec.clone(), Some("1".into()), start);
+        let later = start + Duration::from_secs(4);
+        // Seen again, unchanged: the clock does not restart.
+        let o = Observed::observe(Some(o), rec.clone(), Some("1".into()), later);
+        assert_eq!(o.at, start);
+        for (dt, want) in [(0, false), (9, false), (10, true), (11, true)] {
+            let now = start + Duration::from_secs(dt);
+            let v = verdict(&o, ME, true, FALLBACK, now);
+            assert_eq!(v == Verdict::Take, want, "after {dt}s");
+            if !want {
+                assert_eq!(v, Verdict::WaitUntil(start + Duration::from_secs(10)));
+            }
+        }
+        // A changed record (a renewal) restarts the clock, even when seen late.
+        let mut renewed = rec;
+        renewed.renew_time = Some(MicroTime(t(100)));
+        let o = Observed::observe(Some(o), renewed, Some("2".into()), later);
+        assert_eq!(o.at, later);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, start + Duration::from_secs(10)),
+            Verdict::WaitUntil(later + Duration::from_secs(10))
+        );
+    });
+}
+
+#[test]
+fn free_ours_and_preferred_verdicts() {
+    paused(async {
+        let now = Instant::now();
+        let mut free = spec(Some(""), None, Some(1));
+        free.preferred_holder = None;
+        let o = Observed::observe(None, free.clone(), None, now);
+        assert_eq!(verdict(&o, ME, true, FALLBACK, now), Verdict::Take);
+        let mut none = free.clone();
+        none.holder_identity = None;
+        assert_eq!(
+            verdict(&Observed::observe(None, none, None, now), ME, true, FALLBACK, now),
+            Verdict::Take
+        );
+        let mut ours = spec(Some(ME), None, Some(10));
+        ours.preferred_holder = None;
+        let o = Observed::observe(None, ours, None, now);
+        assert_eq!(verdict(&o, ME, true, FALLBACK, now), Verdict::Take);
+        assert_eq!(
+            verdict(&o, ME, false, FALLBACK, now),
+            Verdict::WaitUntil(now + Duration::from_secs(10)),
+            "ours, unknown object"
+        );
+        // Free, but reserved for a preferred holder: wait one record duration.
+        let mut reserved = free;
+        reserved.preferred_holder = Some("pref".into());
+        reserved.lease_duration_seconds = Some(3);
+        let o = Observed::observe(None, reserved.clone(), None, now);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now),
+            Verdict::WaitUntil(now + Duration::from_secs(3))
+        );
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(3)),
+            Verdict::Take
+        );
+        assert_eq!(verdict(&o, "pref", true, FALLBACK, now), Verdict::Take);
+        assert_eq!(
+            verdict(&o, "pref", false, FALLBACK, now),
+            Verdict::Take,
+            "a free lease reserved for us, at once"
+        );
+        // Held by the preferred holder itself, someone else waits as usual.
+        let mut held = reserved.clone();
+        held.holder_identity = Some("pref".into());
+        let o = Observed::observe(None, held, None, now);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now),
+            Verdict::WaitUntil(now + Duration::from_secs(3))
+        );
+        // Held by another, its end of term marked for a third: expiry, then
+        // one more lease duration for the preferred holder.
+        let o = Observed::observe(None, spec(Some("other"), None, Some(3)), None, now);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(5)),
+            Verdict::WaitUntil(now + Duration::from_secs(6))
+        );
+        assert_eq!(
+            verdict(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)),
+            Verdict::Take
+        );
+        // Missing duration on a held record: our own duration, never zero.
+        let mut unmarked = spec(Some("other"), None, None);
+        unmarked.preferred_holder = None;
+        let o = Observed::observe(None, unmarked, None, now);
+        assert_eq!(
+            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(14)),
+            Verdict::WaitUntil(now + FALLBACK)
+        );
+    });
+}
+
+/// An instant too far to represent (a user's `Duration::MAX` grace) is
+/// as far ahead as an `Instant` goes, decades, never a short wait.
+#[test]
+fn later_saturates_decades_ahead() {
+    let now = Instant::now();
+    assert_eq!(later(now, Duration::from_secs(5)), now + Duration::from_secs(5));
+    let far = later(now, Duration::MAX);
+    assert!(
+        far >= now + Duration::from_secs(29 * 365 * 86_400),
+        "{:?}",
+        far - now
+    );
+}
+
+#[test]
+fn observe_keeps_the_newest_resource_version() {
+    paused(async {
+        let now = Instant::now();
+        let rec = spec(Some("x"), None, Some(5));
+        let o = Observed::observe(None, rec.clone(), Some("5".into()), now);
+        let o = Observed::observe(Some(o), rec.clone(), None, now);
+        assert_eq!(o.resource_version.as_deref(), Some("5"));
+        // The same record under a newer version (a metadata-only change:
+        // labels, annotations): the write that takes it must carry the
+        // newer version, or it is refused with a conflict.
+        let later = now + Duration::from_secs(1);
+        let o = Observed::observe(Some(o), rec, Some("6".into()), later);
+        assert_eq!(o.resource_version.as_deref(), Some("6"));
+        assert_eq!(o.at, now, "an unchanged record keeps its first sighting");
+    });
+}
