@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Mutation testing of the safety core (issue 16): cargo-mutants (pinned, installed
-# into the project's tool cache like cargo-deny) over the record logic, the guard,
-# the stream adapter, the election task and the sharded election's rules and
-# balancer (issue 12), with the unit suite and the
-# simulation as the test command. Slow on a 2-core machine (10-30 s per
-# mutant, a few hours in all), so it is not part of scripts/test.sh: run it by
-# hand, a file or folder at a time, and resume with --iterate (mutants already
-# caught are skipped). docs/mutation-testing.md has the counts and times.
+# Mutation testing of the safety core: cargo-mutants (pinned, installed into the
+# project's tool cache like cargo-deny) over the record logic, the guard, the
+# stream adapter, the election task and the sharded election's rules and
+# balancer, with the unit suite and the simulation as the test command. Slow on
+# a 2-core machine (10-30 s per mutant, a few hours in all), so it is not part
+# of scripts/test.sh: run it by hand, a file or folder at a time, and resume
+# with --iterate (mutants already caught are skipped). docs/mutation-testing.md
+# has the counts and times.
 #
 #   scripts/mutants.sh                      # the whole safety core, in turn
 #   scripts/mutants.sh src/record.rs        # one file

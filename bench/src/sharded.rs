@@ -1,9 +1,9 @@
-//! The elected-shards scenario (issue 12; ours only: neither reference has
-//! sharding): one Controller of [`OBJECTS`] ConfigMaps across 1, 2 and 4
-//! replicas of the sharded candidate (`CANDIDATE_MODE=sharded`) over
-//! [`SHARDS`] shards, each reconcile a simulated external call of
-//! [`RECONCILE_MS`] with at most [`CONCURRENCY`] in flight per replica (the
-//! external API's limit per client). Per trial:
+//! The elected-shards scenario (ours only: neither reference has sharding):
+//! one Controller of [`OBJECTS`] ConfigMaps across 1, 2 and 4 replicas of the
+//! sharded candidate (`CANDIDATE_MODE=sharded`) over [`SHARDS`] shards, each
+//! reconcile a simulated external call of [`RECONCILE_MS`] with at most
+//! [`CONCURRENCY`] in flight per replica (the external API's limit per
+//! client). Per trial:
 //! - **settle**: replicas spawned → the shards held, balanced;
 //! - **pass**: every replica gets SIGUSR1 (`reconcile_all_on`) → every object
 //!   reconciled once (by the replica that holds its shard): the time to the

@@ -1,4 +1,4 @@
-//! The warm-standby scenario (issue 11): with thousands of ConfigMaps, a
+//! The warm-standby scenario: with thousands of ConfigMaps, a
 //! standby Controller takes over from a leader that hands over on SIGTERM,
 //! cold (`with_leader_election`: it lists once it leads) and warm
 //! (`with_leader_election_warm`: its store was filled while following),

@@ -22,10 +22,10 @@
 //! cut short when a replica exits unasked); the processes are killed when the
 //! test ends either way.
 //!
-//! Issue 10, item 15: a dependency block without a rustls crypto provider
-//! (kube with `default-features = false` and no `ring`) makes the quick start
-//! panic at its first request; this test then fails at once, with the panic
-//! in its log.
+//! The quick start's dependency block must give rustls a crypto provider: one
+//! without (kube with `default-features = false` and no `ring`) makes the
+//! quick start panic at its first request, and this test then fails at once,
+//! with the panic in its log.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

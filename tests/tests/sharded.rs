@@ -1,4 +1,4 @@
-//! Elected shards against a real kube-apiserver and etcd (issue 12): three
+//! Elected shards against a real kube-apiserver and etcd: three
 //! replicas (each with a client of its own) share 12 shards
 //! of one Controller of 600 ConfigMaps: every shard has one holder, each
 //! replica holds 4, every ConfigMap is reconciled by the replica that holds

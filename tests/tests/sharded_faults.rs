@@ -1,5 +1,5 @@
-//! Elected shards through process faults, against a real kube-apiserver
-//! (issue 12): three sharded candidate processes (`CANDIDATE_MODE=sharded`,
+//! Elected shards through process faults, against a real kube-apiserver:
+//! three sharded candidate processes (`CANDIDATE_MODE=sharded`,
 //! the timings of [`Timings::FAST`]) share [`SHARDS`] shards of a Controller
 //! of [`OBJECTS`] ConfigMaps, each reconcile requeued every 100 ms, while one
 //! of them is sent SIGTERM, SIGKILL or SIGSTOP, partitioned from the
