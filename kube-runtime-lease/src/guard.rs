@@ -38,12 +38,18 @@ pub enum Lost {
         preferred_holder: String,
     },
     /// Leadership was given up on purpose: the elector was shut down
-    /// ([`LeaderElector::shutdown`](crate::LeaderElector::shutdown)). No
-    /// guard sees this reason otherwise (a term given up because nobody
-    /// wanted it any more has no guard left), so work that rejoins the
+    /// ([`LeaderElector::shutdown`](crate::LeaderElector::shutdown)). Only a
+    /// shutdown ends a term with this reason, so work that rejoins the
     /// election after a loss stops on this one.
     #[error("leadership given up: the elector was shut down")]
     Shutdown,
+    /// Leadership was given up because nobody wanted it any more: every
+    /// guard of the term was dropped (a guarded stream ended) and no
+    /// [`acquire`](crate::LeaderElector::acquire) waited. No guard sees it
+    /// (none is left); it is the reason the election logs, and the action of
+    /// its Event.
+    #[error("leadership given up: no guard or waiter wanted it any more")]
+    GivenUp,
     /// The elector's background task ended without releasing, because its
     /// runtime shut down or it panicked.
     #[error("leadership lost: the elector task stopped")]

@@ -221,6 +221,7 @@ mod controller;
 mod elector;
 mod error;
 mod guard;
+#[cfg(feature = "metrics")]
 mod metrics;
 mod record;
 #[cfg(feature = "unstable-shards")]
@@ -228,8 +229,12 @@ mod shard;
 mod stream;
 mod term;
 
-pub use config::{ConfigError, Coordinated, Field, LeaseConfig, unique_identity};
-pub use controller::{ControllerWithLeaderElection, LeaderElectionControllerExt, warm::WarmController};
+#[cfg(feature = "coordinated")]
+pub use config::Coordinated;
+pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
+#[cfg(feature = "warm-standby")]
+pub use controller::warm::WarmController;
+pub use controller::{ControllerWithLeaderElection, LeaderElectionControllerExt};
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus, RunEnded};
 pub use error::{AcquireError, ApiError, ShutdownError};
 pub use guard::{LeaseGuard, Lost};

@@ -207,6 +207,7 @@ pub(crate) fn verdict(
     }
 }
 
+#[cfg(feature = "coordinated")]
 /// What a candidate in Coordinated Leader Election may do with `observed`:
 /// never take a Lease the API server did not give it. It takes a record
 /// naming it holder, with no `preferredHolder`, that is either our own

@@ -1,4 +1,7 @@
-//! [`Coordinated`]: the settings of Coordinated Leader Election (KEP-4355).
+//! [`Coordinated`]: the settings of Coordinated Leader Election (KEP-4355),
+//! behind the `coordinated` feature.
+
+use crate::config::LeaseConfig;
 
 /// Coordinated Leader Election: the API server picks the leader among the
 /// candidates that publish a `coordination.k8s.io/v1beta1` `LeaseCandidate`
@@ -65,6 +68,17 @@ pub struct Coordinated {
 
 /// The API server's default strategy.
 pub(crate) const OLDEST_EMULATION_VERSION: &str = "OldestEmulationVersion";
+
+impl LeaseConfig {
+    /// Coordinated Leader Election: publish a `LeaseCandidate` and lead only
+    /// when the API server's election names this candidate (see
+    /// [`Coordinated`]). Off by default.
+    #[must_use]
+    pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
+        self.coordinated = Some(coordinated);
+        self
+    }
+}
 
 impl Coordinated {
     /// A candidate of binary version `binary_version` (strict semantic

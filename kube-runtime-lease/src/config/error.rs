@@ -73,6 +73,7 @@ pub enum ConfigError {
     },
     /// A setting of Coordinated Leader Election ([`LeaseConfig::coordinated`])
     /// the API server would refuse.
+    #[cfg(feature = "coordinated")]
     #[error("coordinated leader election: {field} {value:?} is invalid: {rule}")]
     InvalidCoordination {
         /// The `LeaseCandidate` field (`binaryVersion`, `emulationVersion`,
@@ -92,6 +93,7 @@ pub enum ConfigError {
         rule: &'static str,
     },
     /// A label ([`LeaseConfig::label`]) the API server would refuse.
+    #[cfg(feature = "lease-metadata")]
     #[error("label {key:?}={value:?} is invalid: {rule}")]
     InvalidLabel {
         /// The key given.
@@ -106,6 +108,7 @@ pub enum ConfigError {
     #[error("a sharded election needs at least one shard")]
     NoShards,
     /// An annotation ([`LeaseConfig::annotation`]) the API server would refuse.
+    #[cfg(feature = "lease-metadata")]
     #[error("annotation {key:?} is invalid: {rule}")]
     InvalidAnnotation {
         /// The key given (empty when the annotations are too large together).
@@ -114,6 +117,7 @@ pub enum ConfigError {
         rule: &'static str,
     },
     /// The owner reference ([`LeaseConfig::owner_reference`]) lacks a field.
+    #[cfg(feature = "lease-metadata")]
     #[error("owner reference: {field} must not be empty")]
     InvalidOwnerReference {
         /// The empty field: `apiVersion`, `kind`, `name` or `uid`.

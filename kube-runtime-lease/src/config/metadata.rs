@@ -2,13 +2,13 @@
 //! Lease ([`LeaseConfig::label`](crate::LeaseConfig::label),
 //! [`annotation`](crate::LeaseConfig::annotation),
 //! [`owner_reference`](crate::LeaseConfig::owner_reference)), validated as the
-//! API server would before any API call.
+//! API server would before any API call. Behind the `lease-metadata` feature.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::config::{ConfigError, dns1123_subdomain};
+use crate::config::{ConfigError, LeaseConfig, dns1123_subdomain};
 
 /// What the candidate writes into the Lease's metadata when it takes the
 /// Lease (creating it, or beginning a term on it). Only these keys are
@@ -18,6 +18,54 @@ pub(crate) struct LeaseMetadata {
     pub(crate) labels: BTreeMap<String, String>,
     pub(crate) annotations: BTreeMap<String, String>,
     pub(crate) owner: Option<OwnerReference>,
+}
+
+impl LeaseConfig {
+    /// A label the candidate sets on the Lease when it takes it (creating it,
+    /// or beginning a term), for example the holder's pod and node, so that
+    /// `kubectl get lease -l ...` finds it. Only the configured keys are
+    /// written; other labels are kept. Checked by [`validate`](Self::validate)
+    /// as the API server would.
+    ///
+    /// ```
+    /// use kube_runtime_lease::LeaseConfig;
+    ///
+    /// let config = LeaseConfig::new("default", "my-controller", "pod-a_1f3x")
+    ///     .label("app.kubernetes.io/name", "my-controller")
+    ///     .annotation("example.com/holder-node", "node-7");
+    /// assert!(config.validate().is_ok());
+    /// assert!(LeaseConfig::new("default", "x", "me").label("bad key", "v").validate().is_err());
+    /// ```
+    #[must_use]
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// An annotation the candidate sets on the Lease when it takes it, as
+    /// [`label`](Self::label) does.
+    #[must_use]
+    pub fn annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.annotations.insert(key.into(), value.into());
+        self
+    }
+
+    /// An owner the Lease is garbage-collected with (for example the
+    /// operator's Deployment, in the Lease's namespace), set when the
+    /// candidate takes the Lease; owner references already there are kept.
+    /// Leave `controller` and `blockOwnerDeletion` unset unless the
+    /// candidate may set them (a second controller owner, or
+    /// `blockOwnerDeletion` without permission on the owner's finalizers,
+    /// makes every write refused, and the candidate never leads).
+    ///
+    /// Labels, annotations and owners are written when this candidate takes
+    /// the Lease; another implementation's writes (client-go's) may keep them
+    /// or not, so a holder label can lag behind the holder.
+    #[must_use]
+    pub fn owner_reference(mut self, owner: OwnerReference) -> Self {
+        self.metadata.owner = Some(owner);
+        self
+    }
 }
 
 impl LeaseMetadata {

@@ -2,19 +2,17 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-
+#[cfg(feature = "coordinated")]
 pub(crate) mod coordinated;
 mod error;
+#[cfg(feature = "lease-metadata")]
 pub(crate) mod metadata;
 mod names;
 
-use self::metadata::LeaseMetadata;
+#[cfg(feature = "coordinated")]
+pub use self::coordinated::Coordinated;
+pub use self::error::{ConfigError, Field};
 pub(crate) use self::names::{dns1123_label, dns1123_subdomain};
-pub use self::{
-    coordinated::Coordinated,
-    error::{ConfigError, Field},
-};
 
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
@@ -60,7 +58,11 @@ pub struct LeaseConfig {
     pub(crate) release_timeout: Duration,
     pub(crate) watch: bool,
     pub(crate) enabled: bool,
-    pub(crate) metadata: LeaseMetadata,
+    /// Written on the Lease when this candidate takes it.
+    #[cfg(feature = "lease-metadata")]
+    pub(crate) metadata: self::metadata::LeaseMetadata,
+    /// Coordinated Leader Election, if asked for.
+    #[cfg(feature = "coordinated")]
     pub(crate) coordinated: Option<Coordinated>,
 }
 
@@ -86,7 +88,9 @@ impl LeaseConfig {
             release_timeout: Duration::from_secs(5),
             watch: true,
             enabled: true,
-            metadata: LeaseMetadata::default(),
+            #[cfg(feature = "lease-metadata")]
+            metadata: self::metadata::LeaseMetadata::default(),
+            #[cfg(feature = "coordinated")]
             coordinated: None,
         }
     }
@@ -171,52 +175,6 @@ impl LeaseConfig {
         self
     }
 
-    /// A label the candidate sets on the Lease when it takes it (creating it,
-    /// or beginning a term), for example the holder's pod and node, so that
-    /// `kubectl get lease -l ...` finds it. Only the configured keys are
-    /// written; other labels are kept. Checked by [`validate`](Self::validate)
-    /// as the API server would.
-    ///
-    /// ```
-    /// use kube_runtime_lease::LeaseConfig;
-    ///
-    /// let config = LeaseConfig::new("default", "my-controller", "pod-a_1f3x")
-    ///     .label("app.kubernetes.io/name", "my-controller")
-    ///     .annotation("example.com/holder-node", "node-7");
-    /// assert!(config.validate().is_ok());
-    /// assert!(LeaseConfig::new("default", "x", "me").label("bad key", "v").validate().is_err());
-    /// ```
-    #[must_use]
-    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.metadata.labels.insert(key.into(), value.into());
-        self
-    }
-
-    /// An annotation the candidate sets on the Lease when it takes it, as
-    /// [`label`](Self::label) does.
-    #[must_use]
-    pub fn annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.metadata.annotations.insert(key.into(), value.into());
-        self
-    }
-
-    /// An owner the Lease is garbage-collected with (for example the
-    /// operator's Deployment, in the Lease's namespace), set when the
-    /// candidate takes the Lease; owner references already there are kept.
-    /// Leave `controller` and `blockOwnerDeletion` unset unless the
-    /// candidate may set them (a second controller owner, or
-    /// `blockOwnerDeletion` without permission on the owner's finalizers,
-    /// makes every write refused, and the candidate never leads).
-    ///
-    /// Labels, annotations and owners are written when this candidate takes
-    /// the Lease; another implementation's writes (client-go's) may keep them
-    /// or not, so a holder label can lag behind the holder.
-    #[must_use]
-    pub fn owner_reference(mut self, owner: OwnerReference) -> Self {
-        self.metadata.owner = Some(owner);
-        self
-    }
-
     /// Whether the election runs (see [`enabled`](Self::enabled)).
     pub fn is_enabled(&self) -> bool {
         self.enabled
@@ -253,20 +211,6 @@ impl LeaseConfig {
             .with_max_delay(self.lease_duration)
             .with_jitter()
             .without_max_times()
-    }
-
-    /// Coordinated Leader Election: publish a `LeaseCandidate` and lead only
-    /// when the API server's election names this candidate (see
-    /// [`Coordinated`]). Off by default.
-    #[must_use]
-    pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
-        self.coordinated = Some(coordinated);
-        self
-    }
-
-    /// The Coordinated Leader Election settings, if it was asked for.
-    pub fn coordination(&self) -> Option<&Coordinated> {
-        self.coordinated.as_ref()
     }
 
     /// Checks every rule, in client-go's order, then the API server's.
@@ -324,10 +268,13 @@ impl LeaseConfig {
                 rule,
             });
         }
+        #[cfg(feature = "coordinated")]
         if let Some((field, value, rule)) = self.coordinated.as_ref().and_then(|c| c.check(&self.identity)) {
             return Err(ConfigError::InvalidCoordination { field, value, rule });
         }
-        self.metadata.validate()
+        #[cfg(feature = "lease-metadata")]
+        self.metadata.validate()?;
+        Ok(())
     }
 }
 

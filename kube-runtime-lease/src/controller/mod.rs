@@ -8,7 +8,9 @@
 //! a blanket implementation for every stream and one for `Controller` would
 //! conflict (E0119).
 
+#[cfg(any(feature = "warm-standby", feature = "unstable-shards"))]
 pub(crate) mod gated;
+#[cfg(feature = "warm-standby")]
 pub(crate) mod warm;
 
 use std::{fmt::Debug, hash::Hash, sync::Arc};
@@ -23,6 +25,7 @@ use kube_runtime::{
 };
 use serde::de::DeserializeOwned;
 
+#[cfg(feature = "warm-standby")]
 use self::warm::WarmController;
 use crate::{LeaderElector, WithLeaderElection};
 
@@ -114,6 +117,7 @@ where
     /// # Ok(())
     /// # }
     /// ```
+    #[cfg(feature = "warm-standby")]
     fn with_leader_election_warm(self, elector: &LeaderElector) -> WarmController<K>;
 }
 
@@ -129,6 +133,7 @@ where
         }
     }
 
+    #[cfg(feature = "warm-standby")]
     fn with_leader_election_warm(self, elector: &LeaderElector) -> WarmController<K> {
         WarmController {
             controller: self,

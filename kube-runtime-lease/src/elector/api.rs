@@ -26,6 +26,10 @@ impl LeaseApi {
     }
 
     /// The client the Lease API calls use.
+    #[cfg_attr(
+        not(any(feature = "events", feature = "coordinated")),
+        allow(dead_code, reason = "Events and the LeaseCandidate use the elector's client")
+    )]
     pub(super) fn client(&self) -> Client {
         self.api.clone().into_client()
     }

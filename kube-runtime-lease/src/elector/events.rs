@@ -5,7 +5,10 @@
 //! event per renewal, so the rate is bounded by the transitions.
 
 use std::{
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -13,15 +16,21 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube_runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{debug, warn};
 
-use super::{Inner, LeaderElector};
+use super::{LeaderElector, Observer, Transition};
+use crate::guard::Lost;
 
 /// How long one publication may take before it is given up.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The recorder, and whether a failure was already logged as a warning.
-pub(super) struct Events {
+/// Publishes the Events: an observer of the election's transitions.
+struct Events {
     recorder: Recorder,
-    warned: AtomicBool,
+    /// The candidate's identity, and the Lease the Events are about.
+    identity: String,
+    namespace: String,
+    name: String,
+    /// Whether a failure was already logged as a warning.
+    warned: Arc<AtomicBool>,
 }
 
 impl LeaderElector {
@@ -51,45 +60,55 @@ impl LeaderElector {
     /// ```
     #[must_use]
     pub fn with_events(self, reporter: Reporter) -> Self {
-        let recorder = Recorder::new(self.inner.api.client(), reporter);
-        let _ = self.inner.events.set(Events {
-            recorder,
-            warned: AtomicBool::new(false),
+        let config = &self.inner.config;
+        self.inner.observers.add(Events {
+            recorder: Recorder::new(self.inner.api.client(), reporter),
+            identity: config.identity.clone(),
+            namespace: config.namespace.clone(),
+            name: config.name.clone(),
+            warned: Arc::new(AtomicBool::new(false)),
         });
         self
     }
 }
 
-impl Inner {
-    /// Publishes a transition of ours on the Lease object `uid`: became leader
-    /// (`stopped` is `None`), or stopped leading: why (the note), whether it
-    /// is a loss (a warning), and the kind of end as the event's action. (The
-    /// recorder folds repeats of one type, reason and action on one object
-    /// into a series that keeps its first note: the action tells ends apart.)
-    pub(super) fn publish_transition(
-        self: &std::sync::Arc<Self>,
-        uid: Option<String>,
-        stopped: Option<(String, bool, &'static str)>,
-    ) {
-        if self.events.get().is_none() {
-            return;
-        }
-        let identity = &self.config.identity;
-        let (type_, note, action) = match stopped {
-            None => (
+/// The note, type and action of the Event for the end of a term: why (the
+/// note), whether it is a loss (a warning), and the kind of end as the
+/// action. (The recorder folds repeats of one type, reason and action on one
+/// object into a series that keeps its first note: the action tells ends
+/// apart.)
+fn ended(reason: &Lost) -> (String, bool, &'static str) {
+    match reason {
+        Lost::Shutdown => ("the elector was shut down".to_owned(), false, "Shutdown"),
+        Lost::GivenUp => ("nobody wants leadership any more".to_owned(), false, "GivenUp"),
+        Lost::SteppedDown { .. } => (reason.to_string(), false, "SteppedDown"),
+        Lost::TakenOver { .. } => (reason.to_string(), true, "TakenOver"),
+        Lost::Deleted => (reason.to_string(), true, "Deleted"),
+        Lost::RenewDeadlineExceeded => (reason.to_string(), true, "RenewDeadlineExceeded"),
+        Lost::ElectorStopped => (reason.to_string(), true, "ElectorStopped"),
+    }
+}
+
+impl Observer for Events {
+    fn observe(&self, transition: Transition<'_>) {
+        let identity = &self.identity;
+        let (type_, note, action, uid) = match transition {
+            Transition::TermBegan { uid } => (
                 EventType::Normal,
                 format!("{identity} became leader"),
                 "BecameLeader",
+                uid,
             ),
-            Some((why, warning, action)) => (
-                if warning {
+            Transition::TermEnded { reason, uid } => {
+                let (why, warning, action) = ended(reason);
+                let type_ = if warning {
                     EventType::Warning
                 } else {
                     EventType::Normal
-                },
-                format!("{identity} stopped leading: {why}"),
-                action,
-            ),
+                };
+                (type_, format!("{identity} stopped leading: {why}"), action, uid)
+            }
+            _ => return,
         };
         let event = Event {
             type_,
@@ -101,22 +120,21 @@ impl Inner {
         let reference = ObjectReference {
             api_version: Some("coordination.k8s.io/v1".into()),
             kind: Some("Lease".into()),
-            namespace: Some(self.config.namespace.clone()),
-            name: Some(self.config.name.clone()),
-            uid,
+            namespace: Some(self.namespace.clone()),
+            name: Some(self.name.clone()),
+            uid: uid.map(str::to_owned),
             ..ObjectReference::default()
         };
-        let inner = self.clone();
+        let recorder = self.recorder.clone();
+        let warned = self.warned.clone();
         tokio::spawn(async move {
-            let Some(events) = inner.events.get() else { return };
-            let result =
-                tokio::time::timeout(PUBLISH_TIMEOUT, events.recorder.publish(&event, &reference)).await;
+            let result = tokio::time::timeout(PUBLISH_TIMEOUT, recorder.publish(&event, &reference)).await;
             let error = match result {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("timed out after {PUBLISH_TIMEOUT:?}"),
             };
-            if events.warned.swap(true, Ordering::Relaxed) {
+            if warned.swap(true, Ordering::Relaxed) {
                 debug!(%error, "publishing a leader election event failed");
             } else {
                 warn!(

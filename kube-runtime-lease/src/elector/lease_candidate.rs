@@ -64,6 +64,38 @@ async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result
     super::api::bounded(BOUND, fut, CallError::Api, || CallError::Timeout).await
 }
 
+/// Runs `elect` (a task campaigning and leading) with this elector's
+/// `LeaseCandidate` published, for as long as `elect` runs, and deletes the
+/// candidate before returning. The LeaseCandidate lives as long as the task
+/// campaigns or leads. After a fallback (the API server does not serve
+/// `LeaseCandidate`), later tasks do not ask again: one warning per elector.
+pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output = T>) -> T {
+    let fell_back = inner.lock().election == super::Election::Ordinary;
+    let candidate = inner
+        .config
+        .coordinated
+        .as_ref()
+        .filter(|_| !fell_back)
+        .map(|c| Candidate::new(inner.api.client(), &inner.config, c));
+    let keep_candidate = async {
+        match &candidate {
+            Some(c) => c.run(inner).await,
+            None => std::future::pending().await,
+        }
+    };
+    let result = futures::select_biased! {
+        result = elect.fuse() => result,
+        () = keep_candidate.fuse() => unreachable!("the candidate is kept until the task ends"),
+    };
+    // Only a published candidate is deleted (none was, after a fallback).
+    if let Some(candidate) = &candidate
+        && inner.lock().election == super::Election::Coordinated
+    {
+        candidate.delete().await;
+    }
+    result
+}
+
 /// This elector's `LeaseCandidate`.
 pub(super) struct Candidate {
     api: Api<DynamicObject>,

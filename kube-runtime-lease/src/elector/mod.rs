@@ -4,9 +4,12 @@
 mod acquire;
 mod api;
 mod disabled;
+#[cfg(feature = "events")]
 mod events;
+#[cfg(feature = "coordinated")]
 mod lease_candidate;
 mod memory;
+mod observer;
 mod rejoin;
 mod status;
 mod supervise;
@@ -27,17 +30,17 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+pub(crate) use self::observer::{Observer, Transition};
 pub use self::{
     acquire::Acquire,
     rejoin::RunEnded,
     status::{HealthError, LeaderStatus},
 };
-use self::{api::LeaseApi, memory::Memory, supervise::join};
+use self::{api::LeaseApi, memory::Memory, observer::Observers, supervise::join};
 use crate::{
     config::{ConfigError, LeaseConfig},
     error::{Result, ShutdownError},
     guard::{LeaseGuard, Lost},
-    metrics::Metrics,
     record,
     term::Term,
 };
@@ -82,9 +85,8 @@ pub(crate) struct Inner {
     status: watch::Sender<LeaderStatus>,
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
-    metrics: Metrics,
-    /// Kubernetes Events on transitions, once `with_events` was called.
-    events: std::sync::OnceLock<events::Events>,
+    /// Told of every transition (metrics, Kubernetes Events).
+    observers: Observers,
     /// Tests: a wake-up between any two waits of the task (a storm of them).
     #[cfg(test)]
     pub(crate) storm: std::sync::atomic::AtomicBool,
@@ -131,8 +133,9 @@ struct State {
     beats: u64,
     shutdown: bool,
     memory: Memory,
-    /// Which election is in force (see [`Coordination`]).
-    coordination: Coordination,
+    /// Which election is in force (see [`Election`]).
+    #[cfg(feature = "coordinated")]
+    election: Election,
     /// A record of the Lease seen elsewhere in this process, and since when
     /// (see [`LeaderElector::seed_observation`]): the next task starts from
     /// it.
@@ -140,8 +143,9 @@ struct State {
 }
 
 /// Which election is in force.
+#[cfg(feature = "coordinated")]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Coordination {
+enum Election {
     /// The ordinary election: the one configured, or the fallback where the
     /// API server does not serve `LeaseCandidate`.
     #[default]
@@ -175,17 +179,17 @@ impl LeaderElector {
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         let state = State {
-            coordination: if config.coordinated.is_some() {
-                Coordination::Pending
+            #[cfg(feature = "coordinated")]
+            election: if config.coordinated.is_some() {
+                Election::Pending
             } else {
-                Coordination::Ordinary
+                Election::Ordinary
             },
             ..State::default()
         };
         Ok(LeaderElector {
             inner: Arc::new(Inner {
-                metrics: Metrics::default(),
-                events: std::sync::OnceLock::new(),
+                observers: Observers::default(),
                 config,
                 api,
                 wake: Arc::new(Notify::new()),
@@ -202,12 +206,11 @@ impl LeaderElector {
         })
     }
 
-    /// Records this elector's metrics into `metrics` (see [`LeaseMetrics`](crate::LeaseMetrics)).
-    #[cfg(feature = "metrics")]
-    #[must_use]
-    pub fn with_metrics(self, metrics: &crate::LeaseMetrics) -> Self {
-        self.inner.metrics.attach(metrics, &self.inner.config);
-        self
+    /// Adds an observer of this elector's transitions (metrics, Events);
+    /// whether it was added (one of each type: see [`Observers`]).
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn observe(&self, observer: impl Observer) -> bool {
+        self.inner.observers.add(observer)
     }
 
     /// The configuration of this candidate.
@@ -303,7 +306,7 @@ impl LeaderElector {
         }
         if !self.inner.config.enabled {
             // No task to say it: nobody leads any more.
-            self.inner.metrics.leading(false);
+            self.inner.not_leading();
         }
         self.inner.wake.notify_one();
         let cfg = &self.inner.config;
@@ -352,6 +355,10 @@ impl LeaderElector {
 
     /// A guard of the term in force, if one holds and shutdown has not begun;
     /// never waits and never asks for leadership.
+    #[cfg_attr(
+        not(any(feature = "warm-standby", feature = "unstable-shards")),
+        allow(dead_code, reason = "the gated Controller runs ask it")
+    )]
     pub(crate) fn current_guard(&self) -> Option<LeaseGuard> {
         let state = self.inner.lock();
         if state.shutdown {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
 
-use super::{Inner, LeaderElector};
+use super::{Inner, LeaderElector, Transition};
 
 /// What this candidate knows of the election, as of its last observation.
 ///
@@ -27,6 +27,7 @@ pub struct LeaderStatus {
     /// the API server serves `LeaseCandidate`): `false` for the ordinary
     /// election, also while the first `LeaseCandidate` creation is pending
     /// and after the fallback.
+    #[cfg(feature = "coordinated")]
     pub coordinated: bool,
 }
 
@@ -103,15 +104,28 @@ impl Inner {
     /// Which election is in force, once the API server answered the
     /// `LeaseCandidate`'s creation (`false`: the fallback to the ordinary
     /// election). Wakes the task, which waits for it.
+    #[cfg(feature = "coordinated")]
     pub(super) fn set_coordinated(&self, coordinated: bool) {
-        self.lock().coordination = if coordinated {
-            super::Coordination::Coordinated
+        self.lock().election = if coordinated {
+            super::Election::Coordinated
         } else {
-            super::Coordination::Ordinary
+            super::Election::Ordinary
         };
         self.update_status(|s| s.coordinated = coordinated);
-        self.metrics.coordinated(coordinated);
+        self.observers.tell(Transition::Coordinated(coordinated));
         self.wake.notify_one();
+    }
+
+    /// This candidate does not lead (any more): the status says so, and the
+    /// observers are told.
+    pub(super) fn not_leading(&self) {
+        self.update_status(|s| s.is_leader = false);
+        self.observers.tell(Transition::Leading(false));
+    }
+
+    /// Tells the observers of `transition`.
+    pub(super) fn tell(&self, transition: Transition<'_>) {
+        self.observers.tell(transition);
     }
 
     pub(super) fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
@@ -124,7 +138,7 @@ impl Inner {
                 } else {
                     info!("lease observed free or missing");
                 }
-                self.metrics.holder_changed();
+                self.observers.tell(Transition::HolderChanged);
             }
             *s != before
         });

@@ -90,8 +90,7 @@ impl Inner {
     /// waits for the slot, and say that nobody leads.
     pub(super) fn abandoned(&self) {
         self.slot_freed.notify_waiters();
-        self.update_status(|s| s.is_leader = false);
-        self.metrics.leading(false);
+        self.not_leading();
     }
 }
 
@@ -146,34 +145,14 @@ async fn run(mut task: Task) -> Result<()> {
             }
         }
     };
-    // Coordinated Leader Election: the LeaseCandidate lives as long as the
-    // task campaigns or leads, and is deleted when it ends.
-    // After a fallback (the API server does not serve LeaseCandidate), later
-    // tasks do not ask again: one warning per elector.
-    let fell_back = inner.lock().coordination == super::Coordination::Ordinary;
-    let candidate = inner
-        .config
-        .coordinated
-        .as_ref()
-        .filter(|_| !fell_back)
-        .map(|c| super::lease_candidate::Candidate::new(inner.api.client(), &inner.config, c));
-    let keep_candidate = async {
-        match &candidate {
-            Some(c) => c.run(&inner).await,
-            None => std::future::pending().await,
-        }
-    };
+    // Coordinated Leader Election: the task campaigns and leads with its
+    // LeaseCandidate published, and deletes it before it ends.
+    #[cfg(feature = "coordinated")]
+    let elect = super::lease_candidate::while_published(&inner, elect);
     let result = futures::select_biased! {
         result = elect.fuse() => result,
         () = pulse.fuse() => unreachable!("the pulse never ends"),
-        () = keep_candidate.fuse() => unreachable!("the candidate is kept until the task ends"),
     };
-    // Only a published candidate is deleted (none was, after a fallback).
-    if let Some(candidate) = &candidate
-        && inner.lock().coordination == super::Coordination::Coordinated
-    {
-        candidate.delete().await;
-    }
     drop(task);
     result
 }
@@ -211,8 +190,7 @@ impl Drop for Task {
             }
             state.waiters.clear();
             drop(state);
-            self.inner.update_status(|s| s.is_leader = false);
-            self.inner.metrics.leading(false);
+            self.inner.not_leading();
         } else {
             drop(state);
         }

@@ -11,9 +11,11 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::{Attempt, Obs, Task};
+#[cfg(feature = "coordinated")]
+use crate::elector::Election;
 use crate::{
     config::JITTER_FACTOR,
-    elector::{Coordination, supervise::Demand},
+    elector::supervise::Demand,
     error::Result,
     record::{self, Verdict},
 };
@@ -102,13 +104,15 @@ impl Task {
         }
         let now = Instant::now();
         let cfg = self.inner.config.clone();
-        let coordination = self.inner.lock().coordination;
-        let coordinated = match coordination {
+        #[cfg(feature = "coordinated")]
+        let coordinated = match self.inner.lock().election {
             // The LeaseCandidate's creation is not answered yet.
-            Coordination::Pending => return Ok(Attempt::WaitUntil(now + cfg.retry_period)),
-            Coordination::Coordinated => true,
-            Coordination::Ordinary => false,
+            Election::Pending => return Ok(Attempt::WaitUntil(now + cfg.retry_period)),
+            Election::Coordinated => true,
+            Election::Ordinary => false,
         };
+        #[cfg(not(feature = "coordinated"))]
+        let coordinated = false;
         match &self.obs {
             Obs::Unknown => Ok(Attempt::RetryNow),
             // Only the API server creates a coordinated Lease.
@@ -133,11 +137,14 @@ impl Task {
                     .own
                     .as_ref()
                     .is_some_and(|o| o.matches(object));
+                #[cfg(feature = "coordinated")]
                 let verdict = if coordinated {
                     record::coordinated_verdict(observed, &cfg.identity, own, cfg.lease_duration, now)
                 } else {
                     record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now)
                 };
+                #[cfg(not(feature = "coordinated"))]
+                let verdict = record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now);
                 match verdict {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
@@ -171,12 +178,17 @@ impl Task {
     /// metadata. A lost race (409) is checked
     /// with a read ([`after_conflict`](Self::after_conflict)); a Lease deleted
     /// since the read (404) is read again.
-    async fn write_to_acquire(&mut self, mut lease: Lease, create: bool) -> Result<Attempt> {
+    async fn write_to_acquire(&mut self, lease: Lease, create: bool) -> Result<Attempt> {
         if !self.may_write() {
             return Ok(Attempt::LeftBehind);
         }
         // The configured labels, annotations and owner; the rest is kept.
-        self.config().metadata.apply(&mut lease.metadata);
+        #[cfg(feature = "lease-metadata")]
+        let lease = {
+            let mut lease = lease;
+            self.config().metadata.apply(&mut lease.metadata);
+            lease
+        };
         let bound = self.config().renew_deadline;
         let sent = Instant::now();
         let result = if create {

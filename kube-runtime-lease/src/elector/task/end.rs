@@ -8,6 +8,7 @@ use tracing::{debug, info, warn};
 
 use super::{Task, lead::TermRun};
 use crate::{
+    elector::Transition,
     error::Result,
     guard::Lost,
     record::{self, TermId},
@@ -24,7 +25,7 @@ impl Task {
             return Ok(());
         }
         // Status first, so that subscribers see no leader once a guard resolves.
-        self.inner.update_status(|s| s.is_leader = false);
+        self.inner.not_leading();
         term.lose(reason);
         {
             let mut state = self.inner.lock();
@@ -32,21 +33,10 @@ impl Task {
                 state.term = None;
             }
         }
-        self.inner.metrics.leading(false);
         let begun = run.hold.is_none();
         if begun {
-            let shut_down = self.inner.lock().shutdown;
-            let stopped = match reason {
-                Lost::Shutdown if shut_down => ("the elector was shut down".to_owned(), false, "Shutdown"),
-                Lost::Shutdown => ("nobody wants leadership any more".to_owned(), false, "GivenUp"),
-                Lost::SteppedDown { .. } => (reason.to_string(), false, "SteppedDown"),
-                Lost::TakenOver { .. } => (reason.to_string(), true, "TakenOver"),
-                Lost::Deleted => (reason.to_string(), true, "Deleted"),
-                Lost::RenewDeadlineExceeded => (reason.to_string(), true, "RenewDeadlineExceeded"),
-                _ => (reason.to_string(), true, "ElectorStopped"),
-            };
-            let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.clone());
-            self.inner.publish_transition(uid, Some(stopped));
+            let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
+            self.inner.tell(Transition::TermEnded { reason, uid });
         }
         let stopped_until = {
             let mut state = self.inner.lock();
@@ -61,13 +51,8 @@ impl Task {
             state.memory.stopped_until.filter(|u| *u > Instant::now())
         };
         let wants_release = match reason {
-            Lost::Shutdown if self.inner.lock().shutdown => {
+            Lost::Shutdown | Lost::GivenUp => {
                 info!(%reason, "leadership ended");
-                self.config().release_on_drop
-            }
-            Lost::Shutdown => {
-                // No guard can see this reason: none is left.
-                info!("leadership given up: no guard or waiter wants it any more");
                 self.config().release_on_drop
             }
             Lost::SteppedDown { .. } => {

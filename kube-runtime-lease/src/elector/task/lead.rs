@@ -12,7 +12,7 @@ use tracing::{debug, info, warn};
 
 use super::{Obs, Task, observe::next_event};
 use crate::{
-    elector::supervise::Demand,
+    elector::{Transition, supervise::Demand},
     error::Result,
     guard::Lost,
     record::{self, TermId},
@@ -148,7 +148,7 @@ impl Task {
             }
             match self.demand(true) {
                 Demand::Wanted => {}
-                Demand::Unwanted => return (Lost::Shutdown, false),
+                Demand::Unwanted => return (Lost::GivenUp, false),
                 Demand::Shutdown => return (Lost::Shutdown, true),
                 Demand::Abandoned => {
                     self.exited = true;
@@ -311,10 +311,10 @@ impl Task {
                 }
             }
         }
-        self.inner.metrics.leading(true);
+        self.inner.tell(Transition::Leading(true));
         info!(fencing_token = term.token, "acquired lease, now leading");
-        let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.clone());
-        self.inner.publish_transition(uid, None);
+        let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
+        self.inner.tell(Transition::TermBegan { uid });
     }
 
     /// The watch showed a record not of our term, possibly older than our last
@@ -379,23 +379,39 @@ impl Task {
                             // flight: the top of the loop handles it.
                             return Ok(());
                         }
-                        self.inner.metrics.renewal("late", sent.elapsed(), sent);
+                        self.inner.tell(Transition::Renewal {
+                            outcome: "late",
+                            latency: sent.elapsed(),
+                            sent,
+                        });
                         warn!(
                             after = ?sent.elapsed(),
                             "the renewal succeeded only after the renew deadline; giving the term up"
                         );
                         return Err(Lost::RenewDeadlineExceeded);
                     }
-                    self.inner.metrics.renewal("success", sent.elapsed(), sent);
+                    self.inner.tell(Transition::Renewal {
+                        outcome: "success",
+                        latency: sent.elapsed(),
+                        sent,
+                    });
                     debug!("renewed lease");
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
-                    self.inner.metrics.renewal("not_found", sent.elapsed(), sent);
+                    self.inner.tell(Transition::Renewal {
+                        outcome: "not_found",
+                        latency: sent.elapsed(),
+                        sent,
+                    });
                     return Err(Lost::Deleted);
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
-                    self.inner.metrics.renewal("conflict", sent.elapsed(), sent);
+                    self.inner.tell(Transition::Renewal {
+                        outcome: "conflict",
+                        latency: sent.elapsed(),
+                        sent,
+                    });
                     debug!("renewal conflicted; re-reading the lease");
                     match self.reread(run, "re-reading the lease").await {
                         Some(still_ours) => still_ours?,
@@ -403,7 +419,11 @@ impl Task {
                     }
                 }
                 Err(e) => {
-                    self.inner.metrics.renewal("error", sent.elapsed(), sent);
+                    self.inner.tell(Transition::Renewal {
+                        outcome: "error",
+                        latency: sent.elapsed(),
+                        sent,
+                    });
                     self.log_error("renewing the lease", &e);
                     return Ok(());
                 }

@@ -1082,6 +1082,7 @@ fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
 /// Lease metadata (`LeaseConfig::label`, `annotation`, `owner_reference`):
 /// written when the Lease is created and when a term begins on someone
 /// else's record, and only the configured keys.
+#[cfg(feature = "lease-metadata")]
 #[test]
 fn the_configured_lease_metadata_is_written_on_creation_and_on_takeover() {
     paused(async {
@@ -1424,6 +1425,7 @@ fn a_watch_resumed_after_an_outage_ends_the_polling_at_its_first_event() {
 /// Every transition is published as an Event on the Lease, and the end of a
 /// term names its kind as the action (type `Warning` for a loss, `Normal`
 /// for giving up, stepping down or shutting down): one case per kind.
+#[cfg(feature = "events")]
 #[test]
 fn each_kind_of_end_is_published_with_its_own_action() {
     async fn leader(fake: &FakeLeaseApi) -> (LeaderElector, usize, crate::LeaseGuard) {
@@ -1674,6 +1676,7 @@ fn a_shutdown_that_meets_a_slow_acquisition_and_a_slow_release_ends_in_time() {
 /// An Event of a transition is about the Lease itself (`regarding`: its API
 /// version, kind, namespace, name and uid), so that `kubectl describe lease`
 /// shows it (issue 16: kills the deleted fields of the reference).
+#[cfg(feature = "events")]
 #[test]
 fn events_are_about_the_lease_object() {
     paused(async {
