@@ -3,11 +3,12 @@
 #   1. build (or reuse) the test control plane: etcd + kube-apiserver from Go modules
 #   2. cargo fmt --check
 #   3. cargo clippy on every target, warnings denied
-#   4. every test: unit tests (in-memory Lease API double, paused time), the
+#   4. the core alone (the library with its extras off): its unit tests
+#   5. every test: unit tests (in-memory Lease API double, paused time), the
 #      deterministic simulation, doc tests, and the integration tests against
 #      the real apiserver (API behaviour, cross-process failover, client-go)
-#   5. rustdoc with warnings denied
-#   6. cargo deny (advisories, bans, licenses, sources; advisories from the
+#   6. rustdoc with warnings denied
+#   7. cargo deny (advisories, bans, licenses, sources; advisories from the
 #      offline RustSec snapshot in ../shared/advisory-db when present, else
 #      fetched by cargo-deny: see scripts/deny.sh)
 set -euo pipefail
@@ -25,8 +26,13 @@ cargo fmt --all -- --check
 
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
-step "cargo clippy (the library without optional features, -D warnings)"
+step "cargo clippy (the library with its default features, -D warnings)"
 cargo clippy -p kube-runtime-lease --all-targets --locked -- -D warnings
+step "cargo clippy (the core alone: the library with the extras off, -D warnings)"
+cargo clippy -p kube-runtime-lease --all-targets --no-default-features --locked -- -D warnings
+
+step "the core alone: its unit tests with the extras off (--no-default-features)"
+cargo test -p kube-runtime-lease --no-default-features --lib --locked
 
 step "cargo test (unit, simulation, doc, integration against the real apiserver)"
 cargo test --workspace --all-features --locked

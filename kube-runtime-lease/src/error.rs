@@ -65,6 +65,14 @@ pub enum ApiError {
     },
 }
 
+/// The HTTP status of a client error, if the API answered.
+pub(crate) fn status_of(e: &kube_client::Error) -> Option<u16> {
+    match e {
+        kube_client::Error::Api(s) => Some(s.code),
+        _ => None,
+    }
+}
+
 /// `Result` of the election's API calls.
 pub(crate) type Result<T, E = ApiError> = std::result::Result<T, E>;
 
@@ -72,10 +80,7 @@ impl ApiError {
     /// The HTTP status of the API's answer, if the API answered.
     pub fn status(&self) -> Option<u16> {
         match self {
-            ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => match e {
-                kube_client::Error::Api(s) => Some(s.code),
-                _ => None,
-            },
+            ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => status_of(e),
             ApiError::Timeout { .. } => None,
         }
     }

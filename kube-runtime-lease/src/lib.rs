@@ -195,17 +195,21 @@
 //!   created and dropped repeatedly) costs no new LIST, WATCH and GET.
 //!
 //! # Features
-//! - `metrics`: `LeaseMetrics`, leader-election metrics registered into a
-//!   `prometheus-client` registry.
-//! - `unstable-shards`: elected shards, `ShardedElector` (one controller
-//!   across many replicas, each shard behind its own Lease; the
-//!   `ShardedController` reconciles each object on the replica holding its
-//!   shard). Unstable: issue 12's remaining parts (fault tests, metrics,
-//!   status per shard, the example) are to come, and the API may change.
-//! - `test-util`: [`test_util`], an in-memory Lease API double behind a real
-//!   `kube::Client`, to test guarded code without a cluster, on paused time
-//!   when the test crate enables `tokio`'s `test-util` (this feature does
-//!   not, so that it changes no clock; for dev-dependencies).
+//! The core is what `default-features = false` builds: [`LeaseConfig`],
+//! [`LeaderElector`] (acquire, renew, release, observe, shutdown),
+//! [`LeaseGuard`] / [`Lost`], the stream and Controller adapters and
+//! [`LeaderElector::run_each_term`]. The extras are features built on the
+//! core, and nothing in the core depends on one:
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `coordinated` | yes | Coordinated Leader Election: `LeaseConfig::coordinated`, `Coordinated` |
+//! | `events` | yes | Kubernetes Events on the Lease when a term begins and ends: `LeaderElector::with_events` |
+//! | `lease-metadata` | yes | labels, annotations and an owner reference written on the Lease: `LeaseConfig::label`, `annotation`, `owner_reference` |
+//! | `warm-standby` | yes | warm standby: `LeaderElectionControllerExt::with_leader_election_warm`, `WarmController` |
+//! | `metrics` | no | `LeaseMetrics`: leader-election metrics in a `prometheus-client` registry, client-go's names included |
+//! | `unstable-shards` | no | elected shards: `ShardedElector`, `ShardedController` (one controller across many replicas, each shard behind its own Lease, each object reconciled on the replica holding its shard); the API may change in any release |
+//! | `test-util` | no | [`test_util`]: an in-memory Lease API double behind a real `kube::Client`, to test guarded code without a cluster; on paused time when the test crate enables `tokio`'s `test-util` (this feature does not, so that it changes no clock) |
 //!
 //! This crate does not pick a Kubernetes version: enable one of
 //! `k8s-openapi`'s version features in your application, as with kube.
@@ -234,7 +238,7 @@ pub use config::Coordinated;
 pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
 #[cfg(feature = "warm-standby")]
 pub use controller::warm::WarmController;
-pub use controller::{ControllerWithLeaderElection, LeaderElectionControllerExt};
+pub use controller::{ControllerResource, ControllerWithLeaderElection, LeaderElectionControllerExt};
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus, RunEnded};
 pub use error::{AcquireError, ApiError, ShutdownError};
 pub use guard::{LeaseGuard, Lost};

@@ -208,28 +208,29 @@ pub(crate) fn verdict(
 }
 
 #[cfg(feature = "coordinated")]
-/// What a candidate in Coordinated Leader Election may do with `observed`:
-/// never take a Lease the API server did not give it. It takes a record
-/// naming it holder, with no `preferredHolder`, that is either our own
-/// term's or the API server's assignment (which has no `acquireTime`: the
-/// API server never writes one, and every term of ours does); a record
-/// naming us that is neither (another process with our identity) is waited
-/// out for one lease duration, as in the ordinary election. Anything else
-/// is the API server's to change: wait (a watch event wakes the candidate
-/// sooner).
-pub(crate) fn coordinated_verdict(
-    observed: &Observed,
-    identity: &str,
-    own: bool,
-    fallback: Duration,
-    now: Instant,
-) -> Verdict {
-    let spec = &observed.spec;
-    let duration = lease_duration(spec, fallback);
-    match (holder(spec), preferred_holder(spec)) {
-        (Some(h), None) if h == identity && (own || spec.acquire_time.is_none()) => Verdict::Take,
-        (Some(h), None) if h == identity => after_unchanged(observed, duration, now),
-        _ => Verdict::WaitUntil(later(now, duration)),
+impl Observed {
+    /// What a candidate in Coordinated Leader Election may do with this
+    /// record: never take a Lease the API server did not give it. It takes a
+    /// record naming it holder, with no `preferredHolder`, that is either our
+    /// own term's or the API server's assignment (which has no `acquireTime`:
+    /// the API server never writes one, and every term of ours does); a
+    /// record naming us that is neither (another process with our identity)
+    /// is waited out for one lease duration, as in the ordinary election.
+    /// Anything else is the API server's to change: wait (a watch event wakes
+    /// the candidate sooner).
+    pub(crate) fn coordinated_verdict(
+        &self,
+        identity: &str,
+        own: bool,
+        fallback: Duration,
+        now: Instant,
+    ) -> Verdict {
+        let duration = lease_duration(&self.spec, fallback);
+        match (holder(&self.spec), preferred_holder(&self.spec)) {
+            (Some(h), None) if h == identity && (own || self.spec.acquire_time.is_none()) => Verdict::Take,
+            (Some(h), None) if h == identity => after_unchanged(self, duration, now),
+            _ => Verdict::WaitUntil(later(now, duration)),
+        }
     }
 }
 

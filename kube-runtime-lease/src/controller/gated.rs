@@ -4,24 +4,22 @@
 //! the gate is the election's term) and elected shards (the gate is the
 //! object's shard's term).
 
-use std::{fmt::Debug, hash::Hash, pin::pin, sync::Arc};
+use std::{fmt::Debug, pin::pin, sync::Arc};
 
 use futures::{
     Stream, StreamExt, TryFuture, TryFutureExt,
     future::{self, Either},
     stream,
 };
-use kube_client::Resource;
 use kube_runtime::{
     Controller,
     controller::{Action, Error as ControllerError},
     reflector::ObjectRef,
     watcher,
 };
-use serde::de::DeserializeOwned;
 use tracing::debug;
 
-use crate::{LeaseGuard, Lost};
+use crate::{LeaseGuard, Lost, controller::ControllerResource};
 
 /// What a gated reconcile runs in: nothing more (`()`), or a task-local
 /// value its reconciler can read (a shard's [`CurrentShard`](crate::CurrentShard)).
@@ -73,8 +71,8 @@ pub(crate) fn run<K, ReconcilerFut, Ctx, S>(
     context: Arc<Ctx>,
 ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Debug + Unpin,
+    K: ControllerResource,
+    K::DynamicType: Debug + Unpin,
     ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
     ReconcilerFut::Error: std::error::Error + Send + 'static,
     S: Scope,

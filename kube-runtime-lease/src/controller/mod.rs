@@ -29,12 +29,23 @@ use serde::de::DeserializeOwned;
 use self::warm::WarmController;
 use crate::{LeaderElector, WithLeaderElection};
 
+/// The bounds a [`Controller`] puts on the resource it runs on, in one name:
+/// every `K` that `Controller<K>` accepts implements it.
+pub trait ControllerResource:
+    Clone + Resource<DynamicType: Eq + Hash + Clone> + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
+impl<K> ControllerResource for K where
+    K: Clone + Resource<DynamicType: Eq + Hash + Clone> + DeserializeOwned + Debug + Send + Sync + 'static
+{
+}
+
 /// Adds [`with_leader_election`](Self::with_leader_election) to
 /// [`Controller`](kube_runtime::Controller).
 pub trait LeaderElectionControllerExt<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     /// Runs this controller only while `elector`'s candidate leads.
     ///
@@ -123,8 +134,7 @@ where
 
 impl<K> LeaderElectionControllerExt<K> for Controller<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K> {
         ControllerWithLeaderElection {
@@ -148,8 +158,7 @@ where
 #[must_use = "call `run` to start the controller"]
 pub struct ControllerWithLeaderElection<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     controller: Controller<K>,
     elector: LeaderElector,
@@ -157,8 +166,7 @@ where
 
 impl<K> ControllerWithLeaderElection<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     /// [`Controller::run`], guarded by leadership: see
     /// [`WithLeaderElection`] for what happens when leadership is won and lost.
@@ -186,8 +194,7 @@ where
 
 impl<K> std::fmt::Debug for ControllerWithLeaderElection<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControllerWithLeaderElection")

@@ -3,24 +3,22 @@
 //! the Controller's watches and its reflector store run on every replica;
 //! leadership gates only reconciliation.
 
-use std::{fmt::Debug, hash::Hash, pin::pin, sync::Arc};
+use std::{fmt::Debug, pin::pin, sync::Arc};
 
 use futures::{
     FutureExt, Stream, TryFuture,
     channel::mpsc,
     future::{self, Either},
 };
-use kube_client::Resource;
 use kube_runtime::{
     Controller,
     controller::{Action, Error as ControllerError},
     reflector::ObjectRef,
     watcher,
 };
-use serde::de::DeserializeOwned;
 use tracing::debug;
 
-use crate::{LeaderElector, Lost};
+use crate::{LeaderElector, Lost, controller::ControllerResource};
 
 /// A [`Controller`] in warm standby: returned by
 /// [`LeaderElectionControllerExt::with_leader_election_warm`](crate::LeaderElectionControllerExt::with_leader_election_warm).
@@ -28,8 +26,7 @@ use crate::{LeaderElector, Lost};
 #[must_use = "call `run` to start the controller"]
 pub struct WarmController<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     pub(crate) controller: Controller<K>,
     pub(crate) elector: LeaderElector,
@@ -37,8 +34,7 @@ where
 
 impl<K> WarmController<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     /// [`Controller::run`] in warm standby.
     ///
@@ -114,8 +110,7 @@ async fn hold_each_term(elector: LeaderElector, terms: mpsc::UnboundedSender<()>
 
 impl<K> std::fmt::Debug for WarmController<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WarmController")

@@ -140,12 +140,12 @@ impl Acquire {
                         "the leader election task has not run (is its runtime still driven?); \
                          leaving it behind and starting a new one"
                     );
-                    state.abandon();
+                    state.leave_behind();
                     state.next_task()
                 })
             };
             if let Some(n) = spawn {
-                self.inner.abandoned();
+                self.inner.left_behind();
                 self.inner.spawn(&runtime, n);
             }
             timer.as_mut().reset(Instant::now() + period);

@@ -45,8 +45,8 @@ enum CallError {
 impl CallError {
     fn status(&self) -> Option<u16> {
         match self {
-            CallError::Api(kube_client::Error::Api(s)) => Some(s.code),
-            _ => None,
+            CallError::Api(e) => crate::error::status_of(e),
+            CallError::Timeout => None,
         }
     }
 }
@@ -76,7 +76,7 @@ pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output 
         .coordinated
         .as_ref()
         .filter(|_| !fell_back)
-        .map(|c| Candidate::new(inner.api.client(), &inner.config, c));
+        .map(|c| LeaseCandidate::new(inner.api.client(), &inner.config, c));
     let keep_candidate = async {
         match &candidate {
             Some(c) => c.run(inner).await,
@@ -97,7 +97,7 @@ pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output 
 }
 
 /// This elector's `LeaseCandidate`.
-pub(super) struct Candidate {
+pub(super) struct LeaseCandidate {
     api: Api<DynamicObject>,
     resource: ApiResource,
     name: String,
@@ -106,13 +106,13 @@ pub(super) struct Candidate {
     settings: Coordinated,
 }
 
-impl Candidate {
+impl LeaseCandidate {
     pub(super) fn new(client: Client, config: &LeaseConfig, settings: &Coordinated) -> Self {
         let resource = ApiResource::from_gvk_with_plural(
             &GroupVersionKind::gvk("coordination.k8s.io", "v1beta1", "LeaseCandidate"),
             "leasecandidates",
         );
-        Candidate {
+        LeaseCandidate {
             api: Api::namespaced_with(client, &config.namespace, &resource),
             resource,
             name: config.identity.clone(),

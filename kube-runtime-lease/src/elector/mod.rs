@@ -327,7 +327,7 @@ impl LeaderElector {
                 "the leader election task did not end in time (is its runtime still driven?); \
                  leaving it behind: it can no longer write to the lease, which will expire"
             );
-            self.inner.abandon();
+            self.inner.leave_behind();
             Err(ShutdownError::TaskDidNotEnd { after: bound })
         })
     }

@@ -32,9 +32,10 @@ impl LeaderElector {
     /// polled until the Lease is won. Items are
     /// discarded: log them inside the stream (`.inspect(...)`, `.map(...)`).
     /// Between terms, the candidate waits with an exponential backoff from
-    /// the retry period up to the lease duration (reset after a term that
-    /// lasted longer than the lease duration), so that a flapping candidate
-    /// does not hammer the API server.
+    /// the retry period up to the lease duration, so that a flapping candidate
+    /// does not hammer the API server; the backoff starts over after a term
+    /// whose stream yielded its first item more than a lease duration before
+    /// the term ended (a term whose stream yielded nothing does not count).
     ///
     /// Returns why it stopped ([`RunEnded`]): every other end of a term
     /// ([`Lost`] other than [`Lost::Shutdown`]) is followed by a new campaign.

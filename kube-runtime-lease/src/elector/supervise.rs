@@ -1,6 +1,6 @@
 //! One election task at a time: spawning a task, the slot it takes before it
 //! talks to the API (so that the next task starts only after the last one's
-//! release), its beat and the abandonment of a task whose runtime is no longer
+//! release), its beat and the leaving behind of a task whose runtime is no longer
 //! driven, the re-count of demand, and the cleanup when a task ends.
 
 use std::{sync::Arc, time::Duration};
@@ -23,7 +23,7 @@ impl State {
     /// Leaves the running task (and any holding the slot) behind: their
     /// runtime is no longer driven. They can no longer write to the Lease
     /// (each write checks the slot first), and their term ends.
-    pub(super) fn abandon(&mut self) {
+    pub(super) fn leave_behind(&mut self) {
         self.current = None;
         self.active = None;
         self.task = None;
@@ -80,15 +80,15 @@ impl Inner {
         }
     }
 
-    /// Leaves the running task behind (see [`State::abandon`]).
-    pub(super) fn abandon(&self) {
-        self.lock().abandon();
-        self.abandoned();
+    /// Leaves the running task behind (see [`State::leave_behind`]).
+    pub(super) fn leave_behind(&self) {
+        self.lock().leave_behind();
+        self.left_behind();
     }
 
-    /// What follows [`State::abandon`], with the state unlocked: wake whoever
+    /// What follows [`State::leave_behind`], with the state unlocked: wake whoever
     /// waits for the slot, and say that nobody leads.
-    pub(super) fn abandoned(&self) {
+    pub(super) fn left_behind(&self) {
         self.slot_freed.notify_waiters();
         self.not_leading();
     }
@@ -166,9 +166,9 @@ pub(super) enum Demand {
     Unwanted,
     /// [`LeaderElector::shutdown`](super::LeaderElector::shutdown) was called.
     Shutdown,
-    /// This task was left behind (see [`State::abandon`]): stop at once,
+    /// This task was left behind (see [`State::leave_behind`]): stop at once,
     /// without a write.
-    Abandoned,
+    LeftBehind,
 }
 
 impl Drop for Task {
@@ -231,7 +231,7 @@ impl Task {
         }
         let mut state = self.inner.lock();
         if state.active != Some(self.generation) {
-            return Demand::Abandoned;
+            return Demand::LeftBehind;
         }
         state.waiters.retain(|tx| !tx.is_canceled());
         let live = state

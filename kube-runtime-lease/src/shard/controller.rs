@@ -3,19 +3,18 @@
 //! only by the replica that holds its shard, each reconcile racing its
 //! shard's guard.
 
-use std::{collections::BTreeSet, fmt::Debug, hash::Hash, sync::Arc};
+use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
 
 use futures::{Stream, TryFuture, channel::mpsc};
-use kube_client::Resource;
 use kube_runtime::{
     Controller,
     controller::{Action, Error as ControllerError},
     reflector::ObjectRef,
     watcher,
 };
-use serde::de::DeserializeOwned;
 
 use super::ShardedElector;
+use crate::controller::ControllerResource;
 
 /// The shard a reconcile of a [`ShardedController`] works for, and its term's
 /// fencing token: see [`current_shard`].
@@ -53,8 +52,7 @@ pub fn current_shard() -> Option<CurrentShard> {
 #[must_use = "call `run` to start the controller"]
 pub struct ShardedController<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     controller: Controller<K>,
     sharded: ShardedElector,
@@ -64,8 +62,7 @@ impl ShardedElector {
     /// `controller`, sharded by this election: see [`ShardedController::run`].
     pub fn controller<K>(&self, controller: Controller<K>) -> ShardedController<K>
     where
-        K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-        K::DynamicType: Eq + Hash + Clone,
+        K: ControllerResource,
     {
         ShardedController {
             controller,
@@ -76,8 +73,7 @@ impl ShardedElector {
 
 impl<K> ShardedController<K>
 where
-    K: Clone + Resource + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone,
+    K: ControllerResource,
 {
     /// [`Controller::run`], sharded, with the election's balancer running
     /// as long as the stream is polled:

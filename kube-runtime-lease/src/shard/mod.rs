@@ -1,4 +1,4 @@
-//! Elected shards (issue 12; docs/sharding-design.md), behind the
+//! Elected shards (design: `docs/sharding-design.md`), behind the
 //! `unstable-shards` feature: one controller across many replicas, each
 //! shard behind its own Lease.
 //!

@@ -694,7 +694,7 @@ fn get_mut_reaches_the_inner_stream_itself() {
 }
 
 /// `into_inner` gives the inner stream back, where it stands, until the
-/// guarded stream dropped it (issue 16: kills `into_inner -> None`).
+/// guarded stream dropped it (mutation testing: kills `into_inner -> None`).
 #[test]
 fn into_inner_gives_the_inner_stream_back_until_it_was_dropped() {
     paused(async {

@@ -1,7 +1,8 @@
 //! Regression tests for the schedules that broke "exactly one leader, never
-//! none" (issue 10). Each test failed on the code before its fix; all run in
-//! the unit suite, on the in-memory Lease API double with paused time, except
-//! where a doc comment says otherwise. The numbers are the issue's items.
+//! none". Each test failed on the code before its fix; all run in the unit
+//! suite, on the in-memory Lease API double with paused time, except where a
+//! doc comment says otherwise. The numbered sections are the behaviours
+//! guarded, as `docs/regressions.md` lists them.
 
 use std::{
     pin::pin,
@@ -729,7 +730,7 @@ fn flapping_demand_keeps_one_observation() {
 
 /// 7: a shutdown that had to leave its task behind says so everywhere: the
 /// `leader_election_is_leader` gauge drops to 0 although the task that
-/// would have said it never runs again (`Inner::abandon`).
+/// would have said it never runs again (`Inner::leave_behind`).
 #[cfg(feature = "metrics")]
 #[test]
 fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {

@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Attempt, Obs, Task};
+use super::{Attempt, LeaseView, Task};
 #[cfg(feature = "coordinated")]
 use crate::elector::Election;
 use crate::{
@@ -30,7 +30,7 @@ impl Task {
         let mut linger_until = None;
         loop {
             match self.demand(false) {
-                Demand::Abandoned => {
+                Demand::LeftBehind => {
                     self.exited = true;
                     return None;
                 }
@@ -99,7 +99,7 @@ impl Task {
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
         let renew_deadline = self.config().renew_deadline;
-        if !self.synced || self.stale || matches!(self.obs, Obs::Unknown) {
+        if !self.synced || self.stale || matches!(self.view, LeaseView::Unknown) {
             self.get(renew_deadline).await?;
         }
         let now = Instant::now();
@@ -113,11 +113,11 @@ impl Task {
         };
         #[cfg(not(feature = "coordinated"))]
         let coordinated = false;
-        match &self.obs {
-            Obs::Unknown => Ok(Attempt::RetryNow),
+        match &self.view {
+            LeaseView::Unknown => Ok(Attempt::RetryNow),
             // Only the API server creates a coordinated Lease.
-            Obs::Missing if coordinated => Ok(Attempt::WaitUntil(now + cfg.retry_period)),
-            Obs::Missing => {
+            LeaseView::Missing if coordinated => Ok(Attempt::WaitUntil(now + cfg.retry_period)),
+            LeaseView::Missing => {
                 let hold = self.inner.lock().memory.creation_hold(now, cfg.lease_duration);
                 let lease = Lease {
                     metadata: kube_client::core::ObjectMeta {
@@ -129,7 +129,7 @@ impl Task {
                 };
                 self.write_to_acquire(lease, true).await
             }
-            Obs::Known { observed, object } => {
+            LeaseView::Known { observed, object } => {
                 let own = self
                     .inner
                     .lock()
@@ -139,7 +139,7 @@ impl Task {
                     .is_some_and(|o| o.matches(object));
                 #[cfg(feature = "coordinated")]
                 let verdict = if coordinated {
-                    record::coordinated_verdict(observed, &cfg.identity, own, cfg.lease_duration, now)
+                    observed.coordinated_verdict(&cfg.identity, own, cfg.lease_duration, now)
                 } else {
                     record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now)
                 };

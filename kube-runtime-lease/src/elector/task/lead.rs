@@ -10,7 +10,7 @@ use kube_runtime::watcher;
 use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
-use super::{Obs, Task, observe::next_event};
+use super::{LeaseView, Task, observe::next_event};
 use crate::{
     elector::{Transition, supervise::Demand},
     error::Result,
@@ -150,7 +150,7 @@ impl Task {
                 Demand::Wanted => {}
                 Demand::Unwanted => return (Lost::GivenUp, false),
                 Demand::Shutdown => return (Lost::Shutdown, true),
-                Demand::Abandoned => {
+                Demand::LeftBehind => {
                     self.exited = true;
                     return (Lost::ElectorStopped, true);
                 }
@@ -179,7 +179,7 @@ impl Task {
                 }
                 if let Err(lost) = self.renew(run).await {
                     // Left behind (`ElectorStopped`): exit. The state is the
-                    // new task's already (`State::abandon`), so this task's
+                    // new task's already (`State::leave_behind`), so this task's
                     // drop leaves it alone whether or not it says it exited.
                     let left_behind = lost == Lost::ElectorStopped;
                     return (lost, left_behind);
@@ -252,8 +252,8 @@ impl Task {
         if !shows {
             return Ok(());
         }
-        let object = match &self.obs {
-            Obs::Known { object, .. } => Some(object.clone()),
+        let object = match &self.view {
+            LeaseView::Known { object, .. } => Some(object.clone()),
             _ => None,
         };
         let cached_rv = self
@@ -269,7 +269,7 @@ impl Task {
             return Ok(());
         }
         let foreign = match &object {
-            None => matches!(self.obs, Obs::Missing),
+            None => matches!(self.view, LeaseView::Missing),
             Some(object) => !run.id.matches(object),
         };
         if !foreign {

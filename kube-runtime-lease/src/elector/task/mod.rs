@@ -15,7 +15,7 @@
 //! 1. **One task at a time.** At most one task talks to the API: a task first
 //!    takes the slot (`State::active`), which the previous task frees only
 //!    when it is dropped, after its release. A task left behind (its runtime
-//!    no longer driven: `State::abandon`) loses the slot, and every write
+//!    no longer driven: `State::leave_behind`) loses the slot, and every write
 //!    checks it first (`Task::may_write`), so it never writes again.
 //! 2. **A passed deadline is final.** The renew deadline counts from the
 //!    instant before the last successful write was *sent*, never from its
@@ -61,7 +61,7 @@ use crate::{config::LeaseConfig, error::ApiError, record::Observed};
 
 /// What this candidate last saw of the Lease.
 #[derive(Clone, Debug)]
-pub(in crate::elector) enum Obs {
+pub(in crate::elector) enum LeaseView {
     /// Nothing trustworthy: read before acting.
     Unknown,
     /// The Lease does not exist.
@@ -76,7 +76,7 @@ pub(in crate::elector) enum Attempt {
     Acquired(Box<Lease>, Instant, bool),
     WaitUntil(Instant),
     RetryNow,
-    /// This task was left behind (see [`State::abandon`](super::State::abandon)):
+    /// This task was left behind (see [`State::leave_behind`](super::State::leave_behind)):
     /// it must not write, and exits.
     LeftBehind,
 }
@@ -85,7 +85,7 @@ pub(in crate::elector) enum Attempt {
 pub(in crate::elector) struct Task {
     pub(in crate::elector) inner: Arc<Inner>,
     pub(in crate::elector) generation: u64,
-    pub(in crate::elector) obs: Obs,
+    pub(in crate::elector) view: LeaseView,
     /// The observation may be outdated (after a conflict, or carried over
     /// from an earlier task): read before acting on it.
     pub(in crate::elector) stale: bool,
@@ -107,11 +107,11 @@ impl Task {
     pub(in crate::elector) fn new(inner: Arc<Inner>, generation: u64) -> Self {
         let watch = inner.config.watch.then(|| inner.api.watch());
         // A record seen elsewhere in this process (still read before acting).
-        let obs = inner
+        let view = inner
             .lock()
             .seed
             .take()
-            .map_or(Obs::Unknown, |(lease, at)| Obs::Known {
+            .map_or(LeaseView::Unknown, |(lease, at)| LeaseView::Known {
                 observed: Observed {
                     spec: lease.spec.clone().unwrap_or_default(),
                     resource_version: lease.metadata.resource_version.clone(),
@@ -122,7 +122,7 @@ impl Task {
         Task {
             inner,
             generation,
-            obs,
+            view,
             stale: true,
             watch,
             synced: false,

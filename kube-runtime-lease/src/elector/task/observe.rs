@@ -9,7 +9,7 @@ use kube_runtime::watcher;
 use tokio::time::{Instant, sleep_until};
 use tracing::{info, warn};
 
-use super::{Obs, Task};
+use super::{LeaseView, Task};
 use crate::{
     error::Result,
     record::{self, Observed},
@@ -48,8 +48,8 @@ impl Task {
     pub(in crate::elector) fn observe(&mut self, lease: Lease, at: Instant) -> bool {
         let spec = lease.spec.clone().unwrap_or_default();
         let rv = lease.metadata.resource_version.clone();
-        let (previous, changed) = match std::mem::replace(&mut self.obs, Obs::Unknown) {
-            Obs::Known { observed, object } => {
+        let (previous, changed) = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
+            LeaseView::Known { observed, object } => {
                 let same_object = object.metadata.uid == lease.metadata.uid;
                 let changed = observed.spec != spec || !same_object;
                 (same_object.then_some(observed), changed)
@@ -67,7 +67,7 @@ impl Task {
             s.transitions = spec.lease_transitions;
         });
         let observed = Observed::observe(previous, spec, rv, at);
-        self.obs = Obs::Known {
+        self.view = LeaseView::Known {
             observed,
             object: Box::new(lease),
         };
@@ -75,8 +75,8 @@ impl Task {
     }
 
     pub(in crate::elector) fn observe_missing(&mut self) -> bool {
-        let changed = !matches!(self.obs, Obs::Missing);
-        self.obs = Obs::Missing;
+        let changed = !matches!(self.view, LeaseView::Missing);
+        self.view = LeaseView::Missing;
         self.inner.lock().memory.went_away(Instant::now());
         self.inner.update_status(|s| {
             s.holder = None;

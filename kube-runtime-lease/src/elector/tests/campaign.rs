@@ -1,5 +1,5 @@
 //! The acquire path (`task/campaign.rs`): one test per property that mutation
-//! testing (issue 16) showed untested, each named after it. On the in-memory
+//! testing showed untested, each named after it. On the in-memory
 //! Lease API double, with paused time.
 
 use std::{pin::pin, time::Duration};

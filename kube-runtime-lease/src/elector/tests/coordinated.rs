@@ -387,7 +387,7 @@ async fn published(fake: &FakeLeaseApi) -> (crate::LeaderElector, std::pin::Pin<
 
 /// The API server pings a candidate before it elects (`pingTime`); the
 /// candidate answers by renewing (`renewTime` after it), or it is not
-/// elected (issue 16: kills `Candidate::renew -> ()`).
+/// elected (mutation testing: kills `Candidate::renew -> ()`).
 #[test]
 fn a_pinged_candidate_answers_by_renewing() {
     paused(async {
@@ -405,7 +405,7 @@ fn a_pinged_candidate_answers_by_renewing() {
 }
 
 /// A ping answered with a stale resourceVersion (the object changed since
-/// the ping was delivered) is answered again after a fresh read (issue 16:
+/// the ping was delivered) is answered again after a fresh read (mutation testing:
 /// kills the conflict retry's survivors in `Candidate::renew`).
 #[test]
 fn a_ping_answer_that_conflicts_is_retried_after_a_fresh_read() {
@@ -441,7 +441,7 @@ fn a_ping_answer_that_conflicts_is_retried_after_a_fresh_read() {
 
 /// A LeaseCandidate left by an earlier process with our identity (create
 /// answers 409) is adopted: our versions and strategy written on it, renewed
-/// (issue 16: kills `publish`'s 409 guard `-> false`).
+/// (mutation testing: kills `publish`'s 409 guard `-> false`).
 #[test]
 fn a_lease_candidate_left_by_an_earlier_process_is_adopted() {
     paused(async {
@@ -471,7 +471,7 @@ fn a_lease_candidate_left_by_an_earlier_process_is_adopted() {
 
 /// Without pings the candidate refreshes `renewTime` every 5 minutes (as
 /// client-go's does), the first time 5 minutes after it published, not at
-/// once (issue 16: kills `+ -> -` in the refresh's start).
+/// once (mutation testing: kills `+ -> -` in the refresh's start).
 #[test]
 fn a_candidate_refreshes_every_five_minutes_and_not_sooner() {
     paused(async {
@@ -496,7 +496,7 @@ fn a_candidate_refreshes_every_five_minutes_and_not_sooner() {
 }
 
 /// Failing calls say why (`CallError`'s text), and deleting a candidate
-/// already gone is no failure (issue 16: kills `CallError::fmt` and
+/// already gone is no failure (mutation testing: kills `CallError::fmt` and
 /// `delete`'s 404 guards).
 #[test]
 fn a_failed_candidate_call_says_why_and_a_candidate_already_gone_is_no_failure() {
@@ -541,7 +541,7 @@ fn a_failed_candidate_call_says_why_and_a_candidate_already_gone_is_no_failure()
 
 /// Only a conflict is retried after a read: an answer to a ping that fails
 /// otherwise is logged, and the next ping (or the refresh) is answered
-/// (issue 16: kills the retry guard's `-> true` and `&& -> ||`).
+/// (mutation testing: kills the retry guard's `-> true` and `&& -> ||`).
 #[test]
 fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
     let text = crate::tests::support::logs_during(tracing::Level::WARN, || {

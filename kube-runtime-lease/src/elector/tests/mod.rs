@@ -702,7 +702,7 @@ fn health_check_fails_only_for_an_overdue_leader() {
 }
 
 /// Subscribers are told of every change of status, and only of changes
-/// (issue 16: kills `!= -> ==` in `update_status`).
+/// (mutation testing: kills `!= -> ==` in `update_status`).
 #[test]
 fn subscribers_are_told_of_changes_only() {
     paused(async {
@@ -1189,7 +1189,7 @@ fn a_takeover_made_while_the_watch_was_broken_ends_the_term_when_it_is_back() {
 
 /// A foreign record delivered by the watch before it showed our own last
 /// write may be older than that write: it is confirmed by a read, and the
-/// term ends on that read, not one renewal later (issue 16: kills
+/// term ends on that read, not one renewal later (mutation testing: kills
 /// `verify -> Ok(())`). Here the watch's first list fails twice, so the term
 /// begins on a polled read with the watch not yet in sync; the Lease is taken
 /// over; the list that then succeeds shows the new holder.
@@ -1229,7 +1229,7 @@ fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
 /// own last write: only the watch delivering that write does. A re-list
 /// served by a lagging watch cache shows the record before our write (here
 /// the free one we took): that is confirmed by a read, which shows our term,
-/// and the term goes on. Found by mutation testing (issue 16): every event,
+/// and the term goes on. Found by mutation testing: every event,
 /// an error included, used to compare the last object *observed* (our own
 /// write's answer) with our write, and claim the watch had caught up; the
 /// stale record then ended the term at once, as taken over.
@@ -1275,7 +1275,7 @@ fn a_re_list_from_a_lagging_cache_does_not_end_the_term() {
 
 /// Work stopped at the end of a term may still land for lease duration −
 /// renew deadline: a later term of the same elector that ends cleanly inside
-/// that margin does not release either (issue 10, item 3; a survivor of the
+/// that margin does not release either (a survivor of the
 /// mutation run, `> -> <` in `end_term`'s margin check).
 #[test]
 fn a_clean_term_inside_the_margin_of_stopped_work_does_not_release() {
@@ -1510,11 +1510,11 @@ fn every_election_task_gets_a_new_generation() {
     let third = state.next_task();
     assert!(first < second && second < third, "{first}, {second}, {third}");
     assert_eq!(state.current, Some(third));
-    state.abandon();
+    state.leave_behind();
     assert_eq!(state.current, None);
     assert!(
         state.next_task() > third,
-        "a generation came back after an abandonment"
+        "a generation came back after it was left behind"
     );
 }
 
@@ -1564,7 +1564,7 @@ fn a_dropped_acquire_lets_the_task_leave_after_its_linger() {
 }
 
 /// An elector's `Debug` names its Lease and identity, and what it observed
-/// (issue 16: kills `Debug::fmt -> Ok(..)`).
+/// (mutation testing: kills `Debug::fmt -> Ok(..)`).
 #[test]
 fn debug_shows_the_lease_the_identity_and_the_status() {
     paused(async {
@@ -1579,7 +1579,7 @@ fn debug_shows_the_lease_the_identity_and_the_status() {
 }
 
 /// The off switch's leader gauge drops at shutdown, with no task to drop it
-/// (issue 16: kills `delete !` in `shutdown`).
+/// (mutation testing: kills `delete !` in `shutdown`).
 #[cfg(feature = "metrics")]
 #[test]
 fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
@@ -1609,7 +1609,7 @@ fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
 
 /// `current_guard` (the warm-standby gate: a reconcile runs only with a
 /// guard of the term in force) hands out a guard while a term holds, and
-/// none before, after the term, or once shutdown began (issue 16: kills
+/// none before, after the term, or once shutdown began (mutation testing: kills
 /// `current_guard -> None`).
 #[test]
 fn current_guard_is_a_guard_of_the_term_in_force_only() {
@@ -1641,7 +1641,7 @@ fn current_guard_is_a_guard_of_the_term_in_force_only() {
 /// after the grace, and that bound is not cut short: a write to acquire in
 /// flight when shutdown begins (answered after nearly the renew deadline),
 /// then the release (its read answered just within the release timeout),
-/// both fit (issue 16: kills `+ -> -` in the bound).
+/// both fit (mutation testing: kills `+ -> -` in the bound).
 #[test]
 fn a_shutdown_that_meets_a_slow_acquisition_and_a_slow_release_ends_in_time() {
     paused(async {
@@ -1675,7 +1675,7 @@ fn a_shutdown_that_meets_a_slow_acquisition_and_a_slow_release_ends_in_time() {
 
 /// An Event of a transition is about the Lease itself (`regarding`: its API
 /// version, kind, namespace, name and uid), so that `kubectl describe lease`
-/// shows it (issue 16: kills the deleted fields of the reference).
+/// shows it (mutation testing: kills the deleted fields of the reference).
 #[cfg(feature = "events")]
 #[test]
 fn events_are_about_the_lease_object() {
@@ -1714,7 +1714,7 @@ fn events_are_about_the_lease_object() {
 
 /// A Lease deleted while the leader's watch was down (its re-list is empty)
 /// ends the term as deleted at the re-list, confirmed by a read, not at the
-/// next renewal (issue 16: kills `shows`'s `InitDone` arm and its `!`).
+/// next renewal (mutation testing: kills `shows`'s `InitDone` arm and its `!`).
 #[test]
 fn a_lease_deleted_while_the_watch_was_down_ends_the_term_at_the_re_list() {
     paused(async {
@@ -1739,7 +1739,7 @@ fn a_lease_deleted_while_the_watch_was_down_ends_the_term_at_the_re_list() {
     });
 }
 
-/// A renewal answered 404 ends the term as deleted at once (issue 16: kills
+/// A renewal answered 404 ends the term as deleted at once (mutation testing: kills
 /// `renew`'s 404 guard `-> false`, which logged it and renewed again).
 #[test]
 fn a_renewal_answered_not_found_ends_the_term_as_deleted() {

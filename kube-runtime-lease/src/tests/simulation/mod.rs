@@ -86,7 +86,7 @@ struct Candidate {
     client: kube_client::Client,
     intervals: Arc<Mutex<Vec<Interval>>>,
     rng: fastrand::Rng,
-    /// Random shutdowns, restarts and abandoned acquisitions stop then.
+    /// Random shutdowns, restarts and acquisitions given up stop then.
     chaos_until: Instant,
     /// A release may take this long: longer than lease duration − renew
     /// deadline, a release can land after a takeover.
