@@ -12,8 +12,8 @@ use crate::guard::Lost;
 /// What the election tells its observers.
 #[derive(Clone, Copy, Debug)]
 #[cfg_attr(
-    not(any(feature = "metrics", feature = "events")),
-    allow(dead_code, reason = "read by the observers that the extras add")
+    not(all(feature = "metrics", feature = "events")),
+    allow(dead_code, reason = "read by the observers that the extras add: metrics and Events")
 )]
 pub(crate) enum Transition<'a> {
     /// Whether this candidate leads now: `true` when a term begins (also with
