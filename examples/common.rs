@@ -7,7 +7,7 @@
 //! name), `LEASE_DURATION`, `RENEW_DEADLINE`, `RETRY_PERIOD` (seconds, with
 //! client-go's 15/10/2 defaults), and `POD_NAME` for the identity. With
 //! `COORDINATED_BINARY_VERSION` set (`1.37.0`), the election is coordinated
-//! by the API server ([`Coordinated`](kube_runtime_lease::Coordinated)), with
+//! by the API server ([`Coordinated`](kube_runtime_lease::coordinated::Coordinated)), with
 //! `COORDINATED_EMULATION_VERSION` as the emulation version (default: the
 //! binary version).
 
@@ -134,7 +134,7 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
     }
     Ok(match std::env::var("COORDINATED_BINARY_VERSION") {
         Ok(binary) => {
-            let mut coordinated = kube_runtime_lease::Coordinated::new(binary);
+            let mut coordinated = kube_runtime_lease::coordinated::Coordinated::new(binary);
             if let Ok(emulation) = std::env::var("COORDINATED_EMULATION_VERSION") {
                 coordinated = coordinated.emulation_version(emulation);
             }

@@ -21,7 +21,7 @@ use kube::{
     Api, ResourceExt,
     runtime::{Controller, controller::Action, watcher},
 };
-use kube_runtime_lease::{ShardConfig, ShardedElector, current_shard};
+use kube_runtime_lease::shard::{ShardConfig, ShardedElector, current_shard};
 use kube_runtime_lease_examples::{client, error_policy, init_tracing, lease_config, shutdown_signal};
 use tracing::info;
 

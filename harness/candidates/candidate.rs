@@ -252,7 +252,10 @@ mod sharded {
         Api, ResourceExt,
         runtime::{Controller, controller::Action, watcher},
     };
-    use kube_runtime_lease::{LeaseConfig, ShardConfig, ShardedElector, current_shard};
+    use kube_runtime_lease::{
+        LeaseConfig,
+        shard::{ShardConfig, ShardedElector, current_shard},
+    };
     use kube_runtime_lease_examples::{client, shutdown_signal};
     use kube_runtime_lease_harness::now_ns;
 

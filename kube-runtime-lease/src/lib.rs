@@ -164,7 +164,7 @@
 //!   released only if no guarded work had to be stopped.
 //! - **Coordinated Leader Election** itself, where the API server picks the
 //!   leader among published `LeaseCandidate`s, is opt-in:
-//!   [`LeaseConfig::coordinated`] (see [`Coordinated`]).
+//!   [`LeaseConfig::coordinated`] (see [`Coordinated`](crate::coordinated::Coordinated)).
 //! - Releasing re-reads the Lease and writes it free only if it still holds a
 //!   record of our term, with the resourceVersion just read; a conflict is
 //!   retried once after a fresh read, as client-go does.
@@ -225,30 +225,40 @@ mod controller;
 mod elector;
 mod error;
 mod guard;
-#[cfg(feature = "metrics")]
-mod metrics;
 mod record;
-#[cfg(feature = "unstable-shards")]
-mod shard;
 mod stream;
 mod term;
 
-#[cfg(feature = "coordinated")]
-pub use config::Coordinated;
 pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
-#[cfg(feature = "warm-standby")]
-pub use controller::warm::WarmController;
 pub use controller::{ControllerResource, ControllerWithLeaderElection, LeaderElectionControllerExt};
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus, RunEnded};
 pub use error::{AcquireError, ApiError, ShutdownError};
 pub use guard::{LeaseGuard, Lost};
-#[cfg(feature = "metrics")]
-pub use metrics::LeaseMetrics;
-#[cfg(feature = "unstable-shards")]
-pub use shard::{CurrentShard, ShardConfig, ShardedController, ShardedElector, current_shard};
 pub use stream::{LeaderElectionStreamExt, WithLeaderElection};
 
+// The extras: each a feature, built on the core above.
+
+/// Coordinated Leader Election (feature `coordinated`): the API server picks
+/// the leader among the candidates' `LeaseCandidate`s. Asked for with
+/// [`LeaseConfig::coordinated`].
+#[cfg(feature = "coordinated")]
+pub mod coordinated {
+    pub use crate::config::coordinated::Coordinated;
+}
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(feature = "unstable-shards")]
+pub mod shard;
 #[cfg(any(test, feature = "test-util"))]
 pub mod test_util;
+/// Warm standby (feature `warm-standby`): the Controller's watches and
+/// store run on every replica, leadership gates only reconciliation. Asked
+/// for with
+/// [`LeaderElectionControllerExt::with_leader_election_warm`].
+#[cfg(feature = "warm-standby")]
+pub mod warm {
+    pub use crate::controller::warm::WarmController;
+}
+
 #[cfg(test)]
 mod tests;

@@ -58,7 +58,7 @@ type LastRenewals = Arc<Mutex<BTreeMap<LeaseLabels, Instant>>>;
 /// | `leader_election_coordinated` | gauge | 1 while Coordinated Leader Election is in force ([`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), served by the API server), 0 for the ordinary election |
 ///
 /// With the `unstable-shards` feature, a sharded election
-/// ([`ShardedElector::with_metrics`](crate::ShardedElector::with_metrics))
+/// ([`ShardedElector::with_metrics`](crate::shard::ShardedElector::with_metrics))
 /// adds, labelled by its base name as `lease`:
 ///
 /// | metric | type | meaning |
@@ -88,7 +88,7 @@ type LastRenewals = Arc<Mutex<BTreeMap<LeaseLabels, Instant>>>;
 ///
 /// ```no_run
 /// use prometheus_client::registry::Registry;
-/// use kube_runtime_lease::{LeaderElector, LeaseConfig, LeaseMetrics, unique_identity};
+/// use kube_runtime_lease::{LeaderElector, LeaseConfig, metrics::LeaseMetrics, unique_identity};
 ///
 /// # fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
 /// let mut registry = Registry::default();

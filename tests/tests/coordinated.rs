@@ -22,7 +22,7 @@ use kube::{
     Api,
     api::{ApiResource, DynamicObject, GroupVersionKind, ListParams},
 };
-use kube_runtime_lease::{Coordinated, LeaderElector, LeaseConfig, Lost};
+use kube_runtime_lease::{LeaderElector, LeaseConfig, Lost, coordinated::Coordinated};
 use kube_runtime_lease_harness::{EventLog, Fixture, Flavor, Kind, Sig, Timings, check_log, shared_env};
 use tokio::time::{Instant, sleep, timeout};
 

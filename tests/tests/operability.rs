@@ -16,7 +16,7 @@ use kube::{
     core::GroupVersionKind,
     discovery::{self, Scope},
 };
-use kube_runtime_lease::{LeaderElector, LeaseMetrics};
+use kube_runtime_lease::{LeaderElector, metrics::LeaseMetrics};
 use kube_runtime_lease_harness::{Timings, shared_env};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 use support::fast_config;

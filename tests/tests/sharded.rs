@@ -22,7 +22,10 @@ use kube::{
     api::PostParams,
     runtime::{Controller, controller::Action, watcher},
 };
-use kube_runtime_lease::{LeaseConfig, ShardConfig, ShardedElector};
+use kube_runtime_lease::{
+    LeaseConfig,
+    shard::{ShardConfig, ShardedElector},
+};
 use kube_runtime_lease_harness::{create_configmaps, shared_env};
 use tokio::time::Instant;
 
@@ -55,7 +58,7 @@ async fn start_replica(
             let (log, wrong, shards) = (log.clone(), wrong.clone(), shards.clone());
             async move {
                 // The reconcile knows its object's shard and that term's token.
-                let current = kube_runtime_lease::current_shard();
+                let current = kube_runtime_lease::shard::current_shard();
                 let expected = shards.shard_of(&cm.uid().unwrap_or_default());
                 if current.map(|c| c.shard) != Some(expected) || current.is_some_and(|c| c.fencing_token < 0)
                 {
@@ -87,7 +90,11 @@ async fn replicas_share_twelve_shards_of_600_configmaps_and_rebalance_on_join_an
     let admin = env.client().await?;
     create_configmaps(&admin, &ns, 600, 0).await?;
     let log: Log = Arc::default();
-    assert_eq!(kube_runtime_lease::current_shard(), None, "outside a reconcile");
+    assert_eq!(
+        kube_runtime_lease::shard::current_shard(),
+        None,
+        "outside a reconcile"
+    );
     let wrong_shard = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut replicas = Vec::new();
     for name in ["a", "b", "c"] {
@@ -249,7 +256,7 @@ async fn a_lost_shard_drops_only_its_own_reconciles_until_it_is_held_again() -> 
     );
     let run = sharded.controller(controller).run(
         |cm: Arc<ConfigMap>, runs: Arc<Runs>| async move {
-            let shard = kube_runtime_lease::current_shard().map_or(u16::MAX, |c| c.shard);
+            let shard = kube_runtime_lease::shard::current_shard().map_or(u16::MAX, |c| c.shard);
             let at = {
                 let mut r = runs.lock().expect("runs");
                 r.push((cm.name_any(), shard, Instant::now(), None));

@@ -53,7 +53,7 @@ use crate::config::LeaseConfig;
 /// client-go's coordinated mode.
 ///
 /// ```
-/// use kube_runtime_lease::{Coordinated, LeaseConfig};
+/// use kube_runtime_lease::{LeaseConfig, coordinated::Coordinated};
 ///
 /// let config = LeaseConfig::new("default", "my-controller", "pod-a")
 ///     .coordinated(Coordinated::new("1.37.0").emulation_version("1.36.0"));

@@ -103,7 +103,7 @@ pub enum ConfigError {
         /// The rule it breaks.
         rule: &'static str,
     },
-    /// A sharded election ([`ShardConfig`](crate::ShardConfig)) of no shards.
+    /// A sharded election ([`ShardConfig`](crate::shard::ShardConfig)) of no shards.
     #[cfg(feature = "unstable-shards")]
     #[error("a sharded election needs at least one shard")]
     NoShards,

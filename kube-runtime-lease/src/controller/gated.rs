@@ -1,6 +1,6 @@
 //! A [`Controller`] whose reconciles are gated by a term: each reconcile runs
 //! the user's reconciler only if the gate hands it a guard, and races that
-//! guard. Shared by warm standby ([`WarmController`](crate::WarmController):
+//! guard. Shared by warm standby ([`WarmController`](crate::warm::WarmController):
 //! the gate is the election's term) and elected shards (the gate is the
 //! object's shard's term).
 
@@ -22,7 +22,7 @@ use tracing::debug;
 use crate::{LeaseGuard, Lost, controller::ControllerResource};
 
 /// What a gated reconcile runs in: nothing more (`()`), or a task-local
-/// value its reconciler can read (a shard's [`CurrentShard`](crate::CurrentShard)).
+/// value its reconciler can read (a shard's [`CurrentShard`](crate::shard::CurrentShard)).
 pub(crate) trait Scope: Send + 'static {
     /// `work`, run within this scope.
     fn scope<F: Future + Send>(self, work: F) -> impl Future<Output = F::Output> + Send;

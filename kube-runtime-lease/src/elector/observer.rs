@@ -13,7 +13,10 @@ use crate::guard::Lost;
 #[derive(Clone, Copy, Debug)]
 #[cfg_attr(
     not(all(feature = "metrics", feature = "events")),
-    allow(dead_code, reason = "read by the observers that the extras add: metrics and Events")
+    allow(
+        dead_code,
+        reason = "read by the observers that the extras add: metrics and Events"
+    )
 )]
 pub(crate) enum Transition<'a> {
     /// Whether this candidate leads now: `true` when a term begins (also with

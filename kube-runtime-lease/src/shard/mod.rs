@@ -117,7 +117,7 @@ impl std::fmt::Debug for ShardedElector {
 /// # use k8s_openapi::api::core::v1::ConfigMap;
 /// # use kube_client::Api;
 /// # use kube_runtime::{Controller, controller::Action, watcher};
-/// # use kube_runtime_lease::{LeaseConfig, ShardConfig, ShardedElector};
+/// # use kube_runtime_lease::{LeaseConfig, shard::{ShardConfig, ShardedElector}};
 /// # use futures::StreamExt;
 /// # async fn reconcile(_: Arc<ConfigMap>, _: Arc<()>) -> Result<Action, kube_client::Error> { Ok(Action::await_change()) }
 /// # fn error_policy(_: Arc<ConfigMap>, _: &kube_client::Error, _: Arc<()>) -> Action { Action::await_change() }
@@ -227,7 +227,7 @@ impl ShardedElector {
     }
 
     /// Records every shard's and the membership's election metrics into
-    /// `metrics` (see [`LeaseMetrics`](crate::LeaseMetrics)): one series per
+    /// `metrics` (see [`LeaseMetrics`](crate::metrics::LeaseMetrics)): one series per
     /// Lease, so that the shards a replica holds are the sum of
     /// `leader_election_is_leader` over its shard Leases
     /// (`<base>-s<S>-shard-<NN>`); and the election's own two, labelled by
@@ -236,7 +236,7 @@ impl ShardedElector {
     /// balance the shares).
     #[cfg(feature = "metrics")]
     #[must_use]
-    pub fn with_metrics(self, metrics: &crate::LeaseMetrics) -> Self {
+    pub fn with_metrics(self, metrics: &crate::metrics::LeaseMetrics) -> Self {
         for elector in self.inner.shards.iter().chain([&self.inner.member]) {
             let _ = elector.clone().with_metrics(metrics);
         }

@@ -234,7 +234,7 @@ fn a_replica_whose_balancer_is_dropped_gives_its_shards_up() {
 fn the_metrics_have_one_series_per_shard() {
     paused(async {
         let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
         let fake = FakeLeaseApi::default();
         let a = replica(&fake, "a").with_metrics(&metrics);
         let run = a.clone();

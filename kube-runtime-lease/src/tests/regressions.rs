@@ -741,7 +741,7 @@ fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
     let fake = free();
     let main = paused_runtime();
     let mut registry = Registry::default();
-    let metrics = crate::LeaseMetrics::register(&mut registry);
+    let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
     let (e, _) = main.block_on(async { elector(&fake, config("me")) });
     let e = e.with_metrics(&metrics);
     let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));

@@ -9,7 +9,8 @@ use tokio::time::sleep;
 
 use crate::test_util::FakeLeaseApi;
 use crate::{
-    Coordinated, LeaseConfig, Lost,
+    LeaseConfig, Lost,
+    coordinated::Coordinated,
     tests::support::{config, elector, held_by, holder, paused, spec},
 };
 
@@ -254,7 +255,7 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
     paused(async {
         // Served: 1 once the LeaseCandidate is published (0 before).
         let mut registry = Registry::default();
-        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
         let fake = FakeLeaseApi::default().serve_lease_candidates();
         let (e, _) = elector(&fake, coordinated("me"));
         let e = e.with_metrics(&metrics);
@@ -273,7 +274,7 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
 
         // Attached after the election decided: the gauge starts at the truth.
         let mut late = Registry::default();
-        let late_metrics = crate::LeaseMetrics::register(&mut late);
+        let late_metrics = crate::metrics::LeaseMetrics::register(&mut late);
         let _e = e.clone().with_metrics(&late_metrics);
         assert!(
             scrape(&late).contains(&format!("{SERIES} 1")),
@@ -283,7 +284,7 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
 
         // Not served: 0, the fallback.
         let mut registry = Registry::default();
-        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
         let fake = FakeLeaseApi::default();
         let (e, _) = elector(&fake, coordinated("me"));
         let e = e.with_metrics(&metrics);

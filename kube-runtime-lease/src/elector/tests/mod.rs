@@ -814,7 +814,7 @@ fn metrics_are_read_back_from_a_registry() {
         use prometheus_client::registry::Registry;
 
         let mut registry = Registry::default();
-        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
         let fake = free();
         let (e, id) = elector(&fake, config("me"));
         let e = e.with_metrics(&metrics);
@@ -1587,7 +1587,7 @@ fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
         use crate::tests::support::scrape;
         const SERIES: &str = r#"leader_election_master_status{name="lease"}"#;
         let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = crate::LeaseMetrics::register(&mut registry);
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
         let fake = FakeLeaseApi::default();
         let (e, _) = elector(&fake, config("me").enabled(false));
         let e = e.with_metrics(&metrics);

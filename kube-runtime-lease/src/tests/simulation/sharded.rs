@@ -8,7 +8,7 @@
 //! cache).
 //!
 //! Every replica does the work of each shard it holds as a Controller of
-//! [`ShardedController`](crate::ShardedController) does: units of work one
+//! [`ShardedController`](crate::shard::ShardedController) does: units of work one
 //! after another, each begun only while the shard's term holds, stopped when
 //! the term ends. Invariant: at no virtual instant do two replicas work on
 //! one shard, counting for work that was stopped (not finished) a tail of
@@ -30,11 +30,11 @@ use tokio::{
     time::{Instant, sleep, timeout},
 };
 
+use crate::shard::{ShardConfig, ShardedElector};
 use crate::{
     LeaseConfig, LeaseGuard,
     test_util::{FakeLeaseApi, Fault},
 };
-use crate::{ShardConfig, ShardedElector};
 
 /// Replica slots.
 const SLOTS: usize = 4;
