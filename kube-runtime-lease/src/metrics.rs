@@ -225,7 +225,8 @@ impl LeaseMetrics {
 
 impl LeaderElector {
     /// Records this elector's metrics into `metrics` (see [`LeaseMetrics`]).
-    /// The first call sets where they go; later calls change nothing.
+    /// The first call sets where they go; a later call only sets the
+    /// series' starting values in the metrics it is given.
     #[must_use]
     pub fn with_metrics(self, metrics: &LeaseMetrics) -> Self {
         let config = self.config();
@@ -243,23 +244,19 @@ impl LeaderElector {
         };
         observer.metrics.is_leader.get_or_create(&observer.labels).set(0);
         observer.metrics.master_status.get_or_create(&observer.go).set(0);
-        observer
-            .metrics
-            .coordinated
-            .get_or_create(&observer.labels)
-            .set(0);
-        #[cfg(feature = "coordinated")]
         let coordinated = observer
             .metrics
             .coordinated
             .get_or_create(&observer.labels)
             .clone();
-        if self.observe(observer) {
-            // Added first, read second: a change of election in between is
-            // told to the observer, and read here, either way the same.
-            #[cfg(feature = "coordinated")]
-            coordinated.set(i64::from(self.status().coordinated));
-        }
+        // Added first, read second: a change of election in between is told
+        // to the observer, and read here, either way the same. Metrics given
+        // to a later call are not recorded into, but start at the truth.
+        self.observe(observer);
+        #[cfg(feature = "coordinated")]
+        coordinated.set(i64::from(self.status().coordinated));
+        #[cfg(not(feature = "coordinated"))]
+        coordinated.set(0);
         self
     }
 }

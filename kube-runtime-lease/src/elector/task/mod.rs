@@ -4,7 +4,7 @@
 //! - [`observe`]: the task's view of the Lease (reads, the watch, the polling
 //!   fallback, records written by others);
 //! - [`campaign`]: one attempt to acquire, the backoff, the creation hold;
-//! - [`term`]: leading one term (publish, renew, verify, step down);
+//! - [`lead`]: leading one term (publish, renew, verify, step down);
 //! - [`end`]: ending a term, and the release;
 //! - all Lease API calls go through [`LeaseApi`](super::api::LeaseApi).
 //!
