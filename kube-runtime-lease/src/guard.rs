@@ -118,6 +118,18 @@ impl LeaseGuard {
         self.term.deadline()
     }
 
+    /// Whether the term is over as far as can be told without reading the
+    /// clock: it has ended, or this guard's timer fired at a deadline no
+    /// earlier than the current one (the guarded stream's check before each
+    /// poll of its inner stream; the clock is read after the poll).
+    pub(crate) fn ended_without_clock(&self) -> bool {
+        self.term.has_ended()
+            || self
+                .timer
+                .as_ref()
+                .is_some_and(|t| t.is_elapsed() && self.deadline() <= t.deadline())
+    }
+
     /// Whether this guard's timer is set for the current renew deadline.
     pub(crate) fn timer_armed(&self) -> bool {
         self.timer

@@ -173,7 +173,8 @@
 //!   back, no guard of that term is handed out any more, a [`LeaseGuard`]
 //!   resolves at the deadline on its own timer (also when the elector's task
 //!   can no longer run), a guarded stream stops within one item of it
-//!   and never hands out an item made after it (a pause inside its poll), and
+//!   (one precise clock read per item) and never hands out an item made
+//!   after it (a pause inside its poll, or in its consumer), and
 //!   [`LeaderElector::is_leader`] says no from then on (and from the moment
 //!   [`LeaderElector::shutdown`] begins).
 //! - The fencing token ([`LeaseGuard::fencing_token`]) grows with every term,

@@ -39,11 +39,15 @@ enum State {
 ///   Lease is released once no other stream or guard shares the term.
 ///
 /// # Fairness
-/// Every poll checks whether the term ended (an atomic load) and whether its
-/// renew deadline has passed (a clock read) before polling the inner stream,
-/// so a busy inner stream cannot delay the reaction to a loss: it stops within
-/// one item of the deadline, even if the elector task has not run yet (after a
-/// process pause, or when its runtime is not driven).
+/// Every poll checks whether the term ended (an atomic load, or the guard's
+/// own timer having fired at the renew deadline) before polling the inner
+/// stream, and reads the clock once per item, after the inner stream made it:
+/// an item made once the renew deadline had passed is dropped, not handed
+/// out, and the stream ends. So a busy inner stream cannot delay the reaction
+/// to a loss: it stops within one item of the deadline, even if the elector
+/// task has not run yet (after a process pause, or when its runtime is not
+/// driven). That one item's work may run after the deadline (within the
+/// margin lease duration − renew deadline); its result is never handed out.
 ///
 /// ## Warning
 /// The inner stream is dropped when this stream is polled after the loss; the
@@ -139,11 +143,12 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
         let State::Leading(guard) = &mut *this.state else {
             unreachable!("poll_not_leading returns unless leading");
         };
-        // The hot path, on every poll: the term's end flag (an atomic load)
-        // and the renew deadline (a clock read), since after a pause
-        // (SIGSTOP, a frozen VM) this poll may run before the elector task has
-        // noticed that the term is over.
-        if !guard.is_valid() {
+        // The hot path, on every poll, without reading the clock: the term's
+        // end flag (an atomic load), and whether the guard's own timer has
+        // fired at the renew deadline (set while the inner stream was idle),
+        // since after a pause (SIGSTOP, a frozen VM) this poll may run before
+        // the elector task has noticed that the term is over.
+        if guard.ended_without_clock() {
             let lost = ended(guard);
             return finish(&mut this, Some(lost));
         }
@@ -151,9 +156,11 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             return finish(&mut this, None);
         };
         match inner.poll_next(cx) {
-            // Checked again: a pause (SIGSTOP, a frozen VM) inside the inner
-            // stream's poll can let the deadline pass while it made this item,
-            // which must not be handed out then.
+            // The one clock read per item: an item made once the deadline
+            // had passed is not handed out, whether the deadline passed
+            // before this poll (the consumer paused, or a busy stream never
+            // idled) or inside it (a pause while the inner stream made it).
+            // So the stream stops within one item of the deadline.
             Poll::Ready(Some(_)) if guard.deadline_passed() => {
                 let lost = ended(guard);
                 finish(&mut this, Some(lost))

@@ -598,6 +598,51 @@ fn an_idle_guarded_stream_ends_at_a_moved_deadline_on_its_own_timer() {
     });
 }
 
+/// The check before each poll of the inner stream reads no clock: an idle
+/// guarded stream whose guard's timer fired at the renew deadline ends
+/// without polling its inner stream again (no elector task ends the term
+/// here: it is set by hand). A timer that fired at a deadline a renewal has
+/// since moved does not end it.
+#[test]
+fn a_fired_timer_ends_an_idle_stream_without_polling_its_inner_stream_again() {
+    paused(async {
+        use crate::term::Term;
+
+        let (e, _) = elector(&free(), config("me"));
+        let term = Arc::new(Term::new(1, Instant::now(), S(10)));
+        e.set_term_for_test(term.clone());
+        let polls = Arc::new(AtomicUsize::new(0));
+        let counted = {
+            let polls = polls.clone();
+            stream::poll_fn(move |_| {
+                polls.fetch_add(1, Ordering::SeqCst);
+                Poll::<Option<()>>::Pending
+            })
+        };
+        let mut guarded = pin!(counted.with_leader_election(&e));
+        assert!(poll!(guarded.next()).is_pending(), "leads, idle");
+        sleep(S(5)).await;
+        assert!(term.renewed(Instant::now(), S(10)), "the deadline is now +15 s");
+        // The timer set for the old deadline fires at +10 s: not the end.
+        sleep(S(6)).await;
+        assert!(
+            poll!(guarded.next()).is_pending(),
+            "ended at a deadline a renewal had moved"
+        );
+        assert_eq!(polls.load(Ordering::SeqCst), 2);
+        // Its timer, set again for +15 s, fires: the end, the inner stream
+        // not polled again.
+        sleep(S(5)).await;
+        assert_eq!(poll!(guarded.next()), Poll::Ready(None));
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            2,
+            "the inner stream was polled after the deadline"
+        );
+        assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
+    });
+}
+
 /// A guard polled by hand outside any runtime (no timers to set) waits for
 /// the elector task instead of panicking; its `Debug` names its term.
 #[test]
