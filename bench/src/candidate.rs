@@ -129,7 +129,13 @@ impl Ctx {
 
     /// Spawns `cmd` as `id` into `log`: killed with the driver, its stderr
     /// into the candidates' stderr log.
-    fn spawn_into(&self, log: &EventLog, id: &str, flavor: Flavor, mut cmd: tokio::process::Command) -> Result<Process> {
+    fn spawn_into(
+        &self,
+        log: &EventLog,
+        id: &str,
+        flavor: Flavor,
+        mut cmd: tokio::process::Command,
+    ) -> Result<Process> {
         let stderr = std::fs::OpenOptions::new()
             .create(true)
             .append(true)

@@ -85,7 +85,9 @@ fn lease_requests(metrics: &str) -> f64 {
 /// Lease watches open now.
 fn lease_watches(metrics: &str) -> f64 {
     metric_samples(metrics, "apiserver_longrunning_requests")
-        .filter(|(l, _)| metric_label(l, "resource") == Some("leases") && metric_label(l, "verb") == Some("WATCH"))
+        .filter(|(l, _)| {
+            metric_label(l, "resource") == Some("leases") && metric_label(l, "verb") == Some("WATCH")
+        })
         .map(|(_, v)| v)
         .sum()
 }
@@ -145,17 +147,28 @@ async fn one(
         procs.push(spawn(name)?);
     }
     let live: Vec<&str> = names[..replicas].iter().map(String::as_str).collect();
-    let balanced = wait_balanced(&log, &live, SHARDS, Duration::from_secs(2), Duration::from_secs(120)).await?;
+    let balanced = wait_balanced(
+        &log,
+        &live,
+        SHARDS,
+        Duration::from_secs(2),
+        Duration::from_secs(120),
+    )
+    .await?;
     // The first pass (each replica reconciles what it holds as it gains it):
     // every object once, then quiet.
-    log.wait_until("every object reconciled once", Duration::from_secs(300), |entries| {
-        let objects: BTreeSet<&str> = entries
-            .iter()
-            .filter(|e| e.kind == Kind::Reconcile)
-            .map(|e| e.who.as_str())
-            .collect();
-        (objects.len() >= OBJECTS).then_some(())
-    })
+    log.wait_until(
+        "every object reconciled once",
+        Duration::from_secs(300),
+        |entries| {
+            let objects: BTreeSet<&str> = entries
+                .iter()
+                .filter(|e| e.kind == Kind::Reconcile)
+                .map(|e| e.who.as_str())
+                .collect();
+            (objects.len() >= OBJECTS).then_some(())
+        },
+    )
     .await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -198,14 +211,25 @@ async fn one(
         .filter(|e| e.at >= pass_start)
         .filter_map(Reconcile::of)
         .collect();
-    let distinct = pass.iter().map(|r| r.object.as_str()).collect::<BTreeSet<_>>().len();
+    let distinct = pass
+        .iter()
+        .map(|r| r.object.as_str())
+        .collect::<BTreeSet<_>>()
+        .len();
     let double_reconciles = pass.len() - distinct;
 
     // One more replica joins.
     let joined = now_ns();
     procs.push(spawn(&names[replicas])?);
     let all: Vec<&str> = names.iter().map(String::as_str).collect();
-    let rebalanced = wait_balanced(&log, &all, SHARDS, Duration::from_secs(2), Duration::from_secs(120)).await?;
+    let rebalanced = wait_balanced(
+        &log,
+        &all,
+        SHARDS,
+        Duration::from_secs(2),
+        Duration::from_secs(120),
+    )
+    .await?;
     let one_owner = match check_reconciles(&log.entries()) {
         Ok(_) => true,
         Err(e) => {

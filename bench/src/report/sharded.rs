@@ -76,7 +76,10 @@ pub(super) fn sharded(md: &mut String, targets: &mut Vec<Target>, trials: &[Shar
     });
     targets.push(Target {
         what: "elected shards: zero double reconciles, one owner per shard".to_owned(),
-        value: format!("{doubles} double; one owner: {}", if all_one_owner { "yes" } else { "no" }),
+        value: format!(
+            "{doubles} double; one owner: {}",
+            if all_one_owner { "yes" } else { "no" }
+        ),
         met: Some(doubles == 0 && all_one_owner),
     });
 }
