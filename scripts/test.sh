@@ -39,6 +39,9 @@ cargo test --workspace --all-features --locked
 
 step "rustdoc (-D warnings)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --locked
+step "rustdoc of the core alone (-D warnings: no link into an extra)"
+RUSTDOCFLAGS="-D warnings" cargo doc -p kube-runtime-lease --no-deps --no-default-features \
+  --features k8s-openapi/latest --locked
 
 step "cargo deny (advisories, bans, licenses, sources)"
 scripts/deny.sh

@@ -1,4 +1,5 @@
-//! [`LeaseGuard`]: proof of leadership for one term, and [`Lost`]: why it ended.
+//! [`LeaseGuard`]: proof of leadership for one term, a future resolving to
+//! [`Lost`] when it ends.
 
 use std::{
     future::Future,
@@ -11,50 +12,7 @@ use std::{
 use futures::channel::oneshot;
 use tokio::{sync::Notify, time::Instant};
 
-use crate::term::Term;
-
-/// Why leadership ended. The output of [`LeaseGuard`].
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum Lost {
-    /// No renewal succeeded within the renew deadline (counted from the
-    /// instant before the last successful renewal was sent).
-    #[error("leadership lost: the lease was not renewed within the renew deadline")]
-    RenewDeadlineExceeded,
-    /// Another candidate holds the Lease.
-    #[error("leadership lost: the lease was taken over by {holder:?}")]
-    TakenOver {
-        /// The new holder (`""` when the Lease was released by someone else).
-        holder: String,
-    },
-    /// The Lease object was deleted.
-    #[error("leadership lost: the lease was deleted")]
-    Deleted,
-    /// The Lease's `preferredHolder` names another candidate, so this one
-    /// stepped down (Coordinated Leader Election).
-    #[error("leadership given up: stepped down for the preferred holder {preferred_holder:?}")]
-    SteppedDown {
-        /// The preferred holder.
-        preferred_holder: String,
-    },
-    /// Leadership was given up on purpose: the elector was shut down
-    /// ([`LeaderElector::shutdown`](crate::LeaderElector::shutdown)). Only a
-    /// shutdown ends a term with this reason, so work that rejoins the
-    /// election after a loss stops on this one.
-    #[error("leadership given up: the elector was shut down")]
-    Shutdown,
-    /// Leadership was given up because nobody wanted it any more: every
-    /// guard of the term was dropped (a guarded stream ended) and no
-    /// [`acquire`](crate::LeaderElector::acquire) waited. No guard sees it
-    /// (none is left); it is the reason the election logs, and the action of
-    /// its Event.
-    #[error("leadership given up: no guard or waiter wanted it any more")]
-    GivenUp,
-    /// The elector's background task ended without releasing, because its
-    /// runtime shut down or it panicked.
-    #[error("leadership lost: the elector task stopped")]
-    ElectorStopped,
-}
+use crate::term::{Lost, Term};
 
 /// Proof of leadership for one term: a future that resolves to [`Lost`] when
 /// the term ends.
@@ -90,17 +48,20 @@ pub struct LeaseGuard {
 }
 
 impl LeaseGuard {
-    /// A guard of `term` (made only by [`Term::guard`], under the term's
-    /// lock, while it holds): `rx` hears why the term ended, `wake` wakes the
-    /// elector task when the guard is dropped.
-    pub(crate) fn new(term: Arc<Term>, wake: Arc<Notify>, rx: oneshot::Receiver<Lost>) -> Self {
-        LeaseGuard {
-            term,
+    /// A new guard of `term`, or `None` if the term already ended or its
+    /// renew deadline passed (the elector task may not have noticed yet: a
+    /// guard handed out now would end at once, and a caller that re-acquires
+    /// in a loop would spin on it instead of waiting for the next term).
+    /// `wake` wakes the elector task when the guard is dropped.
+    pub(crate) fn of(term: &Arc<Term>, wake: Arc<Notify>) -> Option<Self> {
+        let rx = term.join()?;
+        Some(LeaseGuard {
+            term: term.clone(),
             wake,
             rx,
             done: None,
             timer: None,
-        }
+        })
     }
 
     /// Whether this term still holds: not ended, and the renew deadline not

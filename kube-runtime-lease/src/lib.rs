@@ -42,32 +42,41 @@
 //! # }
 //! ```
 //!
+//! The core:
 //! - [`LeaderElector`] campaigns for one Lease in a background task: one
 //!   renewal loop per Lease, shared by every stream and guard given it.
 //! - [`LeaderElectionControllerExt::with_leader_election`] and
 //!   [`LeaderElectionStreamExt::with_leader_election`] guard a
 //!   [`Controller`](kube_runtime::Controller) or any [`Stream`](futures::Stream):
 //!   not polled before the Lease is won, dropped the moment it is lost.
-//! - [`LeaderElectionControllerExt::with_leader_election_warm`] is warm
-//!   standby: the Controller's watches and store run on every replica,
-//!   leadership gates only reconciliation, and a new leader reconciles its
-//!   whole store at once, without a LIST.
 //! - [`LeaderElector::acquire`] returns a [`LeaseGuard`], a future resolving to
 //!   [`Lost`] when the term ends, with fencing helpers.
 //! - [`LeaderElector::run_each_term`] rejoins the election after a loss.
-//! - [`LeaseConfig::label`], [`annotation`](LeaseConfig::annotation) and
-//!   [`owner_reference`](LeaseConfig::owner_reference) put the holder's pod
-//!   and node on the Lease (`kubectl get lease -l ...`) and let it be
-//!   garbage-collected with the operator; only those keys are written.
-//! - [`LeaderElector::with_events`] publishes Kubernetes Events on the Lease
-//!   when this candidate becomes leader and when it stops (with the reason).
 //! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
 //!   `--leader-elect=false`): the same types, always leading, no API call.
 //! - [`LeaderElector::status`], [`subscribe`](LeaderElector::subscribe) and
 //!   [`health_check`](LeaderElector::health_check) show who leads (the
 //!   repository's `examples/probes.rs` serves them as `/readyz` and `/livez`
-//!   probes); with the `metrics` feature, `LeaseMetrics` exports Prometheus
-//!   metrics, client-go's names included.
+//!   probes).
+//!
+//! The extras, each a feature (see [Features](#features)):
+//! - `with_leader_election_warm` is warm standby (`warm`): the Controller's
+//!   watches and store run on every replica, leadership gates only
+//!   reconciliation, and a new leader reconciles its whole store at once,
+//!   without a LIST.
+//! - `LeaseConfig::label`, `annotation` and `owner_reference`
+//!   (`lease-metadata`) put the holder's pod and node on the Lease (`kubectl
+//!   get lease -l ...`) and let it be garbage-collected with the operator;
+//!   only those keys are written.
+//! - `LeaderElector::with_events` (`events`) publishes Kubernetes Events on
+//!   the Lease when this candidate becomes leader and when it stops (with the
+//!   reason).
+//! - `LeaseConfig::coordinated` (`coordinated`): Coordinated Leader
+//!   Election, where the API server picks the leader.
+//! - `metrics::LeaseMetrics` (`metrics`) exports Prometheus metrics,
+//!   client-go's names included.
+//! - `shard` (`unstable-shards`): elected shards, one owner per shard.
+//! - `test_util` (`test-util`): an in-memory Lease API double.
 //!
 //! # RBAC
 //! The candidates' service account needs, in the Lease's namespace:
@@ -83,7 +92,7 @@
 //! `get`, `create` and `update` are required; `list` and `watch` make the
 //! election watch-driven (see [`LeaseConfig::watch`]); without them it polls,
 //! with one warning. A missing verb is logged with the rule to add. With
-//! [`LeaderElector::with_events`], also `create` and `patch` on `events` in
+//! `LeaderElector::with_events`, also `create` and `patch` on `events` in
 //! `events.k8s.io`.
 //!
 //! # Timings
@@ -164,7 +173,7 @@
 //!   released only if no guarded work had to be stopped.
 //! - **Coordinated Leader Election** itself, where the API server picks the
 //!   leader among published `LeaseCandidate`s, is opt-in:
-//!   [`LeaseConfig::coordinated`] (see [`Coordinated`](crate::coordinated::Coordinated)).
+//!   `LeaseConfig::coordinated` (see `coordinated::Coordinated`).
 //! - Releasing re-reads the Lease and writes it free only if it still holds a
 //!   record of our term, with the resourceVersion just read; a conflict is
 //!   retried once after a fresh read, as client-go does.
@@ -204,13 +213,13 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `coordinated` | yes | Coordinated Leader Election: `LeaseConfig::coordinated`, `Coordinated` |
+//! | `coordinated` | yes | Coordinated Leader Election: `LeaseConfig::coordinated`, `coordinated::Coordinated` |
 //! | `events` | yes | Kubernetes Events on the Lease when a term begins and ends: `LeaderElector::with_events` |
 //! | `lease-metadata` | yes | labels, annotations and an owner reference written on the Lease: `LeaseConfig::label`, `annotation`, `owner_reference` |
-//! | `warm-standby` | yes | warm standby: `LeaderElectionControllerExt::with_leader_election_warm`, `WarmController` |
-//! | `metrics` | no | `LeaseMetrics`: leader-election metrics in a `prometheus-client` registry, client-go's names included |
-//! | `unstable-shards` | no | elected shards: `ShardedElector`, `ShardedController` (one controller across many replicas, each shard behind its own Lease, each object reconciled on the replica holding its shard); the API may change in any release |
-//! | `test-util` | no | [`test_util`]: an in-memory Lease API double behind a real `kube::Client`, to test guarded code without a cluster; on paused time when the test crate enables `tokio`'s `test-util` (this feature does not, so that it changes no clock) |
+//! | `warm-standby` | yes | warm standby: `LeaderElectionControllerExt::with_leader_election_warm`, `warm::WarmController` |
+//! | `metrics` | no | `metrics::LeaseMetrics`: leader-election metrics in a `prometheus-client` registry, client-go's names included |
+//! | `unstable-shards` | no | elected shards: `shard::ShardedElector`, `shard::ShardedController` (one controller across many replicas, each shard behind its own Lease, each object reconciled on the replica holding its shard); the API may change in any release |
+//! | `test-util` | no | `test_util`: an in-memory Lease API double behind a real `kube::Client`, to test guarded code without a cluster; on paused time when the test crate enables `tokio`'s `test-util` (this feature does not, so that it changes no clock) |
 //!
 //! This crate does not pick a Kubernetes version: enable one of
 //! `k8s-openapi`'s version features in your application, as with kube.
@@ -232,10 +241,11 @@ mod term;
 
 pub use config::{ConfigError, Field, LeaseConfig, unique_identity};
 pub use controller::{ControllerResource, ControllerWithLeaderElection, LeaderElectionControllerExt};
-pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus, RunEnded};
+pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
 pub use error::{AcquireError, ApiError, ShutdownError};
-pub use guard::{LeaseGuard, Lost};
-pub use stream::{LeaderElectionStreamExt, WithLeaderElection};
+pub use guard::LeaseGuard;
+pub use stream::{LeaderElectionStreamExt, RunEnded, WithLeaderElection};
+pub use term::Lost;
 
 // The extras: each a feature, built on the core above.
 

@@ -252,7 +252,7 @@ impl LeaderElector {
         // Added first, read second: a change of election in between is told
         // to the observer, and read here, either way the same. Metrics given
         // to a later call are not recorded into, but start at the truth.
-        self.observe(observer);
+        self.add_observer(observer);
         #[cfg(feature = "coordinated")]
         coordinated.set(i64::from(self.status().coordinated));
         #[cfg(not(feature = "coordinated"))]

@@ -1,6 +1,7 @@
 //! A guarded [`Stream`]: [`LeaderElectionStreamExt::with_leader_election`] and
 //! the adapter it returns, [`WithLeaderElection`].
 
+mod each_term;
 #[cfg(test)]
 mod tests;
 
@@ -14,6 +15,7 @@ use futures::{Stream, stream::FusedStream};
 use pin_project::pin_project;
 use tracing::debug;
 
+pub use self::each_term::RunEnded;
 use crate::{Acquire, AcquireError, LeaderElector, LeaseGuard, Lost};
 
 enum State {

@@ -1,13 +1,10 @@
 //! [`Term`]: one term of leadership, the state its guards, its guarded
 //! streams and the elector task share: the renew deadline (readable without a
-//! lock), why it ended, and whether guarded work was stopped rather than
-//! finished.
+//! lock), why it ended ([`Lost`]), and whether guarded work was stopped rather
+//! than finished.
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
-    },
+    sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     time::Duration,
 };
 
@@ -15,7 +12,48 @@ use futures::channel::oneshot;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::{sync::Notify, time::Instant};
 
-use crate::guard::{LeaseGuard, Lost};
+/// Why leadership ended. The output of [`LeaseGuard`](crate::LeaseGuard).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Lost {
+    /// No renewal succeeded within the renew deadline (counted from the
+    /// instant before the last successful renewal was sent).
+    #[error("leadership lost: the lease was not renewed within the renew deadline")]
+    RenewDeadlineExceeded,
+    /// Another candidate holds the Lease.
+    #[error("leadership lost: the lease was taken over by {holder:?}")]
+    TakenOver {
+        /// The new holder (`""` when the Lease was released by someone else).
+        holder: String,
+    },
+    /// The Lease object was deleted.
+    #[error("leadership lost: the lease was deleted")]
+    Deleted,
+    /// The Lease's `preferredHolder` names another candidate, so this one
+    /// stepped down (Coordinated Leader Election).
+    #[error("leadership given up: stepped down for the preferred holder {preferred_holder:?}")]
+    SteppedDown {
+        /// The preferred holder.
+        preferred_holder: String,
+    },
+    /// Leadership was given up on purpose: the elector was shut down
+    /// ([`LeaderElector::shutdown`](crate::LeaderElector::shutdown)). Only a
+    /// shutdown ends a term with this reason, so work that rejoins the
+    /// election after a loss stops on this one.
+    #[error("leadership given up: the elector was shut down")]
+    Shutdown,
+    /// Leadership was given up because nobody wanted it any more: every
+    /// guard of the term was dropped (a guarded stream ended) and no
+    /// [`acquire`](crate::LeaderElector::acquire) waited. No guard sees it
+    /// (none is left); it is the reason the election logs, and the action of
+    /// its Event.
+    #[error("leadership given up: no guard or waiter wanted it any more")]
+    GivenUp,
+    /// The elector's background task ended without releasing, because its
+    /// runtime shut down or it panicked.
+    #[error("leadership lost: the elector task stopped")]
+    ElectorStopped,
+}
 
 /// One term of leadership, shared by every guard of the term and the elector task.
 pub(crate) struct Term {
@@ -197,10 +235,6 @@ impl Term {
         }
     }
 
-    /// A new guard of this term, or `None` if the term already ended or its
-    /// renew deadline passed (the elector task may not have noticed yet: a
-    /// guard handed out now would end at once, and a caller that re-acquires
-    /// in a loop would spin on it instead of waiting for the next term).
     /// A receiver of why the term ends: resolves (with a canceled error)
     /// at once if it has ended already.
     pub(crate) fn subscribe(&self) -> oneshot::Receiver<Lost> {
@@ -229,16 +263,17 @@ impl Term {
         self.dropped.notify_waiters();
     }
 
-    pub(crate) fn guard(self: &Arc<Self>, wake: Arc<Notify>) -> Option<LeaseGuard> {
+    /// A new guard joins the term (see [`LeaseGuard::of`](crate::LeaseGuard::of)):
+    /// counted, and told why the term ends; `None`, under the term's lock, if
+    /// the term no longer holds.
+    pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
-        {
-            let mut inner = self.lock();
-            if !self.holds() {
-                return None;
-            }
-            inner.senders.push(tx);
-            self.live.fetch_add(1, Ordering::AcqRel);
+        let mut inner = self.lock();
+        if !self.holds() {
+            return None;
         }
-        Some(LeaseGuard::new(self.clone(), wake, rx))
+        inner.senders.push(tx);
+        self.live.fetch_add(1, Ordering::AcqRel);
+        Some(rx)
     }
 }

@@ -75,7 +75,7 @@ pub enum ConfigError {
     /// the API server would refuse.
     #[cfg(feature = "coordinated")]
     #[error("coordinated leader election: {field} {value:?} is invalid: {rule}")]
-    InvalidCoordination {
+    InvalidCoordinated {
         /// The `LeaseCandidate` field (`binaryVersion`, `emulationVersion`,
         /// `strategy`, or `identity` for its name).
         field: &'static str,

@@ -270,7 +270,7 @@ impl LeaseConfig {
         }
         #[cfg(feature = "coordinated")]
         if let Some((field, value, rule)) = self.coordinated.as_ref().and_then(|c| c.check(&self.identity)) {
-            return Err(ConfigError::InvalidCoordination { field, value, rule });
+            return Err(ConfigError::InvalidCoordinated { field, value, rule });
         }
         #[cfg(feature = "lease-metadata")]
         self.metadata.validate()?;

@@ -14,12 +14,13 @@ use futures::{
 use kube_runtime::{
     Controller,
     controller::{Action, Error as ControllerError},
-    reflector::ObjectRef,
-    watcher,
 };
 use tracing::debug;
 
-use crate::{LeaseGuard, Lost, controller::ControllerResource};
+use crate::{
+    LeaseGuard, Lost,
+    controller::{ControllerResource, RunItem},
+};
 
 /// What a gated reconcile runs in: nothing more (`()`), or a task-local
 /// value its reconciler can read (a shard's [`CurrentShard`](crate::shard::CurrentShard)).
@@ -60,7 +61,6 @@ enum Gated<E> {
 ///   [`Controller::run`] gives them;
 /// - `background` (what hands out the terms: a campaign, a balancer) is
 ///   polled with the stream, for as long as the stream is.
-#[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
 pub(crate) fn run<K, ReconcilerFut, Ctx, S>(
     controller: Controller<K>,
     background: impl Future<Output = ()>,
@@ -69,7 +69,7 @@ pub(crate) fn run<K, ReconcilerFut, Ctx, S>(
     mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
     error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
     context: Arc<Ctx>,
-) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
+) -> impl Stream<Item = RunItem<K, ReconcilerFut::Error>>
 where
     K: ControllerResource,
     K::DynamicType: Debug + Unpin,

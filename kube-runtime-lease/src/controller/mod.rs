@@ -29,6 +29,9 @@ use serde::de::DeserializeOwned;
 use self::warm::WarmController;
 use crate::{LeaderElector, WithLeaderElection};
 
+/// The items of a guarded Controller's stream: [`Controller::run`]'s.
+pub(crate) type RunItem<K, E> = Result<(ObjectRef<K>, Action), ControllerError<E, watcher::Error>>;
+
 /// The bounds a [`Controller`] puts on the resource it runs on, in one name:
 /// every `K` that `Controller<K>` accepts implements it.
 pub trait ControllerResource:
@@ -170,15 +173,12 @@ where
 {
     /// [`Controller::run`], guarded by leadership: see
     /// [`WithLeaderElection`] for what happens when leadership is won and lost.
-    #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
         error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
         context: Arc<Ctx>,
-    ) -> WithLeaderElection<
-        impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>,
-    >
+    ) -> WithLeaderElection<impl Stream<Item = RunItem<K, ReconcilerFut::Error>>>
     where
         K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,

@@ -10,15 +10,13 @@ use futures::{
     channel::mpsc,
     future::{self, Either},
 };
-use kube_runtime::{
-    Controller,
-    controller::{Action, Error as ControllerError},
-    reflector::ObjectRef,
-    watcher,
-};
+use kube_runtime::{Controller, controller::Action};
 use tracing::debug;
 
-use crate::{LeaderElector, Lost, controller::ControllerResource};
+use crate::{
+    LeaderElector, Lost,
+    controller::{ControllerResource, RunItem},
+};
 
 /// A [`Controller`] in warm standby: returned by
 /// [`LeaderElectionControllerExt::with_leader_election_warm`](crate::LeaderElectionControllerExt::with_leader_election_warm).
@@ -50,13 +48,12 @@ where
     ///   (no [`run_each_term`](LeaderElector::run_each_term) needed);
     /// - on [`LeaderElector::shutdown`] the Controller shuts down gracefully
     ///   (reconciles in flight finish within the grace), and the stream ends.
-    #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
         error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
         context: Arc<Ctx>,
-    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
+    ) -> impl Stream<Item = RunItem<K, ReconcilerFut::Error>>
     where
         K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,

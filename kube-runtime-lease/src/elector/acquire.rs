@@ -57,7 +57,11 @@ impl Future for Acquire {
                 if state.shutdown {
                     return Poll::Ready(Err(AcquireError::Shutdown));
                 }
-                if let Some(guard) = state.term.as_ref().and_then(|t| t.guard(this.inner.wake.clone())) {
+                if let Some(guard) = state
+                    .term
+                    .as_ref()
+                    .and_then(|t| LeaseGuard::of(t, this.inner.wake.clone()))
+                {
                     return Poll::Ready(Ok(guard));
                 }
                 if !this.inner.config.enabled {
@@ -67,7 +71,7 @@ impl Future for Acquire {
                 // Before any change of state: polled outside a runtime (a
                 // programming error, as for `tokio::spawn`), this panics
                 // without leaving the elector waiting for a task that never ran.
-                let runtime = state.current.is_none().then(|| {
+                let runtime = state.campaigning.is_none().then(|| {
                     tokio::runtime::Handle::try_current()
                         .expect("`LeaderElector::acquire` must be polled within a Tokio runtime")
                 });
@@ -132,7 +136,7 @@ impl Acquire {
                 let mut state = self.inner.lock();
                 let stuck = state.beats == *seen
                     && !state.shutdown
-                    && (state.current.is_some() || state.active.is_some());
+                    && (state.campaigning.is_some() || state.slot.is_some());
                 *seen = state.beats;
                 stuck.then(|| {
                     warn!(

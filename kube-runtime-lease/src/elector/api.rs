@@ -78,7 +78,7 @@ impl LeaseApi {
 
 /// Runs one request, failing it with `timed_out()` once `bound` passed, and
 /// with `wrap(e)` when it fails (the Lease's calls here, the LeaseCandidate's
-/// in `candidate.rs`).
+/// in `lease_candidate.rs`).
 pub(super) async fn bounded<T, E>(
     bound: Duration,
     fut: impl Future<Output = kube_client::Result<T>>,

@@ -27,7 +27,7 @@ impl Inner {
             (term, begun)
         };
         // The term ends only with `shutdown`, which is checked above.
-        let guard = term.guard(self.wake.clone()).ok_or(AcquireError::Shutdown)?;
+        let guard = LeaseGuard::of(&term, self.wake.clone()).ok_or(AcquireError::Shutdown)?;
         if begun {
             self.update_status(|s| {
                 s.is_leader = true;

@@ -17,7 +17,7 @@ use kube_runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{debug, warn};
 
 use super::{LeaderElector, Observer, Transition};
-use crate::guard::Lost;
+use crate::term::Lost;
 
 /// How long one publication may take before it is given up.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,7 +37,8 @@ impl LeaderElector {
     /// Publishes Kubernetes Events on this candidate's transitions, through
     /// kube-runtime's [`Recorder`] as `reporter`: `Normal` "became leader" when
     /// a term begins, and "stopped leading" with the reason when it ends
-    /// (`Warning` for a loss, `Normal` for a shutdown or a step-down), on the
+    /// (`Warning` for a loss, `Normal` for a shutdown, a step-down or a term
+    /// given up because nobody wanted it any more), on the
     /// Lease. Events never delay the election: each is sent from a task of
     /// its own, bounded, and a failure is logged (once as a warning). Needs
     /// `create` and `patch` on `events` in `events.k8s.io` in the Lease's
@@ -61,7 +62,7 @@ impl LeaderElector {
     #[must_use]
     pub fn with_events(self, reporter: Reporter) -> Self {
         let config = &self.inner.config;
-        self.inner.observers.add(Events {
+        self.add_observer(Events {
             recorder: Recorder::new(self.inner.api.client(), reporter),
             identity: config.identity.clone(),
             namespace: config.namespace.clone(),

@@ -1,4 +1,4 @@
-//! Coordinated Leader Election's candidate (see [`Coordinated`]): the
+//! Coordinated Leader Election's `LeaseCandidate` (see [`Coordinated`]): the
 //! `coordination.k8s.io/v1beta1` `LeaseCandidate` this elector publishes
 //! while its election task runs, the answers to the API server's pings, and
 //! the fallback to the ordinary election where the API server does not serve
@@ -29,13 +29,13 @@ use crate::{
 };
 
 /// How often `renewTime` is refreshed without a ping (client-go's
-/// `requeueInterval`): the API server treats a candidate not renewed for 15
+/// `requeueInterval`): the API server treats a `LeaseCandidate` not renewed for 15
 /// minutes as a reason to re-elect, and collects it after 30.
 const REFRESH: Duration = Duration::from_secs(300);
 /// The bound of each request.
 const BOUND: Duration = Duration::from_secs(10);
 
-/// A failed request of the candidate.
+/// A failed request about the `LeaseCandidate`.
 #[derive(Debug)]
 enum CallError {
     Api(kube_client::Error),
@@ -71,27 +71,27 @@ async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result
 /// `LeaseCandidate`), later tasks do not ask again: one warning per elector.
 pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output = T>) -> T {
     let fell_back = inner.lock().election == super::Election::Ordinary;
-    let candidate = inner
+    let lease_candidate = inner
         .config
         .coordinated
         .as_ref()
         .filter(|_| !fell_back)
         .map(|c| LeaseCandidate::new(inner.api.client(), &inner.config, c));
-    let keep_candidate = async {
-        match &candidate {
+    let keep_published = async {
+        match &lease_candidate {
             Some(c) => c.run(inner).await,
             None => std::future::pending().await,
         }
     };
     let result = futures::select_biased! {
         result = elect.fuse() => result,
-        () = keep_candidate.fuse() => unreachable!("the candidate is kept until the task ends"),
+        () = keep_published.fuse() => unreachable!("the LeaseCandidate is kept until the task ends"),
     };
-    // Only a published candidate is deleted (none was, after a fallback).
-    if let Some(candidate) = &candidate
+    // Only a published LeaseCandidate is deleted (none was, after a fallback).
+    if let Some(lease_candidate) = &lease_candidate
         && inner.lock().election == super::Election::Coordinated
     {
-        candidate.delete().await;
+        lease_candidate.delete().await;
     }
     result
 }
@@ -136,7 +136,7 @@ impl LeaseCandidate {
         object
     }
 
-    /// Publishes the candidate, then keeps it: answers pings, refreshes it,
+    /// Publishes the `LeaseCandidate`, then keeps it: answers pings, refreshes it,
     /// re-creates it if it is deleted. Tells `inner` which election is in
     /// force once the first creation is answered. Never returns.
     pub(super) async fn run(&self, inner: &Inner) {
@@ -144,7 +144,7 @@ impl LeaseCandidate {
         loop {
             match self.publish().await {
                 Ok(()) => {
-                    info!(candidate = %self.name, "coordinated leader election: LeaseCandidate published");
+                    info!(lease_candidate = %self.name, "coordinated leader election: LeaseCandidate published");
                     inner.set_coordinated(true);
                     break;
                 }
@@ -215,7 +215,7 @@ impl LeaseCandidate {
         }
     }
 
-    /// Creates the candidate, or renews the one that exists (ours from an
+    /// Creates the `LeaseCandidate`, or renews the one that exists (ours from an
     /// earlier task or process: same name, same Lease).
     async fn publish(&self) -> Result<(), CallError> {
         match bounded(self.api.create(&PostParams::default(), &self.object())).await {
@@ -263,7 +263,7 @@ impl LeaseCandidate {
         }
     }
 
-    /// Deletes the candidate (the election task ends), bounded.
+    /// Deletes the `LeaseCandidate` (the election task ends), bounded.
     pub(super) async fn delete(&self) {
         match bounded(self.api.delete(&self.name, &DeleteParams::default())).await {
             Ok(_) => debug!("coordinated leader election: LeaseCandidate deleted"),
@@ -283,7 +283,7 @@ fn set_renewed(object: &mut DynamicObject) {
     }
 }
 
-/// Whether the API server pinged the candidate: `pingTime` after `renewTime`
+/// Whether the API server pinged the `LeaseCandidate`: `pingTime` after `renewTime`
 /// (or no `renewTime` at all).
 fn pinged(object: &DynamicObject) -> bool {
     let time = |field: &str| {

@@ -10,7 +10,6 @@ mod events;
 mod lease_candidate;
 mod memory;
 mod observer;
-mod rejoin;
 mod status;
 mod supervise;
 mod task;
@@ -33,15 +32,15 @@ use tracing::{info, warn};
 pub(crate) use self::observer::{Observer, Transition};
 pub use self::{
     acquire::Acquire,
-    rejoin::RunEnded,
     status::{HealthError, LeaderStatus},
 };
 use self::{api::LeaseApi, memory::Memory, observer::Observers, supervise::join};
 use crate::{
     config::{ConfigError, LeaseConfig},
     error::{Result, ShutdownError},
-    guard::{LeaseGuard, Lost},
+    guard::LeaseGuard,
     record,
+    term::Lost,
     term::Term,
 };
 
@@ -79,7 +78,7 @@ pub(crate) struct Inner {
     api: LeaseApi,
     wake: Arc<Notify>,
     state: Mutex<State>,
-    /// Notified whenever the slot (see [`State::active`]) is freed or a task
+    /// Notified whenever the slot (see [`State::slot`]) is freed or a task
     /// ends.
     slot_freed: Notify,
     status: watch::Sender<LeaderStatus>,
@@ -118,11 +117,11 @@ struct State {
     /// The term in force, once begun (not during a creation hold).
     term: Option<Arc<Term>>,
     /// The generation of the task that campaigns now, if any.
-    current: Option<u64>,
+    campaigning: Option<u64>,
     /// The generation of the task that holds the slot: at most one task talks
     /// to the API at a time, and the next one starts only after the last one
     /// finished its release, whatever runtime either was spawned on.
-    active: Option<u64>,
+    slot: Option<u64>,
     /// The newest task, for `shutdown` to await its release.
     task: Option<JoinHandle<Result<()>>>,
     /// Counts tasks spawned: each task's generation.
@@ -208,8 +207,11 @@ impl LeaderElector {
 
     /// Adds an observer of this elector's transitions (metrics, Events);
     /// whether it was added (one of each type: see [`Observers`]).
-    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
-    pub(crate) fn observe(&self, observer: impl Observer) -> bool {
+    #[cfg_attr(
+        not(any(feature = "metrics", feature = "events")),
+        allow(dead_code, reason = "metrics and Events add the observers")
+    )]
+    pub(crate) fn add_observer(&self, observer: impl Observer) -> bool {
         self.inner.observers.add(observer)
     }
 
@@ -348,7 +350,7 @@ impl LeaderElector {
     #[cfg_attr(not(feature = "unstable-shards"), allow(dead_code))]
     pub(crate) fn seed_observation(&self, lease: Lease, since: tokio::time::Instant) {
         let mut state = self.inner.lock();
-        if state.current.is_none() {
+        if state.campaigning.is_none() {
             state.seed = Some((Box::new(lease), since));
         }
     }
@@ -364,43 +366,51 @@ impl LeaderElector {
         if state.shutdown {
             return None;
         }
-        state.term.as_ref().and_then(|t| t.guard(self.inner.wake.clone()))
+        state
+            .term
+            .as_ref()
+            .and_then(|t| LeaseGuard::of(t, self.inner.wake.clone()))
     }
 }
 
+/// Test hooks: each sets up or observes a schedule that the tests cannot
+/// reach through the public API in bounded, paused time.
 #[cfg(test)]
 impl LeaderElector {
+    /// Puts a hand-made term in force, with no task to renew or end it: the
+    /// guards' and guarded streams' own clocks are then all that ends it.
     pub(crate) fn set_term_for_test(&self, term: Arc<Term>) {
         self.inner.lock().term = Some(term);
     }
 
-    /// Runs `action` once, the next time the supervision reaches `point`.
+    /// Runs `action` once, the next time the supervision reaches `point`: a
+    /// race between two statements with no `.await` between them, which a
+    /// test cannot otherwise schedule.
     pub(crate) fn interleave_for_test(&self, point: Interleave, action: impl FnOnce() + Send + 'static) {
         self.inner.interleavings.lock().push((point, Box::new(action)));
     }
 
     /// The generations of the task that campaigns and of the one holding
-    /// the slot, and whether a task's handle is kept.
+    /// the slot, and whether a task's handle is kept: the supervision's
+    /// state, which no public method shows.
     pub(crate) fn tasks_for_test(&self) -> (Option<u64>, Option<u64>, bool) {
         let state = self.inner.lock();
-        (state.current, state.active, state.task.is_some())
+        (state.campaigning, state.slot, state.task.is_some())
     }
 
-    /// Wakes every wait of every election task on the elector's wake-up.
+    /// Wakes every wait of every election task on the elector's wake-up,
+    /// spurious wake-ups that a test checks change nothing.
     pub(crate) fn wake_all_for_test(&self) {
         self.inner.wake.notify_waiters();
     }
 
-    /// A wake-up between any two waits of the election task, for ever.
-    pub(crate) fn storm_for_test(&self) {
-        self.inner.storm.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Ends [`storm_for_test`](Self::storm_for_test).
-    pub(crate) fn inner_storm_off_for_test(&self) {
+    /// Whether a wake-up comes between any two waits of the election task
+    /// (a storm of wake-ups, the worst that guards and acquisitions created
+    /// and dropped without pause can do).
+    pub(crate) fn set_storm_for_test(&self, storm: bool) {
         self.inner
             .storm
-            .store(false, std::sync::atomic::Ordering::Relaxed);
+            .store(storm, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

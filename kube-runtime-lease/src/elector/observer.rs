@@ -7,7 +7,7 @@ use std::{any::TypeId, sync::Arc, time::Duration};
 use parking_lot::RwLock;
 use tokio::time::Instant;
 
-use crate::guard::Lost;
+use crate::term::Lost;
 
 /// What the election tells its observers.
 #[derive(Clone, Copy, Debug)]

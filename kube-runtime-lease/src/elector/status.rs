@@ -100,7 +100,6 @@ impl LeaderElector {
 }
 
 impl Inner {
-    /// Changes the published status; a change of holder is logged and counted.
     /// Which election is in force, once the API server answered the
     /// `LeaseCandidate`'s creation (`false`: the fallback to the ordinary
     /// election). Wakes the task, which waits for it.
@@ -128,6 +127,8 @@ impl Inner {
         self.observers.tell(transition);
     }
 
+    /// Changes the published status; a change of holder is logged and told
+    /// to the observers.
     pub(super) fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
         self.status.send_if_modified(|s| {
             let before = s.clone();

@@ -10,13 +10,13 @@ use tokio::{task::JoinHandle, time::sleep};
 use tracing::{Instrument, debug, error};
 
 use super::{Inner, State, task::Task};
-use crate::{error::Result, guard::Lost};
+use crate::{error::Result, term::Lost};
 
 impl State {
     /// Registers a new task as the one that campaigns; its generation.
     pub(super) fn next_task(&mut self) -> u64 {
         self.spawned += 1;
-        self.current = Some(self.spawned);
+        self.campaigning = Some(self.spawned);
         self.spawned
     }
 
@@ -24,8 +24,8 @@ impl State {
     /// runtime is no longer driven. They can no longer write to the Lease
     /// (each write checks the slot first), and their term ends.
     pub(super) fn leave_behind(&mut self) {
-        self.current = None;
-        self.active = None;
+        self.campaigning = None;
+        self.slot = None;
         self.task = None;
         if let Some(term) = self.term.take() {
             term.lose(&Lost::ElectorStopped);
@@ -55,7 +55,7 @@ impl Inner {
         #[cfg(test)]
         self.interleave(super::Interleave::Spawned);
         let mut state = self.lock();
-        if state.current == Some(n) {
+        if state.campaigning == Some(n) {
             state.task = Some(handle);
         }
     }
@@ -72,7 +72,7 @@ impl Inner {
             freed.as_mut().enable();
             {
                 let state = self.lock();
-                if state.current.is_none() && state.active.is_none() {
+                if state.campaigning.is_none() && state.slot.is_none() {
                     return;
                 }
             }
@@ -106,13 +106,13 @@ async fn run(mut task: Task) -> Result<()> {
         freed.as_mut().enable();
         {
             let mut state = inner.lock();
-            if state.current != Some(n) {
+            if state.campaigning != Some(n) {
                 // Left behind while waiting (or never wanted): nothing to do.
                 task.exited = true;
                 return Ok(());
             }
-            if state.active.is_none() {
-                state.active = Some(n);
+            if state.slot.is_none() {
+                state.slot = Some(n);
                 break;
             }
         }
@@ -126,7 +126,7 @@ async fn run(mut task: Task) -> Result<()> {
         loop {
             sleep(inner.config.retry_period).await;
             let mut state = inner.lock();
-            if state.active == Some(n) {
+            if state.slot == Some(n) {
                 state.beats += 1;
             }
         }
@@ -174,13 +174,13 @@ pub(super) enum Demand {
 impl Drop for Task {
     fn drop(&mut self) {
         let mut state = self.inner.lock();
-        let freed = state.active == Some(self.generation);
+        let freed = state.slot == Some(self.generation);
         if freed {
-            state.active = None;
+            state.slot = None;
         }
-        let current = state.current == Some(self.generation);
+        let current = state.campaigning == Some(self.generation);
         if current {
-            state.current = None;
+            state.campaigning = None;
         }
         if current && !self.exited {
             // Aborted, panicked, or its runtime shut down: end the term so
@@ -230,7 +230,7 @@ impl Task {
             self.inner.wake.notify_one();
         }
         let mut state = self.inner.lock();
-        if state.active != Some(self.generation) {
+        if state.slot != Some(self.generation) {
             return Demand::LeftBehind;
         }
         state.waiters.retain(|tx| !tx.is_canceled());
@@ -261,8 +261,8 @@ impl Task {
             return false;
         }
         let mut state = self.inner.lock();
-        if state.current == Some(self.generation) {
-            state.current = None;
+        if state.campaigning == Some(self.generation) {
+            state.campaigning = None;
         }
         self.exited = true;
         true
@@ -272,6 +272,6 @@ impl Task {
     /// that a task left behind (its runtime no longer driven) never writes
     /// again if it resumes.
     pub(super) fn may_write(&self) -> bool {
-        self.inner.lock().active == Some(self.generation)
+        self.inner.lock().slot == Some(self.generation)
     }
 }

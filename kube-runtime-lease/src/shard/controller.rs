@@ -6,15 +6,10 @@
 use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
 
 use futures::{Stream, TryFuture, channel::mpsc};
-use kube_runtime::{
-    Controller,
-    controller::{Action, Error as ControllerError},
-    reflector::ObjectRef,
-    watcher,
-};
+use kube_runtime::{Controller, controller::Action};
 
 use super::ShardedElector;
-use crate::controller::ControllerResource;
+use crate::controller::{ControllerResource, RunItem};
 
 /// The shard a reconcile of a [`ShardedController`] works for, and its term's
 /// fencing token: see [`current_shard`].
@@ -85,13 +80,12 @@ where
     ///   at their next `.await`; the other shards' continue;
     /// - inside a reconcile, [`current_shard`] tells its shard and fencing
     ///   token.
-    #[allow(clippy::type_complexity)] // the item type of `Controller::run`, spelled out
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
         error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
         context: Arc<Ctx>,
-    ) -> impl Stream<Item = Result<(ObjectRef<K>, Action), ControllerError<ReconcilerFut::Error, watcher::Error>>>
+    ) -> impl Stream<Item = RunItem<K, ReconcilerFut::Error>>
     where
         K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,

@@ -103,7 +103,7 @@
 //! # }
 //! ```
 
-mod candidates;
+mod lease_candidates;
 mod leases;
 mod server;
 #[cfg(test)]
@@ -205,14 +205,14 @@ struct Store {
     /// `LeaseCandidate`s by name, once [`FakeLeaseApi::serve_lease_candidates`]
     /// was called (`None`: answered 404, as by an API server without
     /// Coordinated Leader Election).
-    candidates: Option<candidates::Candidates>,
+    lease_candidates: Option<lease_candidates::LeaseCandidates>,
     /// Events created, in order (see [`FakeLeaseApi::events`]).
     events: Vec<serde_json::Value>,
     /// The status every `LeaseCandidate` request is answered with, if set
     /// (see [`FakeLeaseApi::refuse_lease_candidates`]).
-    candidates_refused: Option<u16>,
+    lease_candidates_refused: Option<u16>,
     /// How long every `LeaseCandidate` request takes (paused time).
-    candidates_latency: Duration,
+    lease_candidates_latency: Duration,
 }
 
 #[derive(Default)]
@@ -313,7 +313,7 @@ impl FakeLeaseApi {
     /// `LeaseCandidate` request is answered 404, as where the feature is off.
     #[must_use]
     pub fn serve_lease_candidates(self) -> Self {
-        self.lock().candidates = Some(candidates::Candidates::default());
+        self.lock().lease_candidates = Some(lease_candidates::LeaseCandidates::default());
         self
     }
 
@@ -321,7 +321,7 @@ impl FakeLeaseApi {
     /// without `leasecandidates`; 500: a failing API server).
     #[must_use]
     pub fn refuse_lease_candidates(self, status: u16) -> Self {
-        self.lock().candidates_refused = Some(status);
+        self.lock().lease_candidates_refused = Some(status);
         self
     }
 
@@ -329,14 +329,14 @@ impl FakeLeaseApi {
     /// (`None`: serves them again); see
     /// [`refuse_lease_candidates`](Self::refuse_lease_candidates).
     pub fn set_lease_candidates_refused(&self, status: Option<u16>) {
-        self.lock().candidates_refused = status;
+        self.lock().lease_candidates_refused = status;
     }
 
     /// Makes every `LeaseCandidate` request take `latency` before it is
     /// handled.
     #[must_use]
     pub fn lease_candidates_latency(self, latency: Duration) -> Self {
-        self.lock().candidates_latency = latency;
+        self.lock().lease_candidates_latency = latency;
         self
     }
 
@@ -345,14 +345,14 @@ impl FakeLeaseApi {
     /// elects (`spec.pingTime` now): a live candidate answers by renewing
     /// (`spec.renewTime` after it). Whether it exists.
     pub fn ping_lease_candidate(&self, key: &str) -> bool {
-        self.lock().candidates.as_mut().is_some_and(|c| c.ping(key))
+        self.lock().lease_candidates.as_mut().is_some_and(|c| c.ping(key))
     }
 
     /// Stores `object` as a `LeaseCandidate` (by its namespace, `default`
     /// when it names none, and name), as someone else's write would: a new
     /// resourceVersion, its watchers told.
     pub fn put_lease_candidate(&self, object: serde_json::Value) {
-        if let Some(c) = self.lock().candidates.as_mut() {
+        if let Some(c) = self.lock().lease_candidates.as_mut() {
             c.put(object);
         }
     }
@@ -362,7 +362,7 @@ impl FakeLeaseApi {
     /// would (its watchers are told). Whether it existed.
     pub fn delete_lease_candidate(&self, key: &str) -> bool {
         self.lock()
-            .candidates
+            .lease_candidates
             .as_mut()
             .is_some_and(|c| c.delete(key).is_some())
     }
@@ -371,7 +371,7 @@ impl FakeLeaseApi {
     /// namespace `default`, `<namespace>/<name>` in any other.
     pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         self.lock()
-            .candidates
+            .lease_candidates
             .as_ref()
             .map(|c| c.objects.clone())
             .unwrap_or_default()

@@ -185,7 +185,7 @@ impl FakeLeaseApi {
         body: &[u8],
     ) -> Option<Response<ResBody>> {
         if target.resource == "leasecandidates" {
-            let latency = self.lock().candidates_latency;
+            let latency = self.lock().lease_candidates_latency;
             if !latency.is_zero() {
                 tokio::time::sleep(latency).await;
             }

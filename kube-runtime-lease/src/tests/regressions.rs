@@ -672,11 +672,11 @@ fn a_storm_of_wake_ups_does_not_starve_the_renewals() {
         .unwrap()
         .unwrap();
     let start = Instant::now();
-    e.storm_for_test();
+    e.set_storm_for_test(true);
     std::thread::sleep(S(2));
     let valid = guard.is_valid();
     let renewals = count(&fake, id, "update", start);
-    e.inner_storm_off_for_test();
+    e.set_storm_for_test(false);
     drop(guard);
     rt.shutdown_timeout(S(5));
     assert!(valid, "renewals starved: the term ended");

@@ -10,8 +10,8 @@ use super::{Task, lead::TermRun};
 use crate::{
     elector::Transition,
     error::Result,
-    guard::Lost,
     record::{self, TermId},
+    term::Lost,
 };
 
 impl Task {

@@ -14,9 +14,9 @@ use super::{LeaseView, Task, observe::next_event};
 use crate::{
     elector::{Transition, supervise::Demand},
     error::Result,
-    guard::Lost,
+    guard::LeaseGuard,
     record::{self, TermId},
-    term::Term,
+    term::{Lost, Term},
 };
 
 /// What woke a leading term's loop.
@@ -303,7 +303,7 @@ impl Task {
             // A waiter that cannot get a guard (the renew deadline already
             // passed) keeps waiting, for the next term.
             for tx in std::mem::take(&mut state.waiters) {
-                match term.guard(self.inner.wake.clone()) {
+                match LeaseGuard::of(term, self.inner.wake.clone()) {
                     Some(guard) => {
                         let _ = tx.send(guard);
                     }
@@ -379,39 +379,23 @@ impl Task {
                             // flight: the top of the loop handles it.
                             return Ok(());
                         }
-                        self.inner.tell(Transition::Renewal {
-                            outcome: "late",
-                            latency: sent.elapsed(),
-                            sent,
-                        });
+                        self.renewal_told("late", sent);
                         warn!(
                             after = ?sent.elapsed(),
                             "the renewal succeeded only after the renew deadline; giving the term up"
                         );
                         return Err(Lost::RenewDeadlineExceeded);
                     }
-                    self.inner.tell(Transition::Renewal {
-                        outcome: "success",
-                        latency: sent.elapsed(),
-                        sent,
-                    });
+                    self.renewal_told("success", sent);
                     debug!("renewed lease");
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
-                    self.inner.tell(Transition::Renewal {
-                        outcome: "not_found",
-                        latency: sent.elapsed(),
-                        sent,
-                    });
+                    self.renewal_told("not_found", sent);
                     return Err(Lost::Deleted);
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
-                    self.inner.tell(Transition::Renewal {
-                        outcome: "conflict",
-                        latency: sent.elapsed(),
-                        sent,
-                    });
+                    self.renewal_told("conflict", sent);
                     debug!("renewal conflicted; re-reading the lease");
                     match self.reread(run, "re-reading the lease").await {
                         Some(still_ours) => still_ours?,
@@ -419,16 +403,23 @@ impl Task {
                     }
                 }
                 Err(e) => {
-                    self.inner.tell(Transition::Renewal {
-                        outcome: "error",
-                        latency: sent.elapsed(),
-                        sent,
-                    });
+                    self.renewal_told("error", sent);
                     self.log_error("renewing the lease", &e);
                     return Ok(());
                 }
             }
         }
         Ok(())
+    }
+}
+
+impl Task {
+    /// Tells the observers of a renewal write sent at `sent`, and its outcome.
+    fn renewal_told(&self, outcome: &'static str, sent: Instant) {
+        self.inner.tell(Transition::Renewal {
+            outcome,
+            latency: sent.elapsed(),
+            sent,
+        });
     }
 }

@@ -13,7 +13,7 @@
 //! enforced.
 //!
 //! 1. **One task at a time.** At most one task talks to the API: a task first
-//!    takes the slot (`State::active`), which the previous task frees only
+//!    takes the slot (`State::slot`), which the previous task frees only
 //!    when it is dropped, after its release. A task left behind (its runtime
 //!    no longer driven: `State::leave_behind`) loses the slot, and every write
 //!    checks it first (`Task::may_write`), so it never writes again.
@@ -23,7 +23,7 @@
 //!    the term back, no guard of it is handed out, and guards, guarded
 //!    streams and `is_leader` see it on their own clock.
 //! 3. **A guard only while its term holds.** Guards are made only by
-//!    `Term::guard`, under the term's lock, while it holds; a term is
+//!    `LeaseGuard::of` (`Term::join`), under the term's lock, while it holds; a term is
 //!    published (`begin_term`) only after the creation hold, and removed from
 //!    the state in the same step that decides to give it up (`demand(true)`).
 //! 4. **Why a term ended is exact.** The first reason wins (`Term::lose`);

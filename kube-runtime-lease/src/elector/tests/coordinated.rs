@@ -335,7 +335,7 @@ fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
 /// again) waits for the slot, and starts the moment the old task is gone
 /// (which tells it, although the old task was no longer the current one).
 #[test]
-fn a_task_spawned_while_the_last_one_deletes_its_candidate_starts_when_it_is_gone() {
+fn a_task_spawned_while_the_last_one_deletes_its_lease_candidate_starts_when_it_is_gone() {
     paused(async {
         let fake = FakeLeaseApi::default()
             .serve_lease_candidates()
@@ -369,7 +369,11 @@ fn a_task_spawned_while_the_last_one_deletes_its_candidate_starts_when_it_is_gon
 }
 
 /// The `spec` time `field` of the published LeaseCandidate `name`.
-fn candidate_time(fake: &FakeLeaseApi, name: &str, field: &str) -> Option<k8s_openapi::jiff::Timestamp> {
+fn lease_candidate_time(
+    fake: &FakeLeaseApi,
+    name: &str,
+    field: &str,
+) -> Option<k8s_openapi::jiff::Timestamp> {
     let object = fake.lease_candidates().remove(name)?;
     serde_json::from_value::<MicroTime>(object["spec"][field].clone())
         .ok()
@@ -388,16 +392,16 @@ async fn published(fake: &FakeLeaseApi) -> (crate::LeaderElector, std::pin::Pin<
 
 /// The API server pings a candidate before it elects (`pingTime`); the
 /// candidate answers by renewing (`renewTime` after it), or it is not
-/// elected (mutation testing: kills `Candidate::renew -> ()`).
+/// elected (mutation testing: kills `LeaseCandidate::renew -> ()`).
 #[test]
-fn a_pinged_candidate_answers_by_renewing() {
+fn a_pinged_lease_candidate_is_answered_by_a_renewal() {
     paused(async {
         let fake = FakeLeaseApi::default().serve_lease_candidates();
         let (_e, _acquire) = published(&fake).await;
         assert!(fake.ping_lease_candidate("me"));
-        let ping = candidate_time(&fake, "me", "pingTime").unwrap();
+        let ping = lease_candidate_time(&fake, "me", "pingTime").unwrap();
         sleep(Duration::from_millis(100)).await;
-        let renew = candidate_time(&fake, "me", "renewTime").unwrap();
+        let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
         assert!(
             renew > ping,
             "not answered: renewTime {renew} after pingTime {ping}"
@@ -407,7 +411,7 @@ fn a_pinged_candidate_answers_by_renewing() {
 
 /// A ping answered with a stale resourceVersion (the object changed since
 /// the ping was delivered) is answered again after a fresh read (mutation testing:
-/// kills the conflict retry's survivors in `Candidate::renew`).
+/// kills the conflict retry's survivors in `LeaseCandidate::renew`).
 #[test]
 fn a_ping_answer_that_conflicts_is_retried_after_a_fresh_read() {
     paused(async {
@@ -417,7 +421,7 @@ fn a_ping_answer_that_conflicts_is_retried_after_a_fresh_read() {
         let (_e, _acquire) = published(&fake).await;
         sleep(S(5)).await;
         assert!(fake.ping_lease_candidate("me"));
-        let ping = candidate_time(&fake, "me", "pingTime").unwrap();
+        let ping = lease_candidate_time(&fake, "me", "pingTime").unwrap();
         // While its answer is on the way: someone else's write, which leaves
         // it answered-looking (renewTime = pingTime), so that only the retry
         // renews it.
@@ -427,7 +431,7 @@ fn a_ping_answer_that_conflicts_is_retried_after_a_fresh_read() {
         object["metadata"]["labels"] = serde_json::json!({ "touched": "yes" });
         fake.put_lease_candidate(object);
         sleep(S(10)).await;
-        let renew = candidate_time(&fake, "me", "renewTime").unwrap();
+        let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
         assert!(
             renew > ping,
             "the conflict was not retried: renewTime {renew}, pingTime {ping}"
@@ -459,7 +463,7 @@ fn a_lease_candidate_left_by_an_earlier_process_is_adopted() {
         let object = &fake.lease_candidates()["me"];
         assert_eq!(object["spec"]["binaryVersion"], "1.37.0");
         assert_eq!(object["spec"]["emulationVersion"], "1.36.0");
-        let renew = candidate_time(&fake, "me", "renewTime").unwrap();
+        let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
         assert!(
             renew
                 > "2000-01-01T00:00:00Z"
@@ -474,7 +478,7 @@ fn a_lease_candidate_left_by_an_earlier_process_is_adopted() {
 /// client-go's does), the first time 5 minutes after it published, not at
 /// once (mutation testing: kills `+ -> -` in the refresh's start).
 #[test]
-fn a_candidate_refreshes_every_five_minutes_and_not_sooner() {
+fn a_lease_candidate_is_refreshed_every_five_minutes_and_not_sooner() {
     paused(async {
         let fake = FakeLeaseApi::default().serve_lease_candidates();
         let start = tokio::time::Instant::now();
@@ -500,7 +504,7 @@ fn a_candidate_refreshes_every_five_minutes_and_not_sooner() {
 /// already gone is no failure (mutation testing: kills `CallError::fmt` and
 /// `delete`'s 404 guards).
 #[test]
-fn a_failed_candidate_call_says_why_and_a_candidate_already_gone_is_no_failure() {
+fn a_failed_lease_candidate_call_says_why_and_one_already_gone_is_no_failure() {
     let text = crate::tests::support::logs_during(tracing::Level::WARN, || {
         paused(async {
             let fake = FakeLeaseApi::default().serve_lease_candidates();
@@ -562,9 +566,9 @@ fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
             fake.set_lease_candidates_refused(None);
             assert_eq!(gets(), before, "retried after a read");
             assert!(fake.ping_lease_candidate("me"));
-            let ping = candidate_time(&fake, "me", "pingTime").unwrap();
+            let ping = lease_candidate_time(&fake, "me", "pingTime").unwrap();
             sleep(S(3)).await;
-            let renew = candidate_time(&fake, "me", "renewTime").unwrap();
+            let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
             assert!(renew > ping, "the next ping was not answered");
         });
     });

@@ -3,6 +3,12 @@
 mod campaign;
 #[cfg(feature = "coordinated")]
 mod coordinated;
+#[cfg(feature = "events")]
+mod events;
+#[cfg(feature = "lease-metadata")]
+mod metadata;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod supervise;
 
 use std::time::Duration;
@@ -806,88 +812,6 @@ fn a_release_is_taken_within_one_watch_event_and_one_write() {
     });
 }
 
-#[cfg(feature = "metrics")]
-#[test]
-fn metrics_are_read_back_from_a_registry() {
-    paused(async {
-        use crate::tests::support::scrape;
-        use prometheus_client::registry::Registry;
-
-        let mut registry = Registry::default();
-        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
-        let fake = free();
-        let (e, id) = elector(&fake, config("me"));
-        let e = e.with_metrics(&metrics);
-        let text = scrape(&registry);
-        assert!(
-            text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
-            "{text}"
-        );
-        let guard = e.acquire().await.unwrap();
-        sleep(S(4) + Duration::from_millis(500)).await;
-        let text = scrape(&registry);
-        assert!(
-            text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"leader_election_renewals_total{namespace="default",lease="lease",outcome="success"} 2"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"leader_election_seconds_since_last_renewal{namespace="default",lease="lease"} 0.5"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"leader_election_renew_duration_seconds_count{namespace="default",lease="lease"} 2"#
-            ),
-            "{text}"
-        );
-        // client-go's names, labelled by the Lease's name only.
-        assert!(
-            text.contains(r#"leader_election_master_status{name="lease"} 1"#),
-            "{text}"
-        );
-        // free -> me: one change of holder seen.
-        assert!(
-            text.contains(r#"leader_election_transitions_total{namespace="default",lease="lease"} 1"#),
-            "{text}"
-        );
-        // A renewal that meets a conflict falls to a read: client-go's slow path.
-        fake.fault(id, Some("update"), Fault::Status(409));
-        sleep(S(2)).await;
-        let text = scrape(&registry);
-        assert!(
-            text.contains(r#"leader_election_slowpath_total{name="lease"} 1"#),
-            "{text}"
-        );
-        fake.partition(id, true);
-        assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
-        // The guard may resolve on its own timer, in the instant before the
-        // elector task ends the term (and updates the metrics).
-        advance(Duration::from_millis(1)).await;
-        let text = scrape(&registry);
-        assert!(
-            text.contains(r#"leader_election_is_leader{namespace="default",lease="lease"} 0"#),
-            "{text}"
-        );
-        assert!(text.contains(r#"outcome="error"} 4"#), "{text}");
-        assert!(
-            text.contains(r#"leader_election_master_status{name="lease"} 0"#),
-            "{text}"
-        );
-        assert!(
-            !text.contains("leader_election_seconds_since_last_renewal{"),
-            "{text}"
-        );
-    });
-}
-
 #[test]
 fn fencing_helpers_follow_the_renew_deadline() {
     paused(async {
@@ -1076,50 +1000,6 @@ fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
         assert!(matches!(e.acquire().await, Err(crate::AcquireError::Shutdown)));
         assert!(fake.seen().is_empty(), "{:?}", fake.seen());
         assert!(fake.lease().is_none());
-    });
-}
-
-/// Lease metadata (`LeaseConfig::label`, `annotation`, `owner_reference`):
-/// written when the Lease is created and when a term begins on someone
-/// else's record, and only the configured keys.
-#[cfg(feature = "lease-metadata")]
-#[test]
-fn the_configured_lease_metadata_is_written_on_creation_and_on_takeover() {
-    paused(async {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-
-        let owner = OwnerReference {
-            api_version: "apps/v1".into(),
-            kind: "Deployment".into(),
-            name: "operator".into(),
-            uid: "d1".into(),
-            ..OwnerReference::default()
-        };
-        let with_metadata = |identity: &str| {
-            config(identity)
-                .label("holder", identity)
-                .annotation("example.com/node", "node-1")
-                .owner_reference(owner.clone())
-        };
-        // Creating the Lease.
-        let fake = FakeLeaseApi::default();
-        let (e, _) = elector(&fake, with_metadata("a"));
-        let guard = e.acquire().await.unwrap();
-        let meta = fake.lease().unwrap().metadata;
-        assert_eq!(meta.labels.unwrap()["holder"], "a");
-        assert_eq!(meta.annotations.unwrap()["example.com/node"], "node-1");
-        assert_eq!(meta.owner_references.unwrap().len(), 1);
-        drop(guard);
-        // Taking over a free Lease that carries labels of its own.
-        let fake = FakeLeaseApi::default();
-        fake.put(held_by("", 1));
-        let (b, _) = elector(&fake, with_metadata("b"));
-        let _guard = b.acquire().await.unwrap();
-        let meta = fake.lease().unwrap().metadata;
-        let labels = meta.labels.unwrap();
-        assert_eq!(labels["holder"], "b");
-        assert_eq!(labels["app"], "x", "other labels are kept");
-        assert_eq!(meta.owner_references.unwrap()[0].uid, "d1");
     });
 }
 
@@ -1422,83 +1302,6 @@ fn a_watch_resumed_after_an_outage_ends_the_polling_at_its_first_event() {
     });
 }
 
-/// Every transition is published as an Event on the Lease, and the end of a
-/// term names its kind as the action (type `Warning` for a loss, `Normal`
-/// for giving up, stepping down or shutting down): one case per kind.
-#[cfg(feature = "events")]
-#[test]
-fn each_kind_of_end_is_published_with_its_own_action() {
-    async fn leader(fake: &FakeLeaseApi) -> (LeaderElector, usize, crate::LeaseGuard) {
-        let (e, id) = elector(fake, config("me"));
-        let e = e.with_events(kube_runtime::events::Reporter {
-            controller: "test".into(),
-            instance: None,
-        });
-        let guard = e.acquire().await.expect("leads");
-        (e, id, guard)
-    }
-    /// The (action, type) of the Events published so far.
-    fn published(fake: &FakeLeaseApi) -> Vec<(String, String)> {
-        fake.events()
-            .iter()
-            .map(|e| {
-                (
-                    e["action"].as_str().unwrap_or_default().to_owned(),
-                    e["type"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect()
-    }
-    paused(async {
-        // (the kind of end, the Event type expected, the Events published)
-        let mut cases = Vec::new();
-        for case in [
-            "TakenOver",
-            "Deleted",
-            "RenewDeadlineExceeded",
-            "SteppedDown",
-            "GivenUp",
-            "Shutdown",
-        ] {
-            let fake = free();
-            let (e, id, guard) = leader(&fake).await;
-            match case {
-                "TakenOver" => fake.take_over("other"),
-                "Deleted" => fake.delete(),
-                "RenewDeadlineExceeded" => fake.partition(id, true),
-                "SteppedDown" => {
-                    let mut lease = fake.lease().expect("a lease");
-                    let spec = lease.spec.as_mut().expect("a spec");
-                    spec.strategy = Some("OldestEmulationVersion".into());
-                    spec.preferred_holder = Some("better".into());
-                    fake.put(lease);
-                }
-                "GivenUp" => drop(guard),
-                _ => e.shutdown(S(5)).await.expect("shuts down"),
-            }
-            sleep(S(20)).await;
-            let expected = if matches!(case, "TakenOver" | "Deleted" | "RenewDeadlineExceeded") {
-                "Warning"
-            } else {
-                "Normal"
-            };
-            cases.push((case, expected, published(&fake)));
-        }
-        for (case, expected_type, events) in &cases {
-            assert_eq!(
-                events.first().map(|(a, t)| (a.as_str(), t.as_str())),
-                Some(("BecameLeader", "Normal")),
-                "{case}: {events:?}"
-            );
-            assert_eq!(
-                events.get(1).map(|(a, t)| (a.as_str(), t.as_str())),
-                Some((*case, *expected_type)),
-                "{case}: {events:?}"
-            );
-        }
-    });
-}
-
 /// Invariant 1 rests on generations: every task gets a new one, and it is
 /// the one campaigning, so that a task left behind (an older generation)
 /// can never pass for the current one or for the slot's holder.
@@ -1509,9 +1312,9 @@ fn every_election_task_gets_a_new_generation() {
     let second = state.next_task();
     let third = state.next_task();
     assert!(first < second && second < third, "{first}, {second}, {third}");
-    assert_eq!(state.current, Some(third));
+    assert_eq!(state.campaigning, Some(third));
     state.leave_behind();
-    assert_eq!(state.current, None);
+    assert_eq!(state.campaigning, None);
     assert!(
         state.next_task() > third,
         "a generation came back after it was left behind"
@@ -1551,12 +1354,12 @@ fn a_dropped_acquire_lets_the_task_leave_after_its_linger() {
         let (e, _) = elector(&fake, config("me"));
         let mut acquire = Box::pin(e.acquire());
         assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
-        assert!(e.inner.lock().current.is_some(), "a task campaigns");
+        assert!(e.inner.lock().campaigning.is_some(), "a task campaigns");
         assert!(format!("{acquire:?}").contains("Acquire"), "{acquire:?}");
         drop(acquire);
         sleep(S(10)).await;
         assert_eq!(
-            e.inner.lock().current,
+            e.inner.lock().campaigning,
             None,
             "the task still campaigns for nobody"
         );
@@ -1575,35 +1378,6 @@ fn debug_shows_the_lease_the_identity_and_the_status() {
         for part in ["LeaderElector", "\"lease\"", "\"me\"", "holder: Some(\"me\")"] {
             assert!(debug.contains(part), "{part} missing from {debug}");
         }
-    });
-}
-
-/// The off switch's leader gauge drops at shutdown, with no task to drop it
-/// (mutation testing: kills `delete !` in `shutdown`).
-#[cfg(feature = "metrics")]
-#[test]
-fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
-    paused(async {
-        use crate::tests::support::scrape;
-        const SERIES: &str = r#"leader_election_master_status{name="lease"}"#;
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
-        let fake = FakeLeaseApi::default();
-        let (e, _) = elector(&fake, config("me").enabled(false));
-        let e = e.with_metrics(&metrics);
-        let guard = e.acquire().await.unwrap();
-        assert!(
-            scrape(&registry).contains(&format!("{SERIES} 1")),
-            "{}",
-            scrape(&registry)
-        );
-        drop(guard);
-        e.shutdown(S(1)).await.unwrap();
-        assert!(
-            scrape(&registry).contains(&format!("{SERIES} 0")),
-            "{}",
-            scrape(&registry)
-        );
     });
 }
 
@@ -1670,45 +1444,6 @@ fn a_shutdown_that_meets_a_slow_acquisition_and_a_slow_release_ends_in_time() {
             started.elapsed()
         );
         assert_eq!(holder(&fake).as_deref(), Some(""), "released");
-    });
-}
-
-/// An Event of a transition is about the Lease itself (`regarding`: its API
-/// version, kind, namespace, name and uid), so that `kubectl describe lease`
-/// shows it (mutation testing: kills the deleted fields of the reference).
-#[cfg(feature = "events")]
-#[test]
-fn events_are_about_the_lease_object() {
-    paused(async {
-        let fake = free();
-        let (e, _) = elector(&fake, config("me"));
-        let e = e.with_events(kube_runtime::events::Reporter {
-            controller: "test".into(),
-            instance: None,
-        });
-        let _guard = e.acquire().await.unwrap();
-        sleep(MS(10)).await;
-        let uid = fake.lease().unwrap().metadata.uid.unwrap();
-        let events = fake.events();
-        assert_eq!(events.len(), 1, "{events:?}");
-        let regarding = &events[0]["regarding"];
-        assert_eq!(
-            (
-                &regarding["apiVersion"],
-                &regarding["kind"],
-                &regarding["namespace"],
-                &regarding["name"],
-                &regarding["uid"]
-            ),
-            (
-                &serde_json::json!("coordination.k8s.io/v1"),
-                &serde_json::json!("Lease"),
-                &serde_json::json!("default"),
-                &serde_json::json!("lease"),
-                &serde_json::json!(uid)
-            ),
-            "{regarding}"
-        );
     });
 }
 

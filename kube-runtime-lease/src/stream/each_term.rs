@@ -1,4 +1,7 @@
-//! Rejoining the election after a loss, without restarting the process.
+//! [`LeaderElector::run_each_term`]: a guarded stream for every term,
+//! rejoining the election after a loss without restarting the process. It
+//! lives beside the stream adapter it runs: the elector does not depend on
+//! the adapter.
 
 use backon::BackoffBuilder;
 use futures::{Stream, StreamExt};

@@ -31,7 +31,7 @@ pub(super) fn display_key(namespace: &str, name: &str) -> String {
 /// The `LeaseCandidate`s kept, their history (for watches from a
 /// resourceVersion) and their watchers.
 #[derive(Default)]
-pub(super) struct Candidates {
+pub(super) struct LeaseCandidates {
     /// By [`display_key`].
     pub(super) objects: BTreeMap<String, Value>,
     rv: u64,
@@ -54,7 +54,7 @@ fn selects(namespace: &str, only: Option<&str>, object: &Value) -> bool {
         && only.is_none_or(|n| object["metadata"]["name"].as_str() == Some(n))
 }
 
-impl Candidates {
+impl LeaseCandidates {
     /// Stores `object` under `key` with a new resourceVersion, telling its
     /// watchers.
     fn store(&mut self, key: &str, mut object: Value, kind: &'static str) -> Value {
@@ -213,10 +213,10 @@ impl FakeLeaseApi {
             client: usize::MAX,
             verb,
         });
-        if let Some(code) = s.candidates_refused {
+        if let Some(code) = s.lease_candidates_refused {
             return status(code, "Refused", "refused by the test");
         }
-        let Some(candidates) = s.candidates.as_mut() else {
+        let Some(candidates) = s.lease_candidates.as_mut() else {
             return status(404, "NotFound", "the double serves no lease candidates");
         };
         let parsed = || {
