@@ -27,7 +27,7 @@ mutants="$(cargo_tool cargo-mutants 27.1.0 cargo-mutants mutants)"
 
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
-    files=(src/record.rs src/term.rs src/guard.rs src/stream.rs src/elector src/shard/assign.rs src/shard/mod.rs)
+    files=(src/record.rs src/term.rs src/guard.rs src/stream.rs src/stream/each_term.rs src/elector src/shard/assign.rs src/shard/mod.rs)
 fi
 # A shorter simulation per mutant; the full 1000 schedules run in scripts/test.sh.
 # The unit suite takes ~8 s; a mutant that makes the election loop hot (a retry
