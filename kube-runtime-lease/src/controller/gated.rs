@@ -8,6 +8,7 @@ use std::{fmt::Debug, pin::pin, sync::Arc};
 
 use futures::{
     Stream, StreamExt, TryFuture, TryFutureExt,
+    channel::mpsc,
     future::{self, Either},
     stream,
 };
@@ -59,11 +60,13 @@ enum Gated<E> {
 ///   the guard: when the term ends it is dropped at its next `.await`;
 /// - the reconciler's own errors go to `error_policy` and into the stream, as
 ///   [`Controller::run`] gives them;
-/// - `background` (what hands out the terms: a campaign, a balancer) is
-///   polled with the stream, for as long as the stream is.
-pub(crate) fn run<K, ReconcilerFut, Ctx, S>(
+/// - `background(gained)` (what hands out the terms: a campaign, a
+///   balancer) is polled with the stream, for as long as the stream is; it
+///   sends on `gained` when a term is gained, and every object in the store
+///   is reconciled then (with no new LIST).
+pub(crate) fn run<K, ReconcilerFut, Ctx, S, B>(
     controller: Controller<K>,
-    background: impl Future<Output = ()>,
+    background: impl FnOnce(mpsc::UnboundedSender<()>) -> B,
     gate: impl Fn(&K) -> Option<(LeaseGuard, S)>,
     skipped: &'static str,
     mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
@@ -72,11 +75,14 @@ pub(crate) fn run<K, ReconcilerFut, Ctx, S>(
 ) -> impl Stream<Item = RunItem<K, ReconcilerFut::Error>>
 where
     K: ControllerResource,
-    K::DynamicType: Debug + Unpin,
     ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
     ReconcilerFut::Error: std::error::Error + Send + 'static,
     S: Scope,
+    B: Future<Output = ()>,
 {
+    let (gained_tx, gained_rx) = mpsc::unbounded::<()>();
+    let controller = controller.reconcile_all_on(gained_rx);
+    let background = background(gained_tx);
     let reconcile = move |object: Arc<K>, ctx: Arc<Ctx>| {
         // Only with a guard is the user's reconciler even called.
         let work = gate(&object).map(|(guard, scope)| {

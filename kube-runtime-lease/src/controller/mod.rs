@@ -32,15 +32,27 @@ use crate::{LeaderElector, WithLeaderElection};
 /// The items of a guarded Controller's stream: [`Controller::run`]'s.
 pub(crate) type RunItem<K, E> = Result<(ObjectRef<K>, Action), ControllerError<E, watcher::Error>>;
 
-/// The bounds a [`Controller`] puts on the resource it runs on, in one name:
-/// every `K` that `Controller<K>` accepts implements it.
+/// The bounds [`Controller::new`] and [`Controller::run`] put on the
+/// resource, in one name: every `K` a `Controller<K>` runs on implements it.
 pub trait ControllerResource:
-    Clone + Resource<DynamicType: Eq + Hash + Clone> + DeserializeOwned + Debug + Send + Sync + 'static
+    Clone
+    + Resource<DynamicType: Eq + Hash + Clone + Debug + Unpin>
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
 {
 }
 
 impl<K> ControllerResource for K where
-    K: Clone + Resource<DynamicType: Eq + Hash + Clone> + DeserializeOwned + Debug + Send + Sync + 'static
+    K: Clone
+        + Resource<DynamicType: Eq + Hash + Clone + Debug + Unpin>
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static
 {
 }
 
@@ -180,7 +192,6 @@ where
         context: Arc<Ctx>,
     ) -> WithLeaderElection<impl Stream<Item = RunItem<K, ReconcilerFut::Error>>>
     where
-        K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
         ReconcilerFut::Error: std::error::Error + Send + 'static,
     {

@@ -3,7 +3,7 @@
 //! the Controller's watches and its reflector store run on every replica;
 //! leadership gates only reconciliation.
 
-use std::{fmt::Debug, pin::pin, sync::Arc};
+use std::{pin::pin, sync::Arc};
 
 use futures::{
     FutureExt, Stream, TryFuture,
@@ -55,21 +55,16 @@ where
         context: Arc<Ctx>,
     ) -> impl Stream<Item = RunItem<K, ReconcilerFut::Error>>
     where
-        K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
         ReconcilerFut::Error: std::error::Error + Send + 'static,
     {
         let elector = self.elector;
-        let (terms_tx, terms_rx) = mpsc::unbounded::<()>();
         let gate = elector.clone();
-        let controller = self
-            .controller
-            .reconcile_all_on(terms_rx)
-            .graceful_shutdown_on(elector.shutdown_requested());
+        let controller = self.controller.graceful_shutdown_on(elector.shutdown_requested());
         crate::controller::gated::run(
             controller,
             // Campaigns for as long as the stream is polled, polled with it.
-            hold_each_term(elector, terms_tx),
+            |terms| hold_each_term(elector, terms),
             // Only while a term holds is the user's reconciler even called.
             move |_: &K| gate.current_guard().map(|guard| (guard, ())),
             "not leading",

@@ -87,23 +87,17 @@ where
         context: Arc<Ctx>,
     ) -> impl Stream<Item = RunItem<K, ReconcilerFut::Error>>
     where
-        K::DynamicType: Debug + Unpin,
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
         ReconcilerFut::Error: std::error::Error + Send + 'static,
     {
         let sharded = self.sharded;
-        let (gained_tx, gained_rx) = mpsc::unbounded::<()>();
         let gate = sharded.clone();
-        // The balancer runs, and gains are signalled, while the stream is polled.
-        let balancer = {
-            let sharded = sharded.clone();
-            async move {
-                futures::join!(sharded.run(), signal_gains(sharded.clone(), gained_tx));
-            }
-        };
         crate::controller::gated::run(
-            self.controller.reconcile_all_on(gained_rx),
-            balancer,
+            self.controller,
+            // The balancer runs, and gains are signalled, while the stream is polled.
+            |gained| async move {
+                futures::join!(sharded.run(), signal_gains(sharded.clone(), gained));
+            },
             // Only on the replica holding the object's shard is the user's
             // reconciler even called, within that shard's `current_shard`.
             move |object: &K| {
