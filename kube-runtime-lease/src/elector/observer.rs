@@ -73,3 +73,6 @@ impl Observers {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
