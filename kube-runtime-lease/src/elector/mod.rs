@@ -40,8 +40,7 @@ use crate::{
     error::{Result, ShutdownError},
     guard::LeaseGuard,
     record,
-    term::Lost,
-    term::Term,
+    term::{Lost, Term},
 };
 
 /// A candidate in the election for one Lease: a cheap, cloneable handle.

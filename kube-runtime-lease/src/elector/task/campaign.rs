@@ -137,14 +137,13 @@ impl Task {
                     .own
                     .as_ref()
                     .is_some_and(|o| o.matches(object));
-                #[cfg(feature = "coordinated")]
-                let verdict = if coordinated {
-                    observed.coordinated_verdict(&cfg.identity, own, cfg.lease_duration, now)
-                } else {
-                    record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now)
+                let verdict = match () {
+                    #[cfg(feature = "coordinated")]
+                    () if coordinated => {
+                        observed.coordinated_verdict(&cfg.identity, own, cfg.lease_duration, now)
+                    }
+                    () => record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now),
                 };
-                #[cfg(not(feature = "coordinated"))]
-                let verdict = record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now);
                 match verdict {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
