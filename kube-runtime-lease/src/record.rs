@@ -140,7 +140,7 @@ impl Observed {
     /// Records `spec` as seen at `now`. The clock restarts only when the record
     /// changed: a record seen again does not extend its own lifetime, and one seen
     /// late only makes expiry later.
-    pub(crate) fn observe(
+    pub(crate) fn update(
         prev: Option<Self>,
         spec: LeaseSpec,
         resource_version: Option<String>,
@@ -169,66 +169,68 @@ pub(crate) enum Verdict {
     WaitUntil(Instant),
 }
 
-/// Decides whether `identity` may take the observed record at `now`.
-///
-/// - A free Lease is taken at once, unless its `preferredHolder` names another
-///   candidate: that candidate is given one lease duration to take it.
-/// - A record of our own term (`own`: see [`TermId`]) is taken at once.
-/// - Any other held record is taken once it has been seen unchanged for its
-///   lease duration. If its `preferredHolder` names a third candidate (the end
-///   of the holder's term was marked), the preferred holder is given one more
-///   lease duration after the expiry, as on a free Lease.
-///
-/// A record naming `identity` that is not our own term's (another process
-/// with the same identity, or a write of ours we gave up on, possibly on a
-/// Lease just re-created while the leader of the deleted one still acts) is
-/// treated like anyone else's.
-pub(crate) fn verdict(
-    observed: &Observed,
-    identity: &str,
-    own: bool,
-    fallback: Duration,
-    now: Instant,
-) -> Verdict {
-    let spec = &observed.spec;
-    let duration = lease_duration(spec, fallback);
-    let after = |times: u32| after_unchanged(observed, duration.saturating_mul(times), now);
-    match (holder(spec), preferred_holder(spec)) {
-        // Free, and reserved for nobody or for us.
-        (None, None) => Verdict::Take,
-        (None, Some(p)) if p == identity => Verdict::Take,
-        // Our own term's record.
-        (Some(h), _) if h == identity && own => Verdict::Take,
-        // Held, its end of term marked for a third candidate.
-        (Some(h), Some(p)) if p != identity && p != h => after(2),
-        // Free but reserved for someone else; held by someone else; or ours
-        // of unknown provenance.
-        _ => after(1),
-    }
+/// The candidate a [`verdict`](Observed::verdict) is for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Asker<'a> {
+    /// Its identity.
+    pub(crate) identity: &'a str,
+    /// Whether the record observed is the record of its own term (see
+    /// [`TermId`]), not merely one naming its identity.
+    pub(crate) own_term: bool,
+    /// Its configured lease duration, for a record that carries none.
+    pub(crate) fallback: Duration,
 }
 
-#[cfg(feature = "coordinated")]
 impl Observed {
+    /// Decides whether `asker` may take this record at `now`.
+    ///
+    /// - A free Lease is taken at once, unless its `preferredHolder` names another
+    ///   candidate: that candidate is given one lease duration to take it.
+    /// - A record of the asker's own term ([`Asker::own_term`]) is taken at once.
+    /// - Any other held record is taken once it has been seen unchanged for its
+    ///   lease duration. If its `preferredHolder` names a third candidate (the end
+    ///   of the holder's term was marked), the preferred holder is given one more
+    ///   lease duration after the expiry, as on a free Lease.
+    ///
+    /// A record naming the asker's identity that is not its own term's (another
+    /// process with the same identity, or a write of ours we gave up on, possibly
+    /// on a Lease just re-created while the leader of the deleted one still acts)
+    /// is treated like anyone else's.
+    pub(crate) fn verdict(&self, asker: Asker<'_>, now: Instant) -> Verdict {
+        let spec = &self.spec;
+        let identity = asker.identity;
+        let duration = lease_duration(spec, asker.fallback);
+        let after = |times: u32| after_unchanged(self, duration.saturating_mul(times), now);
+        match (holder(spec), preferred_holder(spec)) {
+            // Free, and reserved for nobody or for us.
+            (None, None) => Verdict::Take,
+            (None, Some(p)) if p == identity => Verdict::Take,
+            // Our own term's record.
+            (Some(h), _) if h == identity && asker.own_term => Verdict::Take,
+            // Held, its end of term marked for a third candidate.
+            (Some(h), Some(p)) if p != identity && p != h => after(2),
+            // Free but reserved for someone else; held by someone else; or ours
+            // of unknown provenance.
+            _ => after(1),
+        }
+    }
+
     /// What a candidate in Coordinated Leader Election may do with this
     /// record: never take a Lease the API server did not give it. It takes a
-    /// record naming it holder, with no `preferredHolder`, that is either our
+    /// record naming it holder, with no `preferredHolder`, that is either its
     /// own term's or the API server's assignment (which has no `acquireTime`:
     /// the API server never writes one, and every term of ours does); a
-    /// record naming us that is neither (another process with our identity)
+    /// record naming it that is neither (another process with its identity)
     /// is waited out for one lease duration, as in the ordinary election.
     /// Anything else is the API server's to change: wait (a watch event wakes
     /// the candidate sooner).
-    pub(crate) fn coordinated_verdict(
-        &self,
-        identity: &str,
-        own: bool,
-        fallback: Duration,
-        now: Instant,
-    ) -> Verdict {
-        let duration = lease_duration(&self.spec, fallback);
-        match (holder(&self.spec), preferred_holder(&self.spec)) {
-            (Some(h), None) if h == identity && (own || self.spec.acquire_time.is_none()) => Verdict::Take,
-            (Some(h), None) if h == identity => after_unchanged(self, duration, now),
+    #[cfg(feature = "coordinated")]
+    pub(crate) fn coordinated_verdict(&self, asker: Asker<'_>, now: Instant) -> Verdict {
+        let duration = lease_duration(&self.spec, asker.fallback);
+        let named = holder(&self.spec) == Some(asker.identity);
+        match preferred_holder(&self.spec) {
+            None if named && (asker.own_term || self.spec.acquire_time.is_none()) => Verdict::Take,
+            None if named => after_unchanged(self, duration, now),
             _ => Verdict::WaitUntil(later(now, duration)),
         }
     }

@@ -1,5 +1,5 @@
 //! [`Acquire`], the future of [`LeaderElector::acquire`](super::LeaderElector::acquire),
-//! and its watchdog over a task whose runtime is no longer driven.
+//! and its heartbeat check of a task whose runtime is no longer driven.
 
 use std::{
     future::Future,
@@ -21,9 +21,9 @@ use crate::{error::AcquireError, guard::LeaseGuard};
 pub struct Acquire {
     inner: Arc<Inner>,
     rx: Option<oneshot::Receiver<LeaseGuard>>,
-    /// While waiting: a timer, and the beats of the task seen when it was set
-    /// (see [`State::beats`](super::State::beats)).
-    watchdog: Option<(Pin<Box<Sleep>>, u64)>,
+    /// While waiting: a timer, and the heartbeats of the task seen when it was set
+    /// (see [`State::heartbeats`](super::State::heartbeats)).
+    heartbeat_check: Option<(Pin<Box<Sleep>>, u64)>,
 }
 
 impl Acquire {
@@ -31,7 +31,7 @@ impl Acquire {
         Acquire {
             inner,
             rx: None,
-            watchdog: None,
+            heartbeat_check: None,
         }
     }
 }
@@ -94,12 +94,12 @@ impl Future for Acquire {
             }
             Poll::Ready(Ok(guard)) => {
                 this.rx = None;
-                this.watchdog = None;
+                this.heartbeat_check = None;
                 Poll::Ready(Ok(guard))
             }
             Poll::Ready(Err(oneshot::Canceled)) => {
                 this.rx = None;
-                this.watchdog = None;
+                this.heartbeat_check = None;
                 // Waiters are dropped by `shutdown`, or by the task when it
                 // is dropped without exiting (runtime shut down, panic).
                 Poll::Ready(Err(if this.inner.lock().shutdown {
@@ -114,16 +114,16 @@ impl Future for Acquire {
 
 impl Acquire {
     /// While waiting: if the task that should serve this waiter has not beaten
-    /// for [`Inner::stuck_after`] (the runtime it was spawned on is no longer
+    /// for [`Inner::heartbeat_timeout`] (the runtime it was spawned on is no longer
     /// driven), leaves it behind and starts a new one on this runtime.
     fn watch_the_task(&mut self, cx: &mut Context<'_>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let period = self.inner.stuck_after();
-        let (timer, seen) = self.watchdog.get_or_insert_with(|| {
-            let beats = self.inner.lock().beats;
-            (Box::pin(sleep(period)), beats)
+        let period = self.inner.heartbeat_timeout();
+        let (timer, seen) = self.heartbeat_check.get_or_insert_with(|| {
+            let heartbeats = self.inner.lock().heartbeats;
+            (Box::pin(sleep(period)), heartbeats)
         });
         // Re-armed on the runtime polling now, at the same deadline: a timer
         // belongs to the runtime it was made on, and a waiter first polled on
@@ -134,10 +134,10 @@ impl Acquire {
         while timer.as_mut().poll(cx).is_ready() {
             let spawn = {
                 let mut state = self.inner.lock();
-                let stuck = state.beats == *seen
+                let stuck = state.heartbeats == *seen
                     && !state.shutdown
                     && (state.campaigning.is_some() || state.slot.is_some());
-                *seen = state.beats;
+                *seen = state.heartbeats;
                 stuck.then(|| {
                     warn!(
                         after = ?period,

@@ -15,7 +15,7 @@ pub(super) struct Memory {
     /// Our last term: a record of it (same object, holder, acquireTime and
     /// transitions) is our own write; any other record naming our identity is
     /// not (another process with the same identity, or a write we gave up on).
-    pub(super) own: Option<TermId>,
+    pub(super) last_term: Option<TermId>,
     /// A term on this Lease object must not begin before this instant (the
     /// creation hold), whichever task campaigns.
     pub(super) hold: Option<(Option<String>, Instant)>,
@@ -40,6 +40,11 @@ pub(super) struct Memory {
 }
 
 impl Memory {
+    /// Whether `lease` holds the record of our last term (see [`TermId`]).
+    pub(super) fn is_last_term(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
+        self.last_term.as_ref().is_some_and(|t| t.matches(lease))
+    }
+
     /// Remembers a record seen at `now` on the object `uid`.
     pub(super) fn saw(&mut self, uid: Option<&String>, spec: &LeaseSpec, fallback: Duration, now: Instant) {
         if self.seen_uid.as_ref() != uid {

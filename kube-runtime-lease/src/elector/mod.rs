@@ -125,19 +125,19 @@ struct State {
     task: Option<JoinHandle<Result<()>>>,
     /// Counts tasks spawned: each task's generation.
     spawned: u64,
-    /// Counts the beats of the task holding the slot (one per retry period
+    /// Counts the heartbeats of the task holding the slot (one per retry period
     /// while its runtime is driven): a task whose runtime is no longer driven
     /// stops beating, and is replaced (see [`Acquire`]).
-    beats: u64,
+    heartbeats: u64,
     shutdown: bool,
     memory: Memory,
     /// Which election is in force (see [`Election`]).
     #[cfg(feature = "coordinated")]
     election: Election,
     /// A record of the Lease seen elsewhere in this process, and since when
-    /// (see [`LeaderElector::seed_observation`]): the next task starts from
+    /// (see [`LeaderElector::hand_over_record`]): the next task starts from
     /// it.
-    seed: Option<(Box<Lease>, tokio::time::Instant)>,
+    handed_record: Option<(Box<Lease>, tokio::time::Instant)>,
 }
 
 /// Which election is in force.
@@ -345,12 +345,12 @@ impl LeaderElector {
     /// observation: the task still reads before acting, and keeps `since`
     /// only if the record it reads is the same (same object, same spec); a
     /// record seen late only makes expiry later. Ignored once a task runs
-    /// (it has its own observation), and replaced by a later seed.
+    /// (it has its own observation), and replaced by a later one.
     #[cfg_attr(not(feature = "unstable-shards"), allow(dead_code))]
-    pub(crate) fn seed_observation(&self, lease: Lease, since: tokio::time::Instant) {
+    pub(crate) fn hand_over_record(&self, lease: Lease, since: tokio::time::Instant) {
         let mut state = self.inner.lock();
         if state.campaigning.is_none() {
-            state.seed = Some((Box::new(lease), since));
+            state.handed_record = Some((Box::new(lease), since));
         }
     }
 

@@ -61,7 +61,7 @@ impl Inner {
     }
 
     /// How long a task may go without a beat before a waiter leaves it behind.
-    pub(super) fn stuck_after(&self) -> Duration {
+    pub(super) fn heartbeat_timeout(&self) -> Duration {
         self.config.renew_deadline + self.config.retry_period
     }
 
@@ -97,7 +97,7 @@ impl Inner {
 /// The election task. It first takes the slot, so that it starts only after
 /// the previous task finished (its release included), and keeps it until it
 /// is dropped: after `Task`'s drop has cleaned up. While it holds the slot it
-/// beats once per retry period (see [`State::beats`]).
+/// counts a heartbeat once per retry period (see [`State::heartbeats`]).
 async fn run(mut task: Task) -> Result<()> {
     let inner = task.inner.clone();
     let n = task.generation;
@@ -122,12 +122,12 @@ async fn run(mut task: Task) -> Result<()> {
     // The wake-up stored by the `acquire` that spawned this task: the loops
     // re-count demand before they wait anyway.
     let _ = inner.wake.notified().now_or_never();
-    let pulse = async {
+    let heartbeat = async {
         loop {
             sleep(inner.config.retry_period).await;
             let mut state = inner.lock();
             if state.slot == Some(n) {
-                state.beats += 1;
+                state.heartbeats += 1;
             }
         }
     };
@@ -151,7 +151,7 @@ async fn run(mut task: Task) -> Result<()> {
     let elect = super::lease_candidate::while_published(&inner, elect);
     let result = futures::select_biased! {
         result = elect.fuse() => result,
-        () = pulse.fuse() => unreachable!("the pulse never ends"),
+        () = heartbeat.fuse() => unreachable!("the heartbeat never ends"),
     };
     drop(task);
     result

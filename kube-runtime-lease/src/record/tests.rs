@@ -1,6 +1,22 @@
 use super::*;
 use crate::tests::support::paused;
 
+/// The verdict on `observed` for the candidate `identity`.
+fn verdict_of(
+    observed: &Observed,
+    identity: &str,
+    own_term: bool,
+    fallback: Duration,
+    now: Instant,
+) -> Verdict {
+    let asker = Asker {
+        identity,
+        own_term,
+        fallback,
+    };
+    observed.verdict(asker, now)
+}
+
 const ME: &str = "me";
 const FALLBACK: Duration = Duration::from_secs(15);
 
@@ -133,14 +149,14 @@ fn expiry_counts_from_the_first_sight_of_an_unchanged_record() {
         let start = Instant::now();
         let mut rec = spec(Some("other"), Some(1), Some(10));
         rec.preferred_holder = None;
-        let o = Observed::observe(None, rec.clone(), Some("1".into()), start);
+        let o = Observed::update(None, rec.clone(), Some("1".into()), start);
         let later = start + Duration::from_secs(4);
         // Seen again, unchanged: the clock does not restart.
-        let o = Observed::observe(Some(o), rec.clone(), Some("1".into()), later);
+        let o = Observed::update(Some(o), rec.clone(), Some("1".into()), later);
         assert_eq!(o.at, start);
         for (dt, want) in [(0, false), (9, false), (10, true), (11, true)] {
             let now = start + Duration::from_secs(dt);
-            let v = verdict(&o, ME, true, FALLBACK, now);
+            let v = verdict_of(&o, ME, true, FALLBACK, now);
             assert_eq!(v == Verdict::Take, want, "after {dt}s");
             if !want {
                 assert_eq!(v, Verdict::WaitUntil(start + Duration::from_secs(10)));
@@ -149,10 +165,10 @@ fn expiry_counts_from_the_first_sight_of_an_unchanged_record() {
         // A changed record (a renewal) restarts the clock, even when seen late.
         let mut renewed = rec;
         renewed.renew_time = Some(MicroTime(t(100)));
-        let o = Observed::observe(Some(o), renewed, Some("2".into()), later);
+        let o = Observed::update(Some(o), renewed, Some("2".into()), later);
         assert_eq!(o.at, later);
         assert_eq!(
-            verdict(&o, ME, true, FALLBACK, start + Duration::from_secs(10)),
+            verdict_of(&o, ME, true, FALLBACK, start + Duration::from_secs(10)),
             Verdict::WaitUntil(later + Duration::from_secs(10))
         );
     });
@@ -164,20 +180,20 @@ fn free_ours_and_preferred_verdicts() {
         let now = Instant::now();
         let mut free = spec(Some(""), None, Some(1));
         free.preferred_holder = None;
-        let o = Observed::observe(None, free.clone(), None, now);
-        assert_eq!(verdict(&o, ME, true, FALLBACK, now), Verdict::Take);
+        let o = Observed::update(None, free.clone(), None, now);
+        assert_eq!(verdict_of(&o, ME, true, FALLBACK, now), Verdict::Take);
         let mut none = free.clone();
         none.holder_identity = None;
         assert_eq!(
-            verdict(&Observed::observe(None, none, None, now), ME, true, FALLBACK, now),
+            verdict_of(&Observed::update(None, none, None, now), ME, true, FALLBACK, now),
             Verdict::Take
         );
         let mut ours = spec(Some(ME), None, Some(10));
         ours.preferred_holder = None;
-        let o = Observed::observe(None, ours, None, now);
-        assert_eq!(verdict(&o, ME, true, FALLBACK, now), Verdict::Take);
+        let o = Observed::update(None, ours, None, now);
+        assert_eq!(verdict_of(&o, ME, true, FALLBACK, now), Verdict::Take);
         assert_eq!(
-            verdict(&o, ME, false, FALLBACK, now),
+            verdict_of(&o, ME, false, FALLBACK, now),
             Verdict::WaitUntil(now + Duration::from_secs(10)),
             "ours, unknown object"
         );
@@ -185,46 +201,46 @@ fn free_ours_and_preferred_verdicts() {
         let mut reserved = free;
         reserved.preferred_holder = Some("pref".into());
         reserved.lease_duration_seconds = Some(3);
-        let o = Observed::observe(None, reserved.clone(), None, now);
+        let o = Observed::update(None, reserved.clone(), None, now);
         assert_eq!(
-            verdict(&o, ME, true, FALLBACK, now),
+            verdict_of(&o, ME, true, FALLBACK, now),
             Verdict::WaitUntil(now + Duration::from_secs(3))
         );
         assert_eq!(
-            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(3)),
+            verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(3)),
             Verdict::Take
         );
-        assert_eq!(verdict(&o, "pref", true, FALLBACK, now), Verdict::Take);
+        assert_eq!(verdict_of(&o, "pref", true, FALLBACK, now), Verdict::Take);
         assert_eq!(
-            verdict(&o, "pref", false, FALLBACK, now),
+            verdict_of(&o, "pref", false, FALLBACK, now),
             Verdict::Take,
             "a free lease reserved for us, at once"
         );
         // Held by the preferred holder itself, someone else waits as usual.
         let mut held = reserved.clone();
         held.holder_identity = Some("pref".into());
-        let o = Observed::observe(None, held, None, now);
+        let o = Observed::update(None, held, None, now);
         assert_eq!(
-            verdict(&o, ME, true, FALLBACK, now),
+            verdict_of(&o, ME, true, FALLBACK, now),
             Verdict::WaitUntil(now + Duration::from_secs(3))
         );
         // Held by another, its end of term marked for a third: expiry, then
         // one more lease duration for the preferred holder.
-        let o = Observed::observe(None, spec(Some("other"), None, Some(3)), None, now);
+        let o = Observed::update(None, spec(Some("other"), None, Some(3)), None, now);
         assert_eq!(
-            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(5)),
+            verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(5)),
             Verdict::WaitUntil(now + Duration::from_secs(6))
         );
         assert_eq!(
-            verdict(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)),
+            verdict_of(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)),
             Verdict::Take
         );
         // Missing duration on a held record: our own duration, never zero.
         let mut unmarked = spec(Some("other"), None, None);
         unmarked.preferred_holder = None;
-        let o = Observed::observe(None, unmarked, None, now);
+        let o = Observed::update(None, unmarked, None, now);
         assert_eq!(
-            verdict(&o, ME, true, FALLBACK, now + Duration::from_secs(14)),
+            verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(14)),
             Verdict::WaitUntil(now + FALLBACK)
         );
     });
@@ -249,14 +265,14 @@ fn observe_keeps_the_newest_resource_version() {
     paused(async {
         let now = Instant::now();
         let rec = spec(Some("x"), None, Some(5));
-        let o = Observed::observe(None, rec.clone(), Some("5".into()), now);
-        let o = Observed::observe(Some(o), rec.clone(), None, now);
+        let o = Observed::update(None, rec.clone(), Some("5".into()), now);
+        let o = Observed::update(Some(o), rec.clone(), None, now);
         assert_eq!(o.resource_version.as_deref(), Some("5"));
         // The same record under a newer version (a metadata-only change:
         // labels, annotations): the write that takes it must carry the
         // newer version, or it is refused with a conflict.
         let later = now + Duration::from_secs(1);
-        let o = Observed::observe(Some(o), rec, Some("6".into()), later);
+        let o = Observed::update(Some(o), rec, Some("6".into()), later);
         assert_eq!(o.resource_version.as_deref(), Some("6"));
         assert_eq!(o.at, now, "an unchanged record keeps its first sighting");
     });

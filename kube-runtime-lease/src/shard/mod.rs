@@ -20,7 +20,7 @@
 //!
 //! A dead holder's shards are taken a lease duration after their records
 //! last changed *as this replica's own watch saw them*: the balancer seeds
-//! each campaign with that observation (`LeaderElector::seed_observation`),
+//! each campaign with that observation (`LeaderElector::hand_over_record`),
 //! so that a campaign begun late does not count the lease duration again.
 //! Design, guarantees and tests: `docs/sharding-design.md`.
 
@@ -164,13 +164,13 @@ struct State {
 #[derive(Default)]
 struct View {
     /// Members: Lease name → what was seen of it.
-    members: BTreeMap<String, Seen>,
+    members: BTreeMap<String, Watched>,
     /// Shards: shard → what was seen of its Lease.
-    shards: BTreeMap<u16, Seen>,
+    shards: BTreeMap<u16, Watched>,
 }
 
 /// A Lease of the election as the watch showed it.
-struct Seen {
+struct Watched {
     /// Its holder (`None` when free).
     holder: Option<String>,
     /// The last object seen.
@@ -179,19 +179,18 @@ struct Seen {
     changed: Instant,
 }
 
-impl Seen {
+impl Watched {
     fn spec(&self) -> Option<&k8s_openapi::api::coordination::v1::LeaseSpec> {
         self.lease.spec.as_ref()
     }
 
     /// Whether its record changed within its own lease duration (`fallback`
-    /// when it has none).
+    /// when it has none, or one that is not positive, as for any Lease: see
+    /// `record::lease_duration`).
     fn fresh(&self, fallback: Duration, now: Instant) -> bool {
         let d = self
             .spec()
-            .and_then(|s| s.lease_duration_seconds)
-            .and_then(|d| u64::try_from(d).ok())
-            .map_or(fallback, Duration::from_secs);
+            .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback));
         now.saturating_duration_since(self.changed) < d
     }
 }
@@ -353,7 +352,7 @@ impl ShardedElector {
             futures::select_biased! {
                 event = events.next().fuse() => {
                     if let Some(Ok(lease)) = event {
-                        view.observe(&inner.config, &lease, Instant::now());
+                        view.update(&inner.config, &lease, Instant::now());
                     }
                 }
                 () = inner.wake.notified().fuse() => {}
@@ -436,7 +435,7 @@ impl ShardedElector {
             // shard's Lease: a dead holder's record expires a lease duration
             // after it last changed here, not after the campaign's first read.
             if let Some(seen) = view.shards.get(&s) {
-                inner.shards[usize::from(s)].seed_observation(seen.lease.clone(), seen.changed);
+                inner.shards[usize::from(s)].hand_over_record(seen.lease.clone(), seen.changed);
             }
             let this = self.clone();
             let task = tokio::spawn(async move {
@@ -530,7 +529,7 @@ impl Drop for Leave<'_> {
 }
 
 impl View {
-    fn observe(&mut self, config: &ShardConfig, lease: &Lease, now: Instant) {
+    fn update(&mut self, config: &ShardConfig, lease: &Lease, now: Instant) {
         let name = lease.metadata.name.clone().unwrap_or_default();
         let role = lease
             .metadata
@@ -545,22 +544,22 @@ impl View {
                 let Some(shard) = name.strip_prefix(&prefix).and_then(|n| n.parse::<u16>().ok()) else {
                     return;
                 };
-                return Self::see(self.shards.entry(shard), lease, now);
+                return Self::put(self.shards.entry(shard), lease, now);
             }
             _ => return,
         };
-        Self::see(slot, lease, now);
+        Self::put(slot, lease, now);
     }
 
     /// Records `lease` in `slot`: the clock restarts only when its record
     /// (spec) changed or it is another object.
-    fn see<K: Ord>(slot: std::collections::btree_map::Entry<'_, K, Seen>, lease: &Lease, now: Instant) {
+    fn put<K: Ord>(slot: std::collections::btree_map::Entry<'_, K, Watched>, lease: &Lease, now: Instant) {
         let holder = lease
             .spec
             .as_ref()
-            .and_then(|s| s.holder_identity.clone())
-            .filter(|h| !h.is_empty());
-        let seen = Seen {
+            .and_then(crate::record::holder)
+            .map(str::to_owned);
+        let seen = Watched {
             holder,
             lease: lease.clone(),
             changed: now,
@@ -573,7 +572,7 @@ impl View {
                 let old = o.get();
                 let same = old.lease.spec == lease.spec && old.lease.metadata.uid == lease.metadata.uid;
                 let changed = if same { old.changed } else { now };
-                o.insert(Seen { changed, ..seen });
+                o.insert(Watched { changed, ..seen });
             }
         }
     }

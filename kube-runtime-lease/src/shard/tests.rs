@@ -57,7 +57,7 @@ fn an_invalid_sharded_election_is_an_error_before_any_api_call() {
         let bad = lease.renew_deadline(S(20));
         let err = ShardedElector::new(client, ShardConfig::new(bad, 4)).unwrap_err();
         assert_eq!(err, crate::ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
-        assert!(fake.seen().is_empty(), "no API call: {:?}", fake.seen());
+        assert!(fake.requests().is_empty(), "no API call: {:?}", fake.requests());
     });
 }
 
@@ -263,11 +263,11 @@ fn the_metrics_have_one_series_per_shard() {
 
 /// A member's or shard's record is judged by its own lease duration (the
 /// fallback only when it has none), and is live strictly before it expires,
-/// as `record::verdict` judges any Lease.
+/// as `Observed::verdict` judges any Lease.
 #[test]
 fn records_are_fresh_for_their_own_lease_duration_and_not_at_its_end() {
     paused(async {
-        let seen = |duration: Option<i32>| super::Seen {
+        let seen = |duration: Option<i32>| super::Watched {
             holder: Some("b".to_owned()),
             lease: k8s_openapi::api::coordination::v1::Lease {
                 spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
@@ -299,22 +299,22 @@ fn records_are_fresh_for_their_own_lease_duration_and_not_at_its_end() {
                 .collect(),
         );
         let mut view = super::View::default();
-        view.observe(&config, &lease, start);
-        view.observe(&config, &lease, start + S(2));
+        view.update(&config, &lease, start);
+        view.update(&config, &lease, start + S(2));
         assert_eq!(view.shards[&3].changed, start, "seen again: the same clock");
         assert_eq!(view.shards[&3].holder.as_deref(), Some("b"));
         let mut recreated = lease.clone();
         recreated.metadata.uid = Some("u2".to_owned());
-        view.observe(&config, &recreated, start + S(3));
+        view.update(&config, &recreated, start + S(3));
         assert_eq!(view.shards[&3].changed, start + S(3), "another object");
         let mut renewed = recreated.clone();
         renewed.spec.as_mut().unwrap().lease_transitions = Some(1);
-        view.observe(&config, &renewed, start + S(4));
+        view.update(&config, &renewed, start + S(4));
         assert_eq!(view.shards[&3].changed, start + S(4), "a changed record");
         // A shard Lease of another shard count is not this election's.
         let mut other_count = lease.clone();
         other_count.metadata.name = Some("ctl-s6-shard-04".to_owned());
-        view.observe(&config, &other_count, start);
+        view.update(&config, &other_count, start);
         assert!(!view.shards.contains_key(&4));
         view.members.insert("m-b".to_owned(), long);
         assert_eq!(

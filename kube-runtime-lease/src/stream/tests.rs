@@ -270,7 +270,7 @@ fn streams_sharing_a_lease_start_and_stop_together_with_one_renewal_loop() {
         let since = Instant::now();
         sleep(S(20)).await;
         let updates = fake
-            .seen()
+            .requests()
             .iter()
             .filter(|s| s.client == id && s.verb == "update" && s.at > since)
             .count();
@@ -514,7 +514,7 @@ fn a_task_lost_with_its_runtime_does_not_let_the_next_one_overtake_a_release() {
         sleep(Duration::from_millis(1)).await;
         (e, id)
     });
-    let released_from = fake.seen().len();
+    let released_from = fake.requests().len();
     // Leadership wanted on another runtime, which shuts down before its task runs.
     let other = paused_runtime();
     other.block_on(async {
@@ -525,7 +525,7 @@ fn a_task_lost_with_its_runtime_does_not_let_the_next_one_overtake_a_release() {
     // Wanted again: the new task waits for the release still in flight.
     let valid = main.block_on(async { e.acquire().await.unwrap().is_valid() });
     assert!(valid);
-    let verbs: Vec<&str> = fake.seen()[released_from..]
+    let verbs: Vec<&str> = fake.requests()[released_from..]
         .iter()
         .filter(|s| s.client == id)
         .map(|s| s.verb)

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::wire::{ResBody, created, field_selector_name, ok, status, watch_response};
-use super::{FakeLeaseApi, Seen};
+use super::{FakeLeaseApi, Received};
 
 /// The key of a `LeaseCandidate`: its name in the namespace `default`,
 /// `<namespace>/<name>` in any other (as [`FakeLeaseApi::lease_candidates`]
@@ -208,7 +208,7 @@ impl FakeLeaseApi {
             _ => "candidate other",
         };
         let mut s = self.lock();
-        s.seen.push(Seen {
+        s.received.push(Received {
             at: Instant::now(),
             client: usize::MAX,
             verb,

@@ -289,7 +289,7 @@ impl Store {
 /// One Lease request, as the double handles it.
 pub(super) struct LeaseRequest {
     pub(super) client: usize,
-    /// See [`Seen::verb`](super::Seen::verb).
+    /// See [`Received::verb`](super::Received::verb).
     pub(super) verb: &'static str,
     /// The request path's namespace (none: across namespaces).
     pub(super) namespace: Option<String>,

@@ -161,7 +161,7 @@ pub const REQUEST_BUDGET: usize = 20_000;
 /// test's paused-time bound.
 fn check_budget(s: &Store) {
     let budget = s.budget.unwrap_or(REQUEST_BUDGET);
-    if s.seen.len() >= budget {
+    if s.received.len() >= budget {
         eprintln!(
             "test_util::FakeLeaseApi: more than {budget} requests on one double: a retry loop that \
              never waits (or a long test: see FakeLeaseApi::with_request_budget); aborting"
@@ -170,10 +170,10 @@ fn check_budget(s: &Store) {
     }
 }
 
-/// One Lease request seen by the double.
+/// One request received by the double (see [`FakeLeaseApi::requests`]).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct Seen {
+pub struct Received {
     /// When the double received it (tokio's clock).
     pub at: Instant,
     /// The client's index (see [`FakeLeaseApi::client`]).
@@ -200,7 +200,7 @@ struct Store {
     /// The Lease created or put first: the one [`FakeLeaseApi::lease`],
     /// [`FakeLeaseApi::take_over`] and [`FakeLeaseApi::delete`] act on.
     served: Option<leases::Key>,
-    seen: Vec<Seen>,
+    received: Vec<Received>,
     clients: Vec<ClientFaults>,
     /// `LeaseCandidate`s by name, once [`FakeLeaseApi::serve_lease_candidates`]
     /// was called (`None`: answered 404, as by an API server without
@@ -405,8 +405,8 @@ impl FakeLeaseApi {
     }
 
     /// Every request received so far, in order.
-    pub fn seen(&self) -> Vec<Seen> {
-        self.lock().seen.clone()
+    pub fn requests(&self) -> Vec<Received> {
+        self.lock().received.clone()
     }
 
     /// Writes a Lease directly (as another actor would), bumping its

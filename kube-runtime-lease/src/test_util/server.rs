@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::leases::{Filter, LeaseRequest};
 use super::wire::{ResBody, Target, created, cut_off, idle_watch, ok, status};
-use super::{FakeLeaseApi, Fault, Seen, check_budget};
+use super::{FakeLeaseApi, Fault, Received, check_budget};
 
 /// A request's body, whole.
 async fn read_body(body: Body) -> Result<Bytes, std::io::Error> {
@@ -141,7 +141,7 @@ impl FakeLeaseApi {
     ) -> Result<(Option<Fault>, Duration, bool), std::io::Error> {
         let mut s = self.lock();
         check_budget(&s);
-        s.seen.push(Seen {
+        s.received.push(Received {
             at: Instant::now(),
             client,
             verb,

@@ -316,7 +316,7 @@ fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
             "led {waited:?} after creating"
         );
         let renewals = fake
-            .seen()
+            .requests()
             .iter()
             .filter(|s| s.verb == "update" && s.at > start + MS(1) && s.at < start + S(15))
             .count();
@@ -441,7 +441,7 @@ fn an_election_task_on_a_runtime_no_longer_driven_does_not_hang_the_elector() {
             .expect("a new election task starts")
             .unwrap();
         assert!(again.is_valid());
-        // Left behind only once it missed its beats for a renew deadline
+        // Left behind only once it missed its heartbeats for a renew deadline
         // and a retry period (10 s + 2 s): a runtime merely busy for less is
         // not replaced.
         assert!(
@@ -722,7 +722,7 @@ fn flapping_demand_keeps_one_observation() {
             assert!(
                 n <= 1,
                 "{n} {verb} requests for 10 short-lived acquires: {:?}",
-                fake.seen()
+                fake.requests()
             );
         }
     });
@@ -734,7 +734,7 @@ fn flapping_demand_keeps_one_observation() {
 #[cfg(feature = "metrics")]
 #[test]
 fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
-    use crate::tests::support::scrape;
+    use crate::tests::support::assert_scraped;
     use prometheus_client::registry::Registry;
     const SERIES: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
 
@@ -745,11 +745,7 @@ fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
     let (e, _) = main.block_on(async { elector(&fake, config("me")) });
     let e = e.with_metrics(&metrics);
     let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
-    assert!(
-        scrape(&registry).contains(&format!("{SERIES} 1")),
-        "{}",
-        scrape(&registry)
-    );
+    assert_scraped(&registry, &format!("{SERIES} 1"));
     main.block_on(async {
         let result = timeout(S(60), e.shutdown(S(1)))
             .await
@@ -759,11 +755,7 @@ fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
             "{result:?}"
         );
     });
-    assert!(
-        scrape(&registry).contains(&format!("{SERIES} 0")),
-        "{}",
-        scrape(&registry)
-    );
+    assert_scraped(&registry, &format!("{SERIES} 0"));
     drop(guard);
     drop(helper);
 }
@@ -801,7 +793,7 @@ fn dropping_a_task_left_behind_does_not_end_the_term_of_its_successor() {
 
 /// 7: the task of a first `acquire` polled once on a runtime that is then
 /// never driven again never even starts (it holds no slot yet); a waiter
-/// still leaves it behind after the watchdog's period and starts one of its
+/// still leaves it behind after the heartbeat timeout and starts one of its
 /// own.
 #[test]
 fn a_task_that_never_started_is_left_behind_too() {

@@ -85,6 +85,16 @@ pub(crate) fn scrape(registry: &prometheus_client::registry::Registry) -> String
     out
 }
 
+/// Asserts that a scrape of `registry` has the sample line `sample` (for
+/// example `"leader_election_is_leader{name=\"lease\"} 1"`), showing the
+/// whole scrape when it has not.
+#[cfg(feature = "metrics")]
+#[track_caller]
+pub(crate) fn assert_scraped(registry: &prometheus_client::registry::Registry, sample: &str) {
+    let text = scrape(registry);
+    assert!(text.contains(sample), "no `{sample}` in the scrape:\n{text}");
+}
+
 /// A double holding a free (released) Lease, so that acquisition is one write.
 pub(crate) fn free() -> FakeLeaseApi {
     let fake = FakeLeaseApi::default();
@@ -126,7 +136,7 @@ pub(crate) fn spec(fake: &FakeLeaseApi) -> LeaseSpec {
 }
 
 pub(crate) fn count(fake: &FakeLeaseApi, client: usize, verb: &str, since: Instant) -> usize {
-    fake.seen()
+    fake.requests()
         .iter()
         .filter(|s| s.client == client && s.verb == verb && s.at > since)
         .count()

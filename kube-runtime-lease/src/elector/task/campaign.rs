@@ -17,7 +17,7 @@ use crate::{
     config::JITTER_FACTOR,
     elector::supervise::Demand,
     error::Result,
-    record::{self, Verdict},
+    record::{self, Asker, Verdict},
 };
 
 impl Task {
@@ -99,7 +99,7 @@ impl Task {
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
         let renew_deadline = self.config().renew_deadline;
-        if !self.synced || self.stale || matches!(self.view, LeaseView::Unknown) {
+        if !self.synced || self.needs_read || matches!(self.view, LeaseView::Unknown) {
             self.get(renew_deadline).await?;
         }
         let now = Instant::now();
@@ -130,19 +130,15 @@ impl Task {
                 self.write_to_acquire(lease, true).await
             }
             LeaseView::Known { observed, object } => {
-                let own = self
-                    .inner
-                    .lock()
-                    .memory
-                    .own
-                    .as_ref()
-                    .is_some_and(|o| o.matches(object));
+                let asker = Asker {
+                    identity: &cfg.identity,
+                    own_term: self.inner.lock().memory.is_last_term(object),
+                    fallback: cfg.lease_duration,
+                };
                 let verdict = match () {
                     #[cfg(feature = "coordinated")]
-                    () if coordinated => {
-                        observed.coordinated_verdict(&cfg.identity, own, cfg.lease_duration, now)
-                    }
-                    () => record::verdict(observed, &cfg.identity, own, cfg.lease_duration, now),
+                    () if coordinated => observed.coordinated_verdict(asker, now),
+                    () => observed.verdict(asker, now),
                 };
                 match verdict {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
@@ -202,7 +198,7 @@ impl Task {
                 self.after_conflict(&spec, sent, create).await
             }
             Err(e) if !create && e.status() == Some(404) => {
-                self.stale = true;
+                self.needs_read = true;
                 Ok(Attempt::RetryNow)
             }
             Err(e) => Err(e),
@@ -219,7 +215,7 @@ impl Task {
         sent: Instant,
         created: bool,
     ) -> Result<Attempt> {
-        self.stale = true;
+        self.needs_read = true;
         let bound = self.config().renew_deadline.saturating_sub(sent.elapsed());
         if let Ok(Some(lease)) = self.get(bound).await
             && lease

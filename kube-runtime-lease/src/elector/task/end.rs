@@ -93,7 +93,7 @@ impl Task {
         };
         self.cached = None;
         self.caught_up = false;
-        self.stale = true;
+        self.needs_read = true;
         result
     }
 
@@ -124,7 +124,7 @@ impl Task {
             let left = until.saturating_duration_since(Instant::now());
             match self.inner.api.replace(&next, left).await {
                 Ok(released) => {
-                    self.observe(released, Instant::now());
+                    self.update_view(released, Instant::now());
                     info!("released lease");
                     return Ok(());
                 }

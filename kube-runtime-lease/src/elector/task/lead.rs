@@ -10,7 +10,7 @@ use kube_runtime::watcher;
 use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
-use super::{LeaseView, Task, observe::next_event};
+use super::{LeaseView, Task, view::next_event};
 use crate::{
     elector::{Transition, supervise::Demand},
     error::Result,
@@ -72,11 +72,11 @@ impl Task {
         let id = TermId::of(&lease)?;
         let token = {
             let mut state = self.inner.lock();
-            state.memory.own = Some(id.clone());
+            state.memory.last_term = Some(id.clone());
             state.memory.next_token(transitions)
         };
         let term = Arc::new(Term::new(token, sent, cfg.renew_deadline));
-        self.observe((*lease).clone(), sent);
+        self.update_view((*lease).clone(), sent);
         // A Lease has no version once deleted and `create` has no
         // precondition, so the leader of a deleted incarnation may still
         // believe it leads: its last renewal was sent before the deletion.
@@ -370,7 +370,7 @@ impl Task {
             match self.inner.api.replace(&lease, deadline - sent).await {
                 Ok(lease) => {
                     let in_time = term.renewed(sent, cfg.renew_deadline);
-                    self.observe(lease.clone(), sent);
+                    self.update_view(lease.clone(), sent);
                     self.cached = Some(Box::new(lease));
                     self.caught_up = false;
                     if !in_time {

@@ -1,7 +1,7 @@
 //! The election task: one per elector at a time (see [`supervise`](super::supervise)),
 //! campaigning while leadership is wanted, leading a term, and ending it.
 //!
-//! - [`observe`]: the task's view of the Lease (reads, the watch, the polling
+//! - [`view`]: the task's view of the Lease (reads, the watch, the polling
 //!   fallback, records written by others);
 //! - [`campaign`]: one attempt to acquire, the backoff, the creation hold;
 //! - [`lead`]: leading one term (publish, renew, verify, step down);
@@ -47,7 +47,7 @@
 mod campaign;
 mod end;
 mod lead;
-mod observe;
+mod view;
 
 use std::sync::Arc;
 
@@ -55,7 +55,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
-pub(in crate::elector) use self::observe::WatchStream;
+pub(in crate::elector) use self::view::WatchStream;
 use super::Inner;
 use crate::{config::LeaseConfig, error::ApiError, record::Observed};
 
@@ -88,7 +88,7 @@ pub(in crate::elector) struct Task {
     pub(in crate::elector) view: LeaseView,
     /// The observation may be outdated (after a conflict, or carried over
     /// from an earlier task): read before acting on it.
-    pub(in crate::elector) stale: bool,
+    pub(in crate::elector) needs_read: bool,
     pub(in crate::elector) watch: Option<WatchStream>,
     /// The watch has delivered a complete state and failed not since.
     pub(in crate::elector) synced: bool,
@@ -109,7 +109,7 @@ impl Task {
         // A record seen elsewhere in this process (still read before acting).
         let view = inner
             .lock()
-            .seed
+            .handed_record
             .take()
             .map_or(LeaseView::Unknown, |(lease, at)| LeaseView::Known {
                 observed: Observed {
@@ -123,7 +123,7 @@ impl Task {
             inner,
             generation,
             view,
-            stale: true,
+            needs_read: true,
             watch,
             synced: false,
             init_seen: false,

@@ -19,7 +19,7 @@ const LONGEST_POLL: Duration = Duration::from_millis(4400);
 
 /// When `client` sent each request of `verb`, in order.
 fn times(fake: &FakeLeaseApi, client: usize, verb: &str) -> Vec<Instant> {
-    fake.seen()
+    fake.requests()
         .iter()
         .filter(|s| s.client == client && s.verb == verb)
         .map(|s| s.at)
@@ -28,7 +28,7 @@ fn times(fake: &FakeLeaseApi, client: usize, verb: &str) -> Vec<Instant> {
 
 /// When `client` last wrote the Lease (create or update).
 fn last_write(fake: &FakeLeaseApi, client: usize) -> Instant {
-    fake.seen()
+    fake.requests()
         .iter()
         .filter(|s| s.client == client && matches!(s.verb, "create" | "update"))
         .map(|s| s.at)
@@ -92,7 +92,7 @@ fn a_missing_lease_is_created_under_the_configured_name_and_namespace() {
         assert!(timeout(S(1), a.acquire()).await.is_err(), "created, then held");
         let lease = fake
             .lease()
-            .unwrap_or_else(|| panic!("no Lease created: {:?}", fake.seen()));
+            .unwrap_or_else(|| panic!("no Lease created: {:?}", fake.requests()));
         assert_eq!(lease.metadata.name.as_deref(), Some("my-lease"));
         assert_eq!(lease.metadata.namespace.as_deref(), Some("ns1"));
         assert_eq!(lease.spec.and_then(|s| s.holder_identity).as_deref(), Some("a"));
@@ -114,7 +114,11 @@ fn a_polling_candidate_reads_before_every_attempt_and_takes_a_release_at_its_nex
             "other holds the lease"
         );
         let polls = times(&fake, id, "get").len();
-        assert!(polls >= 3, "{polls} reads in 10 s of polling: {:?}", fake.seen());
+        assert!(
+            polls >= 3,
+            "{polls} reads in 10 s of polling: {:?}",
+            fake.requests()
+        );
         // The holder releases: a free record.
         let mut released = fake.lease().unwrap();
         released.spec.as_mut().unwrap().holder_identity = Some(String::new());
@@ -169,7 +173,7 @@ fn an_acquire_that_meets_404_on_update_reads_again_and_retries_at_once() {
             reads_since.len(),
             1,
             "one read between the 404 and the retry: {:?}",
-            fake.seen()
+            fake.requests()
         );
         assert_eq!(holder(&fake).as_deref(), Some("a"));
     });
@@ -263,7 +267,7 @@ fn a_takeover_of_a_lease_re_created_since_its_holder_was_seen_waits_out_that_hol
         assert!(
             !times(&fake, id, "update").is_empty(),
             "taken with an update: {:?}",
-            fake.seen()
+            fake.requests()
         );
     });
 }
@@ -335,7 +339,7 @@ fn a_lease_replaced_while_free_is_led_at_once() {
 /// A completed sync of the watch re-evaluates the election at once: the API
 /// server answers again, so a backoff begun before it (a failed write while
 /// the initial list was still on its way) ends there instead of running its
-/// course. (Kills observe.rs's `InitDone` survivors, which reduce the
+/// course. (Kills view.rs's `InitDone` survivors, which reduce the
 /// answer to "the record changed".)
 #[test]
 fn a_backoff_begun_before_the_watch_synced_ends_when_it_syncs() {

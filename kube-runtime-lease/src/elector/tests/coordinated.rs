@@ -60,7 +60,7 @@ fn where_lease_candidates_are_not_served_the_ordinary_election_runs() {
         );
         assert!(!e.status().coordinated, "the fallback is in force");
         let tried = || {
-            fake.seen()
+            fake.requests()
                 .iter()
                 .filter(|s| s.verb.starts_with("candidate"))
                 .count()
@@ -69,7 +69,7 @@ fn where_lease_candidates_are_not_served_the_ordinary_election_runs() {
             tried(),
             1,
             "the LeaseCandidate was tried first: {:?}",
-            fake.seen()
+            fake.requests()
         );
         // A later election task (leadership given up, then wanted again) does
         // not ask again: one fallback, one warning, per elector.
@@ -80,7 +80,7 @@ fn where_lease_candidates_are_not_served_the_ordinary_election_runs() {
             .expect("leads again")
             .expect("leads");
         assert!(again.is_valid());
-        assert_eq!(tried(), 1, "asked again: {:?}", fake.seen());
+        assert_eq!(tried(), 1, "asked again: {:?}", fake.requests());
     });
 }
 
@@ -248,7 +248,7 @@ fn acquire_ready_now(e: &crate::LeaderElector) -> bool {
 #[cfg(feature = "metrics")]
 #[test]
 fn the_coordinated_metric_says_which_election_is_in_force() {
-    use crate::tests::support::scrape;
+    use crate::tests::support::assert_scraped;
     use prometheus_client::registry::Registry;
     const SERIES: &str = r#"leader_election_coordinated{namespace="default",lease="lease"}"#;
 
@@ -259,28 +259,16 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
         let fake = FakeLeaseApi::default().serve_lease_candidates();
         let (e, _) = elector(&fake, coordinated("me"));
         let e = e.with_metrics(&metrics);
-        assert!(
-            scrape(&registry).contains(&format!("{SERIES} 0")),
-            "{}",
-            scrape(&registry)
-        );
+        assert_scraped(&registry, &format!("{SERIES} 0"));
         let mut acquire = Box::pin(e.acquire());
         assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
-        assert!(
-            scrape(&registry).contains(&format!("{SERIES} 1")),
-            "{}",
-            scrape(&registry)
-        );
+        assert_scraped(&registry, &format!("{SERIES} 1"));
 
         // Attached after the election decided: the gauge starts at the truth.
         let mut late = Registry::default();
         let late_metrics = crate::metrics::LeaseMetrics::register(&mut late);
         let _e = e.clone().with_metrics(&late_metrics);
-        assert!(
-            scrape(&late).contains(&format!("{SERIES} 1")),
-            "{}",
-            scrape(&late)
-        );
+        assert_scraped(&late, &format!("{SERIES} 1"));
 
         // Not served: 0, the fallback.
         let mut registry = Registry::default();
@@ -289,11 +277,7 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
         let (e, _) = elector(&fake, coordinated("me"));
         let e = e.with_metrics(&metrics);
         let guard = e.acquire().await.expect("leads by the ordinary election");
-        assert!(
-            scrape(&registry).contains(&format!("{SERIES} 0")),
-            "{}",
-            scrape(&registry)
-        );
+        assert_scraped(&registry, &format!("{SERIES} 0"));
         drop(guard);
         drop(acquire);
     });
@@ -312,7 +296,7 @@ fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
             assert!(fake.lease().is_none(), "created the Lease without a candidate");
             assert!(!e.status().coordinated);
             let tries = fake
-                .seen()
+                .requests()
                 .iter()
                 .filter(|s| s.verb.starts_with("candidate"))
                 .count();
@@ -484,7 +468,7 @@ fn a_lease_candidate_is_refreshed_every_five_minutes_and_not_sooner() {
         let start = tokio::time::Instant::now();
         let (_e, _acquire) = published(&fake).await;
         let refreshes = || {
-            fake.seen()
+            fake.requests()
                 .iter()
                 .filter(|s| s.verb == "candidate get")
                 .map(|s| s.at.duration_since(start))
@@ -536,7 +520,7 @@ fn a_failed_lease_candidate_call_says_why_and_one_already_gone_is_no_failure() {
             assert!(e.tasks_for_test().0.is_none(), "the task exited");
             assert!(fake.lease_candidates().is_empty());
             assert!(
-                fake.seen().iter().any(|s| s.verb == "candidate delete"),
+                fake.requests().iter().any(|s| s.verb == "candidate delete"),
                 "the task deleted its candidate after someone else had"
             );
         });
@@ -556,7 +540,12 @@ fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
                 .lease_candidates_latency(S(1));
             let (_e, _acquire) = published(&fake).await;
             sleep(S(5)).await;
-            let gets = || fake.seen().iter().filter(|s| s.verb == "candidate get").count();
+            let gets = || {
+                fake.requests()
+                    .iter()
+                    .filter(|s| s.verb == "candidate get")
+                    .count()
+            };
             let before = gets();
             assert!(fake.ping_lease_candidate("me"));
             // The answer is on its way (1 s): the API server fails from now.

@@ -99,7 +99,7 @@ fn metrics_are_read_back_from_a_registry() {
 #[test]
 fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
     paused(async {
-        use crate::tests::support::scrape;
+        use crate::tests::support::assert_scraped;
         const SERIES: &str = r#"leader_election_master_status{name="lease"}"#;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
@@ -107,17 +107,9 @@ fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
         let (e, _) = elector(&fake, config("me").enabled(false));
         let e = e.with_metrics(&metrics);
         let guard = e.acquire().await.unwrap();
-        assert!(
-            scrape(&registry).contains(&format!("{SERIES} 1")),
-            "{}",
-            scrape(&registry)
-        );
+        assert_scraped(&registry, &format!("{SERIES} 1"));
         drop(guard);
         e.shutdown(S(1)).await.unwrap();
-        assert!(
-            scrape(&registry).contains(&format!("{SERIES} 0")),
-            "{}",
-            scrape(&registry)
-        );
+        assert_scraped(&registry, &format!("{SERIES} 0"));
     });
 }

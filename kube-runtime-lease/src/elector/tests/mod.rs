@@ -44,7 +44,7 @@ fn invalid_config_is_an_error_before_any_api_call() {
         let (client, _) = fake.client();
         let err = LeaderElector::new(client, config("me").renew_deadline(S(20))).unwrap_err();
         assert_eq!(err, ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
-        assert!(fake.seen().is_empty());
+        assert!(fake.requests().is_empty());
     });
 }
 
@@ -97,7 +97,7 @@ fn leader_renews_with_one_write_per_retry_period_and_no_reads() {
             count(&fake, id, "get", start),
             0,
             "fast path: no reads: {:?}",
-            fake.seen()
+            fake.requests()
         );
         assert_eq!(count(&fake, id, "create", start), 0);
         let s = spec(&fake);
@@ -122,7 +122,7 @@ fn renewal_cadence_does_not_drift_when_a_request_is_slow() {
         );
         sleep(S(20) + Duration::from_millis(1)).await;
         let times: Vec<_> = fake
-            .seen()
+            .requests()
             .iter()
             .filter(|s| s.verb == "update" && s.at > start)
             .map(|s| s.at - start)
@@ -192,7 +192,7 @@ fn a_seeded_observation_counts_only_for_the_same_record() {
                 _ => {}
             }
             let (e, _) = elector(&fake, config("me"));
-            e.seed_observation(seen.clone(), seen_at);
+            e.hand_over_record(seen.clone(), seen_at);
             let start = Instant::now();
             let guard = e.acquire().await.unwrap();
             let waited = start.elapsed();
@@ -407,7 +407,7 @@ fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_never_lead
         let gets = count(&fake, id, "get", start);
         // Exponential from 2 s, capped at the 15 s lease duration (jittered).
         assert!((5..=40).contains(&gets), "{gets} reads in 120 s");
-        let seen = fake.seen();
+        let seen = fake.requests();
         let gaps: Vec<_> = seen.windows(2).map(|w| w[1].at - w[0].at).collect();
         assert!(gaps.iter().all(|g| *g <= S(30)), "{gaps:?}");
         assert!(gaps.last().unwrap() > &S(5), "backed off: {gaps:?}");
@@ -418,11 +418,11 @@ fn forbidden_and_unreachable_api_servers_are_retried_with_backoff_and_never_lead
         fake.partition(id, true);
         assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
         fake.partition(id, false);
-        let seen_before = fake.seen().len();
+        let seen_before = fake.requests().len();
         // Clear the remaining injected faults by consuming them quickly is not possible; use a fresh client.
         let (e3, _) = elector(&fake, config("me-again").watch(false));
         assert!(tokio::time::timeout(S(60), e3.acquire()).await.unwrap().is_ok());
-        assert!(fake.seen().len() > seen_before);
+        assert!(fake.requests().len() > seen_before);
     });
 }
 
@@ -668,7 +668,7 @@ fn an_unwanted_election_stops_campaigning() {
         let since = Instant::now();
         sleep(S(60)).await;
         assert_eq!(
-            fake.seen()
+            fake.requests()
                 .iter()
                 .filter(|s| s.client == id && s.at >= since)
                 .count(),
@@ -751,7 +751,7 @@ fn followers_make_no_requests_beyond_their_watch() {
         let since = Instant::now();
         assert!(tokio::time::timeout(S(600), &mut acquire).await.is_err());
         let requests: Vec<_> = fake
-            .seen()
+            .requests()
             .into_iter()
             .filter(|s| s.client == id && s.at >= since)
             .collect();
@@ -801,7 +801,7 @@ fn a_release_is_taken_within_one_watch_event_and_one_write() {
         let guard = acquire.await.unwrap();
         assert_eq!(since.elapsed(), Duration::ZERO);
         let requests: Vec<_> = fake
-            .seen()
+            .requests()
             .into_iter()
             .filter(|s| s.client == id && s.at >= since)
             .map(|s| s.verb)
@@ -998,7 +998,7 @@ fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
         assert_eq!(run.await.unwrap(), crate::RunEnded::Shutdown);
         assert!(!e.is_leader());
         assert!(matches!(e.acquire().await, Err(crate::AcquireError::Shutdown)));
-        assert!(fake.seen().is_empty(), "{:?}", fake.seen());
+        assert!(fake.requests().is_empty(), "{:?}", fake.requests());
         assert!(fake.lease().is_none());
     });
 }
@@ -1081,7 +1081,7 @@ fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
         fake.fault(id, Some("list"), Fault::Status(500));
         fake.fault(id, Some("list"), Fault::Status(500));
         let guard = e.acquire().await.unwrap();
-        let lists = |fake: &FakeLeaseApi| fake.seen().iter().filter(|s| s.verb == "list").count();
+        let lists = |fake: &FakeLeaseApi| fake.requests().iter().filter(|s| s.verb == "list").count();
         assert!(lists(&fake) < 3, "the term began before the watch synced");
         fake.take_over("other");
         let taken = Instant::now();
@@ -1124,9 +1124,9 @@ fn a_re_list_from_a_lagging_cache_does_not_end_the_term() {
         sleep(MS(100)).await;
         // The watch expires (410 Gone), so the watcher re-lists, and the
         // list comes from a cache one change behind.
-        let lists = |fake: &FakeLeaseApi| fake.seen().iter().filter(|s| s.verb == "list").count();
+        let lists = |fake: &FakeLeaseApi| fake.requests().iter().filter(|s| s.verb == "list").count();
         let before = lists(&fake);
-        let gets = |fake: &FakeLeaseApi| fake.seen().iter().filter(|s| s.verb == "get").count();
+        let gets = |fake: &FakeLeaseApi| fake.requests().iter().filter(|s| s.verb == "get").count();
         let gets_before = gets(&fake);
         fake.fault(id, Some("list"), Fault::StaleList);
         fake.expire_watches();
@@ -1204,7 +1204,7 @@ fn a_release_retries_one_conflict_and_nothing_else() {
             let (e, id) = elector(&fake, config("me"));
             let guard = e.acquire().await.unwrap();
             let updates_so_far = |fake: &FakeLeaseApi| {
-                fake.seen()
+                fake.requests()
                     .iter()
                     .filter(|r| r.client == id && r.verb == "update")
                     .count()
@@ -1282,7 +1282,7 @@ fn a_watch_resumed_after_an_outage_ends_the_polling_at_its_first_event() {
             assert!(
                 Instant::now() < deadline,
                 "the watch never came back: {:?}",
-                fake.seen()
+                fake.requests()
             );
             assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
         }
@@ -1297,7 +1297,7 @@ fn a_watch_resumed_after_an_outage_ends_the_polling_at_its_first_event() {
         assert!(
             count(&fake, id, "watch", since) <= 1,
             "the watch keeps failing: {:?}",
-            fake.seen()
+            fake.requests()
         );
     });
 }

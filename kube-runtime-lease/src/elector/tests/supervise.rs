@@ -36,7 +36,7 @@ fn begin<F: Future>(slot: &Begun<F>, future: F) {
 /// A waiter that registers as the task, nobody wanting it any more, leaves
 /// the election (between the campaign's last count of demand and `exit`: on
 /// a multi-threaded runtime, another thread's `acquire`) is served by that
-/// task at once, not after its watchdog gives up on the task (renew deadline
+/// task at once, not after its heartbeat check gives up on the task (renew deadline
 /// + retry period). Kills `exit -> true`.
 #[test]
 fn a_waiter_arriving_as_the_task_exits_is_served_at_once() {
@@ -67,7 +67,7 @@ fn a_waiter_arriving_as_the_task_exits_is_served_at_once() {
         assert!(guard.is_valid());
         assert!(
             asked.elapsed() < S(1),
-            "served {:?} after it asked: the task left it waiting for the watchdog",
+            "served {:?} after it asked: the task left it waiting for the heartbeat check",
             asked.elapsed()
         );
     });

@@ -30,14 +30,14 @@ impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         let result = self.inner.api.get(bound).await;
         if result.is_ok() {
-            self.stale = false;
+            self.needs_read = false;
         }
         match &result {
             Ok(Some(lease)) => {
-                self.observe(lease.clone(), Instant::now());
+                self.update_view(lease.clone(), Instant::now());
             }
             Ok(None) => {
-                self.observe_missing();
+                self.view_missing();
             }
             Err(_) => {}
         }
@@ -45,7 +45,7 @@ impl Task {
     }
 
     /// Records a Lease seen at `at`; returns whether the record changed.
-    pub(in crate::elector) fn observe(&mut self, lease: Lease, at: Instant) -> bool {
+    pub(in crate::elector) fn update_view(&mut self, lease: Lease, at: Instant) -> bool {
         let spec = lease.spec.clone().unwrap_or_default();
         let rv = lease.metadata.resource_version.clone();
         let (previous, changed) = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
@@ -66,7 +66,7 @@ impl Task {
             s.holder = record::holder(&spec).map(str::to_owned);
             s.transitions = spec.lease_transitions;
         });
-        let observed = Observed::observe(previous, spec, rv, at);
+        let observed = Observed::update(previous, spec, rv, at);
         self.view = LeaseView::Known {
             observed,
             object: Box::new(lease),
@@ -74,7 +74,7 @@ impl Task {
         changed
     }
 
-    pub(in crate::elector) fn observe_missing(&mut self) -> bool {
+    pub(in crate::elector) fn view_missing(&mut self) -> bool {
         let changed = !matches!(self.view, LeaseView::Missing);
         self.view = LeaseView::Missing;
         self.inner.lock().memory.went_away(Instant::now());
@@ -108,22 +108,22 @@ impl Task {
             }
             Some(Ok(watcher::Event::InitApply(lease))) => {
                 self.init_seen = true;
-                self.observe(lease, now)
+                self.update_view(lease, now)
             }
             Some(Ok(watcher::Event::Apply(lease))) => {
                 let recovered = self.resumed();
-                self.observe(lease, now) || recovered
+                self.update_view(lease, now) || recovered
             }
             Some(Ok(watcher::Event::Delete(_))) => {
                 let recovered = self.resumed();
-                self.observe_missing() || recovered
+                self.view_missing() || recovered
             }
             Some(Ok(watcher::Event::InitDone)) => {
                 if self.watch_warned {
                     info!("lease watch recovered");
                 }
                 self.watch_warned = false;
-                let changed = !self.init_seen && self.observe_missing();
+                let changed = !self.init_seen && self.view_missing();
                 let was_synced = std::mem::replace(&mut self.synced, true);
                 changed || !was_synced
             }
