@@ -215,7 +215,7 @@ fn watch_holders(client: Client, ns: &str) -> mpsc::UnboundedReceiver<(Instant, 
     holders
 }
 
-/// Some ConfigMaps for the replicas to reconcile.
+/// Some `ConfigMaps` for the replicas to reconcile.
 async fn create_configmaps(cms: &Api<ConfigMap>) -> anyhow::Result<()> {
     for i in 1..=3 {
         let metadata = ObjectMeta {

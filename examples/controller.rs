@@ -1,4 +1,4 @@
-//! A ConfigMap controller that reconciles only while it leads.
+//! A `ConfigMap` controller that reconciles only while it leads.
 //!
 //! Run several replicas against one cluster; one reconciles, the others
 //! stand by. Kill the leader and a standby takes over after the lease

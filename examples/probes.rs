@@ -31,6 +31,7 @@ pub enum Readiness {
 
 impl Readiness {
     /// From `READY_WHEN` (`leading` or `always`, default `always`).
+    #[must_use]
     pub fn from_env() -> Self {
         match std::env::var("READY_WHEN").as_deref() {
             Ok("leading") => Readiness::WhenLeading,

@@ -1,7 +1,7 @@
 //! Elected shards (the `unstable-shards` feature; experimental): one
-//! ConfigMap controller across several replicas, each of `SHARDS` shards
-//! (default 12) behind its own Lease. Every replica watches every ConfigMap;
-//! each ConfigMap is reconciled only by the replica holding its shard
+//! `ConfigMap` controller across several replicas, each of `SHARDS` shards
+//! (default 12) behind its own Lease. Every replica watches every `ConfigMap`;
+//! each `ConfigMap` is reconciled only by the replica holding its shard
 //! (FNV-1a over its UID), and a reconcile knows its shard and that term's
 //! fencing token. Start more replicas and they share the shards (within one
 //! of each other); stop one with SIGTERM and the others take its shards at

@@ -24,9 +24,10 @@ async fn main() -> anyhow::Result<()> {
         let token = guarded.guard().map(kube_runtime_lease::LeaseGuard::fencing_token);
         info!(n, ?token, "job step");
     }
-    match guarded.lost() {
-        Some(lost) => info!(%lost, "stopped: leadership lost"),
-        None => info!("stopped: the job ended"),
+    if let Some(lost) = guarded.lost() {
+        info!(%lost, "stopped: leadership lost");
+    } else {
+        info!("stopped: the job ended");
     }
     Ok(())
 }

@@ -19,7 +19,7 @@
 //! lies inside an interval.
 //!
 //! With `CANDIDATE_MODE=warm`, the work is a warm-standby Controller
-//! (`with_leader_election_warm`) of the ConfigMaps in the Lease's namespace:
+//! (`with_leader_election_warm`) of the `ConfigMaps` in the Lease's namespace:
 //! each reconcile is a piece of work (requeued every `WORK_INTERVAL_MS`), its
 //! `WORK` line stamped before it checks that the term holds; `started-leading`
 //! is stamped as the first reconcile of a term begins, and `stopped-leading`
@@ -33,7 +33,7 @@
 //! `examples/common.rs`), and so does its client: the examples' own.
 //!
 //! With `CANDIDATE_MODE=sharded`, it is one replica of a sharded Controller
-//! (`ShardedElector`, `SHARDS` shards, default 12) of the ConfigMaps in the
+//! (`ShardedElector`, `SHARDS` shards, default 12) of the `ConfigMaps` in the
 //! Lease's namespace, the shard Leases named from `LEASE_NAME`. It prints
 //! `SHARDS <ns> <identity> <list|->` whenever the shards it holds change, and
 //! for each reconcile (done, or dropped when its shard is lost)

@@ -44,6 +44,7 @@ pub async fn candidate_bin() -> Result<PathBuf> {
 /// The command line of a Rust candidate (`candidate` binary) for `lease`,
 /// named `identity`, with `timings`, talking to the cluster of `kubeconfig`.
 /// Its stderr carries its `info` logs (they land in the event log).
+#[must_use]
 pub fn rust_candidate(
     bin: &Path,
     kubeconfig: &Path,
@@ -67,6 +68,7 @@ pub fn rust_candidate(
 
 /// The command line of a client-go candidate (`goelect`), like
 /// [`rust_candidate`]. It releases on SIGTERM and exits when its stdin closes.
+#[must_use]
 pub fn go_candidate(
     bin: &Path,
     kubeconfig: &Path,

@@ -54,6 +54,7 @@ impl Build {
 
     /// `cargo build` in `dir`: the package (or workspace) whose manifest is
     /// there, with every target.
+    #[must_use]
     pub fn in_dir(dir: &Path) -> Self {
         Self {
             dir: dir.to_owned(),
@@ -81,6 +82,7 @@ impl Build {
     }
 
     /// The command line.
+    #[must_use]
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(cargo());
         cmd.current_dir(&self.dir)
@@ -153,6 +155,7 @@ impl From<Output> for Built {
 
 impl Built {
     /// The executable cargo reported for the target `name`, if any.
+    #[must_use]
     pub fn executable(&self, name: &str) -> Option<PathBuf> {
         self.messages
             .iter()
@@ -178,6 +181,7 @@ impl Built {
     }
 
     /// The last `n` lines of cargo's stderr.
+    #[must_use]
     pub fn stderr_tail(&self, n: usize) -> String {
         let tail: Vec<&str> = self.stderr.lines().rev().take(n).collect();
         tail.into_iter().rev().collect::<Vec<_>>().join("\n")

@@ -118,6 +118,7 @@ pub struct Entry {
 
 impl Entry {
     /// Whether this is a line the process printed on stdout itself.
+    #[must_use]
     pub fn is_own_line(&self) -> bool {
         matches!(
             self.kind,
@@ -140,6 +141,7 @@ impl Entry {
 /// Knows both formats: the Rust candidate's (`READY <ns> <id>`, `EVENT <kind>
 /// <ns> <id> [reason]`, `WORK <ns>`, `EXIT <ns>`) and goelect's (`READY <ns>`,
 /// `EVENT <kind> <ns> <id>`, the identity possibly empty).
+#[must_use]
 pub fn parse_line(line: &str) -> Option<(Kind, u64, String, String)> {
     let mut parts = line.split_whitespace();
     let head = parts.next()?;
@@ -194,6 +196,7 @@ impl std::fmt::Debug for EventLog {
 
 impl EventLog {
     /// An empty log.
+    #[must_use]
     pub fn new() -> Self {
         Self {
             inner: Arc::new(LogInner {
@@ -211,6 +214,10 @@ impl EventLog {
     }
 
     /// Appends an entry; returns its `at`.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is for the callers that want it"
+    )]
     pub fn record(&self, process: &str, kind: Kind, at: u64, who: &str, detail: &str) -> u64 {
         let len = {
             let mut entries = self.lock();
@@ -230,11 +237,16 @@ impl EventLog {
     }
 
     /// Appends a note by the test, stamped now; returns the stamp.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is for the callers that want it"
+    )]
     pub fn note(&self, text: &str) -> u64 {
         self.record("test", Kind::Note, now_ns(), "", text)
     }
 
     /// A copy of every entry so far.
+    #[must_use]
     pub fn entries(&self) -> Vec<Entry> {
         self.lock().clone()
     }
@@ -330,6 +342,7 @@ impl EventLog {
     }
 
     /// The flavor `process` was spawned with, if it was.
+    #[must_use]
     pub fn flavor_of(&self, process: &str) -> Option<Flavor> {
         self.lock()
             .iter()
@@ -345,6 +358,7 @@ impl EventLog {
 
     /// The time the test's watch saw `holder`'s last write to the Lease
     /// before `before` ([`Kind::Record`] entries), if any.
+    #[must_use]
     pub fn last_write_seen(&self, holder: &str, before: u64) -> Option<u64> {
         self.lock()
             .iter()
@@ -355,6 +369,7 @@ impl EventLog {
 
     /// The log as text, times relative to its first entry, runs of `WORK`
     /// lines of one process folded into one line.
+    #[must_use]
     pub fn dump(&self) -> String {
         let entries = self.entries();
         let base = entries.iter().map(|e| e.at).min().unwrap_or(0);
@@ -402,6 +417,7 @@ impl EventLog {
     }
 
     /// The log as text without stderr lines (see [`EventLog::dump`]).
+    #[must_use]
     pub fn dump_events(&self) -> String {
         self.dump()
             .lines()

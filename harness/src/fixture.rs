@@ -97,7 +97,7 @@ impl Fixture {
     }
 
     /// A Rust candidate in warm-standby mode (`CANDIDATE_MODE=warm`): a
-    /// Controller of the ConfigMaps in the Lease's namespace, whose
+    /// Controller of the `ConfigMaps` in the Lease's namespace, whose
     /// reconciles are its work, run only while it leads (see the candidate's
     /// docs).
     ///
@@ -116,7 +116,7 @@ impl Fixture {
     }
 
     /// A Rust candidate in sharded mode (`CANDIDATE_MODE=sharded`): one
-    /// replica of a Controller of the ConfigMaps of `lease`'s namespace,
+    /// replica of a Controller of the `ConfigMaps` of `lease`'s namespace,
     /// sharded over `shards` shards whose Leases are named from `lease`'s
     /// name, talking to the apiserver directly or through `kubeconfig`; it
     /// prints `SHARDS` and `RECONCILE` lines ([`shards`](crate::shards)).

@@ -48,15 +48,16 @@ impl Interval {
 /// line if later. Two refinements, both of which only shorten an interval to
 /// when the process demonstrably could not act any more:
 ///
-/// - **Frozen**: a process SIGSTOPped while leading cannot act until SIGCONT.
+/// - **Frozen**: a process `SIGSTOPped` while leading cannot act until SIGCONT.
 ///   If it prints no `WORK` line stamped after the SIGSTOP before its
 ///   `stopped-leading`, its interval ends at the SIGSTOP. A `WORK` line after
 ///   the resume keeps the whole interval, so that acting on a stale term still
 ///   shows as an overlap.
 /// - **client-go release**: `goelect` ([`Flavor::Go`](crate::Flavor::Go)) prints `stopped-leading`
 ///   after releasing on SIGTERM, but client-go cancels the leading context
-///   (ends the leader's work) before it writes the release, so a SIGTERMed
+///   (ends the leader's work) before it writes the release, so a `SIGTERMed`
 ///   goelect's interval ends at the SIGTERM.
+#[must_use]
 pub fn leadership_intervals(entries: &[Entry], now: u64) -> Vec<Interval> {
     let mut order: Vec<&str> = Vec::new();
     let mut by_process: HashMap<&str, Vec<&Entry>> = HashMap::new();
@@ -256,6 +257,7 @@ pub fn check_log(log: &EventLog) -> Result<Checked> {
 }
 
 /// The intervals as text, one per line, times relative to `base`.
+#[must_use]
 pub fn describe_intervals(intervals: &[Interval], base: u64) -> String {
     intervals
         .iter()

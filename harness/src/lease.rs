@@ -24,6 +24,7 @@ pub struct LeaseRef {
 
 impl LeaseRef {
     /// The Lease API of its namespace.
+    #[must_use]
     pub fn api(&self, client: Client) -> Api<Lease> {
         Api::namespaced(client, &self.namespace)
     }
@@ -31,6 +32,7 @@ impl LeaseRef {
 
 /// The spec of a free Lease: holder `""`, a 1 s duration and no transitions
 /// yet, as a release leaves it.
+#[must_use]
 pub fn free_spec() -> LeaseSpec {
     LeaseSpec {
         holder_identity: Some(String::new()),

@@ -14,6 +14,7 @@ pub fn metric_samples<'a>(metrics: &'a str, name: &'a str) -> impl Iterator<Item
 
 /// The value of `label` in a sample line (`verb` in `...{resource="leases",verb="GET"} 3`),
 /// if it has that label.
+#[must_use]
 pub fn metric_label<'a>(sample: &'a str, label: &str) -> Option<&'a str> {
     let key = format!("{label}=\"");
     let (labels, _) = sample.split_once('}')?;
@@ -26,6 +27,7 @@ pub fn metric_label<'a>(sample: &'a str, label: &str) -> Option<&'a str> {
 /// Requests of `verb` (`LIST`, `GET`, ...) on `resource` (`configmaps`) the
 /// apiserver has served, summed over the other labels, from the text of
 /// [`TestEnv::metrics_text`](crate::TestEnv::metrics_text) (`apiserver_request_total`).
+#[must_use]
 pub fn requests_served(metrics: &str, resource: &str, verb: &str) -> f64 {
     metric_samples(metrics, "apiserver_request_total")
         .filter(|(l, _)| {
@@ -35,8 +37,9 @@ pub fn requests_served(metrics: &str, resource: &str, verb: &str) -> f64 {
         .sum()
 }
 
-/// The ConfigMap LISTs the apiserver has served so far ([`requests_served`]):
+/// The `ConfigMap` LISTs the apiserver has served so far ([`requests_served`]):
 /// what a warm standby must not add at its takeover.
+#[must_use]
 pub fn configmap_lists(metrics: &str) -> f64 {
     requests_served(metrics, "configmaps", "LIST")
 }

@@ -1,4 +1,4 @@
-//! The objects the Controller candidates and tests reconcile: ConfigMaps.
+//! The objects the Controller candidates and tests reconcile: `ConfigMaps`.
 
 use std::collections::BTreeMap;
 
@@ -11,7 +11,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 /// Creations in flight at once.
 const CONCURRENCY: usize = 16;
 
-/// Creates `count` ConfigMaps in `namespace` (`cm-00000`, `cm-00001`, ...),
+/// Creates `count` `ConfigMaps` in `namespace` (`cm-00000`, `cm-00001`, ...),
 /// each with one key of `value_bytes` bytes (no data when 0), 16 creations
 /// at a time.
 ///

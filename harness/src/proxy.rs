@@ -169,6 +169,7 @@ impl Proxy {
     }
 
     /// Its URL, `https://127.0.0.1:<port>`.
+    #[must_use]
     pub fn url(&self) -> String {
         format!("https://{}", self.addr)
     }
@@ -230,6 +231,10 @@ impl Proxy {
 
     /// Closes (resets) every open connection now; returns how many there were
     /// and how many had a request in flight.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is for the callers that want it"
+    )]
     pub fn drop_connections(&self) -> (u64, u64) {
         let (all, in_flight) = {
             let conns = self.shared.conns();
@@ -266,6 +271,7 @@ impl Proxy {
     }
 
     /// Its counters.
+    #[must_use]
     pub fn stats(&self) -> ProxyStats {
         *self.shared.stats()
     }

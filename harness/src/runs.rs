@@ -18,6 +18,7 @@ pub struct Runs {
 
 impl Runs {
     /// Starts counting runs of `scenario`.
+    #[must_use]
     pub fn new(scenario: &str) -> Self {
         println!("== {scenario}");
         Self {

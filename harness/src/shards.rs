@@ -45,6 +45,7 @@ pub struct Reconcile {
 
 impl Reconcile {
     /// The reconcile of a `RECONCILE` entry, if it is one.
+    #[must_use]
     pub fn of(entry: &Entry) -> Option<Self> {
         if entry.kind != Kind::Reconcile {
             return None;
@@ -81,6 +82,7 @@ pub fn parse_shards(detail: &str) -> Result<BTreeSet<u16>> {
 
 /// The shards each of `processes` holds by its last `SHARDS` line among
 /// `entries` (none for a process that printed none).
+#[must_use]
 pub fn held_by(entries: &[Entry], processes: &[&str]) -> BTreeMap<String, BTreeSet<u16>> {
     let mut held: BTreeMap<String, BTreeSet<u16>> = processes
         .iter()

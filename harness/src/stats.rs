@@ -12,6 +12,7 @@
     clippy::cast_sign_loss,
     reason = "sample counts are far below 2^52, and the rank is clamped to the samples"
 )]
+#[must_use]
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]

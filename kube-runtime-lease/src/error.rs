@@ -78,6 +78,7 @@ pub(crate) type Result<T, E = ApiError> = std::result::Result<T, E>;
 
 impl ApiError {
     /// The HTTP status of the API's answer, if the API answered.
+    #[must_use]
     pub fn status(&self) -> Option<u16> {
         match self {
             ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => status_of(e),

@@ -66,6 +66,7 @@ impl LeaseGuard {
 
     /// Whether this term still holds: not ended, and the renew deadline not
     /// passed. A cheap synchronous check to make right before a side effect.
+    #[must_use]
     pub fn is_valid(&self) -> bool {
         self.term.holds()
     }
@@ -102,6 +103,7 @@ impl LeaseGuard {
     /// how long this term is certain to last without another successful
     /// renewal; `Duration::MAX` when the election is switched off
     /// ([`LeaseConfig::enabled`](crate::LeaseConfig::enabled)).
+    #[must_use]
     pub fn time_left(&self) -> Duration {
         if self.term.has_ended() {
             Duration::ZERO
@@ -130,11 +132,13 @@ impl LeaseGuard {
     ///
     /// Write it alongside side effects, and have readers reject writes tagged
     /// with a smaller token than one already seen: they come from an older term.
+    #[must_use]
     pub fn fencing_token(&self) -> i64 {
         self.term.token
     }
 
     /// Why the term ended, or `None` while it holds.
+    #[must_use]
     pub fn lost(&self) -> Option<Lost> {
         self.term.lost()
     }

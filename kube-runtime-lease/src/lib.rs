@@ -1,6 +1,6 @@
 //! Lease-based leader election for [kube-runtime] controllers and streams.
 //!
-//! Run several replicas of a controller (behind a PodDisruptionBudget) and let
+//! Run several replicas of a controller (behind a `PodDisruptionBudget`) and let
 //! exactly one of them reconcile: the replicas campaign for a
 //! `coordination.k8s.io/v1` Lease with [client-go's `leaderelection`
 //! protocol][client-go], so Rust and Go candidates honour each other, and the
@@ -55,10 +55,13 @@
 //! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
 //!   `--leader-elect=false`): the same types, always leading, no API call.
 //! - [`LeaderElector::status`], [`subscribe`](LeaderElector::subscribe) and
-//!   [`health_check`](LeaderElector::health_check) show who leads (the
-//!   repository's `examples/probes.rs` serves them as `/readyz` and `/livez`
-//!   probes).
+//!   [`health_check`](LeaderElector::health_check) show who leads.
+//!   <!-- upstream: omit -->
+//!   The repository's `examples/probes.rs` serves them as `/readyz` and
+//!   `/livez` probes.
+//!   <!-- upstream: end -->
 //!
+//! <!-- upstream: omit -->
 //! The extras, each a feature (see [Features](#features)):
 //! - `with_leader_election_warm` is warm standby (`warm`): the Controller's
 //!   watches and store run on every replica, leadership gates only
@@ -78,6 +81,7 @@
 //! - `shard` (`unstable-shards`): elected shards, one owner per shard.
 //! - `test_util` (`test-util`): an in-memory Lease API double.
 //!
+//! <!-- upstream: end -->
 //! # RBAC
 //! The candidates' service account needs, in the Lease's namespace:
 //! ```yaml
@@ -91,9 +95,11 @@
 //! ```
 //! `get`, `create` and `update` are required; `list` and `watch` make the
 //! election watch-driven (see [`LeaseConfig::watch`]); without them it polls,
-//! with one warning. A missing verb is logged with the rule to add. With
-//! `LeaderElector::with_events`, also `create` and `patch` on `events` in
-//! `events.k8s.io`.
+//! with one warning. A missing verb is logged with the rule to add.
+//! <!-- upstream: omit -->
+//! With `LeaderElector::with_events`, also `create` and `patch` on `events`
+//! in `events.k8s.io`.
+//! <!-- upstream: end -->
 //!
 //! # Timings
 //! Defaults are client-go's: 15 s lease duration, 10 s renew deadline, 2 s
@@ -171,9 +177,11 @@
 //!   preferred holder that never campaigns (a pod that no longer exists)
 //!   cannot stop the election. The term ends at once, and the Lease is
 //!   released only if no guarded work had to be stopped.
+//! <!-- upstream: omit -->
 //! - **Coordinated Leader Election** itself, where the API server picks the
 //!   leader among published `LeaseCandidate`s, is opt-in:
 //!   `LeaseConfig::coordinated` (see `coordinated::Coordinated`).
+//! <!-- upstream: end -->
 //! - Releasing re-reads the Lease and writes it free only if it still holds a
 //!   record of our term, with the resourceVersion just read; a conflict is
 //!   retried once after a fresh read, as client-go does.
@@ -204,6 +212,7 @@
 //!   retry period before it stops, so that demand that flaps (an `acquire`
 //!   created and dropped repeatedly) costs no new LIST, WATCH and GET.
 //!
+//! <!-- upstream: omit -->
 //! # Features
 //! The core is what `default-features = false` builds: [`LeaseConfig`],
 //! [`LeaderElector`] (acquire, renew, release, observe, shutdown),
@@ -224,6 +233,7 @@
 //! This crate does not pick a Kubernetes version: enable one of
 //! `k8s-openapi`'s version features in your application, as with kube.
 //!
+//! <!-- upstream: end -->
 //! [kube-runtime]: https://docs.rs/kube-runtime
 //! [kube-rs/kube#2056]: https://github.com/kube-rs/kube/issues/2056
 //! [client-go]: https://pkg.go.dev/k8s.io/client-go/tools/leaderelection

@@ -88,6 +88,7 @@ impl<S> WithLeaderElection<S> {
     }
 
     /// Takes the reason leadership ended, leaving `None`.
+    #[must_use]
     pub fn take_lost(self: Pin<&mut Self>) -> Option<Lost> {
         self.project().lost.take()
     }
@@ -121,6 +122,7 @@ impl<S> WithLeaderElection<S> {
     }
 
     /// The inner stream, pinned, unless it has been dropped.
+    #[must_use]
     pub fn get_pin_mut(self: Pin<&mut Self>) -> Option<Pin<&mut S>> {
         self.project().inner.as_pin_mut()
     }

@@ -54,7 +54,7 @@ async fn scenario(name: &str, run: impl AsyncFn(&Fixture, &EventLog, usize) -> R
 
 /// Spawns candidates `names` directly on a fresh Lease and waits for the
 /// first leader and for every other one to see it. `Warm`: warm-standby
-/// candidates, whose work is reconciling a ConfigMap of the Lease's namespace.
+/// candidates, whose work is reconciling a `ConfigMap` of the Lease's namespace.
 async fn start_group(
     ctx: &Fixture,
     log: &EventLog,

@@ -91,8 +91,8 @@ async fn kill_and_check_takeover(
 
 /// One round trip through every hand-over between the implementations:
 ///
-/// 1. Rust `r1` leads; client-go `g1` takes over after `r1` is SIGKILLed;
-/// 2. Rust `r2` takes over after `g1` is SIGKILLed;
+/// 1. Rust `r1` leads; client-go `g1` takes over after `r1` is `SIGKILLed`;
+/// 2. Rust `r2` takes over after `g1` is `SIGKILLed`;
 /// 3. client-go `g2` takes over after `r2` releases on SIGTERM;
 /// 4. Rust `r3` takes over after `g2` releases on SIGTERM.
 async fn handovers_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
@@ -191,7 +191,7 @@ async fn rust_and_client_go_hand_over_both_ways() -> Result<()> {
 }
 
 /// Two Rust and two client-go candidates race for one Lease; the leader is
-/// SIGKILLed three times in a row: each time one of the others takes over,
+/// `SIGKILLed` three times in a row: each time one of the others takes over,
 /// never before the lease could have expired, and never two at once.
 async fn race_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let lease = ctx.lease(log, "race").await?;

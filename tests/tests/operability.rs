@@ -244,7 +244,7 @@ async fn the_deploy_role_is_enough_for_a_watch_driven_election_its_events_and_le
     Ok(())
 }
 
-/// Lets `user` get, list and watch ConfigMaps in `ns`, and nothing else.
+/// Lets `user` get, list and watch `ConfigMaps` in `ns`, and nothing else.
 async fn grant_configmap_reads(admin: &Client, ns: &str, user: &str) -> Result<()> {
     use k8s_openapi::api::rbac::v1::PolicyRule;
 
@@ -287,7 +287,7 @@ async fn grant_configmap_reads(admin: &Client, ns: &str, user: &str) -> Result<(
 }
 
 /// The off switch (`LeaseConfig::enabled(false)`, a `--leader-elect=false`):
-/// with a user that may read ConfigMaps but has no Lease permission at all, a
+/// with a user that may read `ConfigMaps` but has no Lease permission at all, a
 /// guarded Controller reconciles, and not one Lease request is sent (counted
 /// on the client; any would be refused with 403).
 #[tokio::test]

@@ -14,7 +14,7 @@
 //! Then it runs two copies, as two replicas, in a fresh namespace
 //! (`POD_NAMESPACE`) with identities from `POD_NAME`, and checks what the
 //! README promises: the first creates the Lease under its identity and
-//! reconciles (here: a ConfigMap the test created, which the quick start
+//! reconciles (here: a `ConfigMap` the test created, which the quick start
 //! prints as `<namespace>/<name>`), the second stands by; on SIGTERM the first
 //! exits 0 after releasing the Lease and the second takes over at once (well
 //! within a lease duration, so by the release and not by expiry); on SIGTERM
@@ -54,7 +54,7 @@ const BUILD_TIMEOUT: Duration = Duration::from_secs(30 * 60);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The scratch crate's package, and so its binary.
 const QUICKSTART: &str = "readme-quickstart";
-/// The ConfigMap the replicas reconcile.
+/// The `ConfigMap` the replicas reconcile.
 const CONFIGMAP: &str = "readme-quickstart";
 
 /// The fenced block right after the README's `<!-- quickstart:{name}` marker,
@@ -240,7 +240,7 @@ async fn wait_for_lease(
     .map_err(|_| anyhow!("no Lease appeared in {namespace} within {timeout:?}"))?
 }
 
-/// Whether `e` is `process` printing that it reconciles the test's ConfigMap.
+/// Whether `e` is `process` printing that it reconciles the test's `ConfigMap`.
 fn reconciles(e: &Entry, process: &str, namespace: &str) -> bool {
     e.process == process && e.kind == Kind::Other && e.detail.contains(&format!("{namespace}/{CONFIGMAP}"))
 }

@@ -1,7 +1,7 @@
 //! Elected shards against a real kube-apiserver and etcd: three
 //! replicas (each with a client of its own) share 12 shards
-//! of one Controller of 600 ConfigMaps: every shard has one holder, each
-//! replica holds 4, every ConfigMap is reconciled by the replica that holds
+//! of one Controller of 600 `ConfigMaps`: every shard has one holder, each
+//! replica holds 4, every `ConfigMap` is reconciled by the replica that holds
 //! its shard; a fourth joins (3 each, by graceful handover) and leaves by
 //! shutdown (its shards re-owned within 1 s); and no object is ever
 //! reconciled by two replicas at once. And a shard lost while its reconciles
@@ -32,7 +32,7 @@ use tokio::time::Instant;
 /// Reconciles: (uid, replica, start, end).
 type Log = Arc<Mutex<Vec<(String, String, Instant, Instant)>>>;
 
-/// Starts replica `name` of the sharded Controller of `ns`'s ConfigMaps,
+/// Starts replica `name` of the sharded Controller of `ns`'s `ConfigMaps`,
 /// recording its reconciles in `log` and counting in `wrong` those that did
 /// not know their shard.
 async fn start_replica(

@@ -1,7 +1,7 @@
 //! Elected shards through process faults, against a real kube-apiserver:
 //! three sharded candidate processes (`CANDIDATE_MODE=sharded`,
 //! the timings of [`Timings::FAST`]) share [`SHARDS`] shards of a Controller
-//! of [`OBJECTS`] ConfigMaps, each reconcile requeued every 100 ms, while one
+//! of [`OBJECTS`] `ConfigMaps`, each reconcile requeued every 100 ms, while one
 //! of them is sent SIGTERM, SIGKILL or SIGSTOP, partitioned from the
 //! apiserver through the test proxy, or the apiserver itself restarts.
 //!
@@ -30,7 +30,7 @@ use kube_runtime_lease_harness::{
 const T: Timings = Timings::FAST;
 /// Shards of the election.
 const SHARDS: u16 = 6;
-/// ConfigMaps reconciled.
+/// `ConfigMaps` reconciled.
 const OBJECTS: usize = 24;
 /// How long the balance must hold to count as settled.
 const QUIET: Duration = Duration::from_millis(1500);
@@ -51,7 +51,7 @@ async fn scenario(name: &str, run: impl AsyncFn(&Fixture, &EventLog) -> Result<S
     runs.finish()
 }
 
-/// A fresh namespace with [`OBJECTS`] ConfigMaps, and the base name of the
+/// A fresh namespace with [`OBJECTS`] `ConfigMaps`, and the base name of the
 /// election's Leases in it.
 async fn election(ctx: &Fixture, prefix: &str) -> Result<LeaseRef> {
     let namespace = ctx.env.new_namespace(prefix).await?;
@@ -63,7 +63,7 @@ async fn election(ctx: &Fixture, prefix: &str) -> Result<LeaseRef> {
 }
 
 /// Spawns replicas `names` (`a` through `proxy` when given) and waits until
-/// they hold the shards, balanced, and every ConfigMap was reconciled;
+/// they hold the shards, balanced, and every `ConfigMap` was reconciled;
 /// returns the election's base Lease and the processes.
 async fn start(
     ctx: &Fixture,

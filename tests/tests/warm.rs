@@ -3,7 +3,7 @@
 //! reconciled without a LIST from the new leader (counted from the
 //! apiserver's `apiserver_request_total`); and the store stays consistent
 //! across a lost-then-rejoined term. One test, so that nothing else in this
-//! binary lists ConfigMaps while the LISTs are counted.
+//! binary lists `ConfigMaps` while the LISTs are counted.
 
 mod support;
 

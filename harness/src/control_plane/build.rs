@@ -16,6 +16,7 @@ pub const GOELECT_BIN: &str = "goelect";
 ///
 /// # Panics
 /// Never in practice: this crate's manifest directory always has a parent.
+#[must_use]
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

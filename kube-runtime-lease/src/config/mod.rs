@@ -176,21 +176,25 @@ impl LeaseConfig {
     }
 
     /// Whether the election runs (see [`enabled`](Self::enabled)).
+    #[must_use]
     pub fn is_enabled(&self) -> bool {
         self.enabled
     }
 
     /// The namespace of the Lease.
+    #[must_use]
     pub fn namespace(&self) -> &str {
         &self.namespace
     }
 
     /// The name of the Lease.
+    #[must_use]
     pub fn name(&self) -> &str {
         &self.name
     }
 
     /// The identity this candidate campaigns as.
+    #[must_use]
     pub fn identity(&self) -> &str {
         &self.identity
     }
@@ -298,8 +302,24 @@ pub fn unique_identity() -> String {
         .filter(|s| !s.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned());
-    let suffix: String = std::iter::repeat_with(fastrand::lowercase).take(8).collect();
+    let mut bits = random_u64();
+    let suffix: String = (0..8)
+        .map(|_| {
+            let letter = b'a' + u8::try_from(bits % 26).unwrap_or(0);
+            bits /= 26;
+            char::from(letter)
+        })
+        .collect();
     format!("{pod}_{suffix}")
+}
+
+/// A random `u64`, for the identity's suffix and the retry jitter: a hash by
+/// the standard library's randomly keyed hasher (its keys are drawn once per
+/// thread and change with every `RandomState`), so that no random-number
+/// crate is needed.
+pub(crate) fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::SystemTime::now())
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ impl LeaseApi {
 }
 
 /// Runs one request, failing it with `timed_out()` once `bound` passed, and
-/// with `wrap(e)` when it fails (the Lease's calls here, the LeaseCandidate's
+/// with `wrap(e)` when it fails (the Lease's calls here, the `LeaseCandidate`'s
 /// in `lease_candidate.rs`).
 pub(super) async fn bounded<T, E>(
     bound: Duration,

@@ -66,7 +66,7 @@ async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result
 
 /// Runs `elect` (a task campaigning and leading) with this elector's
 /// `LeaseCandidate` published, for as long as `elect` runs, and deletes the
-/// candidate before returning. The LeaseCandidate lives as long as the task
+/// candidate before returning. The `LeaseCandidate` lives as long as the task
 /// campaigns or leads. After a fallback (the API server does not serve
 /// `LeaseCandidate`), later tasks do not ask again: one warning per elector.
 pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output = T>) -> T {

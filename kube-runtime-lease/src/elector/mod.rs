@@ -9,6 +9,7 @@ mod events;
 #[cfg(feature = "coordinated")]
 mod lease_candidate;
 mod memory;
+#[cfg(any(feature = "events", feature = "metrics"))]
 mod observer;
 mod status;
 mod supervise;
@@ -29,12 +30,15 @@ use tokio::{
 };
 use tracing::{info, warn};
 
+#[cfg(any(feature = "events", feature = "metrics"))]
+use self::observer::Observers;
+#[cfg(any(feature = "events", feature = "metrics"))]
 pub(crate) use self::observer::{Observer, Transition};
 pub use self::{
     acquire::Acquire,
     status::{HealthError, LeaderStatus},
 };
-use self::{api::LeaseApi, memory::Memory, observer::Observers, supervise::join};
+use self::{api::LeaseApi, memory::Memory, supervise::join};
 use crate::{
     config::{ConfigError, LeaseConfig},
     error::{Result, ShutdownError},
@@ -84,6 +88,7 @@ pub(crate) struct Inner {
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
     /// Told of every transition (metrics, Kubernetes Events).
+    #[cfg(any(feature = "events", feature = "metrics"))]
     observers: Observers,
     /// Tests: a wake-up between any two waits of the task (a storm of them).
     #[cfg(test)]
@@ -187,6 +192,7 @@ impl LeaderElector {
         };
         Ok(LeaderElector {
             inner: Arc::new(Inner {
+                #[cfg(any(feature = "events", feature = "metrics"))]
                 observers: Observers::default(),
                 config,
                 api,
@@ -206,15 +212,13 @@ impl LeaderElector {
 
     /// Adds an observer of this elector's transitions (metrics, Events);
     /// whether it was added (one of each type: see [`Observers`]).
-    #[cfg_attr(
-        not(any(feature = "metrics", feature = "events")),
-        allow(dead_code, reason = "metrics and Events add the observers")
-    )]
+    #[cfg(any(feature = "events", feature = "metrics"))]
     pub(crate) fn add_observer(&self, observer: impl Observer) -> bool {
         self.inner.observers.add(observer)
     }
 
     /// The configuration of this candidate.
+    #[must_use]
     pub fn config(&self) -> &LeaseConfig {
         &self.inner.config
     }

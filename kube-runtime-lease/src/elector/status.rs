@@ -6,7 +6,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
 
-use super::{Inner, LeaderElector, Transition};
+#[cfg(any(feature = "events", feature = "metrics"))]
+use super::Transition;
+use super::{Inner, LeaderElector};
 
 /// What this candidate knows of the election, as of its last observation.
 ///
@@ -52,6 +54,7 @@ pub enum HealthError {
 impl LeaderElector {
     /// What this candidate knows of the election now. `is_leader` is as
     /// [`is_leader`](Self::is_leader) says.
+    #[must_use]
     pub fn status(&self) -> LeaderStatus {
         let mut status = self.inner.status.borrow().clone();
         status.is_leader = self.is_leader();
@@ -60,6 +63,7 @@ impl LeaderElector {
 
     /// Follows [`status`](Self::status): the receiver sees every change of
     /// leader observed by this candidate (client-go's `OnNewLeader`).
+    #[must_use]
     pub fn subscribe(&self) -> watch::Receiver<LeaderStatus> {
         self.inner.status.subscribe()
     }
@@ -67,6 +71,7 @@ impl LeaderElector {
     /// Whether this candidate leads now: a term holds (its renew deadline has
     /// not passed, even if the background task has not noticed yet) and
     /// [`shutdown`](Self::shutdown) has not begun. Suited to a readiness gate.
+    #[must_use]
     pub fn is_leader(&self) -> bool {
         let state = self.inner.lock();
         !state.shutdown && state.term.as_ref().is_some_and(|t| t.holds_serialized())
@@ -111,6 +116,7 @@ impl Inner {
             super::Election::Ordinary
         };
         self.update_status(|s| s.coordinated = coordinated);
+        #[cfg(any(feature = "events", feature = "metrics"))]
         self.observers.tell(Transition::Coordinated(coordinated));
         self.wake.notify_one();
     }
@@ -119,10 +125,12 @@ impl Inner {
     /// observers are told.
     pub(super) fn not_leading(&self) {
         self.update_status(|s| s.is_leader = false);
+        #[cfg(any(feature = "events", feature = "metrics"))]
         self.observers.tell(Transition::Leading(false));
     }
 
     /// Tells the observers of `transition`.
+    #[cfg(any(feature = "events", feature = "metrics"))]
     pub(super) fn tell(&self, transition: Transition<'_>) {
         self.observers.tell(transition);
     }
@@ -139,6 +147,7 @@ impl Inner {
                 } else {
                     info!("lease observed free or missing");
                 }
+                #[cfg(any(feature = "events", feature = "metrics"))]
                 self.observers.tell(Transition::HolderChanged);
             }
             *s != before

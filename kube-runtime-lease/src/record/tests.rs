@@ -1,5 +1,4 @@
 use super::*;
-use crate::tests::support::paused;
 
 /// The verdict on `observed` for the candidate `identity`.
 fn verdict_of(
@@ -145,105 +144,101 @@ fn invalid_durations_fall_back_to_our_own() {
 
 #[test]
 fn expiry_counts_from_the_first_sight_of_an_unchanged_record() {
-    paused(async {
-        let start = Instant::now();
-        let mut rec = spec(Some("other"), Some(1), Some(10));
-        rec.preferred_holder = None;
-        let o = Observed::update(None, rec.clone(), Some("1".into()), start);
-        let later = start + Duration::from_secs(4);
-        // Seen again, unchanged: the clock does not restart.
-        let o = Observed::update(Some(o), rec.clone(), Some("1".into()), later);
-        assert_eq!(o.at, start);
-        for (dt, want) in [(0, false), (9, false), (10, true), (11, true)] {
-            let now = start + Duration::from_secs(dt);
-            let v = verdict_of(&o, ME, true, FALLBACK, now);
-            assert_eq!(v == Verdict::Take, want, "after {dt}s");
-            if !want {
-                assert_eq!(v, Verdict::WaitUntil(start + Duration::from_secs(10)));
-            }
+    let start = Instant::now();
+    let mut rec = spec(Some("other"), Some(1), Some(10));
+    rec.preferred_holder = None;
+    let o = Observed::update(None, rec.clone(), Some("1".into()), start);
+    let later = start + Duration::from_secs(4);
+    // Seen again, unchanged: the clock does not restart.
+    let o = Observed::update(Some(o), rec.clone(), Some("1".into()), later);
+    assert_eq!(o.at, start);
+    for (dt, want) in [(0, false), (9, false), (10, true), (11, true)] {
+        let now = start + Duration::from_secs(dt);
+        let v = verdict_of(&o, ME, true, FALLBACK, now);
+        assert_eq!(v == Verdict::Take, want, "after {dt}s");
+        if !want {
+            assert_eq!(v, Verdict::WaitUntil(start + Duration::from_secs(10)));
         }
-        // A changed record (a renewal) restarts the clock, even when seen late.
-        let mut renewed = rec;
-        renewed.renew_time = Some(MicroTime(t(100)));
-        let o = Observed::update(Some(o), renewed, Some("2".into()), later);
-        assert_eq!(o.at, later);
-        assert_eq!(
-            verdict_of(&o, ME, true, FALLBACK, start + Duration::from_secs(10)),
-            Verdict::WaitUntil(later + Duration::from_secs(10))
-        );
-    });
+    }
+    // A changed record (a renewal) restarts the clock, even when seen late.
+    let mut renewed = rec;
+    renewed.renew_time = Some(MicroTime(t(100)));
+    let o = Observed::update(Some(o), renewed, Some("2".into()), later);
+    assert_eq!(o.at, later);
+    assert_eq!(
+        verdict_of(&o, ME, true, FALLBACK, start + Duration::from_secs(10)),
+        Verdict::WaitUntil(later + Duration::from_secs(10))
+    );
 }
 
 #[test]
 fn free_ours_and_preferred_verdicts() {
-    paused(async {
-        let now = Instant::now();
-        let mut free = spec(Some(""), None, Some(1));
-        free.preferred_holder = None;
-        let o = Observed::update(None, free.clone(), None, now);
-        assert_eq!(verdict_of(&o, ME, true, FALLBACK, now), Verdict::Take);
-        let mut none = free.clone();
-        none.holder_identity = None;
-        assert_eq!(
-            verdict_of(&Observed::update(None, none, None, now), ME, true, FALLBACK, now),
-            Verdict::Take
-        );
-        let mut ours = spec(Some(ME), None, Some(10));
-        ours.preferred_holder = None;
-        let o = Observed::update(None, ours, None, now);
-        assert_eq!(verdict_of(&o, ME, true, FALLBACK, now), Verdict::Take);
-        assert_eq!(
-            verdict_of(&o, ME, false, FALLBACK, now),
-            Verdict::WaitUntil(now + Duration::from_secs(10)),
-            "ours, unknown object"
-        );
-        // Free, but reserved for a preferred holder: wait one record duration.
-        let mut reserved = free;
-        reserved.preferred_holder = Some("pref".into());
-        reserved.lease_duration_seconds = Some(3);
-        let o = Observed::update(None, reserved.clone(), None, now);
-        assert_eq!(
-            verdict_of(&o, ME, true, FALLBACK, now),
-            Verdict::WaitUntil(now + Duration::from_secs(3))
-        );
-        assert_eq!(
-            verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(3)),
-            Verdict::Take
-        );
-        assert_eq!(verdict_of(&o, "pref", true, FALLBACK, now), Verdict::Take);
-        assert_eq!(
-            verdict_of(&o, "pref", false, FALLBACK, now),
-            Verdict::Take,
-            "a free lease reserved for us, at once"
-        );
-        // Held by the preferred holder itself, someone else waits as usual.
-        let mut held = reserved.clone();
-        held.holder_identity = Some("pref".into());
-        let o = Observed::update(None, held, None, now);
-        assert_eq!(
-            verdict_of(&o, ME, true, FALLBACK, now),
-            Verdict::WaitUntil(now + Duration::from_secs(3))
-        );
-        // Held by another, its end of term marked for a third: expiry, then
-        // one more lease duration for the preferred holder.
-        let o = Observed::update(None, spec(Some("other"), None, Some(3)), None, now);
-        assert_eq!(
-            verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(5)),
-            Verdict::WaitUntil(now + Duration::from_secs(6))
-        );
-        assert_eq!(
-            verdict_of(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)),
-            Verdict::Take
-        );
-        // Missing duration on a held record: our own duration, never zero.
-        let mut unmarked = spec(Some("other"), None, None);
-        unmarked.preferred_holder = None;
-        let o = Observed::update(None, unmarked, None, now);
-        assert_eq!(
-            verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(14)),
-            Verdict::WaitUntil(now + FALLBACK)
-        );
-    });
+    let now = Instant::now();
+    let mut free = spec(Some(""), None, Some(1));
+    free.preferred_holder = None;
+    let o = Observed::update(None, free.clone(), None, now);
+    assert_eq!(verdict_of(&o, ME, true, FALLBACK, now), Verdict::Take);
+    let mut none = free.clone();
+    none.holder_identity = None;
+    assert_eq!(
+        verdict_of(&Observed::update(None, none, None, now), ME, true, FALLBACK, now),
+        Verdict::Take
+    );
+    let mut ours = spec(Some(ME), None, Some(10));
+    ours.preferred_holder = None;
+    let o = Observed::update(None, ours, None, now);
+    assert_eq!(verdict_of(&o, ME, true, FALLBACK, now), Verdict::Take);
+    assert_eq!(
+        verdict_of(&o, ME, false, FALLBACK, now),
+        Verdict::WaitUntil(now + Duration::from_secs(10)),
+        "ours, unknown object"
+    );
+    // Free, but reserved for a preferred holder: wait one record duration.
+    let mut reserved = free;
+    reserved.preferred_holder = Some("pref".into());
+    reserved.lease_duration_seconds = Some(3);
+    let o = Observed::update(None, reserved.clone(), None, now);
+    assert_eq!(
+        verdict_of(&o, ME, true, FALLBACK, now),
+        Verdict::WaitUntil(now + Duration::from_secs(3))
+    );
+    assert_eq!(
+        verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(3)),
+        Verdict::Take
+    );
+    assert_eq!(verdict_of(&o, "pref", true, FALLBACK, now), Verdict::Take);
+    assert_eq!(
+        verdict_of(&o, "pref", false, FALLBACK, now),
+        Verdict::Take,
+        "a free lease reserved for us, at once"
+    );
+    // Held by the preferred holder itself, someone else waits as usual.
+    let mut held = reserved.clone();
+    held.holder_identity = Some("pref".into());
+    let o = Observed::update(None, held, None, now);
+    assert_eq!(
+        verdict_of(&o, ME, true, FALLBACK, now),
+        Verdict::WaitUntil(now + Duration::from_secs(3))
+    );
+    // Held by another, its end of term marked for a third: expiry, then
+    // one more lease duration for the preferred holder.
+    let o = Observed::update(None, spec(Some("other"), None, Some(3)), None, now);
+    assert_eq!(
+        verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(5)),
+        Verdict::WaitUntil(now + Duration::from_secs(6))
+    );
+    assert_eq!(
+        verdict_of(&o, "pref", true, FALLBACK, now + Duration::from_secs(3)),
+        Verdict::Take
+    );
+    // Missing duration on a held record: our own duration, never zero.
+    let mut unmarked = spec(Some("other"), None, None);
+    unmarked.preferred_holder = None;
+    let o = Observed::update(None, unmarked, None, now);
+    assert_eq!(
+        verdict_of(&o, ME, true, FALLBACK, now + Duration::from_secs(14)),
+        Verdict::WaitUntil(now + FALLBACK)
+    );
 }
 
 /// An instant too far to represent (a user's `Duration::MAX` grace) is
@@ -262,18 +257,16 @@ fn later_saturates_decades_ahead() {
 
 #[test]
 fn observe_keeps_the_newest_resource_version() {
-    paused(async {
-        let now = Instant::now();
-        let rec = spec(Some("x"), None, Some(5));
-        let o = Observed::update(None, rec.clone(), Some("5".into()), now);
-        let o = Observed::update(Some(o), rec.clone(), None, now);
-        assert_eq!(o.resource_version.as_deref(), Some("5"));
-        // The same record under a newer version (a metadata-only change:
-        // labels, annotations): the write that takes it must carry the
-        // newer version, or it is refused with a conflict.
-        let later = now + Duration::from_secs(1);
-        let o = Observed::update(Some(o), rec, Some("6".into()), later);
-        assert_eq!(o.resource_version.as_deref(), Some("6"));
-        assert_eq!(o.at, now, "an unchanged record keeps its first sighting");
-    });
+    let now = Instant::now();
+    let rec = spec(Some("x"), None, Some(5));
+    let o = Observed::update(None, rec.clone(), Some("5".into()), now);
+    let o = Observed::update(Some(o), rec.clone(), None, now);
+    assert_eq!(o.resource_version.as_deref(), Some("5"));
+    // The same record under a newer version (a metadata-only change:
+    // labels, annotations): the write that takes it must carry the
+    // newer version, or it is refused with a conflict.
+    let later = now + Duration::from_secs(1);
+    let o = Observed::update(Some(o), rec, Some("6".into()), later);
+    assert_eq!(o.resource_version.as_deref(), Some("6"));
+    assert_eq!(o.at, now, "an unchanged record keeps its first sighting");
 }

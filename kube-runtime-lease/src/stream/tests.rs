@@ -14,6 +14,7 @@ use std::{
 use futures::{FutureExt, Stream, StreamExt, poll, stream};
 use tokio::time::{Instant, sleep};
 
+use crate::test_util::FakeLeaseApi;
 use crate::{
     LeaderElectionStreamExt, Lost, WithLeaderElection,
     tests::support::{config, elector, free, paused, paused_runtime},
@@ -800,5 +801,47 @@ fn debug_shows_whether_a_guarded_stream_leads_and_why_it_stopped() {
             ended.contains("stopped: true") && ended.contains("TakenOver") && ended.contains("other"),
             "{ended}"
         );
+    });
+}
+
+/// The off switch (`LeaseConfig::enabled(false)`): leads at once, for ever,
+/// with no API call, until shutdown.
+#[test]
+fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (e, _) = elector(&fake, config("me").enabled(false));
+        assert!(!e.is_leader(), "not before it is wanted");
+        let guard = e.acquire().await.unwrap();
+        assert!(e.is_leader());
+        assert_eq!(guard.fencing_token(), 0);
+        assert_eq!(e.status().holder.as_deref(), Some("me"));
+        // Half an hour later: still the same term, and healthy; the guard has
+        // no deadline for paused time to jump to.
+        let mut guard = guard;
+        assert!(tokio::time::timeout(S(1800), &mut guard).await.is_err());
+        assert!(guard.is_valid() && guard.lost().is_none());
+        assert_eq!(guard.time_left(), Duration::MAX);
+        assert!(e.health_check(Duration::ZERO).is_ok());
+        let again = e.acquire().await.unwrap();
+        drop(again);
+        // A guarded stream runs, and a dropped guard gives nothing up.
+        let items: Vec<_> = stream::iter([1, 2, 3]).with_leader_election(&e).collect().await;
+        assert_eq!(items, [1, 2, 3]);
+        drop(guard);
+        sleep(S(60)).await;
+        assert!(e.is_leader());
+        let guard = e.acquire().await.unwrap();
+        let run = tokio::spawn({
+            let e = e.clone();
+            async move { e.run_each_term(stream::pending::<()>).await }
+        });
+        e.shutdown(S(1)).await.unwrap();
+        assert_eq!(guard.await, Lost::Shutdown);
+        assert_eq!(run.await.unwrap(), crate::RunEnded::Shutdown);
+        assert!(!e.is_leader());
+        assert!(matches!(e.acquire().await, Err(crate::AcquireError::Shutdown)));
+        assert!(fake.requests().is_empty(), "{:?}", fake.requests());
+        assert!(fake.lease().is_none());
     });
 }

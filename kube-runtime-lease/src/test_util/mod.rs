@@ -227,7 +227,7 @@ struct ClientFaults {
     watch_forbidden: bool,
 }
 
-/// The double: its Leases (and LeaseCandidates, and Events), shared by every
+/// The double: its Leases (and `LeaseCandidates`, and Events), shared by every
 /// client made from it.
 #[derive(Clone, Default)]
 pub struct FakeLeaseApi {
@@ -252,6 +252,7 @@ impl FakeLeaseApi {
     }
 
     /// A new client of the double, and its index for faults.
+    #[must_use]
     pub fn client(&self) -> (Client, usize) {
         let id = {
             let mut s = self.lock();
@@ -344,6 +345,7 @@ impl FakeLeaseApi {
     /// `default`, else `<namespace>/<name>`), as the API server does before it
     /// elects (`spec.pingTime` now): a live candidate answers by renewing
     /// (`spec.renewTime` after it). Whether it exists.
+    #[must_use]
     pub fn ping_lease_candidate(&self, key: &str) -> bool {
         self.lock().lease_candidates.as_mut().is_some_and(|c| c.ping(key))
     }
@@ -360,6 +362,7 @@ impl FakeLeaseApi {
     /// Deletes the `LeaseCandidate` `key` (as for
     /// [`ping_lease_candidate`](Self::ping_lease_candidate)), as someone else
     /// would (its watchers are told). Whether it existed.
+    #[must_use]
     pub fn delete_lease_candidate(&self, key: &str) -> bool {
         self.lock()
             .lease_candidates
@@ -369,6 +372,7 @@ impl FakeLeaseApi {
 
     /// The `LeaseCandidate`s stored now, as JSON, by key: the name in the
     /// namespace `default`, `<namespace>/<name>` in any other.
+    #[must_use]
     pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         self.lock()
             .lease_candidates
@@ -380,18 +384,21 @@ impl FakeLeaseApi {
     /// The Kubernetes Events created through this double so far, as JSON,
     /// in order (every Event POST is accepted; updates of an Event series are
     /// answered 404, so a repeat is created anew).
+    #[must_use]
     pub fn events(&self) -> Vec<serde_json::Value> {
         self.lock().events.clone()
     }
 
     /// The Lease created or put first, as stored now (see
     /// [`lease_in`](Self::lease_in) for any other).
+    #[must_use]
     pub fn lease(&self) -> Option<Lease> {
         let s = self.lock();
         s.served.as_ref().and_then(|k| s.leases.get(k)).cloned()
     }
 
     /// The Lease `name` in `namespace`, as stored now.
+    #[must_use]
     pub fn lease_in(&self, namespace: &str, name: &str) -> Option<Lease> {
         self.lock()
             .leases
@@ -400,11 +407,13 @@ impl FakeLeaseApi {
     }
 
     /// Every Lease stored now, by namespace and name.
+    #[must_use]
     pub fn leases(&self) -> Vec<Lease> {
         self.lock().leases.values().cloned().collect()
     }
 
     /// Every request received so far, in order.
+    #[must_use]
     pub fn requests(&self) -> Vec<Received> {
         self.lock().received.clone()
     }

@@ -7,7 +7,7 @@ use kube_client::{
 };
 
 use super::*;
-use crate::tests::support::paused;
+use crate::tests::runtime::paused;
 
 fn named(name: &str) -> Lease {
     Lease {

@@ -1,5 +1,5 @@
-//! Helpers shared by the unit tests: the paused-time runner that bounds every
-//! test, and the Lease fixtures on the in-memory double.
+//! Helpers shared by the unit tests: the Lease fixtures on the in-memory
+//! double (and, re-exported, the runners of [`super::runtime`]).
 //!
 //! The integration tests' helpers live in the harness crate
 //! (`kube-runtime-lease-harness`), which these unit tests do not use: the
@@ -8,30 +8,15 @@
 //! line, each once per side: the log capture ([`logs_during`]; the harness
 //! side's `LogBuf` in `tests/tests/support`) and the metrics scrape.
 
-use std::{future::Future, time::Duration};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::core::ObjectMeta;
 use tokio::time::Instant;
 
+pub(crate) use super::runtime::{paused, paused_runtime};
 use crate::test_util::FakeLeaseApi;
 use crate::{LeaderElector, LeaseConfig};
-
-/// How much paused time a unit test may take before it fails as hung. The
-/// longest test waits a few simulated minutes; a wait that never ends (a bug,
-/// or a mutant) reaches this bound in well under a second of real time,
-/// because paused time jumps from timer to timer.
-pub(crate) const PAUSED_TEST_BOUND: Duration = Duration::from_secs(3600);
-
-/// A current-thread runtime with paused time, as `#[tokio::test(start_paused
-/// = true)]` builds it.
-pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap()
-}
 
 /// A current-thread runtime with a real clock, for a task that must run on a
 /// runtime of its own (and, once its `block_on` returns, is never polled again).
@@ -40,41 +25,6 @@ pub(crate) fn helper_runtime() -> tokio::runtime::Runtime {
         .enable_time()
         .build()
         .unwrap()
-}
-
-/// How much real time a unit test may take. Paused time advances only while
-/// the runtime is idle, so a loop that never yields to a timer (against the
-/// instant double) keeps a test from ever reaching [`PAUSED_TEST_BOUND`]; this
-/// bound catches that.
-pub(crate) const REAL_TEST_BOUND: Duration = Duration::from_secs(120);
-
-/// Runs a test body on a paused runtime and fails it if it has not finished
-/// within [`PAUSED_TEST_BOUND`] of paused time, so that a wait that never ends
-/// fails with a message instead of spinning until a real-time timeout; a test
-/// still running after [`REAL_TEST_BOUND`] of real time (a loop that never
-/// yields) aborts the test binary with a message.
-#[track_caller]
-pub(crate) fn paused(test: impl Future<Output = ()>) {
-    let caller = std::panic::Location::caller();
-    let (finished_tx, finished_rx) = std::sync::mpsc::channel::<()>();
-    std::thread::spawn(move || {
-        if finished_rx.recv_timeout(REAL_TEST_BOUND) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-            eprintln!(
-                "the test at {caller} still runs after {REAL_TEST_BOUND:?} of real time: \
-                 a loop that never yields to paused time; aborting"
-            );
-            std::process::abort();
-        }
-    });
-    paused_runtime().block_on(async {
-        let finished = tokio::time::timeout(PAUSED_TEST_BOUND, test).await;
-        assert!(
-            finished.is_ok(),
-            "the test at {caller} did not finish within {PAUSED_TEST_BOUND:?} of paused time: \
-             something it waits for never happens"
-        );
-    });
-    drop(finished_tx);
 }
 
 /// The text exposition of `registry`, as a Prometheus scrape reads it.

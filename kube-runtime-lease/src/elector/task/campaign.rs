@@ -111,11 +111,10 @@ impl Task {
             Election::Coordinated => true,
             Election::Ordinary => false,
         };
-        #[cfg(not(feature = "coordinated"))]
-        let coordinated = false;
         match &self.view {
             LeaseView::Unknown => Ok(Attempt::RetryNow),
             // Only the API server creates a coordinated Lease.
+            #[cfg(feature = "coordinated")]
             LeaseView::Missing if coordinated => Ok(Attempt::WaitUntil(now + cfg.retry_period)),
             LeaseView::Missing => {
                 let hold = self.inner.lock().memory.creation_hold(now, cfg.lease_duration);
@@ -135,11 +134,14 @@ impl Task {
                     own_term: self.inner.lock().memory.is_last_term(object),
                     fallback: cfg.lease_duration,
                 };
-                let verdict = match () {
-                    #[cfg(feature = "coordinated")]
-                    () if coordinated => observed.coordinated_verdict(asker, now),
-                    () => observed.verdict(asker, now),
+                #[cfg(feature = "coordinated")]
+                let verdict = if coordinated {
+                    observed.coordinated_verdict(asker, now)
+                } else {
+                    observed.verdict(asker, now)
                 };
+                #[cfg(not(feature = "coordinated"))]
+                let verdict = observed.verdict(asker, now);
                 match verdict {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
@@ -261,6 +263,12 @@ impl Task {
         self.inner
             .config
             .retry_period
-            .mul_f64(1.0 + fastrand::f64() * JITTER_FACTOR)
+            .mul_f64(1.0 + unit_random() * JITTER_FACTOR)
     }
+}
+
+/// A random number in `[0, 1]`.
+fn unit_random() -> f64 {
+    let bits = u32::try_from(crate::config::random_u64() >> 32).unwrap_or(u32::MAX);
+    f64::from(bits) / f64::from(u32::MAX)
 }

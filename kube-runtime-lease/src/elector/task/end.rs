@@ -7,8 +7,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{Task, lead::TermRun};
+#[cfg(any(feature = "events", feature = "metrics"))]
+use crate::elector::Transition;
 use crate::{
-    elector::Transition,
     error::Result,
     record::{self, TermId},
     term::Lost,
@@ -34,6 +35,7 @@ impl Task {
             }
         }
         let begun = run.hold.is_none();
+        #[cfg(any(feature = "events", feature = "metrics"))]
         if begun {
             let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
             self.inner.tell(Transition::TermEnded { reason, uid });

@@ -11,8 +11,10 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
 use super::{LeaseView, Task, view::next_event};
+#[cfg(any(feature = "events", feature = "metrics"))]
+use crate::elector::Transition;
 use crate::{
-    elector::{Transition, supervise::Demand},
+    elector::supervise::Demand,
     error::Result,
     guard::LeaseGuard,
     record::{self, TermId},
@@ -311,10 +313,13 @@ impl Task {
                 }
             }
         }
+        #[cfg(any(feature = "events", feature = "metrics"))]
         self.inner.tell(Transition::Leading(true));
         info!(fencing_token = term.token, "acquired lease, now leading");
-        let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
-        self.inner.tell(Transition::TermBegan { uid });
+        #[cfg(any(feature = "events", feature = "metrics"))]
+        self.inner.tell(Transition::TermBegan {
+            uid: self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref()),
+        });
     }
 
     /// The watch showed a record not of our term, possibly older than our last
@@ -379,6 +384,7 @@ impl Task {
                             // flight: the top of the loop handles it.
                             return Ok(());
                         }
+                        #[cfg(any(feature = "events", feature = "metrics"))]
                         self.renewal_told("late", sent);
                         warn!(
                             after = ?sent.elapsed(),
@@ -386,15 +392,18 @@ impl Task {
                         );
                         return Err(Lost::RenewDeadlineExceeded);
                     }
+                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("success", sent);
                     debug!("renewed lease");
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
+                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("not_found", sent);
                     return Err(Lost::Deleted);
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
+                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("conflict", sent);
                     debug!("renewal conflicted; re-reading the lease");
                     match self.reread(run, "re-reading the lease").await {
@@ -403,6 +412,7 @@ impl Task {
                     }
                 }
                 Err(e) => {
+                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("error", sent);
                     self.log_error("renewing the lease", &e);
                     return Ok(());
@@ -415,6 +425,7 @@ impl Task {
 
 impl Task {
     /// Tells the observers of a renewal write sent at `sent`, and its outcome.
+    #[cfg(any(feature = "events", feature = "metrics"))]
     fn renewal_told(&self, outcome: &'static str, sent: Instant) {
         self.inner.tell(Transition::Renewal {
             outcome,

