@@ -8,7 +8,9 @@
 #      deterministic simulation, doc tests, and the integration tests against
 #      the real apiserver (API behaviour, cross-process failover, client-go)
 #   6. rustdoc with warnings denied
-#   7. cargo deny (advisories, bans, licenses, sources; advisories from the
+#   7. the upstream patch series (upstream/patches/): not stale, and applied to
+#      kube-rs 5.0.0 from the registry, each patch built, linted and tested
+#   8. cargo deny (advisories, bans, licenses, sources; advisories from the
 #      offline RustSec snapshot in ../shared/advisory-db when present, else
 #      fetched by cargo-deny: see scripts/deny.sh)
 set -euo pipefail
@@ -23,6 +25,7 @@ scripts/control-plane.sh build >/dev/null
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path upstream/gen/Cargo.toml -- --check
 
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
@@ -42,6 +45,11 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --lock
 step "rustdoc of the core alone (-D warnings: no link into an extra)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p kube-runtime-lease --no-deps --no-default-features \
   --features k8s-openapi/latest --locked
+
+step "clippy of the series' generator (upstream/gen, -D warnings)"
+cargo clippy --manifest-path upstream/gen/Cargo.toml --locked -- -D warnings
+step "the upstream series: applies to kube-rs 5.0.0, builds, tests, lints, not stale (scripts/upstream.sh check)"
+scripts/upstream.sh check
 
 step "cargo deny (advisories, bans, licenses, sources)"
 scripts/deny.sh

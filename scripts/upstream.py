@@ -136,7 +136,7 @@ def run(*args, cwd=None, env=None, check=True, capture=False):
 def gen_tool():
     manifest = UPSTREAM / "gen" / "Cargo.toml"
     target = CACHE / "gen-target"
-    run("cargo", "build", "--quiet", "--release", "--manifest-path", str(manifest), "--target-dir", str(target))
+    run("cargo", "build", "--quiet", "--release", "--locked", "--manifest-path", str(manifest), "--target-dir", str(target))
     return target / "release" / "upstream-gen"
 
 
@@ -186,7 +186,7 @@ def base_tree(dest):
             elif p.exists():
                 shutil.copy(p, dest / crate / extra)
         shutil.copy(src / "Cargo.toml.orig", dest / crate / "Cargo.toml")
-    for f in ["Cargo.toml", "rustfmt.toml", "clippy.toml"]:
+    for f in ["Cargo.toml", "Cargo.lock", "rustfmt.toml", "clippy.toml"]:
         shutil.copy(UPSTREAM / "kube-rs" / f, dest / f)
     git(dest, "init", "--quiet", "--initial-branch=main")
     git(dest, "add", "-A")
@@ -427,7 +427,7 @@ def generate(dest=PATCHES):
         dest.mkdir(parents=True)
         git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "--numbered",
             "-o", str(dest), "HEAD~%d" % len(STEPS))
-    print(f"upstream: {len(STEPS)} patches in {dest.relative_to(ROOT)}")
+    print(f"upstream: {len(STEPS)} patches in {dest}")
 
 
 # ---------------------------------------------------------------------------
@@ -449,7 +449,11 @@ def check():
         if stale.returncode != 0:
             print(stale.stdout)
             sys.exit("upstream check: upstream/patches/ is stale: run scripts/upstream.sh generate")
-        tree = base_tree(work / "tree")
+        # One fixed path, so that the cached build of kube's crates stays valid.
+        tree = CACHE / "check-tree"
+        if tree.exists():
+            shutil.rmtree(tree)
+        base_tree(tree)
         target = CACHE / "check-target"
         patches = sorted(PATCHES.glob("*.patch"))
         on = ["-p", "kube-runtime", "--features", f"{FEATURE},k8s-openapi/latest"]

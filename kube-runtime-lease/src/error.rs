@@ -2,7 +2,8 @@
 //! [`AcquireError`] for [`LeaderElector::acquire`](crate::LeaderElector::acquire),
 //! [`ShutdownError`] for [`LeaderElector::shutdown`](crate::LeaderElector::shutdown),
 //! and [`ApiError`], a failed call to the Lease API, the source of a failed
-//! release (and of the election's log lines).
+//! release (and of the election's log lines). As kube's own errors do
+//! (kube-rs/kube#2021), each message prints its source after a colon.
 
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ pub enum AcquireError {
 #[non_exhaustive]
 pub enum ShutdownError {
     /// Releasing the Lease failed.
-    #[error("failed to release the lease")]
+    #[error("failed to release the lease: {0}")]
     Release(#[source] ApiError),
     /// The election task did not end within `after` (its runtime is no longer
     /// driven): it was left behind, and can no longer write to the Lease.
@@ -46,14 +47,14 @@ pub enum ShutdownError {
 #[non_exhaustive]
 pub enum ApiError {
     /// Reading the Lease failed.
-    #[error("failed to get lease")]
+    #[error("failed to get lease: {0}")]
     Get(#[source] kube_client::Error),
     /// Creating the Lease failed.
-    #[error("failed to create lease")]
+    #[error("failed to create lease: {0}")]
     Create(#[source] kube_client::Error),
     /// Replacing (acquiring, renewing or releasing) the Lease failed, also
     /// when the Lease changed between our read and our write (HTTP 409).
-    #[error("failed to update lease")]
+    #[error("failed to update lease: {0}")]
     Replace(#[source] kube_client::Error),
     /// A request did not answer within its bound.
     #[error("lease {verb} request timed out after {after:?}")]

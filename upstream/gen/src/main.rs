@@ -44,14 +44,17 @@ fn eval(meta: &Meta, features: &BTreeSet<String>) -> Value {
     match meta {
         Meta::NameValue(nv) if nv.path.is_ident("feature") => {
             let syn::Expr::Lit(syn::ExprLit {
-                lit: syn::Lit::Str(s), ..
+                lit: syn::Lit::Str(s),
+                ..
             }) = &nv.value
             else {
                 return Value::Open(meta.to_token_stream().to_string());
             };
             Value::Known(features.contains(&s.value()))
         }
-        Meta::List(list) if list.path.is_ident("any") || list.path.is_ident("all") || list.path.is_ident("not") => {
+        Meta::List(list)
+            if list.path.is_ident("any") || list.path.is_ident("all") || list.path.is_ident("not") =>
+        {
             let Ok(args) = list.parse_args_with(Punctuated::<Meta, syn::Token![,]>::parse_terminated) else {
                 return Value::Open(meta.to_token_stream().to_string());
             };
@@ -161,7 +164,9 @@ impl Gen<'_> {
 
     fn whole_lines(&self, start: usize, end: usize, with: String) -> Edit {
         let line_start = self.text[..start].rfind('\n').map_or(0, |i| i + 1);
-        let line_end = self.text[end..].find('\n').map_or(self.text.len(), |i| end + i + 1);
+        let line_end = self.text[end..]
+            .find('\n')
+            .map_or(self.text.len(), |i| end + i + 1);
         if self.text[line_start..start].trim().is_empty() && self.text[end..line_end].trim().is_empty() {
             Edit {
                 start: line_start,
@@ -178,7 +183,9 @@ impl Gen<'_> {
     fn decide(&mut self, attrs: &[Attribute], node: Span) -> bool {
         for attr in attrs {
             if attr.path().is_ident("cfg") {
-                let Ok(meta) = attr.parse_args::<Meta>() else { continue };
+                let Ok(meta) = attr.parse_args::<Meta>() else {
+                    continue;
+                };
                 match eval(&meta, self.features) {
                     Value::Known(true) => self.remove_attr(attr),
                     Value::Known(false) => return self.remove_node(attrs, node),
@@ -188,7 +195,8 @@ impl Gen<'_> {
                     Value::Open(_) => {}
                 }
             } else if attr.path().is_ident("cfg_attr") {
-                let Ok(args) = attr.parse_args_with(Punctuated::<Meta, syn::Token![,]>::parse_terminated) else {
+                let Ok(args) = attr.parse_args_with(Punctuated::<Meta, syn::Token![,]>::parse_terminated)
+                else {
                     continue;
                 };
                 let mut args = args.into_iter();
