@@ -78,8 +78,7 @@ STEPS = [
             "kube-client's tree."
         ),
         "files": [
-            "test_util/mod.rs", "test_util/leases.rs", "test_util/lease_candidates.rs", "test_util/server.rs",
-            "test_util/wire.rs",
+            "test_util/mod.rs", "test_util/leases.rs", "test_util/server.rs", "test_util/wire.rs",
             "test_util/tests.rs", "tests/mod.rs", "tests/runtime.rs",
         ],
         "dev_deps": True,
@@ -117,7 +116,23 @@ STEPS = [
             "own clock); `LeaderElector::run_each_term` rejoins the election\n"
             "after a loss. The module's documentation."
         ),
-        "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs", "tests/regressions.rs"],
+        "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs"],
+        "final": True,
+        "used_later": {
+            "elector": (5, "the regression tests, in patch 5 of this series, storm the task with wake-ups"),
+        },
+    },
+    {
+        "subject": "runtime: lease: regression tests of the election",
+        "body": (
+            "The schedules that once broke \"exactly one leader, never none\"\n"
+            "(creation holds bypassed, duplicate identities after a pause,\n"
+            "releases after stopped work, writes answered 409 after being\n"
+            "applied, tasks on runtimes no longer driven, wake-up storms, and\n"
+            "more), each a test on the in-memory Lease API that failed before\n"
+            "its fix. Test-only."
+        ),
+        "files": ["tests/regressions.rs"],
         "final": True,
     },
 ]
@@ -292,7 +307,7 @@ def transform(text, rel, present):
     return text
 
 
-def interim_mod(text, step, n):
+def interim_mod(text, step):
     """lease/mod.rs before the last step: its module docs say what is there so far."""
     body = [l for l in text.split("\n") if not l.startswith("//!")]
     while body and not body[0].strip():
@@ -305,21 +320,30 @@ def interim_mod(text, step, n):
     ]
     # Re-exports of modules this step does not carry yet.
     kept = []
+    for l in body:
+        m = re.match(r"^pub use (?:self::)?([a-z_]+)::", l)
+        if m and f"lease/{m.group(1)}.rs" not in step and f"lease/{m.group(1)}/mod.rs" not in step:
+            continue
+        kept.append(l)
+    return "\n".join(head + kept)
+
+
+def mark_used_later(text, n):
+    """lease/mod.rs at step `n`: an allow of dead code, with its reason, on each
+    module whose crate-private items only a later patch uses."""
     later = {
         m: reason
         for earlier in STEPS[:n]
         for m, (until, reason) in earlier.get("used_later", {}).items()
         if until > n
     }
-    for l in body:
+    out = []
+    for l in text.split("\n"):
         m = MOD.match(l)
         if m and m.group(3) in later:
-            kept.append(f'#[allow(dead_code, reason = "{later[m.group(3)]}")]')
-        m = re.match(r"^pub use (?:self::)?([a-z_]+)::", l)
-        if m and f"lease/{m.group(1)}.rs" not in step and f"lease/{m.group(1)}/mod.rs" not in step:
-            continue
-        kept.append(l)
-    return "\n".join(head + kept)
+            out.append(f'#[allow(dead_code, reason = "{later[m.group(3)]}")]')
+        out.append(l)
+    return "\n".join(out)
 
 
 def generate_step_files(tree, tool, files):
@@ -408,7 +432,9 @@ def build_series(work):
         final = step.get("final", False)
         for target, text in written.items():
             if target == "lease/mod.rs" and not final:
-                text = interim_mod(text, written, n)
+                text = interim_mod(text, written)
+            if target == "lease/mod.rs":
+                text = mark_used_later(text, n)
             path = lease / target
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
@@ -450,6 +476,7 @@ def check():
             print(stale.stdout)
             sys.exit("upstream check: upstream/patches/ is stale: run scripts/upstream.sh generate")
         # One fixed path, so that the cached build of kube's crates stays valid.
+        check_pr_text()
         tree = CACHE / "check-tree"
         if tree.exists():
             shutil.rmtree(tree)
@@ -507,7 +534,9 @@ def fmt_check(tree, paths):
         sys.exit("upstream check: the lease module is not formatted as kube-rs's rustfmt.toml asks")
 
 
-def stats():
+def stats(show=True):
+    """Each patch's added lines by kind; printed, and returned in order."""
+    all_counts = []
     for patch in sorted(PATCHES.glob("*.patch")):
         text = patch.read_text()
         counts = {"code": 0, "docs": 0, "tests": 0, "manifests": 0}
@@ -529,7 +558,19 @@ def stats():
             elif body:
                 counts["code"] += 1
         total = sum(counts.values())
-        print(f"{patch.name}: {total} added lines: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        if show:
+            print(f"{patch.name}: {total} added lines: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        all_counts.append(counts)
+    return all_counts
+
+
+def check_pr_text():
+    """The PR text's table of the patches (docs/upstream-proposal.md, section 0) has the sizes stats counts."""
+    text = (ROOT / "docs" / "upstream-proposal.md").read_text()
+    rows = re.findall(r"^\| (\d+)\. .*\| (\d+) \| (\d+) \| (\d+) \|$", text, re.M)
+    want = [(str(n), str(c["code"]), str(c["docs"]), str(c["tests"])) for n, c in enumerate(stats(show=False), 1)]
+    if rows != want:
+        sys.exit(f"upstream check: docs/upstream-proposal.md's table of patches says {rows}, the series has {want}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 //! `metadata.name`, watches replayed from a resourceVersion), and the API
 //! server's ping.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, time::Duration};
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::wire::{ResBody, created, field_selector_name, ok, status, watch_response};
+use super::wire::{ResBody, Target, created, field_selector_name, ok, status, watch_response};
 use super::{FakeLeaseApi, Received};
 
 /// The key of a `LeaseCandidate`: its name in the namespace `default`,
@@ -26,6 +26,20 @@ pub(super) fn display_key(namespace: &str, name: &str) -> String {
     } else {
         format!("{namespace}/{name}")
     }
+}
+
+/// What the double serves of `LeaseCandidate`s.
+#[derive(Default)]
+pub(super) struct Served {
+    /// The `LeaseCandidate`s, once [`FakeLeaseApi::serve_lease_candidates`]
+    /// was called (`None`: answered 404, as by an API server without
+    /// Coordinated Leader Election).
+    objects: Option<LeaseCandidates>,
+    /// The status every `LeaseCandidate` request is answered with, if set
+    /// (see [`FakeLeaseApi::refuse_lease_candidates`]).
+    refused: Option<u16>,
+    /// How long every `LeaseCandidate` request takes (paused time).
+    latency: Duration,
 }
 
 /// The `LeaseCandidate`s kept, their history (for watches from a
@@ -187,9 +201,108 @@ impl LeaseCandidates {
 }
 
 impl FakeLeaseApi {
+    /// A `LeaseCandidate` request, after the latency set for them.
+    pub(super) async fn lease_candidate_request(
+        &self,
+        target: &Target,
+        method: &Method,
+        is_watch: bool,
+        query: &str,
+        body: &[u8],
+    ) -> Response<ResBody> {
+        let latency = self.lock().candidates.latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let at = (target.namespace.as_deref(), target.name.as_deref());
+        self.lease_candidate(method, at, is_watch, query, body)
+    }
+
+    /// A double that also serves `coordination.k8s.io/v1beta1`
+    /// `LeaseCandidate`s (create, get, replace with resourceVersion checks,
+    /// delete, lists and watches; kept for
+    /// [`lease_candidates`](Self::lease_candidates)), as an API server with
+    /// Coordinated Leader Election does. It does not elect: a test plays the
+    /// API server's part with [`put`](Self::put). Without it, every
+    /// `LeaseCandidate` request is answered 404, as where the feature is off.
+    #[must_use]
+    pub fn serve_lease_candidates(self) -> Self {
+        self.lock().candidates.objects = Some(LeaseCandidates::default());
+        self
+    }
+
+    /// Answers every `LeaseCandidate` request with `status` (403: RBAC
+    /// without `leasecandidates`; 500: a failing API server).
+    #[must_use]
+    pub fn refuse_lease_candidates(self, status: u16) -> Self {
+        self.lock().candidates.refused = Some(status);
+        self
+    }
+
+    /// From now on, answers every `LeaseCandidate` request with `status`
+    /// (`None`: serves them again); see
+    /// [`refuse_lease_candidates`](Self::refuse_lease_candidates).
+    pub fn set_lease_candidates_refused(&self, status: Option<u16>) {
+        self.lock().candidates.refused = status;
+    }
+
+    /// Makes every `LeaseCandidate` request take `latency` before it is
+    /// handled.
+    #[must_use]
+    pub fn lease_candidates_latency(self, latency: Duration) -> Self {
+        self.lock().candidates.latency = latency;
+        self
+    }
+
+    /// Pings the `LeaseCandidate` `key` (its name in the namespace
+    /// `default`, else `<namespace>/<name>`), as the API server does before it
+    /// elects (`spec.pingTime` now): a live candidate answers by renewing
+    /// (`spec.renewTime` after it). Whether it exists.
+    #[must_use]
+    pub fn ping_lease_candidate(&self, key: &str) -> bool {
+        self.lock()
+            .candidates
+            .objects
+            .as_mut()
+            .is_some_and(|c| c.ping(key))
+    }
+
+    /// Stores `object` as a `LeaseCandidate` (by its namespace, `default`
+    /// when it names none, and name), as someone else's write would: a new
+    /// resourceVersion, its watchers told.
+    pub fn put_lease_candidate(&self, object: serde_json::Value) {
+        if let Some(c) = self.lock().candidates.objects.as_mut() {
+            c.put(object);
+        }
+    }
+
+    /// Deletes the `LeaseCandidate` `key` (as for
+    /// [`ping_lease_candidate`](Self::ping_lease_candidate)), as someone else
+    /// would (its watchers are told). Whether it existed.
+    #[must_use]
+    pub fn delete_lease_candidate(&self, key: &str) -> bool {
+        self.lock()
+            .candidates
+            .objects
+            .as_mut()
+            .is_some_and(|c| c.delete(key).is_some())
+    }
+
+    /// The `LeaseCandidate`s stored now, as JSON, by key: the name in the
+    /// namespace `default`, `<namespace>/<name>` in any other.
+    #[must_use]
+    pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        self.lock()
+            .candidates
+            .objects
+            .as_ref()
+            .map(|c| c.objects.clone())
+            .unwrap_or_default()
+    }
+
     /// A `LeaseCandidate` request (seen as `candidate <verb>`): 404 unless
     /// [`FakeLeaseApi::serve_lease_candidates`] was called.
-    pub(super) fn lease_candidate(
+    fn lease_candidate(
         &self,
         method: &Method,
         (namespace, name): (Option<&str>, Option<&str>),
@@ -213,10 +326,10 @@ impl FakeLeaseApi {
             client: usize::MAX,
             verb,
         });
-        if let Some(code) = s.lease_candidates_refused {
+        if let Some(code) = s.candidates.refused {
             return status(code, "Refused", "refused by the test");
         }
-        let Some(candidates) = s.lease_candidates.as_mut() else {
+        let Some(candidates) = s.candidates.objects.as_mut() else {
             return status(404, "NotFound", "the double serves no lease candidates");
         };
         let parsed = || {

@@ -103,6 +103,7 @@
 //! # }
 //! ```
 
+#[cfg(feature = "coordinated")]
 mod lease_candidates;
 mod leases;
 mod server;
@@ -202,17 +203,11 @@ struct Store {
     served: Option<leases::Key>,
     received: Vec<Received>,
     clients: Vec<ClientFaults>,
-    /// `LeaseCandidate`s by name, once [`FakeLeaseApi::serve_lease_candidates`]
-    /// was called (`None`: answered 404, as by an API server without
-    /// Coordinated Leader Election).
-    lease_candidates: Option<lease_candidates::LeaseCandidates>,
     /// Events created, in order (see [`FakeLeaseApi::events`]).
     events: Vec<serde_json::Value>,
-    /// The status every `LeaseCandidate` request is answered with, if set
-    /// (see [`FakeLeaseApi::refuse_lease_candidates`]).
-    lease_candidates_refused: Option<u16>,
-    /// How long every `LeaseCandidate` request takes (paused time).
-    lease_candidates_latency: Duration,
+    /// What the double serves of `LeaseCandidate`s.
+    #[cfg(feature = "coordinated")]
+    candidates: lease_candidates::Served,
 }
 
 #[derive(Default)]
@@ -303,82 +298,6 @@ impl FakeLeaseApi {
     /// Refuses `client`'s lists and watches with 403 (RBAC without them).
     pub fn forbid_watch(&self, client: usize) {
         self.lock().clients[client].watch_forbidden = true;
-    }
-
-    /// A double that also serves `coordination.k8s.io/v1beta1`
-    /// `LeaseCandidate`s (create, get, replace with resourceVersion checks,
-    /// delete, lists and watches; kept for
-    /// [`lease_candidates`](Self::lease_candidates)), as an API server with
-    /// Coordinated Leader Election does. It does not elect: a test plays the
-    /// API server's part with [`put`](Self::put). Without it, every
-    /// `LeaseCandidate` request is answered 404, as where the feature is off.
-    #[must_use]
-    pub fn serve_lease_candidates(self) -> Self {
-        self.lock().lease_candidates = Some(lease_candidates::LeaseCandidates::default());
-        self
-    }
-
-    /// Answers every `LeaseCandidate` request with `status` (403: RBAC
-    /// without `leasecandidates`; 500: a failing API server).
-    #[must_use]
-    pub fn refuse_lease_candidates(self, status: u16) -> Self {
-        self.lock().lease_candidates_refused = Some(status);
-        self
-    }
-
-    /// From now on, answers every `LeaseCandidate` request with `status`
-    /// (`None`: serves them again); see
-    /// [`refuse_lease_candidates`](Self::refuse_lease_candidates).
-    pub fn set_lease_candidates_refused(&self, status: Option<u16>) {
-        self.lock().lease_candidates_refused = status;
-    }
-
-    /// Makes every `LeaseCandidate` request take `latency` before it is
-    /// handled.
-    #[must_use]
-    pub fn lease_candidates_latency(self, latency: Duration) -> Self {
-        self.lock().lease_candidates_latency = latency;
-        self
-    }
-
-    /// Pings the `LeaseCandidate` `key` (its name in the namespace
-    /// `default`, else `<namespace>/<name>`), as the API server does before it
-    /// elects (`spec.pingTime` now): a live candidate answers by renewing
-    /// (`spec.renewTime` after it). Whether it exists.
-    #[must_use]
-    pub fn ping_lease_candidate(&self, key: &str) -> bool {
-        self.lock().lease_candidates.as_mut().is_some_and(|c| c.ping(key))
-    }
-
-    /// Stores `object` as a `LeaseCandidate` (by its namespace, `default`
-    /// when it names none, and name), as someone else's write would: a new
-    /// resourceVersion, its watchers told.
-    pub fn put_lease_candidate(&self, object: serde_json::Value) {
-        if let Some(c) = self.lock().lease_candidates.as_mut() {
-            c.put(object);
-        }
-    }
-
-    /// Deletes the `LeaseCandidate` `key` (as for
-    /// [`ping_lease_candidate`](Self::ping_lease_candidate)), as someone else
-    /// would (its watchers are told). Whether it existed.
-    #[must_use]
-    pub fn delete_lease_candidate(&self, key: &str) -> bool {
-        self.lock()
-            .lease_candidates
-            .as_mut()
-            .is_some_and(|c| c.delete(key).is_some())
-    }
-
-    /// The `LeaseCandidate`s stored now, as JSON, by key: the name in the
-    /// namespace `default`, `<namespace>/<name>` in any other.
-    #[must_use]
-    pub fn lease_candidates(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
-        self.lock()
-            .lease_candidates
-            .as_ref()
-            .map(|c| c.objects.clone())
-            .unwrap_or_default()
     }
 
     /// The Kubernetes Events created through this double so far, as JSON,

@@ -55,11 +55,14 @@ impl FakeLeaseApi {
         let body = read_body(req.into_body()).await?;
         let is_watch = query.contains("watch=true");
         let target = Target::of(&path);
-        if let Some(answer) = self
-            .beside_leases(&target, &method, is_watch, &query, &body)
-            .await
-        {
-            return Ok(answer);
+        if target.resource == "events" && method == Method::POST {
+            return Ok(self.event_posted(&body));
+        }
+        #[cfg(feature = "coordinated")]
+        if target.resource == "leasecandidates" {
+            return Ok(self
+                .lease_candidate_request(&target, &method, is_watch, &query, &body)
+                .await);
         }
         if target.resource != "leases" {
             return Ok(self.other_resource(&method, is_watch, target.name.is_some()));
@@ -171,35 +174,6 @@ impl FakeLeaseApi {
                 "apiVersion": "v1", "kind": "List", "metadata": { "resourceVersion": "1" }, "items": [],
             })),
             (false, _) => status(404, "NotFound", "the double serves only leases"),
-        }
-    }
-
-    /// What the double keeps beside the Lease: Events created, and
-    /// `LeaseCandidate`s; `None` for everything else.
-    async fn beside_leases(
-        &self,
-        target: &Target,
-        method: &Method,
-        is_watch: bool,
-        query: &str,
-        body: &[u8],
-    ) -> Option<Response<ResBody>> {
-        if target.resource == "leasecandidates" {
-            let latency = self.lock().lease_candidates_latency;
-            if !latency.is_zero() {
-                tokio::time::sleep(latency).await;
-            }
-        }
-        match target.resource.as_str() {
-            "events" if *method == Method::POST => Some(self.event_posted(body)),
-            "leasecandidates" => Some(self.lease_candidate(
-                method,
-                (target.namespace.as_deref(), target.name.as_deref()),
-                is_watch,
-                query,
-                body,
-            )),
-            _ => None,
         }
     }
 
