@@ -95,7 +95,7 @@ STEPS = [
         "files": [
             "error.rs", "term.rs", "guard.rs",
             "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
-            "elector/memory.rs", "elector/observer.rs", "elector/status.rs", "elector/supervise.rs",
+            "elector/memory.rs", "elector/status.rs", "elector/supervise.rs",
             "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
             "elector/task/lead.rs", "elector/task/view.rs",
             "elector/tests/mod.rs", "elector/tests/campaign.rs", "elector/tests/supervise.rs",
@@ -454,6 +454,8 @@ def generate(dest=PATCHES):
         git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "--numbered",
             "-o", str(dest), "HEAD~%d" % len(STEPS))
     print(f"upstream: {len(STEPS)} patches in {dest}")
+    if dest == PATCHES:
+        write_pr_table()
 
 
 # ---------------------------------------------------------------------------
@@ -562,6 +564,21 @@ def stats(show=True):
             print(f"{patch.name}: {total} added lines: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
         all_counts.append(counts)
     return all_counts
+
+
+ROW = re.compile(r"^(\| (\d+)\. .*\| )(\d+) \| (\d+) \| (\d+) \|$", re.M)
+
+
+def write_pr_table():
+    """Writes the sizes `stats` counts into the PR text's table of the patches."""
+    doc = ROOT / "docs" / "upstream-proposal.md"
+    counts = stats(show=False)
+
+    def row(m):
+        c = counts[int(m.group(2)) - 1]
+        return f"{m.group(1)}{c['code']} | {c['docs']} | {c['tests']} |"
+
+    doc.write_text(ROW.sub(row, doc.read_text()))
 
 
 def check_pr_text():

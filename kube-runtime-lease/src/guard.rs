@@ -177,7 +177,7 @@ impl Future for LeaseGuard {
                     // Final (see `Term::renewed`): the term ends for every
                     // guard, whether or not the elector task ever notices.
                     self.term.lose(&Lost::RenewDeadlineExceeded);
-                    // The elector task ends the term its way (status, metrics).
+                    // The elector task ends the term its way (its status, its log line).
                     self.wake.notify_one();
                     self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded)
                 }

@@ -258,7 +258,6 @@ pub use stream::{LeaderElectionStreamExt, RunEnded, WithLeaderElection};
 pub use term::Lost;
 
 // The extras: each a feature, built on the core above.
-
 /// Coordinated Leader Election (feature `coordinated`): the API server picks
 /// the leader among the candidates' `LeaseCandidate`s. Asked for with
 /// [`LeaseConfig::coordinated`].

@@ -1,7 +1,9 @@
 //! Leadership for a [`Controller`]: [`LeaderElectionControllerExt`] and the
-//! guarded Controller it returns ([`ControllerWithLeaderElection`]), warm
-//! standby ([`warm`]), and the gated run that warm standby and elected shards
-//! share ([`gated`]).
+//! guarded Controller it returns ([`ControllerWithLeaderElection`]).
+//! <!-- upstream: omit -->
+//! Here too: warm standby (`warm`), and the gated run that warm standby and
+//! elected shards share (`gated`).
+//! <!-- upstream: end -->
 //!
 //! The Controller has its own extension trait, apart from
 //! [`LeaderElectionStreamExt`](crate::LeaderElectionStreamExt): one trait with

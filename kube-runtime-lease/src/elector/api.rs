@@ -77,8 +77,8 @@ impl LeaseApi {
 }
 
 /// Runs one request, failing it with `timed_out()` once `bound` passed, and
-/// with `wrap(e)` when it fails (the Lease's calls here, the `LeaseCandidate`'s
-/// in `lease_candidate.rs`).
+/// with `wrap(e)` when it fails (the Lease's calls here, and any other
+/// object's the elector writes).
 pub(super) async fn bounded<T, E>(
     bound: Duration,
     fut: impl Future<Output = kube_client::Result<T>>,

@@ -121,10 +121,10 @@ impl Inner {
         self.wake.notify_one();
     }
 
-    /// This candidate does not lead (any more): the status says so, and the
-    /// observers are told.
+    /// This candidate does not lead (any more): the status says so.
     pub(super) fn not_leading(&self) {
         self.update_status(|s| s.is_leader = false);
+        // And the observers (metrics, Events) are told.
         #[cfg(any(feature = "events", feature = "metrics"))]
         self.observers.tell(Transition::Leading(false));
     }
@@ -135,8 +135,7 @@ impl Inner {
         self.observers.tell(transition);
     }
 
-    /// Changes the published status; a change of holder is logged and told
-    /// to the observers.
+    /// Changes the published status; a change of holder is logged.
     pub(super) fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
         self.status.send_if_modified(|s| {
             let before = s.clone();
@@ -147,6 +146,7 @@ impl Inner {
                 } else {
                     info!("lease observed free or missing");
                 }
+                // And told to the observers (metrics, Events).
                 #[cfg(any(feature = "events", feature = "metrics"))]
                 self.observers.tell(Transition::HolderChanged);
             }

@@ -132,9 +132,9 @@ async fn run(mut task: Task) -> Result<()> {
         }
     };
     // `task` is borrowed, not moved: it keeps the slot until this function
-    // returns, after the LeaseCandidate's deletion below (invariant 1 covers
-    // that object too: the next task publishes its own only after this one
-    // deleted it).
+    // returns, after whatever the task publishes beside the Lease is deleted
+    // (invariant 1 covers such an object too: the next task publishes its
+    // own only after this one deleted it).
     let elect = async {
         loop {
             let Some((lease, sent, created)) = task.campaign().await else {
