@@ -249,10 +249,9 @@ def child_file(rel, name, present):
 
 
 def rewrite_code(line):
-    line = line.replace("kube_runtime_lease::", "crate::lease::")
     line = re.sub(r"\bcrate::", "crate::lease::", line)
     line = re.sub(r"\bkube_runtime::", "crate::", line)
-    return line
+    return line.replace("kube_runtime_lease::", "crate::lease::")
 
 
 def rewrite_doc(text, in_code):
@@ -262,9 +261,7 @@ def rewrite_doc(text, in_code):
         text = re.sub(r"\bkube_runtime::", "kube::runtime::", text)
         return text
     text = re.sub(r"\bcrate::", "crate::lease::", text)
-    text = re.sub(r"\bkube_runtime::", "crate::", text)
-    text = re.sub(r"\bkube_client::", "kube_client::", text)
-    return text
+    return re.sub(r"\bkube_runtime::", "crate::", text)
 
 
 def transform(text, rel, present):
