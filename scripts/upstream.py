@@ -391,7 +391,7 @@ def apply_manifest_changes(tree, step):
             "dhat.workspace = true\n",
             "dhat.workspace = true\n"
             "# The lease module's Lease API double (all in kube-client's tree already).\n"
-            'bytes = "1"\n'
+            "bytes.workspace = true\n"
             "http.workspace = true\n"
             "http-body.workspace = true\n"
             "http-body-util.workspace = true\n"
