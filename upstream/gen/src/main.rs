@@ -121,18 +121,15 @@ impl Gen<'_> {
     /// right above) when nothing else stands on them, and with the comma
     /// after it.
     fn remove(&mut self, start: usize, end: usize) {
-        let mut end = end;
         let after = self.text[end..].trim_start_matches([' ', '\t']);
-        if after.starts_with(',') {
-            end = self.text.len() - after.len() + 1;
-        }
-        let line_start = self.text[..start].rfind('\n').map_or(0, |i| i + 1);
-        let rest = &self.text[end..];
-        let line_end = rest.find('\n').map_or(self.text.len(), |i| end + i + 1);
+        let mut end = if after.starts_with(',') {
+            self.text.len() - after.len() + 1
+        } else {
+            end
+        };
         let mut start = start;
-        if self.text[line_start..start].trim().is_empty() && self.text[end..line_end].trim().is_empty() {
-            start = line_start;
-            end = line_end;
+        if let Some((line_start, line_end)) = self.whole_lines(start, end) {
+            (start, end) = (line_start, line_end);
             // The plain comments right above describe what is removed.
             while start > 0 {
                 let prev_start = self.text[..start - 1].rfind('\n').map_or(0, |i| i + 1);
@@ -154,7 +151,12 @@ impl Gen<'_> {
     /// Removes one attribute, with its line when it stands alone on it.
     fn remove_attr(&mut self, attr: &Attribute) {
         let (start, end) = self.range(attr.span());
-        self.edits.push(self.whole_lines(start, end, String::new()));
+        let (start, end) = self.whole_lines(start, end).unwrap_or((start, end));
+        self.edits.push(Edit {
+            start,
+            end,
+            with: String::new(),
+        });
     }
 
     fn replace_attr(&mut self, attr: &Attribute, with: String) {
@@ -162,20 +164,15 @@ impl Gen<'_> {
         self.edits.push(Edit { start, end, with });
     }
 
-    fn whole_lines(&self, start: usize, end: usize, with: String) -> Edit {
+    /// `start..end` widened to the whole lines it stands on, with their line
+    /// ends, if nothing else stands on them.
+    fn whole_lines(&self, start: usize, end: usize) -> Option<(usize, usize)> {
         let line_start = self.text[..start].rfind('\n').map_or(0, |i| i + 1);
         let line_end = self.text[end..]
             .find('\n')
             .map_or(self.text.len(), |i| end + i + 1);
-        if self.text[line_start..start].trim().is_empty() && self.text[end..line_end].trim().is_empty() {
-            Edit {
-                start: line_start,
-                end: line_end,
-                with,
-            }
-        } else {
-            Edit { start, end, with }
-        }
+        (self.text[line_start..start].trim().is_empty() && self.text[end..line_end].trim().is_empty())
+            .then_some((line_start, line_end))
     }
 
     /// Decides a node by its attributes: `true` when it is removed (and its
