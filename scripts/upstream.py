@@ -352,42 +352,45 @@ def generate_step_files(tree, tool, files):
     return written
 
 
+def edit(path, old, new):
+    """Replaces `old` in the file `path` by `new`; fails when `old` is not there."""
+    text = path.read_text()
+    if old not in text:
+        sys.exit(f"upstream: {path} has no {old!r} to change: is it kube {KUBE_VERSION}'s?")
+    path.write_text(text.replace(old, new, 1))
+
+
 def apply_manifest_changes(tree, step):
+    runtime = tree / "kube-runtime" / "Cargo.toml"
     if step.get("feature"):
-        rt = tree / "kube-runtime" / "Cargo.toml"
-        s = rt.read_text()
-        s = s.replace(
+        edit(
+            runtime,
             'unstable-runtime = ["unstable-runtime-subscribe", "unstable-runtime-stream-control", "unstable-runtime-reconcile-on"]',
             'unstable-runtime = ["unstable-runtime-subscribe", "unstable-runtime-stream-control", "unstable-runtime-reconcile-on", "unstable-runtime-lease"]',
         )
-        s = s.replace(
+        edit(
+            runtime,
             "unstable-runtime-reconcile-on = []\n",
             'unstable-runtime-reconcile-on = []\nunstable-runtime-lease = ["tokio/rt", "tokio/sync"]\n',
         )
-        rt.write_text(s)
-        facade = tree / "kube" / "Cargo.toml"
-        s = facade.read_text()
-        s = s.replace(
+        edit(
+            tree / "kube" / "Cargo.toml",
             'unstable-runtime = ["kube-runtime/unstable-runtime", "runtime"]\n',
             'unstable-runtime = ["kube-runtime/unstable-runtime", "runtime"]\n'
             "## enable leader election with coordination.k8s.io Leases (kube::runtime::lease)\n"
             'unstable-runtime-lease = ["kube-runtime/unstable-runtime-lease", "runtime"]\n',
         )
-        facade.write_text(s)
-        lib = tree / "kube-runtime" / "src" / "lib.rs"
-        s = lib.read_text()
-        s = s.replace(
+        edit(
+            tree / "kube-runtime" / "src" / "lib.rs",
             "pub mod finalizer;\n",
             "pub mod finalizer;\n"
             f'#[cfg(feature = "{FEATURE}")]\n'
             f'#[cfg_attr(docsrs, doc(cfg(feature = "{FEATURE}")))]\n'
             "pub mod lease;\n",
         )
-        lib.write_text(s)
     if step.get("dev_deps"):
-        rt = tree / "kube-runtime" / "Cargo.toml"
-        s = rt.read_text()
-        s = s.replace(
+        edit(
+            runtime,
             "dhat.workspace = true\n",
             "dhat.workspace = true\n"
             "# The lease module's Lease API double (all in kube-client's tree already).\n"
@@ -397,7 +400,6 @@ def apply_manifest_changes(tree, step):
             "http-body-util.workspace = true\n"
             'tower = { workspace = true, features = ["util"] }\n',
         )
-        rt.write_text(s)
 
 
 def stable_rustfmt(tree):
@@ -408,13 +410,13 @@ def stable_rustfmt(tree):
     return "\n".join(lines) + "\n"
 
 
-def rustfmt(tree, paths):
-    if not paths:
-        return
+def rustfmt(tree, paths, *flags):
+    """rustfmt with kube-rs's stable options on `paths`; its exit status."""
     cfg = tree / "rustfmt-stable.toml"
     cfg.write_text(stable_rustfmt(tree))
-    run("rustfmt", "--edition", "2024", "--config-path", str(cfg), *map(str, paths))
+    result = run("rustfmt", *flags, "--edition", "2024", "--config-path", str(cfg), *map(str, paths), check=False)
     cfg.unlink()
+    return result.returncode
 
 
 def build_series(work):
@@ -435,7 +437,8 @@ def build_series(work):
             path = lease / target
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        rustfmt(tree, [lease / t for t in written])
+        if rustfmt(tree, [lease / t for t in written]) != 0:
+            sys.exit("upstream: rustfmt failed on the generated module")
         apply_manifest_changes(tree, step)
         git(tree, "add", "-A")
         git(tree, "commit", "--quiet", "-m", step["subject"] + "\n\n" + step["body"], "--author", AUTHOR)
@@ -524,12 +527,8 @@ def rustdoc(tree, target):
 
 
 def fmt_check(tree, paths):
-    cfg = tree / "rustfmt-stable.toml"
-    cfg.write_text(stable_rustfmt(tree))
     print("upstream check: rustfmt --check (kube-rs's stable options)", flush=True)
-    result = run("rustfmt", "--check", "--edition", "2024", "--config-path", str(cfg), *map(str, paths), check=False)
-    cfg.unlink()
-    if result.returncode != 0:
+    if rustfmt(tree, paths, "--check") != 0:
         sys.exit("upstream check: the lease module is not formatted as kube-rs's rustfmt.toml asks")
 
 
