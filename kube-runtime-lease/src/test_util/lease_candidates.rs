@@ -214,8 +214,7 @@ impl FakeLeaseApi {
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        let at = (target.namespace.as_deref(), target.name.as_deref());
-        self.lease_candidate(method, at, is_watch, query, body)
+        self.lease_candidate(target, method, is_watch, query, body)
     }
 
     /// A double that also serves `coordination.k8s.io/v1beta1`
@@ -304,13 +303,14 @@ impl FakeLeaseApi {
     /// [`FakeLeaseApi::serve_lease_candidates`] was called.
     fn lease_candidate(
         &self,
+        target: &Target,
         method: &Method,
-        (namespace, name): (Option<&str>, Option<&str>),
         is_watch: bool,
         query: &str,
         body: &[u8],
     ) -> Response<ResBody> {
-        let namespace = namespace.unwrap_or("default");
+        let namespace = target.namespace.as_deref().unwrap_or("default");
+        let name = target.name.as_deref();
         let verb = match (method, name, is_watch) {
             (&Method::POST, _, _) => "candidate create",
             (&Method::GET, Some(_), _) => "candidate get",
