@@ -1,5 +1,6 @@
 //! Shared helpers of the examples: logging, a client, a [`LeaseConfig`]
-//! from the environment, and [`probes`] (`/livez`, `/readyz`).
+//! from the environment, [`probes`] (`/livez`, `/readyz`) and [`ledger`]
+//! (writes fenced by the term: check, write with a precondition, carry the token).
 //!
 //! Every example talks to the cluster in `KUBECONFIG` (or the in-cluster
 //! configuration), and reads its Lease settings from the environment:
@@ -11,6 +12,7 @@
 //! `COORDINATED_EMULATION_VERSION` as the emulation version (default: the
 //! binary version).
 
+pub mod ledger;
 pub mod probes;
 
 use std::time::Duration;

@@ -32,6 +32,12 @@
 //! Settings come from the environment, as for every example (see
 //! `examples/common.rs`), and so does its client: the examples' own.
 //!
+//! With `LEDGER=<ConfigMap>` (the chaos run), each piece of work also appends
+//! a line `<identity> <pid>:<term> <seq> <ns>` to that `ConfigMap` in the
+//! Lease's namespace, fenced by the term (`kube_runtime_lease_examples::ledger`:
+//! read, check `is_valid` and the stored token, write with the
+//! resourceVersion as precondition), and prints `LEDGER <ns> <outcome> [n]`.
+//!
 //! With `CANDIDATE_MODE=sharded`, it is one replica of a sharded Controller
 //! (`ShardedElector`, `SHARDS` shards, default 12) of the `ConfigMaps` in the
 //! Lease's namespace, the shard Leases named from `LEASE_NAME`. It prints
@@ -52,6 +58,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, Lost};
+use kube_runtime_lease_examples::ledger::{Appended, append};
 use kube_runtime_lease_examples::{client, lease_config, shutdown_signal};
 use kube_runtime_lease_harness::now_ns;
 
@@ -102,6 +109,17 @@ async fn main() -> anyhow::Result<()> {
         return result.map_err(Into::into);
     }
 
+    let ledger = match std::env::var("LEDGER") {
+        Ok(name) => Some((
+            kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+                client().await?,
+                elector.config().namespace(),
+            ),
+            name,
+        )),
+        Err(_) => None,
+    };
+    let mut terms = 0u32;
     loop {
         let work = futures::stream::unfold(true, move |first| async move {
             if !first {
@@ -114,12 +132,24 @@ async fn main() -> anyhow::Result<()> {
         .take_until(elector.shutdown_requested());
         let mut guarded = std::pin::pin!(work.with_leader_election(&elector));
         let mut led = false;
+        let mut seq = 0u64;
         while let Some(first) = guarded.next().await {
             if first {
                 led = true;
+                terms += 1;
                 println!("EVENT started-leading {} {identity}", now_ns());
             }
             println!("WORK {}", now_ns());
+            if let (Some((api, name)), Some(guard)) = (&ledger, guarded.guard()) {
+                seq += 1;
+                let entry = format!("{identity} {}:{terms} {seq} {}", std::process::id(), now_ns());
+                let outcome = match append(api, name, guard, &entry).await {
+                    Ok(Appended::Written { n }) => format!("written {n}"),
+                    Ok(refused) => refused.name().to_owned(),
+                    Err(e) => format!("error {e}"),
+                };
+                println!("LEDGER {} {outcome}", now_ns());
+            }
         }
         let lost = guarded.lost();
         if led {

@@ -30,6 +30,7 @@
 
 mod build;
 mod external;
+mod ha;
 mod kubeconfig;
 mod local;
 mod pki;
@@ -48,6 +49,7 @@ use kube::{Api, Client};
 
 pub use self::build::{CONTROL_PLANE_BIN, GOELECT_BIN, bin_dir, workspace_root};
 use self::external::External;
+pub use self::ha::{APISERVERS, ETCD_MEMBERS, HaControlPlane};
 use self::kubeconfig::{client_from_kubeconfig, client_from_path, get};
 use self::local::Local;
 use self::process::Managed;
@@ -315,6 +317,14 @@ impl TestEnv {
             }
         }
     }
+}
+
+/// A client from the kubeconfig file at `path`.
+///
+/// # Errors
+/// When the file cannot be read or the client built.
+pub async fn client_from_kubeconfig_path(path: &Path) -> Result<Client> {
+    client_from_path(path).await
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -78,6 +78,10 @@ pub enum Kind {
     /// start (`who` is the object, `detail` `<end> <shard> <token>`: see
     /// [`shards`](crate::shards)).
     Reconcile,
+    /// `LEDGER`: what a chaos-run candidate's write to the ledger did (`who`
+    /// is the outcome: `written`, `term-ended`, `fenced`, `conflict` or
+    /// `error`; `detail` the rest: see [`chaos`](crate::chaos)).
+    Ledger,
     /// The test sent this signal (stamped after sending, except SIGCONT:
     /// before sending).
     Signal(Sig),
@@ -131,6 +135,7 @@ impl Entry {
                 | Kind::Synced
                 | Kind::Shards
                 | Kind::Reconcile
+                | Kind::Ledger
                 | Kind::Other
         )
     }
@@ -152,6 +157,7 @@ pub fn parse_line(line: &str) -> Option<(Kind, u64, String, String)> {
         "SYNCED" => (Kind::Synced, parts.next()?.parse().ok()?),
         "SHARDS" => (Kind::Shards, parts.next()?.parse().ok()?),
         "RECONCILE" => (Kind::Reconcile, parts.next()?.parse().ok()?),
+        "LEDGER" => (Kind::Ledger, parts.next()?.parse().ok()?),
         "EVENT" => {
             let kind = match parts.next()? {
                 "started-leading" => Kind::StartedLeading,
@@ -377,7 +383,7 @@ impl EventLog {
         let mut i = 0;
         while i < entries.len() {
             let e = &entries[i];
-            if matches!(e.kind, Kind::Work | Kind::Reconcile) {
+            if matches!(e.kind, Kind::Work | Kind::Reconcile | Kind::Ledger) {
                 // Fold this process's consecutive WORK (or RECONCILE) lines
                 // (others' lines in between end the run).
                 let mut j = i;
@@ -392,7 +398,11 @@ impl EventLog {
                     "{:>14}  {:<10} {} x{} (last at {})",
                     fmt_delta(base, e.at),
                     e.process,
-                    if e.kind == Kind::Work { "WORK" } else { "RECONCILE" },
+                    match e.kind {
+                        Kind::Work => "WORK",
+                        Kind::Ledger => "LEDGER",
+                        _ => "RECONCILE",
+                    },
                     j - i + 1,
                     fmt_delta(base, entries[j].at)
                 );

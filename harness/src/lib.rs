@@ -31,6 +31,7 @@
 
 pub mod candidates;
 pub mod cargo;
+pub mod chaos;
 pub mod clock;
 pub mod control_plane;
 pub mod events;

@@ -108,16 +108,58 @@ impl ApiError {
 }
 
 /// Displays an error with its chain of sources, `a: b: c`, for log lines.
+///
+/// A source whose message the text so far already holds is left out: this
+/// crate's errors and kube's print their source themselves (kube-rs#2021),
+/// others do not, and a line names each error once either way.
 pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut text = self.0.to_string();
         let mut source = self.0.source();
         while let Some(e) = source {
-            write!(f, ": {e}")?;
+            let message = e.to_string();
+            if !text.contains(&message) {
+                text.push_str(": ");
+                text.push_str(&message);
+            }
             source = e.source();
         }
-        Ok(())
+        f.write_str(&text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ApiError, Chain};
+
+    /// An error that does not print its source.
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] std::io::Error);
+
+    /// A log line names each error of the chain once, whether an error prints
+    /// its source itself (as this crate's and kube's do) or not. The chaos
+    /// run's logs showed a 429 three times in one line.
+    #[test]
+    fn a_chain_prints_each_message_once() {
+        let status = kube_client::core::Status::failure(
+            "Too many requests, please try again later.",
+            "TooManyRequests",
+        )
+        .with_code(429);
+        let error = ApiError::Replace(kube_client::Error::Api(Box::new(status)));
+        let line = Chain(&error).to_string();
+        // Both sources are in the error's own message already: nothing is added.
+        assert_eq!(line, error.to_string());
+        assert!(
+            line.starts_with("failed to update lease: ApiError: Too many requests"),
+            "{line}"
+        );
+
+        // A source that its parent does not print is still shown.
+        let line = Chain(&Outer(std::io::Error::other("inner"))).to_string();
+        assert_eq!(line, "outer: inner");
     }
 }

@@ -212,6 +212,61 @@
 //!   retry period before it stops, so that demand that flaps (an `acquire`
 //!   created and dropped repeatedly) costs no new LIST, WATCH and GET.
 //!
+//! # Fencing: what a term's writes can rely on
+//! Leader election alone cannot stop a stale write: a process paused (or
+//! partitioned) past its lease wakes up still believing it leads, and a
+//! write it had already decided on lands after its successor's. client-go
+//! hands out no means against it. This crate gives a term two: its clock
+//! ([`LeaseGuard::is_valid`], false from the renew deadline on, which is
+//! before any other candidate may take the Lease), and its fencing token
+//! ([`LeaseGuard::fencing_token`]), which grows from term to term. Used
+//! together with the object's own optimistic concurrency they close the
+//! gap for writes to Kubernetes objects:
+//!
+//! 1. read the object;
+//! 2. after the read, check [`LeaseGuard::is_valid`], and compare the token
+//!    stored in the object (a label, an annotation, a status field) with the
+//!    term's: if the stored one is larger, a newer term has written; stop;
+//! 3. write with the resourceVersion that was read as the precondition
+//!    (`replace`, or a patch that carries `metadata.resourceVersion`), the
+//!    term's token stored in the object.
+//!
+//! What that guarantees: once a newer term has written the object, no write
+//! of an older term lands on it, whatever the older process's timing. Its
+//! read came either before the newer write (so its precondition fails with
+//! 409) or after it (so it sees the newer token and stops). The token check
+//! needs no clock. The clock check stops most stale writes before they are
+//! attempted; alone, it would fail only if this process's clock disagreed
+//! with the other candidates' about how much time had passed.
+//!
+//! What it does not guarantee:
+//! - An older term's write can still land after the newer term *began*, but
+//!   only before the newer term's first write to that object. It is ordered
+//!   before that write, not lost or reordered, and the newer term reads it
+//!   before writing (step 1).
+//! - Writes made without a precondition are not fenced: a blind `PUT`, a
+//!   merge patch without `resourceVersion`, or server-side apply with
+//!   `force`. Neither are side effects outside the API server (a database, a
+//!   cloud API) unless that system stores and compares the token itself.
+//! - Tokens order the terms of one Lease name as the candidates saw it. A
+//!   candidate that never saw an older, deleted Lease object may start again
+//!   from lower numbers. Fenced objects then refuse it (safe), and they
+//!   accept writes again from the next term whose token is larger.
+//!
+//! <!-- upstream: omit -->
+//! `examples/fenced_write.rs` is the pattern on a `ConfigMap`
+//! (`kube_runtime_lease_examples::ledger`). The repository's chaos run is the
+//! evidence: `tests/tests/chaos.rs` runs it in CI, and `scripts/chaos.sh`
+//! runs it for longer, with the results in RELIABILITY.md. It runs this
+//! crate's candidates and client-go's on a three-member etcd with two
+//! apiservers, with SIGKILL, SIGSTOP past the lease, partitions, apiserver
+//! and etcd-leader restarts, Lease deletion and API Priority and Fairness
+//! 429s. The checker reads every version of each group's ledger `ConfigMap`.
+//! This crate's column shows no stale write. client-go's candidates, writing
+//! the same way but with only their leading context to check, do write
+//! stale.
+//! <!-- upstream: end -->
+//!
 //! <!-- upstream: omit -->
 //! # Features
 //! The core is what `default-features = false` builds: [`LeaseConfig`],

@@ -102,30 +102,13 @@ impl Local {
     }
 
     fn apiserver_args(&self) -> Vec<String> {
-        let f = &self.pki.files;
-        let port = self.apiserver_port;
-        let mut args = vec![
-            "kube-apiserver".to_owned(),
-            format!("--etcd-servers=http://127.0.0.1:{}", self.etcd_port),
-            format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
-            format!("--tls-cert-file={}", f.serving_cert.display()),
-            format!("--tls-private-key-file={}", f.serving_key.display()),
-            format!("--client-ca-file={}", f.client_ca.display()),
-            format!("--secure-port={port}"),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
-            "--authorization-mode=RBAC".to_owned(),
-            format!("--service-account-issuer=https://127.0.0.1:{port}/"),
-            format!("--service-account-key-file={}", f.sa_pub.display()),
-            format!("--service-account-signing-key-file={}", f.sa_key.display()),
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
-            "--profiling=false".to_owned(),
-        ];
-        if self.coordinated {
-            args.push("--feature-gates=CoordinatedLeaderElection=true".to_owned());
-            args.push("--runtime-config=coordination.k8s.io/v1beta1=true".to_owned());
-        }
-        args
+        apiserver_args(
+            &self.pki,
+            &format!("http://127.0.0.1:{}", self.etcd_port),
+            self.apiserver_port,
+            &self.dir.path().join("apiserver-certs"),
+            self.coordinated,
+        )
     }
 
     pub(super) async fn start_apiserver(&self) -> Result<()> {
@@ -151,35 +134,8 @@ impl Local {
         self.wait_ready().await
     }
 
-    /// Polls `/readyz` as admin until it answers `ok`, the process exits, or time runs out.
     async fn wait_ready(&self) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let client = client_from_path(&self.kubeconfig).await?;
-        let mut last_err = String::from("no answer yet");
-        loop {
-            {
-                let mut guard = lock(&self.apiserver);
-                let proc = guard
-                    .as_mut()
-                    .ok_or_else(|| anyhow!("kube-apiserver was stopped while starting"))?;
-                if let Some(status) = proc.exited() {
-                    return Err(proc.failure(&format!("exited during startup ({status})")));
-                }
-                if Instant::now() > deadline {
-                    return Err(proc.failure(&format!(
-                        "not ready after {} s (last /readyz: {last_err})",
-                        READY_TIMEOUT.as_secs()
-                    )));
-                }
-            }
-            match tokio::time::timeout(Duration::from_secs(5), client.request_text(get("/readyz"))).await {
-                Ok(Ok(body)) if body.trim() == "ok" => return Ok(()),
-                Ok(Ok(body)) => last_err = body,
-                Ok(Err(e)) => last_err = e.to_string(),
-                Err(_) => "timed out".clone_into(&mut last_err),
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        wait_ready(&self.apiserver, &self.kubeconfig).await
     }
 
     pub(super) fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
@@ -207,14 +163,80 @@ impl Local {
     }
 }
 
+/// kube-apiserver's command line: serving and client certificates from
+/// `pki`, storage in `etcd_servers` (comma-separated URLs), listening on
+/// `127.0.0.1:port`.
+pub(super) fn apiserver_args(
+    pki: &Pki,
+    etcd_servers: &str,
+    port: u16,
+    cert_dir: &Path,
+    coordinated: bool,
+) -> Vec<String> {
+    let f = &pki.files;
+    let mut args = vec![
+        "kube-apiserver".to_owned(),
+        format!("--etcd-servers={etcd_servers}"),
+        format!("--cert-dir={}", cert_dir.display()),
+        format!("--tls-cert-file={}", f.serving_cert.display()),
+        format!("--tls-private-key-file={}", f.serving_key.display()),
+        format!("--client-ca-file={}", f.client_ca.display()),
+        format!("--secure-port={port}"),
+        "--bind-address=127.0.0.1".to_owned(),
+        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        "--authorization-mode=RBAC".to_owned(),
+        format!("--service-account-issuer=https://127.0.0.1:{port}/"),
+        format!("--service-account-key-file={}", f.sa_pub.display()),
+        format!("--service-account-signing-key-file={}", f.sa_key.display()),
+        "--disable-admission-plugins=ServiceAccount".to_owned(),
+        "--profiling=false".to_owned(),
+    ];
+    if coordinated {
+        args.push("--feature-gates=CoordinatedLeaderElection=true".to_owned());
+        args.push("--runtime-config=coordination.k8s.io/v1beta1=true".to_owned());
+    }
+    args
+}
+
+/// Polls `/readyz` as admin until it answers `ok`, the process exits, or time runs out.
+pub(super) async fn wait_ready(apiserver: &Mutex<Option<Managed>>, kubeconfig: &Path) -> Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let client = client_from_path(kubeconfig).await?;
+    let mut last_err = String::from("no answer yet");
+    loop {
+        {
+            let mut guard = lock(apiserver);
+            let proc = guard
+                .as_mut()
+                .ok_or_else(|| anyhow!("kube-apiserver was stopped while starting"))?;
+            if let Some(status) = proc.exited() {
+                return Err(proc.failure(&format!("exited during startup ({status})")));
+            }
+            if Instant::now() > deadline {
+                return Err(proc.failure(&format!(
+                    "not ready after {} s (last /readyz: {last_err})",
+                    READY_TIMEOUT.as_secs()
+                )));
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(5), client.request_text(get("/readyz"))).await {
+            Ok(Ok(body)) if body.trim() == "ok" => return Ok(()),
+            Ok(Ok(body)) => last_err = body,
+            Ok(Err(e)) => last_err = e.to_string(),
+            Err(_) => "timed out".clone_into(&mut last_err),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// The directory the children remove if this process dies without cleaning up.
-fn cleanup_dir(dir: &tempfile::TempDir) -> Option<&Path> {
+pub(super) fn cleanup_dir(dir: &tempfile::TempDir) -> Option<&Path> {
     let keep = std::env::var_os("KRL_KEEP_TESTENV").is_some_and(|v| v == "1");
     (!keep).then(|| dir.path())
 }
 
 /// Waits until `port` accepts TCP connections or `proc` exits.
-async fn wait_for_port(proc: &mut Managed, port: u16, timeout: Duration) -> Result<()> {
+pub(super) async fn wait_for_port(proc: &mut Managed, port: u16, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(status) = proc.exited() {
@@ -237,7 +259,7 @@ async fn wait_for_port(proc: &mut Managed, port: u16, timeout: Duration) -> Resu
 }
 
 /// Reserves distinct free loopback ports (the listeners are closed on return).
-fn free_ports<const N: usize>() -> Result<[u16; N]> {
+pub(super) fn free_ports<const N: usize>() -> Result<[u16; N]> {
     let listeners = (0..N)
         .map(|_| TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
         .collect::<std::io::Result<Vec<_>>>()

@@ -8,6 +8,15 @@
 //	EVENT started-leading <monotonic_nanos> <identity>
 //	EVENT stopped-leading <monotonic_nanos> <identity>
 //	EVENT new-leader <monotonic_nanos> <leader-identity-or-empty>
+//	WORK <monotonic_nanos>                     (with --ledger)
+//	LEDGER <monotonic_nanos> <outcome> [error] (with --ledger)
+//
+// With --ledger=NAME, each term appends to the ConfigMap NAME in --namespace
+// every --work-interval, as a client-go user's guarded work would: read it,
+// stop if the leading context is done, append a line and Update with the
+// resourceVersion read (an optimistic write). client-go hands out no fencing
+// token, so the line's token field is "-". The ConfigMap holds the chaos
+// run's ledger (see harness/src/chaos/ledger.rs for its format).
 //
 // monotonic_nanos is CLOCK_MONOTONIC in nanoseconds. When the identity is
 // empty the line ends with a single space after the nanos; parse with a
@@ -28,11 +37,15 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -62,6 +75,59 @@ func event(kind, identity string) {
 	emit(fmt.Sprintf("EVENT %s %d %s", kind, monoNanos(), identity))
 }
 
+// ledgerKeep is how many lines the ledger keeps (the chaos runner's watch
+// sees every version, so older lines are not lost to it).
+const ledgerKeep = 100
+
+// writeLedger appends to the ledger ConfigMap until ctx (the leading context
+// of one term) is done.
+func writeLedger(ctx context.Context, client kubernetes.Interface, namespace, name, identity, term string, every time.Duration) {
+	cms := client.CoreV1().ConfigMaps(namespace)
+	for seq := 1; ; seq++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+		emit(fmt.Sprintf("WORK %d", monoNanos()))
+		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			emit(fmt.Sprintf("LEDGER %d error %s", monoNanos(), strings.ReplaceAll(err.Error(), "\n", " ")))
+			continue
+		}
+		// client-go's way to ask "do I still lead?": the leading context.
+		if ctx.Err() != nil {
+			emit(fmt.Sprintf("LEDGER %d term-ended", monoNanos()))
+			return
+		}
+		n, _ := strconv.ParseInt(cm.Data["count"], 10, 64)
+		n++
+		line := fmt.Sprintf("%d - %s %s %d %d", n, identity, term, seq, monoNanos())
+		lines := strings.Split(strings.TrimSpace(cm.Data["ledger"]), "\n")
+		if lines[0] == "" {
+			lines = nil
+		}
+		lines = append(lines, line)
+		if len(lines) > ledgerKeep {
+			lines = lines[len(lines)-ledgerKeep:]
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data["ledger"] = strings.Join(lines, "\n")
+		cm.Data["count"] = strconv.FormatInt(n, 10)
+		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			outcome := "error"
+			if apierrors.IsConflict(err) {
+				outcome = "conflict"
+			}
+			emit(fmt.Sprintf("LEDGER %d %s %s", monoNanos(), outcome, strings.ReplaceAll(err.Error(), "\n", " ")))
+			continue
+		}
+		emit(fmt.Sprintf("LEDGER %d written %d", monoNanos(), n))
+	}
+}
+
 func main() {
 	klog.InitFlags(nil)
 	kubeconfig := flag.String("kubeconfig", "", "path to a kubeconfig file (required)")
@@ -75,6 +141,8 @@ func main() {
 	rejoin := flag.Bool("rejoin", false, "campaign again after losing leadership instead of exiting 1")
 	exitOnStdinEOF := flag.Bool("exit-on-stdin-eof", false, "treat EOF on stdin like SIGTERM (parent-death watchdog)")
 	qps := flag.Float64("qps", 50, "client QPS")
+	ledger := flag.String("ledger", "", "a ConfigMap in --namespace that each term appends to (the chaos run's ledger)")
+	workInterval := flag.Duration("work-interval", 100*time.Millisecond, "how often a term appends to --ledger")
 	coordinated := flag.Bool("coordinated", false, "Coordinated Leader Election: publish a LeaseCandidate (NewCandidate) and let the API server elect (LeaderElectionConfig.Coordinated)")
 	binaryVersion := flag.String("binary-version", "1.37.0", "the LeaseCandidate's binaryVersion (with --coordinated)")
 	emulationVersion := flag.String("emulation-version", "", "the LeaseCandidate's emulationVersion (with --coordinated; default: the binary version)")
@@ -129,6 +197,7 @@ func main() {
 		},
 	}
 	id := *identity
+	var terms atomic.Int64
 	lec := leaderelection.LeaderElectionConfig{
 		Lock:            lock,
 		LeaseDuration:   *leaseDuration,
@@ -137,7 +206,14 @@ func main() {
 		ReleaseOnCancel: *releaseOnCancel,
 		Name:            *name,
 		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) { event("started-leading", id) },
+			OnStartedLeading: func(leading context.Context) {
+				event("started-leading", id)
+				if *ledger != "" {
+					// A term is this process and the count of its terms.
+					term := fmt.Sprintf("%d:%d", os.Getpid(), terms.Add(1))
+					go writeLedger(leading, client, *namespace, *ledger, id, term, *workInterval)
+				}
+			},
 			OnStoppedLeading: func() { event("stopped-leading", id) },
 			OnNewLeader:      func(leader string) { event("new-leader", leader) },
 		},
