@@ -327,6 +327,15 @@ pub async fn client_from_kubeconfig_path(path: &Path) -> Result<Client> {
     client_from_path(path).await
 }
 
+/// A client from the kubeconfig file at `path` that does not retry: kube's
+/// default retry layer (429 and 5xx answers) is off.
+///
+/// # Errors
+/// When the file cannot be read or the client built.
+pub async fn client_without_retries(path: &Path) -> Result<Client> {
+    self::kubeconfig::client_without_retries(path).await
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

@@ -26,7 +26,10 @@
 //! answers with 429: for the burst, a `FlowSchema` routes [`GROUP`] to the
 //! priority level [`APF_LEVEL`] (one share, reject when busy), created at
 //! the start of the run, and is deleted when the burst ends, so that outside
-//! the fault the candidates are served as usual.
+//! the fault the candidates are served as usual. The load is
+//! [`Config::burst_load`] loops of LIST as the candidates' user, without
+//! kube's retry layer; the apiservers' own count of rejected requests
+//! (`apiserver_flowcontrol_rejected_requests_total`) is reported.
 //!
 //! The verdict ([`Report`]), per implementation, from the ledger
 //! ([`ledger::check`]): stale writes (a term writing after a later term's
@@ -75,8 +78,6 @@ pub const GROUP: &str = "krl-chaos";
 pub const USER: &str = "krl-chaos-candidate";
 /// The priority level of the APF fault.
 pub const APF_LEVEL: &str = "krl-chaos-tiny";
-/// `ConfigMaps` of 8 KiB that the APF burst lists.
-const LOAD_OBJECTS: usize = 100;
 
 /// What a run does.
 #[derive(Clone, Debug)]
@@ -106,7 +107,7 @@ pub struct Config {
 
 impl Config {
     /// The defaults: [`Timings::FAST`], 4 candidates per implementation, 2 of
-    /// them proxied, a write every 100 ms, 1 s of slack, 32 requests in the burst.
+    /// them proxied, a write every 100 ms, 1 s of slack, 64 requests in the burst.
     #[must_use]
     pub fn new(duration: Duration, seed: u64) -> Self {
         Self {
@@ -117,7 +118,7 @@ impl Config {
             proxied: 2,
             work_interval: Duration::from_millis(100),
             gap_slack: Duration::from_secs(1),
-            burst_load: 32,
+            burst_load: 64,
             log_dir: None,
         }
     }
@@ -517,25 +518,6 @@ async fn setup(admin: &Client) -> Result<()> {
         .create(&PostParams::default(), &level)
         .await
         .with_context(|| create("the APF priority level"))?;
-    // What the burst lists: enough bytes that each LIST holds its seat for
-    // milliseconds (a LIST of a few small objects is over too fast to keep
-    // one seat busy from this 2-core machine).
-    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NAMESPACE);
-    for i in 0..LOAD_OBJECTS {
-        cms.create(
-            &PostParams::default(),
-            &ConfigMap {
-                metadata: ObjectMeta {
-                    name: Some(format!("load-{i}")),
-                    ..ObjectMeta::default()
-                },
-                data: Some([("filler".to_owned(), "x".repeat(8 * 1024))].into()),
-                ..ConfigMap::default()
-            },
-        )
-        .await
-        .with_context(|| create("the burst's ConfigMaps"))?;
-    }
     Ok(())
 }
 
@@ -980,23 +962,20 @@ impl World<'_> {
             .create(&PostParams::default(), &flow_schema()?)
             .await
             .context("creating the APF FlowSchema")?;
-        let (rejected, served) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let before = self.apf_rejections().await;
+        let served = Arc::new(AtomicU64::new(0));
         let mut load = Vec::new();
         for i in 0..self.cfg.burst_load {
             let kubeconfig = self.ha.user_kubeconfig(i % APISERVERS, USER, &[GROUP])?;
-            let client = crate::control_plane::client_from_kubeconfig_path(&kubeconfig).await?;
-            let (rejected, served) = (Arc::clone(&rejected), Arc::clone(&served));
+            // No retries: the load does not back off, as a runaway client would not.
+            let client = crate::control_plane::client_without_retries(&kubeconfig).await?;
+            let served = Arc::clone(&served);
             load.push(tokio::spawn(async move {
                 let api: Api<ConfigMap> = Api::namespaced(client, NAMESPACE);
                 loop {
-                    match api.list(&ListParams::default()).await {
-                        Ok(_) => served.fetch_add(1, Ordering::Relaxed),
-                        Err(kube::Error::Api(s)) if s.code == 429 => rejected.fetch_add(1, Ordering::Relaxed),
-                        Err(_) => {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                            0
-                        }
-                    };
+                    if api.list_metadata(&ListParams::default()).await.is_ok() {
+                        served.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }));
         }
@@ -1013,10 +992,32 @@ impl World<'_> {
             }
         }
         anyhow::ensure!(removed, "could not delete the APF FlowSchema");
+        let rejected = self.apf_rejections().await.saturating_sub(before);
         Ok(format!(
-            "{} requests of the burst answered 429, {} served",
-            rejected.load(Ordering::Relaxed),
+            "the apiservers rejected {rejected} requests of the candidates' user (429), served {} of the load",
             served.load(Ordering::Relaxed)
         ))
+    }
+
+    /// Requests the apiservers have rejected at [`APF_LEVEL`] so far.
+    async fn apf_rejections(&self) -> u64 {
+        let mut total = 0.0;
+        for i in 0..APISERVERS {
+            if let Ok(text) = self.ha.metrics_text(i).await {
+                total +=
+                    crate::metrics::metric_samples(&text, "apiserver_flowcontrol_rejected_requests_total")
+                        .filter(|(l, _)| crate::metrics::metric_label(l, "priority_level") == Some(APF_LEVEL))
+                        .map(|(_, v)| v)
+                        .sum::<f64>();
+            }
+        }
+        // A count of requests: whole, small and non-negative.
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "a whole count of requests"
+        )]
+        let total = total as u64;
+        total
     }
 }

@@ -6,7 +6,9 @@
 //! CA, service-account keys), as the apiservers of a real HA control plane do,
 //! so a client certificate works against either. Either apiserver can be
 //! restarted, and any etcd member killed and restarted on its data directory
-//! (it rejoins the cluster), while the rest keep serving.
+//! (it rejoins the cluster), while the rest keep serving. The apiservers
+//! run with small in-flight limits (100 reads, 50 writes), so that the
+//! chaos run's one-share API Priority and Fairness level gets one seat.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -337,6 +339,16 @@ impl HaControlPlane {
         ensure!(!self.etcd_running(i), "etcd{i} is running");
         self.spawn_etcd(i)?;
         self.wait_etcd(i).await
+    }
+
+    /// The `/metrics` text of apiserver `i`, read as admin.
+    ///
+    /// # Errors
+    /// When the request fails.
+    pub async fn metrics_text(&self, i: usize) -> Result<String> {
+        let client = self.client(i).await?;
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        client.request_text(request).await.context("GET /metrics")
     }
 
     /// The directory of the process logs.

@@ -19,6 +19,18 @@ pub(super) async fn client_from_path(path: &Path) -> Result<Client> {
     client_from_kubeconfig(kubeconfig).await
 }
 
+/// A client from the kubeconfig at `path` without kube's default retry
+/// layer (which retries 429 and 5xx answers).
+pub(super) async fn client_without_retries(path: &Path) -> Result<Client> {
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("loading kubeconfig")?;
+    config.default_retry = false;
+    Client::try_from(config).context("creating a kube client")
+}
+
 pub(super) fn get(path: &str) -> http::Request<Vec<u8>> {
     http::Request::get(path)
         .body(Vec::new())
