@@ -55,8 +55,13 @@ async fn main() -> Result<()> {
     config.log_dir = log_dir;
     eprintln!("chaos: seed {seed}, {} s of faults", duration.as_secs());
     let report = run(&config).await?;
+    let by_fault = Implementation::ALL
+        .iter()
+        .map(|i| format!("{}: {:?}", i.label(), report.stale_by_fault(*i)))
+        .collect::<Vec<_>>()
+        .join("\n");
     let text = format!(
-        "{}\n```text\n{}```\n\n```text\n{}```\n",
+        "{}\nstale terms by the last fault begun before them:\n{by_fault}\n\n```text\n{}```\n\n```text\n{}```\n",
         report.table(),
         report.fault_log(),
         report.details()

@@ -110,6 +110,8 @@ pub struct Checked {
     pub stale: Vec<String>,
     /// The stale writes and lost updates, counted one by one.
     pub stale_writes: usize,
+    /// When each entry of [`Checked::stale`] happened (its first stale write).
+    pub stale_at: Vec<u64>,
     /// Terms whose token was not above every earlier term's (fenced writers only).
     pub tokens_backwards: Vec<String>,
     /// The longest time between two writes (or from the start to the first).
@@ -159,6 +161,7 @@ pub fn check(seen: &Seen, faults: &[Window], started: u64, end: u64, bound: u64)
     };
     out.stale_writes = seen.collisions.len();
     for (old, new) in &seen.collisions {
+        out.stale_at.push(new.at);
         out.stale.push(format!(
             "lost update: write {} is both {} {} and {} {}",
             old.n, old.identity, old.term, new.identity, new.term
@@ -167,7 +170,7 @@ pub fn check(seen: &Seen, faults: &[Window], started: u64, end: u64, bound: u64)
     let mut finished: HashSet<(&str, &str)> = HashSet::new();
     let mut current: Option<(&str, &str)> = None;
     let mut highest_token: Option<i64> = None;
-    let mut stale_by_term: HashMap<(&str, &str), (u64, u64)> = HashMap::new();
+    let mut stale_by_term: HashMap<(&str, &str), (u64, u64, u64)> = HashMap::new();
     let mut previous_at = started;
     let note_gap = |a: u64, b: u64, what: &str, out: &mut Checked| {
         out.longest_gap = out.longest_gap.max(b.saturating_sub(a));
@@ -195,7 +198,7 @@ pub fn check(seen: &Seen, faults: &[Window], started: u64, end: u64, bound: u64)
         }
         if finished.contains(&key) {
             // An older term writes again after another term has written.
-            let e = stale_by_term.entry(key).or_insert((line.n, 0));
+            let e = stale_by_term.entry(key).or_insert((line.n, 0, line.at));
             e.1 += 1;
             out.stale_writes += 1;
             continue;
@@ -217,8 +220,9 @@ pub fn check(seen: &Seen, faults: &[Window], started: u64, end: u64, bound: u64)
     }
     note_gap(previous_at, end, "at the end of the run", &mut out);
     let mut stale: Vec<_> = stale_by_term.into_iter().collect();
-    stale.sort_by_key(|(_, (first, _))| *first);
-    for ((identity, term), (first, count)) in stale {
+    stale.sort_by_key(|(_, (first, _, _))| *first);
+    for ((identity, term), (first, count, at)) in stale {
+        out.stale_at.push(at);
         out.stale.push(format!(
             "stale: term {identity} {term} wrote {count} time(s) after a later term's first write (first at write {first})"
         ));

@@ -331,15 +331,40 @@ impl Report {
         s
     }
 
-    /// What each column's failures were (client-go's too), one line each.
+    /// What each column's failures were (client-go's too), one line each;
+    /// a stale write names the last fault begun before it.
     #[must_use]
     pub fn details(&self) -> String {
+        let fault_before = |at: u64| {
+            self.faults.iter().rfind(|f| f.window.start <= at).map_or_else(
+                || "before any fault".to_owned(),
+                |f| format!("after: {}", f.fault),
+            )
+        };
         self.columns.iter().fold(String::new(), |mut s, c| {
-            for line in c.failures() {
+            for (line, at) in c.ledger.stale.iter().zip(&c.ledger.stale_at) {
+                let _ = writeln!(s, "{}: {line} ({})", c.implementation.label(), fault_before(*at));
+            }
+            for line in c.failures().iter().skip(c.ledger.stale.len()) {
                 let _ = writeln!(s, "{}: {line}", c.implementation.label());
             }
             s
         })
+    }
+
+    /// Stale writes by the kind of the last fault begun before each, per column.
+    #[must_use]
+    pub fn stale_by_fault(&self, implementation: Implementation) -> BTreeMap<&'static str, usize> {
+        let mut out = BTreeMap::new();
+        for at in &self.column(implementation).ledger.stale_at {
+            let kind = self
+                .faults
+                .iter()
+                .rfind(|f| f.window.start <= *at)
+                .map_or("none", |f| f.fault.name());
+            *out.entry(kind).or_insert(0) += 1;
+        }
+        out
     }
 
     /// Every fault, one line each, with times from the first.
