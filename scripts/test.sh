@@ -6,7 +6,8 @@
 #   4. the core alone (the library with its extras off): its unit tests
 #   5. every test: unit tests (in-memory Lease API double, paused time), the
 #      deterministic simulation, doc tests, and the integration tests against
-#      the real apiserver (API behaviour, cross-process failover, client-go)
+#      the real apiserver (API behaviour, cross-process failover, client-go,
+#      and a short chaos run on an HA control plane: tests/tests/chaos.rs)
 #   6. rustdoc with warnings denied
 #   7. the upstream patch series (upstream/patches/): not stale, and applied to
 #      kube-rs 5.0.0 from the registry, each patch built, linted and tested

@@ -32,6 +32,9 @@
 //! Settings come from the environment, as for every example (see
 //! `examples/common.rs`), and so does its client: the examples' own.
 //!
+//! With `EXIT_ON_STDIN_EOF` set, it exits when its stdin closes (the
+//! process that started it is gone).
+//!
 //! With `LEDGER=<ConfigMap>` (the chaos run), each piece of work also appends
 //! a line `<identity> <pid>:<term> <seq> <ns>` to that `ConfigMap` in the
 //! Lease's namespace, fenced by the term (`kube_runtime_lease_examples::ledger`:
@@ -66,6 +69,16 @@ use kube_runtime_lease_harness::now_ns;
 async fn main() -> anyhow::Result<()> {
     if std::env::var_os("RUST_LOG").is_some() {
         kube_runtime_lease_examples::init_tracing();
+    }
+    // With EXIT_ON_STDIN_EOF set, the process that started this one holds
+    // its stdin: when that process is gone, so is this one. A plain thread,
+    // not tokio's stdin: the runtime's shutdown would wait for its blocking
+    // read, so the process would not exit after a handover.
+    if std::env::var_os("EXIT_ON_STDIN_EOF").is_some() {
+        std::thread::spawn(|| {
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            std::process::exit(0);
+        });
     }
     let config = lease_config("candidate")?;
     let identity = config.identity().to_owned();
@@ -140,15 +153,10 @@ async fn main() -> anyhow::Result<()> {
                 println!("EVENT started-leading {} {identity}", now_ns());
             }
             println!("WORK {}", now_ns());
-            if let (Some((api, name)), Some(guard)) = (&ledger, guarded.guard()) {
+            if let (Some(ledger), Some(guard)) = (&ledger, guarded.guard()) {
                 seq += 1;
                 let entry = format!("{identity} {}:{terms} {seq} {}", std::process::id(), now_ns());
-                let outcome = match append(api, name, guard, &entry).await {
-                    Ok(Appended::Written { n }) => format!("written {n}"),
-                    Ok(refused) => refused.name().to_owned(),
-                    Err(e) => format!("error {e}"),
-                };
-                println!("LEDGER {} {outcome}", now_ns());
+                write_ledger(ledger, guard, &entry).await;
             }
         }
         let lost = guarded.lost();
@@ -167,6 +175,21 @@ async fn main() -> anyhow::Result<()> {
     let result = handover.await?;
     println!("EXIT {}", now_ns());
     result.map_err(Into::into)
+}
+
+/// Appends `entry` to the ledger (`LEDGER`), fenced by `guard`, and prints
+/// what happened.
+async fn write_ledger(
+    (api, name): &(kube::Api<k8s_openapi::api::core::v1::ConfigMap>, String),
+    guard: &kube_runtime_lease::LeaseGuard,
+    entry: &str,
+) {
+    let outcome = match append(api, name, guard, entry).await {
+        Ok(Appended::Written { n }) => format!("written {n}"),
+        Ok(refused) => refused.name().to_owned(),
+        Err(e) => format!("error {e}"),
+    };
+    println!("LEDGER {} {outcome}", now_ns());
 }
 
 mod controller {

@@ -26,6 +26,11 @@
 //!   process. [`Runs`] counts repeated runs of a scenario.
 //! - **Faults**: [`Proxy`] is a TCP proxy to the apiserver that can
 //!   partition, delay and drop the connections of the candidates behind it.
+//! - **Chaos** ([`chaos`]): a highly available control plane
+//!   ([`control_plane::HaControlPlane`]: three etcd members, two
+//!   apiservers), this crate's candidates and client-go's side by side under
+//!   a seeded schedule of faults, judged by what their guarded work wrote to
+//!   a ledger `ConfigMap` (`scripts/chaos.sh`, RELIABILITY.md).
 //!   (The in-memory Lease API double is the library's own test kit,
 //!   `kube_runtime_lease::test_util`, behind its `test-util` feature.)
 

@@ -729,6 +729,7 @@ impl World<'_> {
             Implementation::Ours => {
                 let mut cmd = rust_candidate(&self.candidate, &slot.kubeconfig, &g.lease, &identity, t);
                 cmd.env("LEDGER", &g.ledger)
+                    .env("EXIT_ON_STDIN_EOF", "1")
                     .env("WORK_INTERVAL_MS", self.cfg.work_interval.as_millis().to_string())
                     .env("RUST_LOG", "info,kube_runtime_lease=debug");
                 (Flavor::Rust, cmd)

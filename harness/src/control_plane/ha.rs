@@ -43,8 +43,15 @@ struct Apiserver {
     process: Mutex<Option<Managed>>,
 }
 
-/// Three etcd members and two kube-apiservers, started by this process
-/// (see the [module docs](self)). Dropping it stops them all and removes
+/// Three etcd members and two kube-apiservers, started by this process.
+///
+/// Both apiservers share one PKI (serving certificate for `127.0.0.1`, client
+/// CA, service-account keys), so a client certificate works against either.
+/// Either apiserver can be restarted, and any etcd member killed and
+/// restarted on its data directory (it rejoins the cluster), while the rest
+/// keep serving. The apiservers run with small in-flight limits (100 reads,
+/// 50 writes), so that the chaos run's one-share API Priority and Fairness
+/// level gets one seat. Dropping it stops them all and removes
 /// their directory.
 pub struct HaControlPlane {
     bin: PathBuf,
