@@ -22,7 +22,14 @@ async fn leader_other_than(ha: &HaControlPlane, not: Option<usize>) -> Result<us
     }
 }
 
+/// [`write_then_read`], bounded: a request that hangs fails the test.
 async fn write_and_read(ha: &HaControlPlane, ns: &str, name: &str, via: usize, read: usize) -> Result<()> {
+    tokio::time::timeout(Duration::from_secs(60), write_then_read(ha, ns, name, via, read))
+        .await
+        .with_context(|| format!("{name}: no answer within 60 s"))?
+}
+
+async fn write_then_read(ha: &HaControlPlane, ns: &str, name: &str, via: usize, read: usize) -> Result<()> {
     let cm = ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -64,7 +71,9 @@ async fn ha_control_plane_survives_member_and_apiserver_loss() -> Result<()> {
     step("new leader");
     write_and_read(&ha, ns, "without-a-member", 1, 0).await?;
     step("written without a member");
-    ha.start_etcd(leader).await?;
+    tokio::time::timeout(Duration::from_secs(60), ha.start_etcd(leader))
+        .await
+        .context("the etcd member not back within 60 s")??;
     assert!(ha.etcd_running(leader));
     step("member back");
 
@@ -74,7 +83,9 @@ async fn ha_control_plane_survives_member_and_apiserver_loss() -> Result<()> {
         step("apiserver stopped");
         write_and_read(&ha, ns, &format!("apiserver-{i}-down"), other, other).await?;
         step("written");
-        ha.start_apiserver(i).await?;
+        tokio::time::timeout(Duration::from_secs(120), ha.start_apiserver(i))
+            .await
+            .with_context(|| format!("apiserver {i} not back within 120 s"))??;
         step("apiserver back");
         write_and_read(&ha, ns, &format!("apiserver-{i}-back"), i, other).await?;
     }

@@ -300,6 +300,13 @@ impl FakeLeaseApi {
         self.lock().clients[client].watch_forbidden = true;
     }
 
+    /// Serves `client`'s lists and watches again after
+    /// [`forbid_watch`](Self::forbid_watch) (a 403 that passes, as from an
+    /// apiserver whose authorization cache was not synced yet).
+    pub fn allow_watch(&self, client: usize) {
+        self.lock().clients[client].watch_forbidden = false;
+    }
+
     /// The Kubernetes Events created through this double so far, as JSON,
     /// in order (every Event POST is accepted; updates of an Event series are
     /// answered 404, so a repeat is created anew).

@@ -47,9 +47,9 @@
 mod campaign;
 mod end;
 mod lead;
-mod view;
+pub(in crate::elector) mod view;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
@@ -94,6 +94,9 @@ pub(in crate::elector) struct Task {
     pub(in crate::elector) synced: bool,
     pub(in crate::elector) init_seen: bool,
     pub(in crate::elector) watch_warned: bool,
+    /// Without a watch (it was forbidden, or ended): when to open it again,
+    /// and the backoff that time came from.
+    pub(in crate::elector) watch_reopen: Option<(Instant, Duration)>,
     /// While leading: the object as we last wrote or verified it.
     pub(in crate::elector) cached: Option<Box<Lease>>,
     /// While leading: the watch has delivered our last write, so every later
@@ -128,6 +131,7 @@ impl Task {
             synced: false,
             init_seen: false,
             watch_warned: false,
+            watch_reopen: None,
             cached: None,
             caught_up: false,
             exited: false,

@@ -7,13 +7,19 @@ use futures::{FutureExt, StreamExt, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_runtime::watcher;
 use tokio::time::{Instant, sleep_until};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::{LeaseView, Task};
 use crate::{
     error::Result,
     record::{self, Observed},
 };
+
+/// The first wait before a watch that was forbidden (or ended) is opened
+/// again; each failure doubles it, up to [`WATCH_REOPEN_MAX`].
+pub(in crate::elector) const WATCH_REOPEN_MIN: Duration = Duration::from_secs(10);
+/// The longest wait before a watch is opened again.
+pub(in crate::elector) const WATCH_REOPEN_MAX: Duration = Duration::from_secs(300);
 
 pub(in crate::elector) type WatchStream = BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
 
@@ -28,6 +34,8 @@ pub(in crate::elector) async fn next_event(
 
 impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
+        // Every poll: a watch that was forbidden or ended may be back.
+        self.reopen_watch_if_due();
         let result = self.inner.api.get(bound).await;
         if result.is_ok() {
             self.needs_read = false;
@@ -42,6 +50,32 @@ impl Task {
             Err(_) => {}
         }
         result
+    }
+
+    /// Drops the watch, and schedules opening it again after a backoff that
+    /// doubles with each failure in a row: a 403 can pass (an apiserver just
+    /// restarted answers before its authorization cache has synced), and a
+    /// watch that ended may be served again.
+    fn drop_watch(&mut self) {
+        self.watch = None;
+        self.synced = false;
+        self.caught_up = false;
+        let backoff = self
+            .watch_reopen
+            .map_or(WATCH_REOPEN_MIN, |(_, last)| (last * 2).min(WATCH_REOPEN_MAX));
+        self.watch_reopen = Some((Instant::now() + backoff, backoff));
+    }
+
+    /// Opens the watch again once its backoff has passed.
+    pub(in crate::elector) fn reopen_watch_if_due(&mut self) {
+        if self.watch.is_none()
+            && self.inner.config.watch
+            && let Some((at, _)) = self.watch_reopen
+            && Instant::now() >= at
+        {
+            debug!("opening the lease watch again");
+            self.watch = Some(self.inner.api.watch());
+        }
     }
 
     /// Records a Lease seen at `at`; returns whether the record changed.
@@ -93,10 +127,8 @@ impl Task {
         let now = Instant::now();
         match event {
             None => {
-                warn!("lease watch ended; polling every retry period instead");
-                self.watch = None;
-                self.synced = false;
-                self.caught_up = false;
+                warn!("lease watch ended; polling every retry period until it is opened again");
+                self.drop_watch();
                 true
             }
             Some(Ok(watcher::Event::Init)) => {
@@ -123,6 +155,7 @@ impl Task {
                     info!("lease watch recovered");
                 }
                 self.watch_warned = false;
+                self.watch_reopen = None;
                 let changed = !self.init_seen && self.view_missing();
                 let was_synced = std::mem::replace(&mut self.synced, true);
                 changed || !was_synced
@@ -133,12 +166,16 @@ impl Task {
                     | watcher::Error::WatchStartFailed(kube_client::Error::Api(s)) if s.code == 403 || s.code == 401);
                 self.synced = false;
                 if forbidden {
-                    warn!(
-                        error = %e,
-                        "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
-                         falling back to polling every retry period"
-                    );
-                    self.watch = None;
+                    if self.watch_reopen.is_none() {
+                        warn!(
+                            error = %e,
+                            "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
+                             falling back to polling every retry period (the watch is tried again, with backoff)"
+                        );
+                    } else {
+                        debug!(error = %e, "still cannot watch leases");
+                    }
+                    self.drop_watch();
                 } else if !self.watch_warned {
                     warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
                     self.watch_warned = true;
@@ -159,6 +196,7 @@ impl Task {
         }
         info!("lease watch recovered");
         self.watch_warned = false;
+        self.watch_reopen = None;
         self.synced = true;
         true
     }

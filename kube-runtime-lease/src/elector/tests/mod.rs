@@ -16,6 +16,7 @@ use std::time::Duration;
 use futures::{FutureExt, poll};
 use tokio::time::{Instant, advance, sleep};
 
+use crate::elector::task::view::WATCH_REOPEN_MAX;
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     ConfigError, LeaderElector, Lost,
@@ -784,6 +785,42 @@ fn a_forbidden_watch_falls_back_to_polling() {
         assert!(
             start.elapsed() <= Duration::from_secs_f64(4.4),
             "next poll after the release"
+        );
+    });
+}
+
+/// A 403 on the watch that passes (an apiserver just restarted serves
+/// before its authorization cache has synced, and RBAC denies what it will
+/// allow seconds later) does not leave the elector polling for good: the
+/// watch is opened again, with backoff, and the polling ends. The chaos run
+/// found candidates polling for the rest of their lives after one.
+#[test]
+fn a_watch_forbidden_for_a_while_is_opened_again_and_the_polling_ends() {
+    paused(async {
+        let fake = free();
+        let (leader, _) = elector(&fake, config("leader"));
+        let _guard = leader.acquire().await.unwrap();
+        let (f, id) = elector(&fake, config("follower"));
+        fake.forbid_watch(id);
+        let mut acquire = std::pin::pin!(f.acquire());
+        assert!(tokio::time::timeout(S(30), &mut acquire).await.is_err());
+        assert!(
+            count(&fake, id, "get", Instant::now() - S(30)) >= 6,
+            "polls while forbidden"
+        );
+        fake.allow_watch(id);
+        // Within the longest backoff, the watch is back and the polling ends.
+        assert!(
+            tokio::time::timeout(WATCH_REOPEN_MAX + S(30), &mut acquire)
+                .await
+                .is_err()
+        );
+        let since = Instant::now();
+        assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
+        let gets = count(&fake, id, "get", since);
+        assert!(
+            gets <= 1,
+            "{gets} reads in the 60 s after the watch was allowed again: still polling"
         );
     });
 }
