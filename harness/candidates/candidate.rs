@@ -35,11 +35,14 @@
 //! With `EXIT_ON_STDIN_EOF` set, it exits when its stdin closes (the
 //! process that started it is gone).
 //!
-//! With `LEDGER=<ConfigMap>` (the chaos run), each piece of work also appends
-//! a line `<identity> <pid>:<term> <seq> <ns>` to that `ConfigMap` in the
-//! Lease's namespace, fenced by the term (`kube_runtime_lease_examples::ledger`:
-//! read, check `is_valid` and the stored token, write with the
-//! resourceVersion as precondition), and prints `LEDGER <ns> <outcome> [n]`.
+//! With `LEDGER=<ConfigMap>` (the chaos run), each piece of work is an
+//! append of a line `<identity> <pid>:<term> <seq> <ns>` to that `ConfigMap`
+//! in the Lease's namespace, fenced by the term
+//! (`kube_runtime_lease_examples::ledger`: read, check `is_valid` and the
+//! stored token, write with the resourceVersion as precondition), made inside
+//! the guarded stream, so that an append still in flight when the term ends
+//! is dropped with the stream; `WORK` is stamped when the append begins, and
+//! `LEDGER <ns> <outcome> [n]` follows it.
 //!
 //! With `CANDIDATE_MODE=sharded`, it is one replica of a sharded Controller
 //! (`ShardedElector`, `SHARDS` shards, default 12) of the `ConfigMaps` in the
@@ -61,7 +64,6 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, Lost};
-use kube_runtime_lease_examples::ledger::{Appended, append};
 use kube_runtime_lease_examples::{client, lease_config, shutdown_signal};
 use kube_runtime_lease_harness::now_ns;
 
@@ -122,17 +124,13 @@ async fn main() -> anyhow::Result<()> {
         return result.map_err(Into::into);
     }
 
-    let ledger = match std::env::var("LEDGER") {
-        Ok(name) => Some((
-            kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-                client().await?,
-                elector.config().namespace(),
-            ),
-            name,
-        )),
-        Err(_) => None,
-    };
-    let mut terms = 0u32;
+    if let Ok(name) = std::env::var("LEDGER") {
+        ledger_mode::run(&elector, &name, &identity, work_every).await?;
+        let result = handover.await?;
+        println!("EXIT {}", now_ns());
+        return result.map_err(Into::into);
+    }
+
     loop {
         let work = futures::stream::unfold(true, move |first| async move {
             if !first {
@@ -145,19 +143,12 @@ async fn main() -> anyhow::Result<()> {
         .take_until(elector.shutdown_requested());
         let mut guarded = std::pin::pin!(work.with_leader_election(&elector));
         let mut led = false;
-        let mut seq = 0u64;
         while let Some(first) = guarded.next().await {
             if first {
                 led = true;
-                terms += 1;
                 println!("EVENT started-leading {} {identity}", now_ns());
             }
             println!("WORK {}", now_ns());
-            if let (Some(ledger), Some(guard)) = (&ledger, guarded.guard()) {
-                seq += 1;
-                let entry = format!("{identity} {}:{terms} {seq} {}", std::process::id(), now_ns());
-                write_ledger(ledger, guard, &entry).await;
-            }
         }
         let lost = guarded.lost();
         if led {
@@ -177,19 +168,90 @@ async fn main() -> anyhow::Result<()> {
     result.map_err(Into::into)
 }
 
-/// Appends `entry` to the ledger (`LEDGER`), fenced by `guard`, and prints
-/// what happened.
-async fn write_ledger(
-    (api, name): &(kube::Api<k8s_openapi::api::core::v1::ConfigMap>, String),
-    guard: &kube_runtime_lease::LeaseGuard,
-    entry: &str,
-) {
-    let outcome = match append(api, name, guard, entry).await {
-        Ok(Appended::Written { n }) => format!("written {n}"),
-        Ok(refused) => refused.name().to_owned(),
-        Err(e) => format!("error {e}"),
+mod ledger_mode {
+    //! The chaos run's candidate: each piece of guarded work is a fenced
+    //! append to the ledger.
+
+    use std::time::Duration;
+
+    use futures::{FutureExt as _, StreamExt as _};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+    use kube_runtime_lease::{LeaderElectionStreamExt as _, LeaderElector, Lost};
+    use kube_runtime_lease_examples::{
+        client,
+        ledger::{Appended, append},
     };
-    println!("LEDGER {} {outcome}", now_ns());
+    use kube_runtime_lease_harness::now_ns;
+
+    /// Campaigns until shutdown; each term appends to the ledger `name` every
+    /// `every`. The append is the guarded stream's item, not its consumer's
+    /// work, so that a request still in flight when the term ends is dropped
+    /// with the stream, and `stopped-leading` is printed when the term ends,
+    /// not when a request that met a fault returns.
+    pub(super) async fn run(
+        elector: &LeaderElector,
+        name: &str,
+        identity: &str,
+        every: Duration,
+    ) -> anyhow::Result<()> {
+        let api: Api<ConfigMap> = Api::namespaced(client().await?, elector.config().namespace());
+        for round in 1u64.. {
+            let (api, elector_for_work) = (api.clone(), elector.clone());
+            let term = format!("{}:{round}", std::process::id());
+            let (name, identity_for_work) = (name.to_owned(), identity.to_owned());
+            let work = futures::stream::unfold(1u64, move |seq| {
+                let (api, elector, term, name, identity) = (
+                    api.clone(),
+                    elector_for_work.clone(),
+                    term.clone(),
+                    name.clone(),
+                    identity_for_work.clone(),
+                );
+                async move {
+                    if seq > 1 {
+                        tokio::time::sleep(every).await;
+                    }
+                    let at = now_ns();
+                    // This term's guard: the stream is polled only while it holds.
+                    let outcome = match elector.acquire().now_or_never() {
+                        Some(Ok(guard)) => {
+                            let entry = format!("{identity} {term} {seq} {at}");
+                            match append(&api, &name, &guard, &entry).await {
+                                Ok(Appended::Written { n }) => format!("written {n}"),
+                                Ok(refused) => refused.name().to_owned(),
+                                Err(e) => format!("error {e}"),
+                            }
+                        }
+                        _ => Appended::TermEnded.name().to_owned(),
+                    };
+                    Some(((seq, at, outcome), seq + 1))
+                }
+            })
+            .take_until(elector.shutdown_requested());
+            let mut guarded = std::pin::pin!(work.with_leader_election(elector));
+            let mut led = false;
+            while let Some((seq, at, outcome)) = guarded.next().await {
+                if seq == 1 {
+                    led = true;
+                    println!("EVENT started-leading {at} {identity}");
+                }
+                println!("WORK {at}");
+                println!("LEDGER {} {outcome}", now_ns());
+            }
+            let lost = guarded.lost();
+            if led {
+                let reason = lost
+                    .as_ref()
+                    .map_or_else(|| format!("{:?}", Lost::Shutdown), |l| format!("{l:?}"));
+                println!("EVENT stopped-leading {} {identity} {reason}", now_ns());
+            }
+            if matches!(lost, None | Some(Lost::Shutdown)) {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 mod controller {
