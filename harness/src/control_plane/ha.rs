@@ -20,8 +20,10 @@ use kube::Client;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::build::{CONTROL_PLANE_BIN, bin_dir};
-use super::kubeconfig::{client_from_path, sanitize, write_kubeconfig};
-use super::local::{apiserver_args, cleanup_dir, free_ports, wait_for_port, wait_ready};
+use super::kubeconfig::{client_from_path, write_kubeconfig};
+use super::local::{
+    apiserver_args, cleanup_dir, free_ports, scratch_dir, wait_for_port, wait_ready, write_user_kubeconfig,
+};
 use super::lock;
 use super::pki::Pki;
 use super::process::Managed;
@@ -87,14 +89,7 @@ impl HaControlPlane {
     /// When the build fails or a process does not start (with its log's tail).
     pub async fn start() -> Result<Self> {
         let bin = bin_dir().await?.join(CONTROL_PLANE_BIN);
-        let mut dir = tempfile::Builder::new()
-            .prefix("kube-runtime-lease-ha-")
-            .tempdir()
-            .context("creating a temporary directory")?;
-        if std::env::var_os("KRL_KEEP_TESTENV").is_some_and(|v| v == "1") {
-            dir.disable_cleanup(true);
-            eprintln!("kube-runtime-lease-harness: keeping {}", dir.path().display());
-        }
+        let dir = scratch_dir("kube-runtime-lease-ha-")?;
         std::fs::create_dir_all(dir.path().join("logs")).context("creating the log directory")?;
         std::fs::create_dir_all(dir.path().join("users"))?;
         let pki = Pki::generate(&dir.path().join("pki"))?;
@@ -263,26 +258,14 @@ impl HaControlPlane {
     /// # Errors
     /// When certificates or files cannot be written.
     pub fn user_kubeconfig(&self, i: usize, user: &str, groups: &[&str]) -> Result<PathBuf> {
-        let (cert, key) = self.pki.issue_client(user, groups)?;
-        let n = self.users.fetch_add(1, Ordering::Relaxed);
-        let base = self
-            .dir
-            .path()
-            .join("users")
-            .join(format!("{n}-{}", sanitize(user)));
-        let (cert_path, key_path) = (base.with_extension("crt"), base.with_extension("key"));
-        let kubeconfig = base.with_extension("kubeconfig");
-        std::fs::write(&cert_path, cert)?;
-        std::fs::write(&key_path, key)?;
-        write_kubeconfig(
-            &kubeconfig,
+        write_user_kubeconfig(
+            &self.pki,
+            &self.dir.path().join("users"),
+            self.users.fetch_add(1, Ordering::Relaxed),
             &format!("https://127.0.0.1:{}", self.apiservers[i].port),
-            &self.pki.files.serving_ca,
             user,
-            &cert_path,
-            &key_path,
-        )?;
-        Ok(kubeconfig)
+            groups,
+        )
     }
 
     /// Kills apiserver `i` (SIGKILL) and waits for it to exit.

@@ -13,20 +13,22 @@ pub(super) async fn client_from_kubeconfig(kubeconfig: Kubeconfig) -> Result<Cli
     Client::try_from(config).context("creating a kube client")
 }
 
-pub(super) async fn client_from_path(path: &Path) -> Result<Client> {
+async fn config_from_path(path: &Path) -> Result<Config> {
     let kubeconfig =
         Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-    client_from_kubeconfig(kubeconfig).await
+    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .context("loading kubeconfig")
+}
+
+pub(super) async fn client_from_path(path: &Path) -> Result<Client> {
+    Client::try_from(config_from_path(path).await?).context("creating a kube client")
 }
 
 /// A client from the kubeconfig at `path` without kube's default retry
 /// layer (which retries 429 and 5xx answers).
 pub(super) async fn client_without_retries(path: &Path) -> Result<Client> {
-    let kubeconfig =
-        Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
-    let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .context("loading kubeconfig")?;
+    let mut config = config_from_path(path).await?;
     config.default_retry = false;
     Client::try_from(config).context("creating a kube client")
 }

@@ -37,14 +37,7 @@ impl Local {
     pub(super) async fn start(coordinated: bool) -> Result<Self> {
         let bin_dir = bin_dir().await?;
         let control_plane = bin_dir.join(CONTROL_PLANE_BIN);
-        let mut dir = tempfile::Builder::new()
-            .prefix("kube-runtime-lease-harness-")
-            .tempdir()
-            .context("creating a temporary directory")?;
-        if std::env::var_os("KRL_KEEP_TESTENV").is_some_and(|v| v == "1") {
-            dir.disable_cleanup(true);
-            eprintln!("kube-runtime-lease-harness: keeping {}", dir.path().display());
-        }
+        let dir = scratch_dir("kube-runtime-lease-harness-")?;
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs).context("creating the log directory")?;
         let pki = Pki::generate(&dir.path().join("pki"))?;
@@ -139,27 +132,14 @@ impl Local {
     }
 
     pub(super) fn user_kubeconfig(&self, user: &str, groups: &[&str]) -> Result<PathBuf> {
-        let (cert, key) = self.pki.issue_client(user, groups)?;
-        let n = self.users.fetch_add(1, Ordering::Relaxed);
-        let base = self
-            .dir
-            .path()
-            .join("users")
-            .join(format!("{n}-{}", sanitize(user)));
-        let cert_path = base.with_extension("crt");
-        let key_path = base.with_extension("key");
-        let kubeconfig = base.with_extension("kubeconfig");
-        std::fs::write(&cert_path, cert)?;
-        std::fs::write(&key_path, key)?;
-        write_kubeconfig(
-            &kubeconfig,
+        write_user_kubeconfig(
+            &self.pki,
+            &self.dir.path().join("users"),
+            self.users.fetch_add(1, Ordering::Relaxed),
             &format!("https://127.0.0.1:{}", self.apiserver_port),
-            &self.pki.files.serving_ca,
             user,
-            &cert_path,
-            &key_path,
-        )?;
-        Ok(kubeconfig)
+            groups,
+        )
     }
 }
 
@@ -227,6 +207,48 @@ pub(super) async fn wait_ready(apiserver: &Mutex<Option<Managed>>, kubeconfig: &
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// A new temporary directory named `<prefix><random>`, kept after the test
+/// (its path printed) when `KRL_KEEP_TESTENV=1`.
+pub(super) fn scratch_dir(prefix: &str) -> Result<tempfile::TempDir> {
+    let mut dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .context("creating a temporary directory")?;
+    if std::env::var_os("KRL_KEEP_TESTENV").is_some_and(|v| v == "1") {
+        dir.disable_cleanup(true);
+        eprintln!("kube-runtime-lease-harness: keeping {}", dir.path().display());
+    }
+    Ok(dir)
+}
+
+/// Writes a client certificate for `user` in `groups` (signed by `pki`'s
+/// client CA) into `users` as `<n>-<user>.{crt,key}`, and a kubeconfig
+/// beside them for the apiserver at `server`; returns the kubeconfig's path.
+pub(super) fn write_user_kubeconfig(
+    pki: &Pki,
+    users: &Path,
+    n: u32,
+    server: &str,
+    user: &str,
+    groups: &[&str],
+) -> Result<PathBuf> {
+    let (cert, key) = pki.issue_client(user, groups)?;
+    let base = users.join(format!("{n}-{}", sanitize(user)));
+    let (cert_path, key_path) = (base.with_extension("crt"), base.with_extension("key"));
+    let kubeconfig = base.with_extension("kubeconfig");
+    std::fs::write(&cert_path, cert)?;
+    std::fs::write(&key_path, key)?;
+    write_kubeconfig(
+        &kubeconfig,
+        server,
+        &pki.files.serving_ca,
+        user,
+        &cert_path,
+        &key_path,
+    )?;
+    Ok(kubeconfig)
 }
 
 /// The directory the children remove if this process dies without cleaning up.
