@@ -150,22 +150,25 @@ async fn main() -> anyhow::Result<()> {
             }
             println!("WORK {}", now_ns());
         }
-        let lost = guarded.lost();
-        if led {
-            // Work that ended on the shutdown signal gave leadership up: Shutdown.
-            let reason = lost
-                .as_ref()
-                .map_or_else(|| format!("{:?}", Lost::Shutdown), |l| format!("{l:?}"));
-            println!("EVENT stopped-leading {} {identity} {reason}", now_ns());
-        }
-        // Shut down (or the work ended): leave; otherwise campaign again.
-        if matches!(lost, None | Some(Lost::Shutdown)) {
+        if term_ended(led, guarded.lost().as_ref(), &identity) {
             break;
         }
     }
     let result = handover.await?;
     println!("EXIT {}", now_ns());
     result.map_err(Into::into)
+}
+
+/// After a guarded stream ended: prints `stopped-leading` if it `led`, and
+/// returns whether to leave (shut down, or the work ended) rather than
+/// campaign again.
+fn term_ended(led: bool, lost: Option<&Lost>, identity: &str) -> bool {
+    if led {
+        // Work that ended on the shutdown signal gave leadership up: Shutdown.
+        let reason = lost.map_or_else(|| format!("{:?}", Lost::Shutdown), |l| format!("{l:?}"));
+        println!("EVENT stopped-leading {} {identity} {reason}", now_ns());
+    }
+    matches!(lost, None | Some(Lost::Shutdown))
 }
 
 mod ledger_mode {
@@ -177,7 +180,7 @@ mod ledger_mode {
     use futures::{FutureExt as _, StreamExt as _};
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::Api;
-    use kube_runtime_lease::{LeaderElectionStreamExt as _, LeaderElector, Lost};
+    use kube_runtime_lease::{LeaderElectionStreamExt as _, LeaderElector};
     use kube_runtime_lease_examples::{
         client,
         ledger::{Appended, append},
@@ -239,14 +242,7 @@ mod ledger_mode {
                 println!("WORK {at}");
                 println!("LEDGER {} {outcome}", now_ns());
             }
-            let lost = guarded.lost();
-            if led {
-                let reason = lost
-                    .as_ref()
-                    .map_or_else(|| format!("{:?}", Lost::Shutdown), |l| format!("{l:?}"));
-                println!("EVENT stopped-leading {} {identity} {reason}", now_ns());
-            }
-            if matches!(lost, None | Some(Lost::Shutdown)) {
+            if super::term_ended(led, guarded.lost().as_ref(), identity) {
                 break;
             }
         }
