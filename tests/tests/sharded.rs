@@ -3,7 +3,7 @@
 //! of one Controller of 600 `ConfigMaps`: every shard has one holder, each
 //! replica holds 4, every `ConfigMap` is reconciled by the replica that holds
 //! its shard; a fourth joins (3 each, by graceful handover) and leaves by
-//! shutdown (its shards re-owned within 1 s); and no object is ever
+//! shutdown (its shards re-owned within 1 s, balanced within 2 s); and no object is ever
 //! reconciled by two replicas at once. And a shard lost while its reconciles
 //! run: only that shard's are dropped, the others finish, and none of it runs
 //! again until the shard is held again.
@@ -180,13 +180,23 @@ async fn replicas_share_twelve_shards_of_600_configmaps_and_rebalance_on_join_an
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // It leaves (the SIGTERM path: `shutdown`): its shards are re-owned
-    // within a second, each by one watch event and one write.
+    // within a second, each by one watch event and one write; the few the
+    // assignment moves between the others once the roster has been stable
+    // for a retry period (1 s) follow by handover: 4 each within 2 s.
     let left = Instant::now();
     d.shutdown(Duration::from_secs(5)).await;
-    while sizes() != [4, 4, 4] {
+    while sizes().iter().sum::<usize>() < 12 {
         ensure!(
             left.elapsed() < Duration::from_secs(1),
             "the leaver's shards not re-owned within 1 s: {:?}",
+            sizes()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    while sizes() != [4, 4, 4] {
+        ensure!(
+            left.elapsed() < Duration::from_secs(2),
+            "not balanced again within 2 s of the leave: {:?}",
             sizes()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;

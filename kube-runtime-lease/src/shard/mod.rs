@@ -4,30 +4,36 @@
 //!
 //! - [`ShardedElector`]: `S` shard electors (an ordinary [`LeaderElector`]
 //!   each, on the Lease `<base>-s<S>-shard-<NN>`: every guarantee of one
-//!   Lease holds per shard) and a membership elector per replica (its Lease,
-//!   `<base>-member-<hash of identity>`, renewed every retry period, tells
-//!   the others it is live); a balancer campaigns for this replica's share
-//!   (`floor(S / L)`, or one more: within one of every other's, see
-//!   `assign.rs`) and hands surplus shards over by graceful release, never
-//!   one held for less than a lease duration, and only once the member list
-//!   was stable for a retry period.
+//!   Lease holds per shard) and an entry in the roster per replica (the
+//!   Lease `<base>-member-<hash of identity>`, written when it joins, leaves
+//!   or is evicted, never renewed). Every member computes the same
+//!   assignment from the roster (`assign.rs`: its share, `floor(S / L)` or
+//!   one more, by rendezvous hashing), campaigns for its shards and hands
+//!   the others over by graceful release, never one held for less than a
+//!   lease duration, and only once the roster was stable for a retry period.
 //! - [`ShardedController`]: one Controller, one watch per resource on every
 //!   replica; an object is reconciled only on the replica that holds its
 //!   shard (FNV-1a over its UID), racing that shard's guard.
 //!
-//! Watches: one of the election's Leases (by label) per replica, plus each
-//! shard elector's own while it campaigns or leads (at most `S + 2`).
+//! Watches, per replica: the roster, and the shard Leases it owns or would
+//! own if their owner left (its backups), selected by label and selected
+//! again when the roster changes; plus each shard elector's own while it
+//! campaigns or leads. So a replica receives, per retry period, about
+//! `3 S / L` events, whatever the number of replicas at a given `S / L`.
 //!
-//! A dead holder's shards are taken a lease duration after their records
-//! last changed *as this replica's own watch saw them*: the balancer seeds
-//! each campaign with that observation (`LeaderElector::hand_over_record`),
-//! so that a campaign begun late does not count the lease duration again.
+//! A member's death shows in its shards: their backups see its records
+//! unchanged for a lease duration, and evict it from the roster (after
+//! reading the shard's Lease again); the assignment without it gives each
+//! of its shards to the backup that was watching it, which takes it at once,
+//! its expiry counted from that watch (`LeaderElector::hand_over_record`).
 //! Design, guarantees and tests: `docs/sharding-design.md`.
 
 mod assign;
 mod controller;
+mod roster;
 #[cfg(test)]
 mod tests;
+mod view;
 
 pub use self::controller::{CurrentShard, ShardedController, current_shard};
 
@@ -37,7 +43,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, Client};
 use kube_runtime::{WatchStreamExt, watcher};
@@ -47,14 +53,23 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-use crate::{ConfigError, LeaderElector, LeaseConfig, LeaseGuard};
+use self::{
+    assign::Assignment,
+    view::{Listing, Watched},
+};
+use crate::{ConfigError, LeaderElector, LeaseConfig, LeaseGuard, error::Chain};
 
 /// The label on every Lease of one sharded election: its base name.
 pub(crate) const OF_LABEL: &str = "leases.kube-runtime-lease/sharded-by";
 /// The label telling a shard's Lease (`shard`) from a member's (`member`).
 pub(crate) const ROLE_LABEL: &str = "leases.kube-runtime-lease/role";
+/// The label of a shard's Lease with its number (`NN`, as in its name), by
+/// which a replica selects the shards it watches.
+pub(crate) const SHARD_LABEL: &str = "leases.kube-runtime-lease/shard";
+/// The label of a shard's Lease with the election's shard count.
+pub(crate) const SHARDS_LABEL: &str = "leases.kube-runtime-lease/shards";
 
 /// A sharded election: the base Lease settings (namespace, base name,
 /// identity, timings) and the number of shards.
@@ -82,8 +97,11 @@ impl ShardConfig {
         c.name = format!("{}-s{}-shard-{shard:02}", self.lease.name, self.shards);
         c.label(OF_LABEL, self.lease.name.clone())
             .label(ROLE_LABEL, "shard")
+            .label(SHARD_LABEL, format!("{shard:02}"))
+            .label(SHARDS_LABEL, self.shards.to_string())
     }
 
+    /// This replica's roster entry: its name, labels and annotations.
     fn member_lease(&self) -> LeaseConfig {
         let mut c = self.lease.clone();
         c.name = format!(
@@ -93,6 +111,30 @@ impl ShardConfig {
         );
         c.label(OF_LABEL, self.lease.name.clone())
             .label(ROLE_LABEL, "member")
+    }
+
+    /// The shard a Lease of this election is for (by its name), if it is one.
+    fn shard_of_lease(&self, lease: &Lease) -> Option<u16> {
+        let prefix = format!("{}-s{}-shard-", self.lease.name, self.shards);
+        let shard = lease
+            .metadata
+            .name
+            .as_deref()?
+            .strip_prefix(&prefix)?
+            .parse::<u16>()
+            .ok()?;
+        (shard < self.shards).then_some(shard)
+    }
+
+    /// The label selector of the shard Leases in `shards`.
+    fn shards_selector(&self, shards: &BTreeSet<u16>) -> String {
+        let list: Vec<String> = shards.iter().map(|s| format!("{s:02}")).collect();
+        format!(
+            "{OF_LABEL}={},{ROLE_LABEL}=shard,{SHARDS_LABEL}={},{SHARD_LABEL} in ({})",
+            self.lease.name,
+            self.shards,
+            list.join(",")
+        )
     }
 }
 
@@ -137,7 +179,8 @@ struct Inner {
     config: ShardConfig,
     client: Client,
     shards: Vec<LeaderElector>,
-    member: LeaderElector,
+    /// This replica's roster entry.
+    member: LeaseConfig,
     state: Mutex<State>,
     held_tx: watch::Sender<BTreeSet<u16>>,
     wake: Notify,
@@ -157,42 +200,79 @@ struct State {
     held: BTreeMap<u16, (LeaseGuard, Instant)>,
     /// Shards campaigned for.
     acquiring: BTreeMap<u16, JoinHandle<()>>,
+    /// A write of this replica's roster entry under way.
+    joining: bool,
     shutdown: bool,
 }
 
-/// What one watch of the election's Leases shows.
+/// What this replica's watches show.
 #[derive(Default)]
 struct View {
-    /// Members: Lease name → what was seen of it.
-    members: BTreeMap<String, Watched>,
-    /// Shards: shard → what was seen of its Lease.
-    shards: BTreeMap<u16, Watched>,
+    /// The roster: Lease name → what was seen of it.
+    roster: Listing<String>,
+    /// The shards watched (owned or backed up): shard → its Lease.
+    shards: Listing<u16>,
 }
 
-/// A Lease of the election as the watch showed it.
-struct Watched {
-    /// Its holder (`None` when free).
-    holder: Option<String>,
-    /// The last object seen.
-    lease: Lease,
-    /// When its record (spec) last changed here: the observed-change clock.
-    changed: Instant,
+impl View {
+    /// The identities the roster names.
+    fn members(&self) -> BTreeSet<String> {
+        self.roster
+            .iter()
+            .filter_map(|(_, seen)| seen.holder.clone())
+            .collect()
+    }
+
+    /// The roster entry naming `identity`.
+    fn entry_of(&self, identity: &str) -> Option<&Watched> {
+        self.roster
+            .iter()
+            .map(|(_, seen)| seen)
+            .find(|seen| seen.holder.as_deref() == Some(identity))
+    }
 }
 
-impl Watched {
-    fn spec(&self) -> Option<&k8s_openapi::api::coordination::v1::LeaseSpec> {
-        self.lease.spec.as_ref()
-    }
+/// This replica's part of an assignment.
+#[derive(Default)]
+struct Duty {
+    /// The shards assigned to it.
+    assigned: BTreeSet<u16>,
+    /// The shards whose owner it watches over, evicting the owner when they
+    /// show it gone: shard → owner. Its backups (the shards it would own if
+    /// their owner left, so that it takes them a lease duration after their
+    /// last renewal), and the shards of the next member on the roster (by
+    /// identity, around): every member is watched over by the one before
+    /// it, so that members gone together (each the other's backup) are
+    /// evicted too, one after the other.
+    watch_over: BTreeMap<u16, String>,
+}
 
-    /// Whether its record changed within its own lease duration (`fallback`
-    /// when it has none, or one that is not positive, as for any Lease: see
-    /// `record::lease_duration`).
-    fn fresh(&self, fallback: Duration, now: Instant) -> bool {
-        let d = self
-            .spec()
-            .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback));
-        now.saturating_duration_since(self.changed) < d
+impl Duty {
+    fn of(assignment: &Assignment, members: &BTreeSet<String>, me: &str) -> Self {
+        let mut watch_over = assignment.backups(me);
+        let next = members
+            .range::<str, _>((std::ops::Bound::Excluded(me), std::ops::Bound::Unbounded))
+            .next()
+            .or_else(|| members.first())
+            .filter(|n| *n != me);
+        if let Some(next) = next {
+            for s in assignment.of(next) {
+                watch_over.insert(s, next.clone());
+            }
+        }
+        Duty {
+            assigned: assignment.of(me),
+            watch_over,
+        }
     }
+}
+
+/// Evictions: when each backed-up shard was first seen held by nobody
+/// (free, expired or absent), and the members evicted lately.
+#[derive(Default)]
+struct Evictions {
+    unowned_since: BTreeMap<u16, Instant>,
+    tried: BTreeMap<String, Instant>,
 }
 
 impl ShardedElector {
@@ -208,7 +288,8 @@ impl ShardedElector {
         let shards = (0..config.shards)
             .map(|s| LeaderElector::new(client.clone(), config.shard_lease(s)))
             .collect::<Result<Vec<_>, _>>()?;
-        let member = LeaderElector::new(client.clone(), config.member_lease())?;
+        let member = config.member_lease();
+        member.validate()?;
         Ok(ShardedElector {
             inner: Arc::new(Inner {
                 config,
@@ -225,8 +306,8 @@ impl ShardedElector {
         })
     }
 
-    /// Records every shard's and the membership's election metrics into
-    /// `metrics` (see [`LeaseMetrics`](crate::metrics::LeaseMetrics)): one series per
+    /// Records every shard's election metrics into `metrics` (see
+    /// [`LeaseMetrics`](crate::metrics::LeaseMetrics)): one series per shard
     /// Lease, so that the shards a replica holds are the sum of
     /// `leader_election_is_leader` over its shard Leases
     /// (`<base>-s<S>-shard-<NN>`); and the election's own two, labelled by
@@ -236,7 +317,7 @@ impl ShardedElector {
     #[cfg(feature = "metrics")]
     #[must_use]
     pub fn with_metrics(self, metrics: &crate::metrics::LeaseMetrics) -> Self {
-        for elector in self.inner.shards.iter().chain([&self.inner.member]) {
+        for elector in &self.inner.shards {
             let _ = elector.clone().with_metrics(metrics);
         }
         let cfg = &self.inner.config.lease;
@@ -307,107 +388,261 @@ impl ShardedElector {
             .flatten()
     }
 
-    /// Takes part in the election until [`shutdown`](Self::shutdown): holds
-    /// this replica's membership Lease, watches the election's Leases, and
-    /// campaigns for and releases shards by the rules of `assign`.
+    /// Takes part in the election until [`shutdown`](Self::shutdown): joins
+    /// the roster, watches it and the shards this replica owns or backs up,
+    /// campaigns for its shards, hands the others over, and evicts members
+    /// whose shards show they are gone.
     pub async fn run(&self) {
         let inner = &self.inner;
         let cfg = &inner.config.lease;
+        let me = cfg.identity.clone();
         // However it ends (shutdown, the future dropped with its controller's
-        // stream, the membership elector stopped), no shard stays held by a
-        // replica that no longer takes part: its guards go, so each shard is
-        // released once its work stopped, and campaigns stop.
+        // stream), no shard stays held by a replica that no longer takes
+        // part: its guards go, so each shard is released once its work
+        // stopped, and campaigns stop; and it leaves the roster.
         let _leave = Leave(self);
-        // Live once the membership Lease is held; from then on it is taken
-        // again whenever its term ends (a pause, a partition, an API server
-        // outage): a member that stops renewing drops out of every peer's
-        // count, so it must come back.
-        let Ok(first) = inner.member.acquire().await else {
-            return;
-        };
-        let member = inner.member.clone();
-        let membership = async move {
-            let mut guard = first;
-            loop {
-                let lost = (&mut guard).await;
-                info!(reason = ?lost, "the membership Lease was lost: taking it again");
-                match member.acquire().await {
-                    Ok(g) => guard = g,
-                    Err(_) => return,
-                }
-            }
-        };
-        let mut membership = std::pin::pin!(membership.fuse());
         let api: Api<Lease> = Api::namespaced(inner.client.clone(), &cfg.namespace);
-        let selector = format!("{OF_LABEL}={}", cfg.name);
-        let mut events = watcher(api, watcher::Config::default().labels(&selector))
+        if !self.join_until_done(&api).await {
+            return;
+        }
+        let roster_selector = format!("{OF_LABEL}={},{ROLE_LABEL}=member", cfg.name);
+        let mut roster_events = watcher(api.clone(), watcher::Config::default().labels(&roster_selector))
             .default_backoff()
-            .applied_objects()
             .boxed();
+        let mut shard_events: BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> =
+            futures::stream::pending().boxed();
         let mut view = View::default();
         let mut members = BTreeSet::new();
         let mut members_since = Instant::now();
+        let mut duty = Duty::default();
+        let mut selected: BTreeSet<u16> = BTreeSet::new();
+        let mut evictions = Evictions::default();
         let mut tick = tokio::time::interval(cfg.retry_period);
+        let member_key = |lease: &Lease| lease.metadata.name.clone();
+        let shard_key = |lease: &Lease| inner.config.shard_of_lease(lease);
+        // The next instant an eviction may be due (a backed-up shard's record
+        // expiring), so that it is judged then, not at the next tick.
+        let mut due: Option<Instant> = None;
+        let far = crate::record::later(Instant::now(), crate::config::MAX_DURATION);
         loop {
             futures::select_biased! {
-                event = events.next().fuse() => {
-                    if let Some(Ok(lease)) = event {
-                        view.update(&inner.config, &lease, Instant::now());
+                event = roster_events.next().fuse() => {
+                    if let Some(Ok(event)) = event {
+                        view.roster.event(event, member_key, Instant::now());
+                    }
+                }
+                event = shard_events.next().fuse() => {
+                    if let Some(Ok(event)) = event {
+                        view.shards.event(event, shard_key, Instant::now());
                     }
                 }
                 () = inner.wake.notified().fuse() => {}
                 _ = tick.tick().fuse() => {}
-                () = membership => return,
+                () = tokio::time::sleep_until(due.unwrap_or(far)).fuse() => {}
             }
             if inner.state.lock().shutdown {
                 return;
             }
             let now = Instant::now();
-            let mut live = view.live_members(cfg.lease_duration, now);
-            live.insert(cfg.identity.clone());
+            // Evicted (or the entry lost): join again, or the others never
+            // count this replica again.
+            if view.roster.synced() && view.entry_of(&me).is_none() {
+                self.join_again(&api);
+            }
+            let mut live = view.members();
+            live.insert(me.clone());
             if live != members {
-                debug!(?live, "members changed");
+                debug!(members = ?live, "the roster changed");
                 members.clone_from(&live);
                 members_since = now;
+                let assignment = Assignment::new(&members, inner.config.shards);
+                duty = Duty::of(&assignment, &members, &me);
+                evictions.unowned_since.clear();
+                let watch: BTreeSet<u16> = duty
+                    .assigned
+                    .iter()
+                    .chain(duty.watch_over.keys())
+                    .copied()
+                    .collect();
+                if watch != selected {
+                    selected = watch;
+                    view.shards.reselect(|s| selected.contains(s));
+                    shard_events = if selected.is_empty() {
+                        futures::stream::pending().boxed()
+                    } else {
+                        let selector = inner.config.shards_selector(&selected);
+                        watcher(api.clone(), watcher::Config::default().labels(&selector))
+                            .default_backoff()
+                            .boxed()
+                    };
+                }
             }
             let stable = now.saturating_duration_since(members_since) >= cfg.retry_period;
-            self.rebalance(&view, &members, stable, now);
+            self.rebalance(&view, &duty.assigned, stable, now);
+            due = (view.roster.synced() && view.shards.synced())
+                .then(|| self.evict_if_due(&api, &view, &duty.watch_over, &mut evictions, now))
+                .flatten();
         }
     }
 
-    /// One step of the balancer.
-    fn rebalance(&self, view: &View, members: &BTreeSet<String>, stable: bool, now: Instant) {
+    /// Joins the roster, retrying every retry period until it is done or
+    /// shutdown begins (`false`).
+    async fn join_until_done(&self, api: &Api<Lease>) -> bool {
+        let inner = &self.inner;
+        let cfg = &inner.member;
+        loop {
+            if inner.state.lock().shutdown {
+                return false;
+            }
+            match tokio::time::timeout(cfg.renew_deadline, roster::join(api, cfg)).await {
+                Ok(Ok(())) => {
+                    info!(lease = %cfg.name, "joined the sharded election");
+                    return true;
+                }
+                Ok(Err(e)) => {
+                    warn!(lease = %cfg.name, error = %Chain(&e), "could not join the sharded election; trying again")
+                }
+                Err(_) => warn!(lease = %cfg.name, "joining the sharded election timed out; trying again"),
+            }
+            tokio::time::sleep(cfg.retry_period).await;
+        }
+    }
+
+    /// Joins the roster again in the background (one write at a time).
+    fn join_again(&self, api: &Api<Lease>) {
+        {
+            let mut state = self.inner.state.lock();
+            if state.joining || state.shutdown {
+                return;
+            }
+            state.joining = true;
+        }
+        info!(lease = %self.inner.member.name, "this replica is not on the roster (evicted by a peer, or its entry was lost): joining again");
+        let (this, api) = (self.clone(), api.clone());
+        tokio::spawn(async move {
+            let cfg = &this.inner.member;
+            match tokio::time::timeout(cfg.renew_deadline, roster::join(&api, cfg)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    warn!(lease = %cfg.name, error = %Chain(&e), "could not join the sharded election again")
+                }
+                Err(_) => warn!(lease = %cfg.name, "joining the sharded election again timed out"),
+            }
+            this.inner.state.lock().joining = false;
+        });
+    }
+
+    /// Evicts the members whose shards this replica watches over and shows
+    /// gone: a shard held by its owner whose record has not changed for its
+    /// lease duration (the owner stopped renewing: dead, frozen or cut
+    /// off), or a shard held by nobody for two lease durations (its owner
+    /// never took it). The shard's Lease is read again first: a record that
+    /// changed since this watch saw it (the watch lagging) evicts nobody.
+    /// Returns when the next eviction may be due.
+    fn evict_if_due(
+        &self,
+        api: &Api<Lease>,
+        view: &View,
+        watch_over: &BTreeMap<u16, String>,
+        evictions: &mut Evictions,
+        now: Instant,
+    ) -> Option<Instant> {
+        let mut due: Option<Instant> = None;
+        let mut at = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
+        let cfg = &self.inner.config.lease;
+        let unowned_for = 2 * cfg.lease_duration;
+        evictions
+            .tried
+            .retain(|_, at| now.saturating_duration_since(*at) < cfg.lease_duration);
+        for (&shard, owner) in watch_over {
+            let seen = view.shards.get(&shard);
+            if let Some(w) = seen.filter(|w| w.held_fresh(cfg.lease_duration, now)) {
+                evictions.unowned_since.remove(&shard);
+                if w.holder.as_deref() == Some(owner.as_str()) {
+                    at(w.expires(cfg.lease_duration));
+                }
+                continue;
+            }
+            let since = *evictions.unowned_since.entry(shard).or_insert(now);
+            let expired = seen.is_some_and(|w| w.holder.as_deref() == Some(owner.as_str()));
+            if !expired && now.saturating_duration_since(since) < unowned_for {
+                at(crate::record::later(since, unowned_for));
+                continue;
+            }
+            if evictions.tried.contains_key(owner) {
+                continue;
+            }
+            let Some(entry) = view.entry_of(owner) else {
+                continue;
+            };
+            evictions.tried.insert(owner.clone(), now);
+            let why = if expired {
+                "its shard's record has not changed for a lease duration"
+            } else {
+                "its shard has been held by nobody for two lease durations"
+            };
+            let shard_name = self.inner.shards[usize::from(shard)].config().name.clone();
+            let seen_version = seen.and_then(|w| w.lease.metadata.resource_version.clone());
+            let (api, entry, owner, timeout) = (
+                api.clone(),
+                entry.lease.clone(),
+                owner.clone(),
+                cfg.renew_deadline,
+            );
+            tokio::spawn(async move {
+                let evict = async {
+                    // Confirm: has the shard's record changed since (its owner,
+                    // or someone, renewing or taking it)? Then the watch lagged.
+                    let current = api.get_opt(&shard_name).await?;
+                    let moved = current.as_ref().is_some_and(|l| {
+                        l.spec.as_ref().and_then(crate::record::holder).is_some()
+                            && l.metadata.resource_version != seen_version
+                    });
+                    if moved {
+                        debug!(member = %owner, shard, "not evicted: its shard's record changed since it was seen");
+                        return Ok(roster::Wrote::Changed);
+                    }
+                    roster::clear(&api, &entry).await
+                };
+                match tokio::time::timeout(timeout, evict).await {
+                    Ok(Ok(roster::Wrote::Done)) => {
+                        info!(member = %owner, shard, reason = why, "evicted the member from the roster")
+                    }
+                    Ok(Ok(roster::Wrote::Changed)) => {}
+                    Ok(Err(e)) => {
+                        warn!(member = %owner, shard, error = %Chain(&e), "could not evict the member")
+                    }
+                    Err(_) => warn!(member = %owner, shard, "evicting the member timed out"),
+                }
+            });
+        }
+        due
+    }
+
+    /// One step of the balancer: campaign for the shards assigned here, and
+    /// hand the others over.
+    fn rebalance(&self, view: &View, assigned: &BTreeSet<u16>, stable: bool, now: Instant) {
         let inner = &self.inner;
         let cfg = &inner.config.lease;
         let mut state = inner.state.lock();
         // Terms that ended (lost, or their deadline passed) are not held.
         state.held.retain(|_, (g, _)| g.is_valid());
         state.acquiring.retain(|_, task| !task.is_finished());
-        // Shards a live other member holds are not worth campaigning for.
-        let taken_by_other = |s: u16| {
-            view.shards.get(&s).is_some_and(|seen| {
-                seen.holder
-                    .as_ref()
-                    .is_some_and(|h| *h != cfg.identity && members.contains(h))
-                    && seen.fresh(cfg.lease_duration, now)
-            })
-        };
-        let busy: Vec<u16> = state
+        // Campaigns for shards no longer assigned here stop at once (nothing
+        // guarded runs yet).
+        let elsewhere: Vec<u16> = state
             .acquiring
             .keys()
             .copied()
-            .filter(|s| taken_by_other(*s))
+            .filter(|s| !assigned.contains(s))
             .collect();
-        for s in busy {
+        for s in elsewhere {
             if let Some(task) = state.acquiring.remove(&s) {
                 task.abort();
             }
         }
         let mine: BTreeSet<u16> = state.held.keys().chain(state.acquiring.keys()).copied().collect();
-        let free: BTreeSet<u16> = (0..inner.config.shards)
-            .filter(|s| !mine.contains(s) && !taken_by_other(*s))
-            .collect();
-        let plan = assign::plan(&cfg.identity, members, inner.config.shards, &mine, &free, stable);
+        let plan = assign::plan(&cfg.identity, assigned, &mine, stable);
         for s in plan.release {
             // Never release a shard held for less than one lease duration.
             let young = state
@@ -426,8 +661,6 @@ impl ShardedElector {
                 if let Some((_, counter)) = self.inner.metrics.get() {
                     counter.inc();
                 }
-            } else if let Some(task) = state.acquiring.remove(&s) {
-                task.abort();
             }
         }
         for s in plan.take {
@@ -503,87 +736,58 @@ impl ShardedElector {
         self.publish();
     }
 
-    /// Leaves the election: stops the balancer, releases its membership
-    /// Lease (the others' shares grow at once), and gives every shard up
-    /// (each released once its guards are dropped, within `grace`), so that
-    /// the others take them within a watch event and a write each.
+    /// Clears this replica's roster entry, if it still names it.
+    async fn leave(&self) {
+        let cfg = &self.inner.member;
+        let api: Api<Lease> = Api::namespaced(self.inner.client.clone(), &cfg.namespace);
+        let left = async {
+            let Some(lease) = api.get_opt(&cfg.name).await? else {
+                return Ok(roster::Wrote::Changed);
+            };
+            let ours = lease.spec.as_ref().and_then(crate::record::holder) == Some(cfg.identity.as_str());
+            if !ours {
+                return Ok(roster::Wrote::Changed);
+            }
+            roster::clear(&api, &lease).await
+        };
+        match tokio::time::timeout(cfg.release_timeout, left).await {
+            Ok(Ok(roster::Wrote::Done)) => info!(lease = %cfg.name, "left the sharded election"),
+            Ok(Ok(roster::Wrote::Changed)) => {}
+            Ok(Err(e)) => {
+                warn!(lease = %cfg.name, error = %Chain(&e), "could not leave the roster: the others evict this replica once its shards are free for two lease durations")
+            }
+            Err(_) => {
+                warn!(lease = %cfg.name, "leaving the roster timed out: the others evict this replica once its shards are free for two lease durations")
+            }
+        }
+    }
+
+    /// Leaves the election: stops the balancer, leaves the roster (the
+    /// others' shares grow at once), and gives every shard up (each
+    /// released once its guards are dropped, within `grace`), so that the
+    /// others take them within a watch event and a write each.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.state.lock().shutdown = true;
         self.give_up_all();
         self.inner.wake.notify_one();
-        // The membership first: the others' shares grow at once, so that
-        // they campaign for these shards while they are being released.
-        let _ = self.inner.member.shutdown(grace).await;
+        // The roster first: the others' shares grow at once, so that they
+        // campaign for these shards while they are being released.
+        self.leave().await;
         futures::future::join_all(self.inner.shards.iter().map(|s| s.shutdown(grace))).await;
     }
 }
 
-/// Gives every shard up when [`ShardedElector::run`] ends, however it ends.
+/// Gives every shard up when [`ShardedElector::run`] ends, however it ends,
+/// and leaves the roster (in the background: a drop cannot wait).
 struct Leave<'a>(&'a ShardedElector);
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
         debug!("the sharded election's balancer stopped: giving every shard up");
         self.0.give_up_all();
-    }
-}
-
-impl View {
-    fn update(&mut self, config: &ShardConfig, lease: &Lease, now: Instant) {
-        let name = lease.metadata.name.clone().unwrap_or_default();
-        let role = lease
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(ROLE_LABEL))
-            .map(String::as_str);
-        let slot = match role {
-            Some("member") => self.members.entry(name),
-            Some("shard") => {
-                let prefix = format!("{}-s{}-shard-", config.lease.name, config.shards);
-                let Some(shard) = name.strip_prefix(&prefix).and_then(|n| n.parse::<u16>().ok()) else {
-                    return;
-                };
-                return Self::put(self.shards.entry(shard), lease, now);
-            }
-            _ => return,
-        };
-        Self::put(slot, lease, now);
-    }
-
-    /// Records `lease` in `slot`: the clock restarts only when its record
-    /// (spec) changed or it is another object.
-    fn put<K: Ord>(slot: std::collections::btree_map::Entry<'_, K, Watched>, lease: &Lease, now: Instant) {
-        let holder = lease
-            .spec
-            .as_ref()
-            .and_then(crate::record::holder)
-            .map(str::to_owned);
-        let seen = Watched {
-            holder,
-            lease: lease.clone(),
-            changed: now,
-        };
-        match slot {
-            std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(seen);
-            }
-            std::collections::btree_map::Entry::Occupied(mut o) => {
-                let old = o.get();
-                let same = old.lease.spec == lease.spec && old.lease.metadata.uid == lease.metadata.uid;
-                let changed = if same { old.changed } else { now };
-                o.insert(Watched { changed, ..seen });
-            }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let this = self.0.clone();
+            runtime.spawn(async move { this.leave().await });
         }
-    }
-
-    /// The identities of members whose record changed within its lease
-    /// duration (the membership elector renews every retry period).
-    fn live_members(&self, fallback: Duration, now: Instant) -> BTreeSet<String> {
-        self.members
-            .values()
-            .filter(|seen| seen.fresh(fallback, now))
-            .filter_map(|seen| seen.holder.clone())
-            .collect()
     }
 }

@@ -4,7 +4,7 @@ use std::{collections::BTreeSet, time::Duration};
 
 use tokio::time::sleep;
 
-use super::{ShardConfig, ShardedElector};
+use super::{ShardConfig, ShardedElector, assign::Assignment};
 use crate::{LeaseConfig, test_util::FakeLeaseApi, tests::support::paused};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -83,14 +83,34 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
         never_shared(&[&a, &b, &c, &d], S(60)).await;
         let now = held(&[&a, &b, &c, &d]);
         assert_eq!(sizes(&now), [3, 3, 3, 3], "{now:?}");
-        // Each of the three handed one shard over to balance; d none.
+        // Each holds exactly its assignment; each of the three handed over
+        // the shards the assignment moved away from it; d none.
+        let ids = |n: &[&str]| n.iter().map(|s| (*s).to_owned()).collect::<BTreeSet<String>>();
+        let (three, four) = (
+            Assignment::new(&ids(&["a", "b", "c"]), 12),
+            Assignment::new(&ids(&["a", "b", "c", "d"]), 12),
+        );
+        for (r, id) in [(&a, "a"), (&b, "b"), (&c, "c"), (&d, "d")] {
+            assert_eq!(*r.held().borrow(), four.of(id), "{id} holds its assignment");
+        }
+        let moved: Vec<u64> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| three.of(id).difference(&four.of(id)).count() as u64)
+            .collect();
+        assert_eq!(moved[3], 0, "d held nothing before");
+        assert!(
+            moved.iter().sum::<u64>() >= 3,
+            "d's three came from the others: {moved:?}"
+        );
         let rebalances = |rs: &[&ShardedElector]| rs.iter().map(|r| r.rebalances()).collect::<Vec<_>>();
-        assert_eq!(rebalances(&[&a, &b, &c, &d]), [1, 1, 1, 0]);
-        // It leaves: its shards are taken again (4 each), each within a
-        // watch event and a write (paused time: within a second).
+        assert_eq!(rebalances(&[&a, &b, &c, &d]), moved);
+        // It leaves: its shards are taken again, each within a watch event
+        // and a write (paused time: within a second) by the replica it
+        // assigns them to; the few the assignment moves between the others
+        // once the roster is stable for a retry period (4 each, within 2 s).
         let left = tokio::time::Instant::now();
         d.shutdown(S(1)).await;
-        while sizes(&held(&[&a, &b, &c])) != [4, 4, 4] {
+        while held(&[&a, &b, &c]).iter().flatten().count() < 12 {
             assert!(
                 left.elapsed() < S(1),
                 "not re-owned within 1 s: {:?}",
@@ -98,11 +118,32 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
             );
             never_shared(&[&a, &b, &c], Duration::from_millis(10)).await;
         }
+        while sizes(&held(&[&a, &b, &c])) != [4, 4, 4] {
+            assert!(
+                left.elapsed() < S(2),
+                "not balanced within 2 s: {:?}",
+                held(&[&a, &b, &c])
+            );
+            never_shared(&[&a, &b, &c], Duration::from_millis(10)).await;
+        }
         never_shared(&[&a, &b, &c], S(30)).await;
         let now = held(&[&a, &b, &c]);
         assert_eq!(sizes(&now), [4, 4, 4], "{now:?}");
-        // Taking a leaver's shards is no rebalance, nor is leaving.
-        assert_eq!(rebalances(&[&a, &b, &c, &d]), [1, 1, 1, 0]);
+        // Taking a leaver's shards is no rebalance, nor is leaving; handing
+        // back what the join's assignment moved between the three is.
+        let back: Vec<u64> = ["a", "b", "c", "d"]
+            .iter()
+            .zip(&moved)
+            .map(|(id, m)| m + (four.of(id).difference(&three.of(id)).count() as u64) * u64::from(*id != "d"))
+            .collect();
+        assert_eq!(rebalances(&[&a, &b, &c, &d]), back);
+        for (r, id) in [(&a, "a"), (&b, "b"), (&c, "c")] {
+            assert_eq!(
+                *r.held().borrow(),
+                three.of(id),
+                "{id} holds its assignment again"
+            );
+        }
         let status = a.status();
         assert_eq!(status.len(), 12);
         let leading: BTreeSet<u16> = status
@@ -298,29 +339,62 @@ fn records_are_fresh_for_their_own_lease_duration_and_not_at_its_end() {
                 .into_iter()
                 .collect(),
         );
-        let mut view = super::View::default();
-        view.update(&config, &lease, start);
-        view.update(&config, &lease, start + S(2));
-        assert_eq!(view.shards[&3].changed, start, "seen again: the same clock");
-        assert_eq!(view.shards[&3].holder.as_deref(), Some("b"));
+        let key = |l: &k8s_openapi::api::coordination::v1::Lease| config.shard_of_lease(l);
+        let mut view = super::view::Listing::<u16>::default();
+        let apply =
+            |view: &mut super::view::Listing<u16>, l: &k8s_openapi::api::coordination::v1::Lease, at| {
+                view.event(kube_runtime::watcher::Event::Apply(l.clone()), key, at);
+            };
+        apply(&mut view, &lease, start);
+        apply(&mut view, &lease, start + S(2));
+        assert_eq!(view.get(&3).unwrap().changed, start, "seen again: the same clock");
+        assert_eq!(view.get(&3).unwrap().holder.as_deref(), Some("b"));
         let mut recreated = lease.clone();
         recreated.metadata.uid = Some("u2".to_owned());
-        view.update(&config, &recreated, start + S(3));
-        assert_eq!(view.shards[&3].changed, start + S(3), "another object");
+        apply(&mut view, &recreated, start + S(3));
+        assert_eq!(view.get(&3).unwrap().changed, start + S(3), "another object");
         let mut renewed = recreated.clone();
         renewed.spec.as_mut().unwrap().lease_transitions = Some(1);
-        view.update(&config, &renewed, start + S(4));
-        assert_eq!(view.shards[&3].changed, start + S(4), "a changed record");
-        // A shard Lease of another shard count is not this election's.
-        let mut other_count = lease.clone();
-        other_count.metadata.name = Some("ctl-s6-shard-04".to_owned());
-        view.update(&config, &other_count, start);
-        assert!(!view.shards.contains_key(&4));
-        view.members.insert("m-b".to_owned(), long);
-        assert_eq!(
-            view.live_members(S(4), start + S(10)),
-            BTreeSet::from(["b".to_owned()])
+        apply(&mut view, &renewed, start + S(4));
+        assert_eq!(view.get(&3).unwrap().changed, start + S(4), "a changed record");
+        // A shard Lease of another shard count, or beyond the count, is not
+        // this election's.
+        for name in ["ctl-s6-shard-04", "ctl-s12-shard-12", "ctl-s12-shard-x"] {
+            let mut other = lease.clone();
+            other.metadata.name = Some(name.to_owned());
+            assert_eq!(config.shard_of_lease(&other), None, "{name}");
+        }
+        // A re-list: what is listed again unchanged keeps its clock, what is
+        // gone is dropped, and the listing is whole only at its end.
+        let mut four = renewed.clone();
+        four.metadata.name = Some("ctl-s12-shard-04".to_owned());
+        apply(&mut view, &four, start + S(4));
+        view.event(kube_runtime::watcher::Event::Init, key, start + S(5));
+        view.event(
+            kube_runtime::watcher::Event::InitApply(renewed.clone()),
+            key,
+            start + S(5),
         );
+        assert!(
+            view.get(&4).is_some(),
+            "the old listing stands until the new one is whole"
+        );
+        view.event(kube_runtime::watcher::Event::InitDone, key, start + S(5));
+        assert!(view.synced());
+        assert_eq!(
+            view.get(&3).unwrap().changed,
+            start + S(4),
+            "listed again unchanged"
+        );
+        assert!(view.get(&4).is_none(), "gone from the new list");
+        view.event(
+            kube_runtime::watcher::Event::Delete(renewed.clone()),
+            key,
+            start + S(6),
+        );
+        assert!(view.get(&3).is_none(), "deleted");
+        view.reselect(|_| true);
+        assert!(!view.synced(), "selected again: whole once listed again");
     });
 }
 

@@ -4,7 +4,7 @@
 //! (`fieldSelector=metadata.name=`) and by labels (`labelSelector=`), and the
 //! API server's rules for each write.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::Bytes;
 use futures::channel::mpsc;
@@ -33,9 +33,9 @@ pub(super) fn key(lease: &Lease) -> Key {
 }
 
 /// What a list or a watch selects: a namespace (none: every namespace), a
-/// name, and labels (equality-based requirements: `key=value`, `key==value`,
-/// `key!=value`, `key`, `!key`; the set-based `in` and `notin` are not
-/// understood, and select nothing).
+/// name, and labels (`key=value`, `key==value`, `key!=value`, `key`, `!key`,
+/// and the set-based `key in (a,b)` and `key notin (a,b)`; anything else
+/// selects nothing).
 #[derive(Debug)]
 pub(super) struct Filter {
     namespace: Option<String>,
@@ -50,6 +50,8 @@ enum Requirement {
     HasNot(String),
     Is(String, String),
     IsNot(String, String),
+    In(String, BTreeSet<String>),
+    NotIn(String, BTreeSet<String>),
     /// A requirement the double does not understand.
     Unknown,
 }
@@ -57,7 +59,25 @@ enum Requirement {
 impl Requirement {
     fn of(r: &str) -> Self {
         let r = r.trim();
-        if r.contains(" in ") || r.contains(" notin ") || r.contains('(') {
+        let set = |rest: &str| {
+            let inner = rest.trim().strip_prefix('(')?.strip_suffix(')')?;
+            Some(
+                inner
+                    .split(',')
+                    .map(|v| v.trim().to_owned())
+                    .filter(|v| !v.is_empty())
+                    .collect::<BTreeSet<String>>(),
+            )
+        };
+        if let Some((k, rest)) = r.split_once(" notin ") {
+            set(rest).map_or(Requirement::Unknown, |vs| {
+                Requirement::NotIn(k.trim().to_owned(), vs)
+            })
+        } else if let Some((k, rest)) = r.split_once(" in ") {
+            set(rest).map_or(Requirement::Unknown, |vs| {
+                Requirement::In(k.trim().to_owned(), vs)
+            })
+        } else if r.contains('(') {
             Requirement::Unknown
         } else if let Some((k, v)) = r.split_once("!=") {
             Requirement::IsNot(k.trim().to_owned(), v.trim().to_owned())
@@ -76,6 +96,8 @@ impl Requirement {
             Requirement::HasNot(k) => !labels.contains_key(k),
             Requirement::Is(k, v) => labels.get(k) == Some(v),
             Requirement::IsNot(k, v) => labels.get(k) != Some(v),
+            Requirement::In(k, vs) => labels.get(k).is_some_and(|v| vs.contains(v)),
+            Requirement::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
             Requirement::Unknown => false,
         }
     }
@@ -88,8 +110,8 @@ impl Filter {
             .split('&')
             .find_map(|kv| kv.strip_prefix("labelSelector="))
             .map(|v| {
-                decode(v)
-                    .split(',')
+                split_requirements(&decode(v))
+                    .into_iter()
                     .filter(|r| !r.trim().is_empty())
                     .map(Requirement::of)
                     .collect()
@@ -109,6 +131,24 @@ impl Filter {
             && self.name.as_ref().is_none_or(|n| *n == name)
             && self.labels.iter().all(|r| r.matches(&labels))
     }
+}
+
+/// A selector's requirements: split at the commas outside parentheses.
+fn split_requirements(selector: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0u32, 0);
+    for (i, c) in selector.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.push(&selector[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&selector[start..]);
+    out
 }
 
 /// `%XX` escapes decoded (label selectors arrive percent-encoded).

@@ -75,6 +75,29 @@ fn a_double_serves_every_lease_by_namespace_and_name() {
         );
         assert_eq!(names(all.list(&ListParams::default()).await.unwrap()).len(), 3);
         assert_eq!(names(leases.list(&labelled).await.unwrap()), ["b"]);
+        // Set-based requirements, with commas inside their parentheses.
+        let set = |sel: &str| ListParams::default().labels(sel);
+        assert_eq!(
+            names(leases.list(&set("shard-of in (y,x)")).await.unwrap()),
+            ["b"]
+        );
+        assert_eq!(
+            names(leases.list(&set("shard-of in (y,z)")).await.unwrap()),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            names(leases.list(&set("shard-of notin (x,y)")).await.unwrap()),
+            ["a"]
+        );
+        assert_eq!(
+            names(leases.list(&set("shard-of,shard-of in (x)")).await.unwrap()),
+            ["b"]
+        );
+        assert_eq!(
+            names(leases.list(&set("shard-of in x")).await.unwrap()),
+            Vec::<String>::new(),
+            "not understood: selects nothing"
+        );
         let by_name = ListParams::default().fields("metadata.name=a");
         assert_eq!(names(leases.list(&by_name).await.unwrap()), ["a"]);
         assert!(leases.get_opt("c").await.unwrap().is_none());

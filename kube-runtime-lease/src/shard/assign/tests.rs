@@ -43,75 +43,119 @@ fn targets_sum_to_the_shard_count_within_one_of_each_other() {
     assert_eq!(targets(&members(5), 12), [3, 3, 2, 2, 2]);
 }
 
+/// The assignment gives every member exactly its target, each shard to one
+/// member, and depends on the member list alone.
 #[test]
-fn members_prefer_different_shards() {
-    let m = members(3);
-    let free: BTreeSet<u16> = (0..12).collect();
-    let firsts: BTreeSet<u16> = m
-        .iter()
-        .map(|id| plan(id, &m, 12, &BTreeSet::new(), &free, true).take[0])
-        .collect();
-    assert!(
-        firsts.len() >= 2,
-        "all members want the same shard first: {firsts:?}"
-    );
-}
-
-#[test]
-fn a_member_under_its_target_takes_only_what_it_lacks() {
-    let m = members(3);
-    let held: BTreeSet<u16> = [0, 1].into();
-    let free: BTreeSet<u16> = (2..12).collect();
-    let p = plan("replica-00", &m, 12, &held, &free, true);
-    assert_eq!(p.take.len(), 2);
-    assert!(p.take.iter().all(|s| free.contains(s)));
-    assert!(p.release.is_empty());
-}
-
-#[test]
-fn a_member_over_its_target_releases_its_surplus_only_once_members_are_stable() {
-    // A fourth member joined: 12 over 4 is 3 each; this one holds 4.
-    let m = members(4);
-    let held: BTreeSet<u16> = [0, 1, 2, 3].into();
-    let p = plan("replica-00", &m, 12, &held, &BTreeSet::new(), true);
-    assert_eq!(p.release.len(), 1);
-    assert!(held.contains(&p.release[0]));
-    assert!(p.take.is_empty());
-    let unstable = plan("replica-00", &m, 12, &held, &BTreeSet::new(), false);
-    assert_eq!(unstable, Plan::default(), "no release while members change");
-}
-
-#[test]
-fn every_member_following_its_plan_reaches_one_holder_per_shard_within_one() {
-    // A simple fixed point: members take free shards and release surplus
-    // in turn until nothing changes.
-    let m = members(5);
-    let shards = 12;
-    let mut held: Vec<BTreeSet<u16>> = vec![
-        (0..12).collect(),
-        BTreeSet::new(),
-        BTreeSet::new(),
-        BTreeSet::new(),
-        BTreeSet::new(),
-    ];
-    for _round in 0..20 {
-        for (i, id) in m.iter().enumerate() {
-            let taken: BTreeSet<u16> = held.iter().flatten().copied().collect();
-            let free: BTreeSet<u16> = (0..shards).filter(|s| !taken.contains(s)).collect();
-            let p = plan(id, &m, shards, &held[i], &free, true);
-            for s in p.release {
-                held[i].remove(&s);
+fn an_assignment_gives_each_member_its_target_and_each_shard_one_owner() {
+    for shards in [1u16, 2, 7, 12, 16, 64, 256] {
+        for n in 1..=17 {
+            let m = members(n);
+            let a = Assignment::new(&m, shards);
+            let t = targets(&m, shards);
+            let mut all = BTreeSet::new();
+            for (id, want) in m.iter().zip(&t) {
+                let of = a.of(id);
+                assert_eq!(of.len(), usize::from(*want), "{id} of {n} over {shards}");
+                assert!(of.iter().all(|s| a.owner(*s) == Some(id.as_str())));
+                all.extend(of);
             }
-            for s in p.take {
-                held[i].insert(s);
-            }
+            assert_eq!(all, (0..shards).collect::<BTreeSet<_>>(), "every shard owned");
+            assert_eq!(a, Assignment::new(&m, shards), "deterministic");
         }
     }
-    let all: Vec<u16> = held.iter().flatten().copied().collect();
-    assert_eq!(all.len(), 12, "each shard once: {held:?}");
-    assert_eq!(all.iter().copied().collect::<BTreeSet<_>>().len(), 12);
-    let sizes: Vec<usize> = held.iter().map(BTreeSet::len).collect();
-    assert_eq!(sizes, [3, 3, 2, 2, 2]);
+    assert_eq!(Assignment::new(&BTreeSet::new(), 12).owner(0), None);
+    assert!(Assignment::new(&members(3), 12).of("nobody").is_empty());
+}
+
+/// Members own different shards by preference, not by number: the first
+/// member does not own the first shards.
+#[test]
+fn an_assignment_follows_the_preferences() {
+    let m = members(4);
+    let a = Assignment::new(&m, 64);
+    for id in &m {
+        let first = (0..64).max_by_key(|s| preference(id, *s)).unwrap();
+        // Its most preferred shard is its own unless a member that prefers
+        // it more took it first.
+        if let Some(owner) = a.owner(first).filter(|o| *o != id) {
+            assert!(
+                preference(owner, first) > preference(id, first),
+                "{id}: {first} went to {owner}"
+            );
+        }
+    }
+    let firsts: BTreeSet<u16> = m.iter().map(|id| *a.of(id).first().unwrap()).collect();
+    assert_eq!(firsts.len(), 4, "different shards: {firsts:?}");
+}
+
+/// Each shard of a member is in exactly one other member's backups: the one
+/// that owns it once that member is gone.
+#[test]
+fn every_shard_has_one_backup_the_owner_after_its_owner_leaves() {
+    for (n, shards) in [(2, 16), (3, 12), (4, 64), (8, 64), (8, 256), (16, 256), (20, 16)] {
+        let m = members(n);
+        let a = Assignment::new(&m, shards);
+        let mut backed: Vec<u16> = Vec::new();
+        for id in &m {
+            let b = a.backups(id);
+            for (s, owner) in &b {
+                assert_ne!(owner, id);
+                assert_eq!(a.owner(*s), Some(owner.as_str()));
+                let without: BTreeSet<String> = m.iter().filter(|x| *x != owner).cloned().collect();
+                assert_eq!(Assignment::new(&without, shards).owner(*s), Some(id.as_str()));
+            }
+            backed.extend(b.keys());
+        }
+        backed.sort_unstable();
+        let owned: Vec<u16> = (0..shards).collect();
+        assert_eq!(backed, owned, "{n} over {shards}: each shard once");
+    }
+    assert!(Assignment::new(&members(1), 12).backups("replica-00").is_empty());
+}
+
+/// A join moves few shards: the joiner's share and at most four times as
+/// many again (the members after it in the fill's turns shift), far from a
+/// reshuffle.
+#[test]
+fn a_join_moves_about_the_joiners_share() {
+    for (n, shards) in [(3u16, 12u16), (4, 64), (8, 256), (15, 256)] {
+        let before = members(usize::from(n));
+        let mut after = before.clone();
+        after.insert("replica-joiner".to_owned());
+        let (a, b) = (Assignment::new(&before, shards), Assignment::new(&after, shards));
+        let moved = (0..shards).filter(|s| a.owner(*s) != b.owner(*s)).count();
+        let share = usize::from(shards.div_ceil(n + 1));
+        assert!(moved >= share, "{moved} < {share}");
+        assert!(
+            moved <= 5 * share,
+            "{n} + 1 over {shards}: {moved} moved, share {share}"
+        );
+    }
+}
+
+/// A member campaigns for what is assigned to it and does not hold, and
+/// hands the rest over, least preferred first, only once members are stable.
+#[test]
+fn a_plan_takes_the_assigned_and_releases_the_rest_once_stable() {
+    let assigned: BTreeSet<u16> = [1, 2, 3].into();
+    let mine: BTreeSet<u16> = [3, 4, 5].into();
+    let p = plan("replica-00", &assigned, &mine, true);
+    let mut take = p.take.clone();
+    take.sort_unstable();
+    assert_eq!(take, [1, 2]);
+    let mut release = p.release.clone();
+    release.sort_unstable();
+    assert_eq!(release, [4, 5]);
+    let pref = |s: &u16| preference("replica-00", *s);
+    assert!(pref(&p.take[0]) >= pref(&p.take[1]), "most preferred first");
+    assert!(
+        pref(&p.release[0]) <= pref(&p.release[1]),
+        "least preferred first"
+    );
+    let unstable = plan("replica-00", &assigned, &mine, false);
+    assert!(unstable.release.is_empty(), "no release while members change");
+    assert_eq!(unstable.take.len(), 2);
+    assert_eq!(plan("replica-00", &mine, &mine, true), Plan::default());
 }
 
 /// More members than a `u16` counts (a misconfiguration, but no panic):
@@ -123,26 +167,7 @@ fn more_members_than_a_u16_counts_get_one_shard_each_at_most() {
     assert_eq!(t.len(), 70_000);
     assert_eq!(t[..12], [1; 12]);
     assert!(t[12..].iter().all(|&x| x == 0));
-}
-
-/// A member takes the free shards it prefers most, and gives up the held
-/// ones it prefers least: members pick different shards (rendezvous).
-#[test]
-fn plans_follow_the_preference_order() {
-    let m = members(1);
-    let id = m.first().unwrap().clone();
-    let all: BTreeSet<u16> = (0..12).collect();
-    let mut ranked: Vec<u16> = all.iter().copied().collect();
-    ranked.sort_by_key(|s| std::cmp::Reverse(preference(&id, *s)));
-    // Alone, it wants all 12: the most preferred first.
-    let p = plan(&id, &m, 12, &BTreeSet::new(), &all, true);
-    assert_eq!(p.take, ranked);
-    // Among 4 members its target is 3: holding all 12, it gives up the 9
-    // it prefers least, least preferred first.
-    let four: BTreeSet<String> = (0..4).map(|i| format!("{id}{}", "~".repeat(i))).collect();
-    assert_eq!(target_of(&id, &four, 12), 3);
-    let p = plan(&id, &four, 12, &all, &BTreeSet::new(), true);
-    let mut least_first = ranked.clone();
-    least_first.reverse();
-    assert_eq!(p.release, least_first[..9]);
+    let a = Assignment::new(&many, 12);
+    let owners: BTreeSet<&str> = (0..12).filter_map(|s| a.owner(s)).collect();
+    assert_eq!(owners.len(), 12, "one shard each for the first 12");
 }

@@ -1,0 +1,145 @@
+//! What a replica's two watches show: the roster (every member's entry) and
+//! the shards it owns or backs up, each Lease with the instant its record
+//! last changed here (the observed-change clock).
+
+use std::{collections::BTreeMap, time::Duration};
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube_runtime::watcher;
+use tokio::time::Instant;
+
+/// A Lease of the election as a watch showed it.
+pub(super) struct Watched {
+    /// Its holder (`None` when free).
+    pub(super) holder: Option<String>,
+    /// The last object seen.
+    pub(super) lease: Lease,
+    /// When its record (spec) last changed here: the observed-change clock.
+    pub(super) changed: Instant,
+}
+
+impl Watched {
+    /// `lease` seen at `now`, after `old` (the same key's last sighting): the
+    /// clock restarts only when the record (spec) changed or it is another
+    /// object.
+    fn seen(old: Option<&Watched>, lease: Lease, now: Instant) -> Self {
+        let holder = lease
+            .spec
+            .as_ref()
+            .and_then(crate::record::holder)
+            .map(str::to_owned);
+        let changed = match old {
+            Some(o) if o.lease.spec == lease.spec && o.lease.metadata.uid == lease.metadata.uid => o.changed,
+            _ => now,
+        };
+        Watched {
+            holder,
+            lease,
+            changed,
+        }
+    }
+
+    fn spec(&self) -> Option<&LeaseSpec> {
+        self.lease.spec.as_ref()
+    }
+
+    /// Whether its record changed within its own lease duration (`fallback`
+    /// when it has none, or one that is not positive, as for any Lease: see
+    /// `record::lease_duration`).
+    pub(super) fn fresh(&self, fallback: Duration, now: Instant) -> bool {
+        now < self.expires(fallback)
+    }
+
+    /// When it stops being fresh, unless its record changes.
+    pub(super) fn expires(&self, fallback: Duration) -> Instant {
+        let d = self
+            .spec()
+            .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback));
+        crate::record::later(self.changed, d)
+    }
+
+    /// Whether someone holds it with a record that changed within its lease
+    /// duration.
+    pub(super) fn held_fresh(&self, fallback: Duration, now: Instant) -> bool {
+        self.holder.is_some() && self.fresh(fallback, now)
+    }
+}
+
+/// The objects of one watch, by key, kept across its re-lists: an object
+/// listed again unchanged keeps its clock; one gone from the new list is
+/// dropped.
+pub(super) struct Listing<K> {
+    objects: BTreeMap<K, Watched>,
+    /// Objects of a re-list under way (between `Init` and `InitDone`).
+    pending: Option<BTreeMap<K, Watched>>,
+    /// Whether a whole list has been seen since the watch (re)started.
+    synced: bool,
+}
+
+impl<K> Default for Listing<K> {
+    fn default() -> Self {
+        Listing {
+            objects: BTreeMap::new(),
+            pending: None,
+            synced: false,
+        }
+    }
+}
+
+impl<K: Ord> Listing<K> {
+    /// Takes in one event of the watch; `key` names an object (`None`: not
+    /// one of ours, ignored).
+    pub(super) fn event(
+        &mut self,
+        event: watcher::Event<Lease>,
+        key: impl Fn(&Lease) -> Option<K>,
+        now: Instant,
+    ) {
+        match event {
+            watcher::Event::Init => self.pending = Some(BTreeMap::new()),
+            watcher::Event::InitApply(lease) => {
+                let Some(k) = key(&lease) else { return };
+                let old = self.objects.get(&k);
+                let seen = Watched::seen(old, lease, now);
+                self.pending.get_or_insert_with(BTreeMap::new).insert(k, seen);
+            }
+            watcher::Event::InitDone => {
+                self.objects = self.pending.take().unwrap_or_default();
+                self.synced = true;
+            }
+            watcher::Event::Apply(lease) => {
+                let Some(k) = key(&lease) else { return };
+                let seen = Watched::seen(self.objects.get(&k), lease, now);
+                self.objects.insert(k, seen);
+            }
+            watcher::Event::Delete(lease) => {
+                if let Some(k) = key(&lease) {
+                    self.objects.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Whether a whole list has been seen since the watch (re)started.
+    pub(super) fn synced(&self) -> bool {
+        self.synced
+    }
+
+    /// The object under `key`.
+    pub(super) fn get(&self, key: &K) -> Option<&Watched> {
+        self.objects.get(key)
+    }
+
+    /// Every object.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&K, &Watched)> {
+        self.objects.iter()
+    }
+
+    /// Keeps only the objects `keep` says, and waits for a new list (the
+    /// watch is started again with another selection).
+    pub(super) fn reselect(&mut self, keep: impl Fn(&K) -> bool) {
+        self.objects.retain(|k, _| keep(k));
+        self.pending = None;
+        self.synced = false;
+    }
+}
