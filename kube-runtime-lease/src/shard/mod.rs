@@ -500,7 +500,7 @@ impl ShardedElector {
                     return true;
                 }
                 Ok(Err(e)) => {
-                    warn!(lease = %cfg.name, error = %Chain(&e), "could not join the sharded election; trying again")
+                    warn!(lease = %cfg.name, error = %Chain(&e), "could not join the sharded election; trying again");
                 }
                 Err(_) => warn!(lease = %cfg.name, "joining the sharded election timed out; trying again"),
             }
@@ -524,7 +524,7 @@ impl ShardedElector {
             match tokio::time::timeout(cfg.renew_deadline, roster::join(&api, cfg)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    warn!(lease = %cfg.name, error = %Chain(&e), "could not join the sharded election again")
+                    warn!(lease = %cfg.name, error = %Chain(&e), "could not join the sharded election again");
                 }
                 Err(_) => warn!(lease = %cfg.name, "joining the sharded election again timed out"),
             }
@@ -606,11 +606,11 @@ impl ShardedElector {
                 };
                 match tokio::time::timeout(timeout, evict).await {
                     Ok(Ok(roster::Wrote::Done)) => {
-                        info!(member = %owner, shard, reason = why, "evicted the member from the roster")
+                        info!(member = %owner, shard, reason = why, "evicted the member from the roster");
                     }
                     Ok(Ok(roster::Wrote::Changed)) => {}
                     Ok(Err(e)) => {
-                        warn!(member = %owner, shard, error = %Chain(&e), "could not evict the member")
+                        warn!(member = %owner, shard, error = %Chain(&e), "could not evict the member");
                     }
                     Err(_) => warn!(member = %owner, shard, "evicting the member timed out"),
                 }
@@ -754,10 +754,10 @@ impl ShardedElector {
             Ok(Ok(roster::Wrote::Done)) => info!(lease = %cfg.name, "left the sharded election"),
             Ok(Ok(roster::Wrote::Changed)) => {}
             Ok(Err(e)) => {
-                warn!(lease = %cfg.name, error = %Chain(&e), "could not leave the roster: the others evict this replica once its shards are free for two lease durations")
+                warn!(lease = %cfg.name, error = %Chain(&e), "could not leave the roster: the others evict this replica once its shards are free for two lease durations");
             }
             Err(_) => {
-                warn!(lease = %cfg.name, "leaving the roster timed out: the others evict this replica once its shards are free for two lease durations")
+                warn!(lease = %cfg.name, "leaving the roster timed out: the others evict this replica once its shards are free for two lease durations");
             }
         }
     }
