@@ -177,8 +177,8 @@ fn replicas_share_the_shards_within_one_and_rebalance_on_join_and_leave() {
 /// (counted from when their own watch last saw a change, not from when a
 /// campaign first read them: within the lease duration and one retry period
 /// of the cut), and never two replicas hold one shard at any sampled instant.
-/// Healed, it takes its membership Lease again (its term there ended too) and
-/// the shards are balanced again: 4 each.
+/// A peer watching over its shards evicts it from the roster; healed, it
+/// joins the roster again and the shards are balanced again: 4 each.
 #[test]
 fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
     paused(async {
@@ -210,7 +210,7 @@ fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
             c.held().borrow()
         );
         // a and b take c's shards: 6 each, within the lease duration and a
-        // retry period (membership is judged by the same rule).
+        // retry period (the eviction is judged when their records expire).
         let deadline = cut + S(5);
         loop {
             never_shared(&[a, b, c], Duration::from_millis(100)).await;
@@ -228,10 +228,25 @@ fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
             "taken before the lease duration since c's last renewal: {:?}",
             cut.elapsed()
         );
-        // Healed: c is a member again, and the shards are shared by three.
+        // c was evicted from the roster by a peer watching over its shards.
+        let roster = |fake: &FakeLeaseApi| -> BTreeSet<String> {
+            fake.leases()
+                .iter()
+                .filter(|l| {
+                    l.metadata
+                        .labels
+                        .as_ref()
+                        .is_some_and(|m| m.get(super::ROLE_LABEL).map(String::as_str) == Some("member"))
+                })
+                .filter_map(|l| crate::record::holder(l.spec.as_ref()?).map(str::to_owned))
+                .collect()
+        };
+        assert_eq!(roster(&fake), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+        // Healed: c joins the roster again, and the shards are shared by three.
         fake.partition(ids[2], false);
         never_shared(&[a, b, c], S(60)).await;
         assert_eq!(sizes(&held(&[a, b, c])), [4, 4, 4], "{:?}", held(&[a, b, c]));
+        assert_eq!(roster(&fake).len(), 3);
     });
 }
 
@@ -495,5 +510,68 @@ fn held_notifies_each_change_and_young_shards_are_not_handed_over() {
             }
             before.clone_from(now);
         }
+    });
+}
+
+/// The cost that grows at scale: the Lease watch events a replica receives
+/// per retry period depend on its share of the shards (`S / L`), not on the
+/// number of replicas: each receives the renewals of its own shards (twice:
+/// its shard electors' watches and its selection), of its backups and of
+/// the next member's shards: at most `4 S / L`, whatever `L` (at two
+/// replicas the backups and the next member's shards are the same shards,
+/// so less), and nothing of the roster between changes. Watching every
+/// Lease of the election would cost `S + L` per replica, and grow with `L`.
+#[test]
+fn watch_events_per_replica_depend_on_the_share_not_the_replica_count() {
+    paused(async {
+        let mut per_period = Vec::new();
+        for (replicas, shards) in [(2usize, 8u16), (4, 16), (8, 32), (16, 64)] {
+            let fake = FakeLeaseApi::default();
+            let mut all = Vec::new();
+            for i in 0..replicas {
+                let (client, id) = fake.client();
+                let lease = LeaseConfig::new("default", "ctl", format!("r{i}"))
+                    .lease_duration(S(4))
+                    .renew_deadline(S(3))
+                    .retry_period(S(1));
+                let r = ShardedElector::new(client, ShardConfig::new(lease, shards)).unwrap();
+                let run = r.clone();
+                tokio::spawn(async move { run.run().await });
+                all.push((r, id));
+            }
+            let rs: Vec<&ShardedElector> = all.iter().map(|(r, _)| r).collect();
+            never_shared(&rs, S(60)).await;
+            let share = usize::from(shards) / replicas;
+            assert!(sizes(&held(&rs)).iter().all(|n| *n == share), "{:?}", held(&rs));
+            let before: Vec<u64> = all.iter().map(|(_, id)| fake.watch_events(*id)).collect();
+            // 60 retry periods.
+            never_shared(&rs, S(60)).await;
+            let events: Vec<u64> = all
+                .iter()
+                .zip(&before)
+                .map(|((_, id), b)| fake.watch_events(*id) - b)
+                .collect();
+            let mean = events.iter().sum::<u64>() / replicas as u64;
+            let model = 60 * (4 * share as u64 + 1);
+            assert!(
+                mean <= model,
+                "{replicas} x {shards}: {mean} events per replica in 60 retry periods, model {model}: {events:?}"
+            );
+            assert!(
+                events.iter().all(|e| *e >= 60 * share as u64),
+                "each receives at least its own renewals: {events:?}"
+            );
+            per_period.push(mean);
+            for (r, _) in &all {
+                r.shutdown(S(1)).await;
+            }
+        }
+        // From 8 to 16 replicas (twice the replicas, the same share): the
+        // same cost, where watching every Lease would nearly double it.
+        let (eight, sixteen) = (per_period[2], per_period[3]);
+        assert!(
+            sixteen * 10 <= eight * 11,
+            "events per replica per retry period grew with the replica count at a fixed share: {per_period:?}"
+        );
     });
 }

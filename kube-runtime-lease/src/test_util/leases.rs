@@ -255,11 +255,18 @@ impl Store {
 
     fn emit(&mut self, kind: &'static str, previous: Option<&Lease>, lease: &Lease) {
         self.history.push((self.rv, kind, lease.clone()));
+        let mut sent = Vec::new();
         self.watchers
             .retain(|w| match seen_as(&w.filter, kind, previous, lease) {
-                Some(seen) => w.tx.unbounded_send(event_line(seen, lease)).is_ok(),
+                Some(seen) => {
+                    sent.push(w.client);
+                    w.tx.unbounded_send(event_line(seen, lease)).is_ok()
+                }
                 None => true,
             });
+        for client in sent {
+            *self.watch_events.entry(client).or_default() += 1;
+        }
     }
 
     /// The events a watch selecting with `filter` from resourceVersion

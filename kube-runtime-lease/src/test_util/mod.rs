@@ -112,7 +112,7 @@ mod tests;
 mod wire;
 
 use std::{
-    collections::VecDeque,
+    collections::{BTreeMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -188,12 +188,14 @@ pub struct Received {
 #[derive(Default)]
 struct Store {
     /// Every Lease, by namespace and name.
-    leases: std::collections::BTreeMap<leases::Key, Lease>,
+    leases: BTreeMap<leases::Key, Lease>,
     /// The resourceVersion of the last change (of any Lease, as in etcd).
     rv: u64,
     /// Every change, in order: (resourceVersion, event type, the object).
     history: Vec<(u64, &'static str, Lease)>,
     watchers: Vec<leases::Watcher>,
+    /// Lease watch events sent, by client.
+    watch_events: BTreeMap<usize, u64>,
     /// Watches of other resources, kept open and silent.
     idle_watches: Vec<mpsc::UnboundedSender<Bytes>>,
     /// See [`FakeLeaseApi::with_request_budget`].
@@ -313,6 +315,14 @@ impl FakeLeaseApi {
     #[must_use]
     pub fn events(&self) -> Vec<serde_json::Value> {
         self.lock().events.clone()
+    }
+
+    /// The Lease watch events sent so far to the watches of `client` (each
+    /// change a watch selects is one event, as the API server counts them
+    /// in `apiserver_watch_events_total`).
+    #[must_use]
+    pub fn watch_events(&self, client: usize) -> u64 {
+        self.lock().watch_events.get(&client).copied().unwrap_or(0)
     }
 
     /// The Lease created or put first, as stored now (see

@@ -13,8 +13,10 @@
 //! the term ends. Invariant: at no virtual instant do two replicas work on
 //! one shard, counting for work that was stopped (not finished) a tail of
 //! [`TAIL`] during which its requests may still land. Once faults stop, every
-//! shard has exactly one holder among the live replicas, and the shares are
-//! within one of each other.
+//! shard has exactly one holder among the live replicas, the shares are
+//! within one of each other, and the roster names exactly the live replicas
+//! (the gone evicted by the members watching over them: the selection of
+//! watched shards and the evictions are what this checks beyond safety).
 //!
 //! `KRL_SIM_SHARDED_SCHEDULES` sets the number of schedules (default 60);
 //! `KRL_SIM_SEED` replays one (see the single-Lease simulation).
@@ -338,6 +340,27 @@ async fn schedule(seed: u64) -> Vec<Work> {
     assert!(
         max - min <= 1,
         "seed {seed}: unbalanced after faults stopped: {held:?}"
+    );
+    // The roster names exactly the live replicas: the gone ones evicted
+    // (each by the member watching over its shards, or over the next
+    // member's), every live one joined (again, if it was evicted while cut
+    // off).
+    let roster: BTreeSet<String> = sim
+        .fake
+        .leases()
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("ctl-member-"))
+        })
+        .filter_map(|l| crate::record::holder(l.spec.as_ref()?).map(str::to_owned))
+        .collect();
+    let identities: BTreeSet<String> = live.iter().map(|r| r.identity.clone()).collect();
+    assert_eq!(
+        roster, identities,
+        "seed {seed}: 60 s after faults stopped, the roster is not the live replicas"
     );
     let now = Instant::now();
     let work = sim
