@@ -18,10 +18,12 @@
 //! Watches, per replica: the roster, and the shard Leases it owns or would
 //! own if their owner left (its backups), selected by label and selected
 //! again when the roster changes; plus each shard elector's own while it
-//! campaigns or leads. So a replica receives, per retry period, about
-//! `3 S / L` events, whatever the number of replicas at a given `S / L`.
+//! campaigns or leads. So a replica receives, per retry period, at most
+//! about `4 S / L` events (its shards' renewals twice, its backups', the
+//! next member's), whatever the number of replicas at a given `S / L`.
 //!
-//! A member's death shows in its shards: their backups see its records
+//! A member's death shows in its shards: the members watching over them
+//! (their backups, and the member before it on the roster) see its records
 //! unchanged for a lease duration, and evict it from the roster (after
 //! reading the shard's Lease again); the assignment without it gives each
 //! of its shards to the backup that was watching it, which takes it at once,
@@ -126,15 +128,18 @@ impl ShardConfig {
         (shard < self.shards).then_some(shard)
     }
 
-    /// The label selector of the shard Leases in `shards`.
+    /// The label selector of the shard Leases in `shards` (all of them:
+    /// no set to name).
     fn shards_selector(&self, shards: &BTreeSet<u16>) -> String {
+        let all = format!(
+            "{OF_LABEL}={},{ROLE_LABEL}=shard,{SHARDS_LABEL}={}",
+            self.lease.name, self.shards
+        );
+        if shards.len() >= usize::from(self.shards) {
+            return all;
+        }
         let list: Vec<String> = shards.iter().map(|s| format!("{s:02}")).collect();
-        format!(
-            "{OF_LABEL}={},{ROLE_LABEL}=shard,{SHARDS_LABEL}={},{SHARD_LABEL} in ({})",
-            self.lease.name,
-            self.shards,
-            list.join(",")
-        )
+        format!("{all},{SHARD_LABEL} in ({})", list.join(","))
     }
 }
 
@@ -147,9 +152,13 @@ impl std::fmt::Debug for ShardedElector {
     }
 }
 
-/// One replica's part in a sharded election: it campaigns for about
-/// `ceil(S / live replicas)` shards, hands surplus ones over by graceful
-/// release, and says which it holds.
+/// One replica's part in a sharded election: it joins the roster, campaigns
+/// for the shards the roster's assignment gives it (`floor(S / members)`, or
+/// one more), hands the others over by graceful release, and says which it
+/// holds.
+///
+/// RBAC: `get`, `list`, `watch`, `create` and `update` on `leases` in the
+/// election's namespace, as for one Lease.
 ///
 /// A Controller sharded by it reconciles each object only on the replica
 /// holding the object's shard ([`controller`](Self::controller)):
@@ -329,8 +338,8 @@ impl ShardedElector {
     }
 
     /// How many shards this replica has handed over to balance the shares
-    /// (graceful releases because it held more than its share; shards lost
-    /// or given up at shutdown do not count).
+    /// (graceful releases because the assignment gave them to another
+    /// member; shards lost or given up at shutdown do not count).
     #[must_use]
     pub fn rebalances(&self) -> u64 {
         self.inner.rebalances.load(std::sync::atomic::Ordering::Relaxed)
