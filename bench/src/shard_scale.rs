@@ -407,9 +407,11 @@ pub async fn scenario_shard_scale(ctx: &Ctx, opts: &Options, mut meta: Meta, out
             eprintln!("shard-scale: deleting the cell's Leases: {e}");
         }
         cell.duration_s = t0.elapsed().as_secs_f64();
-        eprintln!("shard-scale: {}", summary_line(&cell));
         results.cells.push(cell);
         fill_speedups(&mut results.cells);
+        if let Some(cell) = results.cells.last() {
+            eprintln!("shard-scale: {}", summary_line(cell));
+        }
         write(out, &results)?;
     }
     Ok(())
