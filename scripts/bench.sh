@@ -7,6 +7,7 @@
 # usage: scripts/bench.sh [--quick] [--only handover,failover,api,warm,sharded,adapter] [--trials N]
 #        scripts/bench.sh --only shard-scale [--label before|after] [--cells SPEC]...
 #                         [--window-fast S] [--window-default S] [--idle-window S]
+#                         [--settle-timeout S] [--rebalance-timeout S]
 #
 #   --quick    smoke run: 3 trials per scenario and 10 s windows (a few minutes);
 #              its numbers are not the ones to publish.
@@ -30,6 +31,9 @@
 #                  M=2,4,8 x S=16,256 (about 45 minutes on 2 cores).
 #   --window-fast S / --window-default S   the quiet window per cell (20 s / 30 s).
 #   --idle-window S                        the idle window before each cell (10 s).
+#   --settle-timeout S / --rebalance-timeout S   bounds of the waits for a balanced
+#                  election (default: 60 s + 4 lease durations / 60 s for fast,
+#                  120 s + 4 lease durations / 120 s for default); a cell past them fails.
 #
 # A full run takes about 50 minutes on 2 cores (most of it waiting for leases
 # to expire at 15 s). Everything builds into bench/target, away from the main
@@ -49,8 +53,8 @@ while [ $# -gt 0 ]; do
     --quick) quick=(--quick); shift ;;
     --only) only="$2"; shift 2 ;;
     --trials) driver_args+=(--trials "$2"); shift 2 ;;
-    --label|--cells|--window-fast|--window-default|--idle-window) driver_args+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,38p' "$0"; exit 0 ;;
+    --label|--cells|--window-fast|--window-default|--idle-window|--settle-timeout|--rebalance-timeout) driver_args+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -6,6 +6,7 @@
 //! bench-driver run [--quick] [--only handover,failover,api,warm,sharded,shard-scale] [--trials N] [--out DIR]
 //!                  [--ours-bin PATH] [--benchmarks-md PATH]
 //!                  [--label L] [--cells SPEC]... [--window-fast S] [--window-default S] [--idle-window S]
+//!                  [--settle-timeout S] [--rebalance-timeout S]
 //! bench-driver report [--out DIR] [--benchmarks-md PATH]
 //! ```
 //!
@@ -125,6 +126,13 @@ fn parse_args() -> Result<Args> {
             }
             "--window-default" => {
                 a.scale.window_default_s = it.next().context("--window-default needs seconds")?.parse()?
+            }
+            "--settle-timeout" => {
+                a.scale.settle_timeout_s = Some(it.next().context("--settle-timeout needs seconds")?.parse()?)
+            }
+            "--rebalance-timeout" => {
+                a.scale.rebalance_timeout_s =
+                    Some(it.next().context("--rebalance-timeout needs seconds")?.parse()?)
             }
             "--idle-window" => {
                 a.scale.idle_window_s = it.next().context("--idle-window needs seconds")?.parse()?

@@ -95,6 +95,13 @@ pub struct Options {
     pub window_fast_s: u64,
     pub window_default_s: u64,
     pub idle_window_s: u64,
+    /// Bounds of the waits for a balanced election, overriding the timing
+    /// set's (settling: 60 s + 4 lease durations for `fast`, 120 s + 4 for
+    /// `default`; rebalancing: 60 s / 120 s).
+    #[serde(default)]
+    pub settle_timeout_s: Option<u64>,
+    #[serde(default)]
+    pub rebalance_timeout_s: Option<u64>,
 }
 
 impl Default for Options {
@@ -105,6 +112,8 @@ impl Default for Options {
             window_fast_s: 20,
             window_default_s: 30,
             idle_window_s: 10,
+            settle_timeout_s: None,
+            rebalance_timeout_s: None,
         }
     }
 }
@@ -392,7 +401,8 @@ pub async fn scenario_shard_scale(ctx: &Ctx, opts: &Options, mut meta: Meta, out
             Ok(load) => {
                 cell.loadavg_before = load;
                 let idle = Duration::from_secs(opts.idle_window_s);
-                if let Err(e) = run_cell(ctx, &ns, &lease, timings, window, idle, &mut cell).await {
+                let bounds = bounds(opts, timings);
+                if let Err(e) = run_cell(ctx, &ns, &lease, timings, (window, idle), bounds, &mut cell).await {
                     cell.reason = Some(format!("{e:#}"));
                 }
             }
@@ -533,21 +543,31 @@ impl Replicas<'_> {
     }
 }
 
-/// Runs one cell into `cell`; on an error, what it measured so far stays.
-async fn run_cell(
-    ctx: &Ctx,
-    ns: &str,
-    lease: &str,
-    timings: Timings,
-    window: Duration,
-    idle: Duration,
-    cell: &mut Cell,
-) -> Result<()> {
+/// The bounds of the waits for a balanced election: (settling, rebalancing).
+fn bounds(opts: &Options, timings: Timings) -> (Duration, Duration) {
     let bound = if timings.lease_duration <= Duration::from_secs(5) {
         Duration::from_secs(60)
     } else {
         Duration::from_secs(120)
     };
+    (
+        opts.settle_timeout_s
+            .map_or(bound + timings.lease_duration * 4, Duration::from_secs),
+        opts.rebalance_timeout_s.map_or(bound, Duration::from_secs),
+    )
+}
+
+/// Runs one cell into `cell` (windows: quiet, idle; bounds: settling,
+/// rebalancing); on an error, what it measured so far stays.
+async fn run_cell(
+    ctx: &Ctx,
+    ns: &str,
+    lease: &str,
+    timings: Timings,
+    (window, idle): (Duration, Duration),
+    bounds: (Duration, Duration),
+    cell: &mut Cell,
+) -> Result<()> {
     // Idle: the control plane's own Lease traffic.
     let before = ctx.env.metrics_text().await?;
     tokio::time::sleep(idle).await;
@@ -568,7 +588,7 @@ async fn run_cell(
         procs: Vec::new(),
         next: 0,
     };
-    let res = measure(&mut replicas, window, idle_events, bound, cell).await;
+    let res = measure(&mut replicas, window, idle_events, bounds, cell).await;
     cell.one_owner = Some(one_owner(&replicas.log, "shard-scale"));
     replicas.stop().await;
     res
@@ -578,7 +598,7 @@ async fn measure(
     r: &mut Replicas<'_>,
     window: Duration,
     idle_events: f64,
-    bound: Duration,
+    (settle_bound, bound): (Duration, Duration),
     cell: &mut Cell,
 ) -> Result<()> {
     let m = cell.replicas;
@@ -589,7 +609,7 @@ async fn measure(
     }
     // Settling: the creation hold of each new Lease, then the balancing.
     let balanced = r
-        .balanced(bound + r.timings.lease_duration * 4)
+        .balanced(settle_bound)
         .await
         .context("settling")?;
     cell.settle_ms = Some(ms_between(spawned, balanced));
