@@ -5,13 +5,35 @@
 # tables of BENCHMARKS.md, regenerated in place.
 #
 # usage: scripts/bench.sh [--quick] [--only handover,failover,api,warm,sharded,adapter] [--trials N]
+#        scripts/bench.sh --only shard-scale [--label before|after] [--cells SPEC]...
+#                         [--window-fast S] [--window-default S] [--idle-window S]
+#                         [--settle-timeout S] [--rebalance-timeout S]
 #
 #   --quick    smoke run: 3 trials per scenario and 10 s windows (a few minutes);
 #              its numbers are not the ones to publish.
 #   --only     a comma-separated subset of handover, failover, api, warm, sharded, adapter
-#              (default: all). Only those scenarios' result files are rewritten.
+#              (default: all), or shard-scale (never in the default set: it is long).
+#              Only those scenarios' result files are rewritten.
 #   --trials N trials per implementation and timing set for handover and failover
 #              (default 20).
+#
+# shard-scale: elected shards over a grid of cells (replicas M, shards S, timing
+# set fast = 2 s/1.5 s/0.5 s or default = 15 s/10 s/2 s), each measuring Lease
+# writes/reads and watch events per replica at the apiserver, control-plane and
+# replica CPU and RSS, a pass's throughput against one replica, and rebalance
+# times after a join, a SIGTERM and a SIGKILL (bench/src/shard_scale.rs).
+# Results: bench/results/shard_scale-<label>.json and .md (BENCHMARKS.md is
+# not touched).
+#   --label L      names the results (default "run"), e.g. before / after a change.
+#   --cells SPEC   repeatable; each adds the product "M=2,4,8;S=16,64,256;timings=fast"
+#                  (plus the M=1 baseline of each S and timing set). Default: the fast
+#                  cells of M=2,4,8,16 x S=16,64,256 and the default cells of
+#                  M=2,4,8 x S=16,256 (about 45 minutes on 2 cores).
+#   --window-fast S / --window-default S   the quiet window per cell (20 s / 30 s).
+#   --idle-window S                        the idle window before each cell (10 s).
+#   --settle-timeout S / --rebalance-timeout S   bounds of the waits for a balanced
+#                  election (default: 60 s + 4 lease durations / 60 s for fast,
+#                  120 s + 4 lease durations / 120 s for default); a cell past them fails.
 #
 # A full run takes about 50 minutes on 2 cores (most of it waiting for leases
 # to expire at 15 s). Everything builds into bench/target, away from the main
@@ -21,6 +43,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
+# The command line, for the results that record it (shard-scale's meta).
+export KRL_BENCH_COMMAND="scripts/bench.sh$(printf ' %q' "$@")"
 quick=()
 only="handover,failover,api,warm,sharded,adapter"
 driver_args=()
@@ -29,7 +53,8 @@ while [ $# -gt 0 ]; do
     --quick) quick=(--quick); shift ;;
     --only) only="$2"; shift 2 ;;
     --trials) driver_args+=(--trials "$2"); shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --label|--cells|--window-fast|--window-default|--idle-window|--settle-timeout|--rebalance-timeout) driver_args+=("$1" "$2"); shift 2 ;;
+    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

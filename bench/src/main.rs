@@ -3,10 +3,16 @@
 //! one real etcd + kube-apiserver started by `kube-runtime-lease-harness`.
 //!
 //! ```text
-//! bench-driver run [--quick] [--only handover,failover,api,warm,sharded] [--trials N] [--out DIR]
+//! bench-driver run [--quick] [--only handover,failover,api,warm,sharded,shard-scale] [--trials N] [--out DIR]
 //!                  [--ours-bin PATH] [--benchmarks-md PATH]
+//!                  [--label L] [--cells SPEC]... [--window-fast S] [--window-default S] [--idle-window S]
+//!                  [--settle-timeout S] [--rebalance-timeout S]
 //! bench-driver report [--out DIR] [--benchmarks-md PATH]
 //! ```
+//!
+//! `shard-scale` (not in the default set: it is long) runs the grid of
+//! `shard_scale.rs` into `shard_scale-<label>.json` and `.md`; its flags are
+//! the last line above (see that module).
 //!
 //! `run` writes raw results (`handover.json`, `failover.json`, `api_load.json`,
 //! `idle.json`, `warm.json`, `sharded.json`, `meta-*.json`) under `--out` (default `bench/results`), then
@@ -22,6 +28,7 @@ mod chain;
 mod impls;
 mod machine;
 mod report;
+mod shard_scale;
 mod sharded;
 mod warm;
 
@@ -72,6 +79,8 @@ struct Args {
     /// `None`: leave BENCHMARKS.md alone (a run into another `--out`).
     benchmarks_md: Option<PathBuf>,
     ours_bin: PathBuf,
+    /// The shard-scale scenario's options.
+    scale: shard_scale::Options,
 }
 
 fn parse_args() -> Result<Args> {
@@ -91,6 +100,7 @@ fn parse_args() -> Result<Args> {
         out: root.join("bench/results"),
         benchmarks_md: None,
         ours_bin: root.join("bench/target/release/candidate"),
+        scale: shard_scale::Options::default(),
     };
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -109,6 +119,24 @@ fn parse_args() -> Result<Args> {
                 a.benchmarks_md = Some(it.next().context("--benchmarks-md needs a value")?.into())
             }
             "--ours-bin" => a.ours_bin = it.next().context("--ours-bin needs a value")?.into(),
+            "--label" => a.scale.label = it.next().context("--label needs a value")?,
+            "--cells" => a.scale.cells.push(it.next().context("--cells needs a value")?),
+            "--window-fast" => {
+                a.scale.window_fast_s = it.next().context("--window-fast needs seconds")?.parse()?
+            }
+            "--window-default" => {
+                a.scale.window_default_s = it.next().context("--window-default needs seconds")?.parse()?
+            }
+            "--settle-timeout" => {
+                a.scale.settle_timeout_s = Some(it.next().context("--settle-timeout needs seconds")?.parse()?)
+            }
+            "--rebalance-timeout" => {
+                a.scale.rebalance_timeout_s =
+                    Some(it.next().context("--rebalance-timeout needs seconds")?.parse()?)
+            }
+            "--idle-window" => {
+                a.scale.idle_window_s = it.next().context("--idle-window needs seconds")?.parse()?
+            }
             other => bail!("unknown argument {other}"),
         }
     }
@@ -119,7 +147,7 @@ fn parse_args() -> Result<Args> {
     }
     if !matches!(a.cmd.as_str(), "run" | "report") {
         bail!(
-            "usage: bench-driver run|report [--quick] [--only handover,failover,api,warm,sharded] [--trials N] [--out DIR]"
+            "usage: bench-driver run|report [--quick] [--only handover,failover,api,warm,sharded,shard-scale] [--trials N] [--out DIR] [--label L] [--cells M=..;S=..;timings=..]... [--window-fast S] [--window-default S] [--idle-window S]"
         );
     }
     Ok(a)
@@ -130,7 +158,12 @@ async fn main() -> Result<()> {
     let args = parse_args()?;
     std::fs::create_dir_all(&args.out)?;
     if args.cmd == "report" {
+        report::shard_scale::regenerate(&args.out)?;
         return report::report(&args.out, args.benchmarks_md.as_deref());
+    }
+    // Fail on a malformed --cells before starting anything.
+    if args.only.iter().any(|s| s == "shard-scale") {
+        shard_scale::parse_cells(&args.scale.cells)?;
     }
     let started = std::time::Instant::now();
     let mut meta = Meta {
@@ -237,7 +270,17 @@ async fn main() -> Result<()> {
         write_json(&args.out, "sharded.json", &r)?;
         res?;
     }
+    if args.only.iter().any(|s| s == "shard-scale") {
+        shard_scale::scenario_shard_scale(&ctx, &args.scale, meta.clone(), &args.out).await?;
+    }
     sampler.abort();
+    // shard-scale alone: its results file holds its meta, and the tables of
+    // BENCHMARKS.md stay as they are.
+    if args.only.iter().all(|s| s == "shard-scale") {
+        eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
+        let _ = std::fs::remove_dir_all(&private);
+        return Ok(());
+    }
     meta.loadavg_samples = samples.lock().unwrap().clone();
     meta.duration_s = started.elapsed().as_secs_f64();
     let meta_name = format!("meta-{}.json", args.only.join("-"));

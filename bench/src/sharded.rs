@@ -75,7 +75,7 @@ pub struct ShardedTrial {
 }
 
 /// Lease requests served so far, every verb but WATCH.
-fn lease_requests(metrics: &str) -> f64 {
+pub fn lease_requests(metrics: &str) -> f64 {
     ["GET", "PUT", "POST", "LIST", "PATCH", "DELETE"]
         .iter()
         .map(|v| requests_served(metrics, "leases", v))
@@ -83,13 +83,112 @@ fn lease_requests(metrics: &str) -> f64 {
 }
 
 /// Lease watches open now.
-fn lease_watches(metrics: &str) -> f64 {
+pub fn lease_watches(metrics: &str) -> f64 {
     metric_samples(metrics, "apiserver_longrunning_requests")
         .filter(|(l, _)| {
             metric_label(l, "resource") == Some("leases") && metric_label(l, "verb") == Some("WATCH")
         })
         .map(|(_, v)| v)
         .sum()
+}
+
+/// The environment of a sharded replica over `shards` shards: this
+/// scenario's reconcile model ([`RECONCILE_MS`], [`CONCURRENCY`], no requeue).
+pub fn replica_env(shards: u16) -> [(&'static str, String); 5] {
+    [
+        ("CANDIDATE_MODE", "sharded".to_owned()),
+        ("SHARDS", shards.to_string()),
+        ("WORK_INTERVAL_MS", "0".to_owned()),
+        ("RECONCILE_MS", RECONCILE_MS.to_string()),
+        ("CONCURRENCY", CONCURRENCY.to_string()),
+    ]
+}
+
+/// Waits for the first pass (each replica reconciles what it holds as it
+/// gains it): every object once, then a second of quiet.
+pub async fn wait_first_pass(log: &EventLog) -> Result<()> {
+    log.wait_until(
+        "every object reconciled once",
+        Duration::from_secs(300),
+        |entries| {
+            let objects: BTreeSet<&str> = entries
+                .iter()
+                .filter(|e| e.kind == Kind::Reconcile)
+                .map(|e| e.who.as_str())
+                .collect();
+            (objects.len() >= OBJECTS).then_some(())
+        },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// A measured pass ([`measured_pass`]).
+pub struct Pass {
+    /// SIGUSR1 sent (CLOCK_MONOTONIC ns).
+    pub start: u64,
+    /// The last of the pass's reconciles ended.
+    pub end: u64,
+    /// Reconciles in the pass beyond one per object.
+    pub double_reconciles: usize,
+    /// Objects reconciled in the pass.
+    pub distinct: usize,
+}
+
+/// SIGUSR1 to every one of `procs` (`reconcile_all_on`), then waits until
+/// every object was reconciled after it (and half a second for stragglers).
+pub async fn measured_pass(log: &EventLog, procs: &[Process]) -> Result<Pass> {
+    let pass_start = now_ns();
+    for p in procs {
+        p.signal(Sig::Usr1)?;
+    }
+    let pass_end = log
+        .wait_until(
+            &format!("{OBJECTS} reconciles after SIGUSR1"),
+            Duration::from_secs(300),
+            |entries| {
+                let pass: Vec<Reconcile> = entries
+                    .iter()
+                    .filter(|e| e.at >= pass_start)
+                    .filter_map(Reconcile::of)
+                    .collect();
+                let objects: BTreeSet<&str> = pass.iter().map(|r| r.object.as_str()).collect();
+                (objects.len() >= OBJECTS).then(|| pass.iter().map(|r| r.end).max().unwrap_or(pass_start))
+            },
+        )
+        .await?;
+    // Stragglers (a second reconcile of an object) would come within a reconcile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pass: Vec<Reconcile> = log
+        .entries()
+        .iter()
+        .filter(|e| e.at >= pass_start)
+        .filter_map(Reconcile::of)
+        .collect();
+    let distinct = pass
+        .iter()
+        .map(|r| r.object.as_str())
+        .collect::<BTreeSet<_>>()
+        .len();
+    Ok(Pass {
+        start: pass_start,
+        end: pass_end,
+        double_reconciles: pass.len() - distinct,
+        distinct,
+    })
+}
+
+/// Whether the whole log kept one owner per shard ([`check_reconciles`]);
+/// the violations go to stderr, after `what`.
+pub fn one_owner(log: &EventLog, what: &str) -> bool {
+    match check_reconciles(&log.entries()) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!("{what}: {e:#}");
+            false
+        }
+    }
 }
 
 /// Runs `trials` trials of each replica count, appending to `out`;
@@ -133,13 +232,7 @@ async fn one(
     let lease = format!("shards-{replicas}-{trial}");
     let log = EventLog::new();
     let names: Vec<String> = (0..=replicas).map(|i| format!("r{i}")).collect();
-    let env = [
-        ("CANDIDATE_MODE", "sharded".to_owned()),
-        ("SHARDS", SHARDS.to_string()),
-        ("WORK_INTERVAL_MS", "0".to_owned()),
-        ("RECONCILE_MS", RECONCILE_MS.to_string()),
-        ("CONCURRENCY", CONCURRENCY.to_string()),
-    ];
+    let env = replica_env(SHARDS);
     let spawn = |name: &str| -> Result<Process> { ctx.spawn_process(&log, ns, &lease, name, TIMINGS, &env) };
     let spawned = now_ns();
     let mut procs = Vec::new();
@@ -155,22 +248,7 @@ async fn one(
         Duration::from_secs(120),
     )
     .await?;
-    // The first pass (each replica reconciles what it holds as it gains it):
-    // every object once, then quiet.
-    log.wait_until(
-        "every object reconciled once",
-        Duration::from_secs(300),
-        |entries| {
-            let objects: BTreeSet<&str> = entries
-                .iter()
-                .filter(|e| e.kind == Kind::Reconcile)
-                .map(|e| e.who.as_str())
-                .collect();
-            (objects.len() >= OBJECTS).then_some(())
-        },
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_first_pass(&log).await?;
 
     let (lease_requests_per_min, watches) = match api_window {
         Some(window) => {
@@ -184,39 +262,9 @@ async fn one(
     };
 
     // The measured pass.
-    let pass_start = now_ns();
-    for p in &procs {
-        p.signal(Sig::Usr1)?;
-    }
-    let pass_end = log
-        .wait_until(
-            &format!("{OBJECTS} reconciles after SIGUSR1"),
-            Duration::from_secs(300),
-            |entries| {
-                let pass: Vec<Reconcile> = entries
-                    .iter()
-                    .filter(|e| e.at >= pass_start)
-                    .filter_map(Reconcile::of)
-                    .collect();
-                let objects: BTreeSet<&str> = pass.iter().map(|r| r.object.as_str()).collect();
-                (objects.len() >= OBJECTS).then(|| pass.iter().map(|r| r.end).max().unwrap_or(pass_start))
-            },
-        )
-        .await?;
-    // Stragglers (a second reconcile of an object) would come within a reconcile.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let pass: Vec<Reconcile> = log
-        .entries()
-        .iter()
-        .filter(|e| e.at >= pass_start)
-        .filter_map(Reconcile::of)
-        .collect();
-    let distinct = pass
-        .iter()
-        .map(|r| r.object.as_str())
-        .collect::<BTreeSet<_>>()
-        .len();
-    let double_reconciles = pass.len() - distinct;
+    let pass = measured_pass(&log, &procs).await?;
+    let (pass_start, pass_end, double_reconciles, distinct) =
+        (pass.start, pass.end, pass.double_reconciles, pass.distinct);
 
     // One more replica joins.
     let joined = now_ns();
@@ -230,13 +278,7 @@ async fn one(
         Duration::from_secs(120),
     )
     .await?;
-    let one_owner = match check_reconciles(&log.entries()) {
-        Ok(_) => true,
-        Err(e) => {
-            eprintln!("sharded: {e:#}");
-            false
-        }
-    };
+    let one_owner = one_owner(&log, "sharded");
     for p in &procs {
         let _ = p.signal(Sig::Term);
     }

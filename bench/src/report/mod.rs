@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 
 mod latency;
 mod load;
+pub(crate) mod shard_scale;
 mod sharded;
 mod stats;
 mod svg;
@@ -122,7 +123,7 @@ pub fn report(dir: &Path, benchmarks_md: Option<&Path>) -> Result<()> {
     Ok(())
 }
 
-fn jiff_like_utc(unix: u64) -> String {
+pub(crate) fn jiff_like_utc(unix: u64) -> String {
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let days = (unix / 86_400) as i64;
     let secs = unix % 86_400;
