@@ -7,7 +7,7 @@
 # usage: scripts/bench.sh [--quick] [--only handover,failover,api,warm,sharded,adapter] [--trials N]
 #        scripts/bench.sh --only shard-scale [--label before|after] [--cells SPEC]...
 #                         [--window-fast S] [--window-default S] [--idle-window S]
-#                         [--settle-timeout S] [--rebalance-timeout S]
+#                         [--settle-timeout S] [--rebalance-timeout S] [--add]
 #
 #   --quick    smoke run: 3 trials per scenario and 10 s windows (a few minutes);
 #              its numbers are not the ones to publish.
@@ -25,10 +25,13 @@
 # Results: bench/results/shard_scale-<label>.json and .md (BENCHMARKS.md is
 # not touched).
 #   --label L      names the results (default "run"), e.g. before / after a change.
+#   --add          runs the --cells into the label's existing results: cells of the
+#                  same M, S and timing set are replaced, the others kept (a
+#                  one-replica baseline already there is not run again).
 #   --cells SPEC   repeatable; each adds the product "M=2,4,8;S=16,64,256;timings=fast"
-#                  (plus the M=1 baseline of each S and timing set). Default: the fast
-#                  cells of M=2,4,8,16 x S=16,64,256 and the default cells of
-#                  M=2,4,8 x S=16,256 (about 45 minutes on 2 cores).
+#                  (plus the M=1 baseline of each S and timing set). Default: every
+#                  cell of M=2,4,8,16 x S=16,64,256 at both timing sets (about an
+#                  hour on 2 cores).
 #   --window-fast S / --window-default S   the quiet window per cell (20 s / 30 s).
 #   --idle-window S                        the idle window before each cell (10 s).
 #   --settle-timeout S / --rebalance-timeout S   bounds of the waits for a balanced
@@ -51,10 +54,11 @@ driver_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=(--quick); shift ;;
+    --add) driver_args+=(--add); shift ;;
     --only) only="$2"; shift 2 ;;
     --trials) driver_args+=(--trials "$2"); shift 2 ;;
     --label|--cells|--window-fast|--window-default|--idle-window|--settle-timeout|--rebalance-timeout) driver_args+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,42p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
     *) echo "bench.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

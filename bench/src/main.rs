@@ -6,7 +6,7 @@
 //! bench-driver run [--quick] [--only handover,failover,api,warm,sharded,shard-scale] [--trials N] [--out DIR]
 //!                  [--ours-bin PATH] [--benchmarks-md PATH]
 //!                  [--label L] [--cells SPEC]... [--window-fast S] [--window-default S] [--idle-window S]
-//!                  [--settle-timeout S] [--rebalance-timeout S]
+//!                  [--settle-timeout S] [--rebalance-timeout S] [--add]
 //! bench-driver report [--out DIR] [--benchmarks-md PATH]
 //! ```
 //!
@@ -134,6 +134,7 @@ fn parse_args() -> Result<Args> {
                 a.scale.rebalance_timeout_s =
                     Some(it.next().context("--rebalance-timeout needs seconds")?.parse()?)
             }
+            "--add" => a.scale.add = true,
             "--idle-window" => {
                 a.scale.idle_window_s = it.next().context("--idle-window needs seconds")?.parse()?
             }

@@ -28,16 +28,20 @@
 //!
 //! ```text
 //! bench-driver run --only shard-scale [--label before] [--cells SPEC]...
-//!     [--window-fast S] [--window-default S] [--idle-window S]
+//!     [--window-fast S] [--window-default S] [--idle-window S] [--add]
 //! ```
+//!
+//! `--add` runs the given cells into the label's existing results (a cell
+//! of the same M, S and timing set is replaced, the others kept, and a
+//! one-replica baseline already there is not run again); the results list
+//! each run that added cells.
 //!
 //! `--cells` (repeatable; each adds the product of its lists, plus the
 //! one-replica baseline of each (S, timing set)):
-//! `M=2,4,8,16;S=16,64,256;timings=fast`. Default: every `fast` cell of
-//! M ∈ {2, 4, 8, 16} × S ∈ {16, 64, 256} and the `default` cells of
-//! M ∈ {2, 4, 8} × S ∈ {16, 256}. Results: `shard_scale-<label>.json` (a
-//! `meta` and one object per cell, rewritten after every cell) and
-//! `shard_scale-<label>.md`.
+//! `M=2,4,8,16;S=16,64,256;timings=fast`. Default: every cell of
+//! M ∈ {2, 4, 8, 16} × S ∈ {16, 64, 256} at both timing sets. Results:
+//! `shard_scale-<label>.json` (a `meta` and one object per cell, rewritten
+//! after every cell) and `shard_scale-<label>.md`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -83,7 +87,7 @@ const TIMING_SETS: [(&str, Timings); 2] = [
 /// The grid run when no `--cells` is given.
 pub const DEFAULT_CELLS: [&str; 2] = [
     "M=2,4,8,16;S=16,64,256;timings=fast",
-    "M=2,4,8;S=16,256;timings=default",
+    "M=2,4,8,16;S=16,64,256;timings=default",
 ];
 
 /// What a run of the scenario is given (`bench-driver` flags).
@@ -102,6 +106,11 @@ pub struct Options {
     pub settle_timeout_s: Option<u64>,
     #[serde(default)]
     pub rebalance_timeout_s: Option<u64>,
+    /// `--add`: run the cells into the label's existing results, replacing
+    /// the cells of the same (M, S, timing set) and keeping the others; a
+    /// one-replica baseline already there is kept, not run again.
+    #[serde(default)]
+    pub add: bool,
 }
 
 impl Default for Options {
@@ -114,6 +123,7 @@ impl Default for Options {
             idle_window_s: 10,
             settle_timeout_s: None,
             rebalance_timeout_s: None,
+            add: false,
         }
     }
 }
@@ -283,6 +293,20 @@ pub struct ScaleMeta {
     pub options: Option<Options>,
     #[serde(flatten)]
     pub run: Meta,
+    /// Cells added to these results by later runs (`--add`).
+    #[serde(default)]
+    pub added: Vec<Added>,
+}
+
+/// A later run that added cells to a label's results (`--add`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Added {
+    pub commit: String,
+    /// UTC, when it started.
+    pub date: String,
+    pub command: String,
+    /// The cells it ran, `M×S timing`.
+    pub cells: Vec<String>,
 }
 
 /// Lease watch events delivered so far, all watchers
@@ -340,8 +364,23 @@ pub async fn scenario_shard_scale(ctx: &Ctx, opts: &Options, mut meta: Meta, out
     } else {
         opts.cells.clone()
     };
-    let cells = parse_cells(&specs)?;
+    let mut cells = parse_cells(&specs)?;
     meta.scenarios = vec!["shard-scale".to_owned()];
+    let previous = if opts.add {
+        let name = format!("shard_scale-{}.json", opts.label);
+        let text =
+            std::fs::read_to_string(out.join(&name)).with_context(|| format!("--add: reading {name}"))?;
+        Some(serde_json::from_str::<ScaleResults>(&text).with_context(|| format!("--add: parsing {name}"))?)
+    } else {
+        None
+    };
+    let same = |c: &Cell, s: &CellSpec| {
+        c.replicas == s.replicas && c.shards == s.shards && c.timing == TIMING_SETS[s.timing].0
+    };
+    if let Some(previous) = &previous {
+        // A baseline that ran is kept: the cells added are compared with it.
+        cells.retain(|s| s.replicas != 1 || !previous.cells.iter().any(|c| c.ran && same(c, s)));
+    }
     let mut results = ScaleResults {
         meta: ScaleMeta {
             label: opts.label.clone(),
@@ -350,6 +389,7 @@ pub async fn scenario_shard_scale(ctx: &Ctx, opts: &Options, mut meta: Meta, out
             objects: OBJECTS,
             reconcile_ms: RECONCILE_MS,
             concurrency: CONCURRENCY,
+            added: Vec::new(),
             options: Some(Options {
                 cells: specs,
                 ..opts.clone()
@@ -358,6 +398,28 @@ pub async fn scenario_shard_scale(ctx: &Ctx, opts: &Options, mut meta: Meta, out
         },
         cells: Vec::new(),
     };
+    if let Some(previous) = previous {
+        let added = Added {
+            commit: results.meta.run.commit.clone(),
+            date: results.meta.date.clone(),
+            command: results
+                .meta
+                .script_command
+                .clone()
+                .unwrap_or_else(|| results.meta.run.command.clone()),
+            cells: cells
+                .iter()
+                .map(|s| format!("{}×{} {}", s.replicas, s.shards, TIMING_SETS[s.timing].0))
+                .collect(),
+        };
+        results.meta = previous.meta;
+        results.meta.added.push(added);
+        results.cells = previous
+            .cells
+            .into_iter()
+            .filter(|c| !cells.iter().any(|s| same(c, s)))
+            .collect();
+    }
     let ns = ctx.env.new_namespace("bench-scale").await?;
     eprintln!(
         "shard-scale: {} cells; creating {OBJECTS} ConfigMaps in {ns}",
@@ -608,10 +670,7 @@ async fn measure(
         r.spawn()?;
     }
     // Settling: the creation hold of each new Lease, then the balancing.
-    let balanced = r
-        .balanced(settle_bound)
-        .await
-        .context("settling")?;
+    let balanced = r.balanced(settle_bound).await.context("settling")?;
     cell.settle_ms = Some(ms_between(spawned, balanced));
     wait_first_pass(&r.log).await.context("the first pass")?;
 
