@@ -148,7 +148,7 @@ fn parse_args() -> Result<Args> {
     }
     if !matches!(a.cmd.as_str(), "run" | "report") {
         bail!(
-            "usage: bench-driver run|report [--quick] [--only handover,failover,api,warm,sharded,shard-scale] [--trials N] [--out DIR] [--label L] [--cells M=..;S=..;timings=..]... [--window-fast S] [--window-default S] [--idle-window S]"
+            "usage: bench-driver run|report [--quick] [--only handover,failover,api,warm,sharded,shard-scale] [--trials N] [--out DIR] [--label L] [--cells M=..;S=..;timings=..]... [--window-fast S] [--window-default S] [--idle-window S] [--settle-timeout S] [--rebalance-timeout S] [--add]"
         );
     }
     Ok(a)

@@ -71,6 +71,15 @@ fn met(met: Option<bool>) -> &'static str {
     }
 }
 
+/// `targets` as a markdown table under `heading` (`### Targets`, say).
+fn targets_table(heading: &str, targets: &[Target]) -> String {
+    let mut md = format!("{heading}\n\n| target | measured | |\n|---|---|---|\n");
+    for t in targets {
+        let _ = writeln!(md, "| {} | {} | {} |", t.what, t.value, met(t.met));
+    }
+    md
+}
+
 /// Writes `summary.md` (and `failover.svg`) from the raw results in `dir`,
 /// and splices the tables into `benchmarks_md` when given.
 ///
@@ -110,10 +119,7 @@ pub fn report(dir: &Path, benchmarks_md: Option<&Path>) -> Result<()> {
     }
 
     // Targets.
-    let mut t_md = String::from("### Targets\n\n| target | measured | |\n|---|---|---|\n");
-    for t in &targets {
-        let _ = writeln!(t_md, "| {} | {} | {} |", t.what, t.value, met(t.met));
-    }
+    let mut t_md = targets_table("### Targets", &targets);
     t_md.push('\n');
     let md = format!("{t_md}{md}");
 

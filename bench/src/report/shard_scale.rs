@@ -179,10 +179,7 @@ pub fn compare(before: &ScaleResults, after: &ScaleResults) -> String {
         before.meta.label, after.meta.label
     );
     md.push_str(&tables(before, after, "##"));
-    md.push_str("## Targets\n\n| target | measured | |\n|---|---|---|\n");
-    for t in targets(after) {
-        let _ = writeln!(md, "| {} | {} | {} |", t.what, t.value, super::met(t.met));
-    }
+    md.push_str(&super::targets_table("## Targets", &targets(after)));
     md
 }
 
@@ -190,10 +187,7 @@ pub fn compare(before: &ScaleResults, after: &ScaleResults) -> String {
 /// comparison's tables and the targets.
 pub(super) fn design_block(before: &ScaleResults, after: &ScaleResults) -> String {
     let mut md = tables(before, after, "####");
-    md.push_str("#### Targets\n\n| target | measured | |\n|---|---|---|\n");
-    for t in targets(after) {
-        let _ = writeln!(md, "| {} | {} | {} |", t.what, t.value, super::met(t.met));
-    }
+    md.push_str(&super::targets_table("#### Targets", &targets(after)));
     md.push('\n');
     md
 }
@@ -266,7 +260,7 @@ fn tables(before: &ScaleResults, after: &ScaleResults, level: &str) -> String {
         for a in cells {
             let b = by_key.get(&key(a)).copied().filter(|b| b.ran);
             let bf = |f: fn(&Cell) -> Option<f64>| b.and_then(f);
-            let k = f64::from(a.shards) / a.replicas as f64;
+            let k = k_of(a);
             if !a.ran {
                 let _ = writeln!(
                     md,
