@@ -74,6 +74,17 @@ pub(crate) fn status_of(e: &kube_client::Error) -> Option<u16> {
     }
 }
 
+/// Whether `status` is the API server's answer that the Lease `name` does
+/// not exist: reason `NotFound`, with details naming that Lease (the API
+/// server always fills them in for an object it looked up).
+fn names_missing_lease(status: &kube_client::core::Status, name: &str) -> bool {
+    status.reason == "NotFound"
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.name == name && d.kind == "leases")
+}
+
 /// `Result` of the election's API calls.
 pub(crate) type Result<T, E = ApiError> = std::result::Result<T, E>;
 
@@ -84,6 +95,17 @@ impl ApiError {
         match self {
             ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => status_of(e),
             ApiError::Timeout { .. } => None,
+        }
+    }
+
+    /// Whether the API server answered that the Lease `name` does not exist
+    /// (see `LeaseApi::get`): not merely any 404.
+    pub(crate) fn is_gone(&self, name: &str) -> bool {
+        match self {
+            ApiError::Get(kube_client::Error::Api(s))
+            | ApiError::Create(kube_client::Error::Api(s))
+            | ApiError::Replace(kube_client::Error::Api(s)) => names_missing_lease(s, name),
+            _ => false,
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
     apimachinery::pkg::apis::meta::v1::MicroTime,
-    jiff::Timestamp,
+    jiff::{SignedDuration, Timestamp},
 };
 use tokio::time::Instant;
 
@@ -64,10 +64,21 @@ pub(crate) fn taken(
 
 /// The record written to renew our own term: only `renewTime` (and the
 /// duration) move, as client-go's renewal.
+///
+/// `renewTime` always moves forward, by at least a microsecond (the
+/// precision the API stores): with a wall clock that stands still (frozen,
+/// coarse, or stepped back), a renewal that wrote the same record would be
+/// no change to a follower, which judges expiry by when it last saw the
+/// record change, and could take the Lease while this term's guards are
+/// valid.
 pub(crate) fn renewed(prev: &LeaseSpec, duration_seconds: i32, now: Timestamp) -> LeaseSpec {
     let mut next = prev.clone();
     next.lease_duration_seconds = Some(duration_seconds);
-    next.renew_time = Some(MicroTime(now));
+    let after_prev = prev
+        .renew_time
+        .as_ref()
+        .and_then(|MicroTime(t)| t.checked_add(SignedDuration::from_micros(1)).ok());
+    next.renew_time = Some(MicroTime(after_prev.map_or(now, |p| p.max(now))));
     next
 }
 
@@ -79,6 +90,44 @@ pub(crate) fn same_write(read: &LeaseSpec, sent: &LeaseSpec) -> bool {
         && read.renew_time == sent.renew_time
         && read.lease_transitions == sent.lease_transitions
         && read.lease_duration_seconds == sent.lease_duration_seconds
+}
+
+/// The annotation in which every term of ours stores its fencing token on
+/// the Lease (see [`token_of`]). Renewals and releases keep it, as they keep
+/// all metadata; client-go's candidates keep it too (they update the object
+/// they read).
+pub(crate) const TOKEN_ANNOTATION: &str = "leases.kube.rs/fencing-token";
+
+/// The fencing token of the term that wrote `lease`'s record, as far as the
+/// record tells: its [`TOKEN_ANNOTATION`] or its `leaseTransitions`, whichever
+/// is larger (a term of another implementation moves only the transitions).
+///
+/// `leaseTransitions` alone cannot carry the token: it stops at `i32::MAX`
+/// (where every fresh process would read the same number and hand out the
+/// same token), and an edit can move it down. The annotation goes on past
+/// both. A value that is not a number is ignored.
+pub(crate) fn token_of(lease: &Lease) -> i64 {
+    let stored = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TOKEN_ANNOTATION))
+        .and_then(|v| v.parse::<i64>().ok());
+    let transitions = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.lease_transitions)
+        .map(i64::from);
+    stored.max(transitions).unwrap_or(0)
+}
+
+/// Stores `token` in `lease`'s [`TOKEN_ANNOTATION`].
+pub(crate) fn set_token(lease: &mut Lease, token: i64) {
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(TOKEN_ANNOTATION.to_owned(), token.to_string());
 }
 
 /// What tells one term of a holder apart from every other: the Lease object,
@@ -186,7 +235,13 @@ impl Observed {
     ///
     /// - A free Lease is taken at once, unless its `preferredHolder` names another
     ///   candidate: that candidate is given one lease duration to take it.
-    /// - A record of the asker's own term ([`Asker::own_term`]) is taken at once.
+    /// - A record of the asker's own term ([`Asker::own_term`]) is taken at
+    ///   once, unless its `preferredHolder` names another candidate: the asker
+    ///   stepped down (or should), and waits as a third candidate would (the
+    ///   preferred holder takes the record at its expiry, and is given one
+    ///   more lease duration). Taking it back at once would undo every
+    ///   step-down whose guarded work was still alive (so that the Lease was
+    ///   not released), and the preferred holder would never lead.
     /// - Any other held record is taken once it has been seen unchanged for its
     ///   lease duration. If its `preferredHolder` names a third candidate (the end
     ///   of the holder's term was marked), the preferred holder is given one more
@@ -205,6 +260,11 @@ impl Observed {
             // Free, and reserved for nobody or for us.
             (None, None) => Verdict::Take,
             (None, Some(p)) if p == identity => Verdict::Take,
+            // Our own term's record, its end marked for another candidate
+            // (we stepped down, or should): as a third candidate would, we
+            // give the preferred holder one lease duration after the record
+            // expires (it takes it at expiry) before we take it back.
+            (Some(h), Some(p)) if h == identity && asker.own_term && p != identity => after(2),
             // Our own term's record.
             (Some(h), _) if h == identity && asker.own_term => Verdict::Take,
             // Held, its end of term marked for a third candidate.

@@ -35,14 +35,26 @@ impl LeaseApi {
     }
 
     /// Reads the Lease; `None` if it does not exist.
+    ///
+    /// Only the API server's own word counts as "does not exist": a `Status`
+    /// with reason `NotFound` that names this Lease (`ApiError::is_gone`). Any other
+    /// 404 (a plain-text answer from a proxy or load balancer in front of the
+    /// API server, or an API group it does not serve yet) is an error, retried
+    /// as any other: taking it for a deletion would end a term, or start a
+    /// creation hold, on a Lease that was never deleted. (kube's `get_opt`
+    /// takes any 404 for a missing object.)
     pub(super) async fn get(&self, bound: Duration) -> Result<Option<Lease>> {
-        bounded(
+        let read = bounded(
             bound,
-            self.api.get_opt(&self.name),
+            self.api.get(&self.name),
             ApiError::Get,
             timeout("get", bound),
         )
-        .await
+        .await;
+        match read {
+            Err(e) if e.is_gone(&self.name) => Ok(None),
+            read => read.map(Some),
+        }
     }
 
     /// Creates the Lease (`create` has no precondition: it fails with a

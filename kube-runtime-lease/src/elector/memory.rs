@@ -29,6 +29,9 @@ pub(super) struct Memory {
     pub(super) seen_longest: Duration,
     /// The largest `leaseTransitions` seen on this Lease name, any object.
     pub(super) max_transitions: Option<i32>,
+    /// The largest fencing token seen on this Lease name, any object
+    /// ([`record::token_of`]).
+    pub(super) max_token: Option<i64>,
     /// The largest fencing token handed out.
     pub(super) last_token: Option<i64>,
     /// Guarded work of a term that ended was stopped, not finished: requests
@@ -45,8 +48,17 @@ impl Memory {
         self.last_term.as_ref().is_some_and(|t| t.matches(lease))
     }
 
-    /// Remembers a record seen at `now` on the object `uid`.
-    pub(super) fn saw(&mut self, uid: Option<&String>, spec: &LeaseSpec, fallback: Duration, now: Instant) {
+    /// Remembers a record seen at `now` on the object `uid`, which carries
+    /// the fencing token `token`.
+    pub(super) fn saw(
+        &mut self,
+        uid: Option<&String>,
+        spec: &LeaseSpec,
+        token: i64,
+        fallback: Duration,
+        now: Instant,
+    ) {
+        self.max_token = self.max_token.max(Some(token));
         if self.seen_uid.as_ref() != uid {
             self.went_away(now);
             self.seen_uid = uid.cloned();
@@ -80,12 +92,25 @@ impl Memory {
         prev.max(self.max_transitions).map_or(0, |t| t.saturating_add(1))
     }
 
-    /// The fencing token of a term that wrote `transitions`: strictly more
-    /// than every token before it, also once the Lease's counter saturates.
-    pub(super) fn next_token(&mut self, transitions: i32) -> i64 {
-        let token = self.last_token.map_or(i64::from(transitions), |last| {
-            (last + 1).max(i64::from(transitions))
-        });
+    /// The fencing token for a term beginning on a record whose token is
+    /// `prev` (`None`: creating the Lease), writing `transitions`: more than
+    /// every token this elector saw or handed out on this name, and than
+    /// `transitions`. Stored on the Lease ([`record::set_token`]), it is what
+    /// the next candidate reads, whichever process that is.
+    pub(super) fn token_for(&self, prev: Option<i64>, transitions: i32) -> i64 {
+        [prev, self.max_token, self.last_token]
+            .into_iter()
+            .flatten()
+            .map(|t| t.saturating_add(1))
+            .chain([i64::from(transitions)])
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// The fencing token of a term whose record carries `token`: strictly
+    /// more than every token before it in this elector.
+    pub(super) fn next_token(&mut self, token: i64) -> i64 {
+        let token = self.last_token.map_or(token, |last| (last + 1).max(token));
         self.last_token = Some(token);
         token
     }

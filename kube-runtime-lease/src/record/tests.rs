@@ -270,3 +270,80 @@ fn observe_keeps_the_newest_resource_version() {
     assert_eq!(o.resource_version.as_deref(), Some("6"));
     assert_eq!(o.at, now, "an unchanged record keeps its first sighting");
 }
+
+/// Never none (a step-down that is undone): a record of our own term whose
+/// `preferredHolder` names another candidate is not taken back at once,
+/// whatever the durations: the preferred holder takes it at expiry (one
+/// lease duration after its last change), and has one more lease duration
+/// before we take it back (it never came).
+#[test]
+fn our_own_term_marked_for_another_is_left_to_the_preferred_holder_for_one_lease_duration() {
+    let now = Instant::now();
+    for duration in [None, Some(1), Some(3), Some(15), Some(i32::MAX)] {
+        let mut marked = spec(Some(ME), Some(4), duration);
+        marked.preferred_holder = Some("pref".into());
+        let seen = Observed::update(None, marked.clone(), None, now);
+        let wait = lease_duration(&marked, FALLBACK);
+        let ours_again = later(now, wait.saturating_mul(2));
+        assert_eq!(
+            verdict_of(&seen, ME, true, FALLBACK, now),
+            Verdict::WaitUntil(ours_again),
+            "{duration:?}: stepped down for `pref`, which gets its chance"
+        );
+        assert_eq!(
+            verdict_of(&seen, ME, true, FALLBACK, later(now, wait)),
+            Verdict::WaitUntil(ours_again),
+            "{duration:?}: `pref` takes it at expiry, before us"
+        );
+        assert_eq!(
+            verdict_of(&seen, "pref", false, FALLBACK, later(now, wait)),
+            Verdict::Take,
+            "{duration:?}: at expiry, the preferred holder takes it"
+        );
+        assert_eq!(
+            verdict_of(&seen, ME, true, FALLBACK, ours_again),
+            Verdict::Take,
+            "{duration:?}: `pref` did not come: ours again"
+        );
+        assert_eq!(
+            verdict_of(&seen, "pref", false, FALLBACK, now),
+            Verdict::WaitUntil(later(now, wait)),
+            "{duration:?}: the preferred holder waits for our record to expire, as for anyone's"
+        );
+        // Marked for us (or not at all): our own record, taken at once.
+        for preferred in [Some(ME), None, Some("")] {
+            let mut ours = marked.clone();
+            ours.preferred_holder = preferred.map(str::to_owned);
+            let seen = Observed::update(None, ours, None, now);
+            assert_eq!(
+                verdict_of(&seen, ME, true, FALLBACK, now),
+                Verdict::Take,
+                "{preferred:?}"
+            );
+        }
+    }
+}
+
+/// Never none (a clock that stands still): every renewal changes the
+/// record, so that a follower judging expiry by the last change sees it.
+#[test]
+fn every_renewal_moves_renew_time_forward_even_when_the_clock_does_not() {
+    let first = taken(None, ME, 15, 0, t(0));
+    let mut prev = first.clone();
+    for now in [t(0), t(0), t(-30), t(0)] {
+        let next = renewed(&prev, 15, now);
+        assert_ne!(next, prev, "a renewal at {now} is a change");
+        let (MicroTime(before), MicroTime(after)) =
+            (prev.renew_time.clone().unwrap(), next.renew_time.clone().unwrap());
+        assert!(after > before, "renewTime moves forward: {before} -> {after}");
+        assert!(after.as_microsecond() - before.as_microsecond() >= 1);
+        prev = next;
+    }
+    // A clock that moves is followed as it is.
+    let next = renewed(&first, 15, t(7));
+    assert_eq!(next.renew_time, Some(MicroTime(t(7))));
+    // A record with no renewTime is renewed at `now`.
+    let mut bare = first;
+    bare.renew_time = None;
+    assert_eq!(renewed(&bare, 15, t(1)).renew_time, Some(MicroTime(t(1))));
+}

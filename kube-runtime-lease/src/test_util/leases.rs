@@ -13,7 +13,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use serde_json::json;
 
 use super::wire::{
-    ResBody, created, field_selector_name, in_namespace, invalid_spec, ok, status, watch_response, with_type,
+    ResBody, created, field_selector_name, full, in_namespace, invalid_spec, ok, status, watch_response,
+    with_type,
 };
 use super::{FakeLeaseApi, Store};
 
@@ -361,7 +362,7 @@ impl FakeLeaseApi {
         match verb {
             "get" => match s.leases.get(&named()) {
                 Some(l) => ok(&with_type(l)),
-                None => not_found(),
+                None => not_found(name),
             },
             "list" => {
                 let filter = Filter::of(namespace, query);
@@ -419,15 +420,26 @@ impl FakeLeaseApi {
             "update" => update(&mut s, namespace, name, body),
             "delete" => match s.remove(&named()) {
                 Some(lease) => ok(&with_type(&lease)),
-                None => not_found(),
+                None => not_found(name),
             },
             _ => status(405, "MethodNotAllowed", "not supported by the double"),
         }
     }
 }
 
-fn not_found() -> Response<ResBody> {
-    status(404, "NotFound", "leases not found")
+/// The API server's 404 for the Lease `name`: a `Status` whose details name it.
+fn not_found(name: Option<&str>) -> Response<ResBody> {
+    let name = name.unwrap_or_default();
+    full(
+        404,
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": format!("leases.coordination.k8s.io \"{name}\" not found"),
+            "reason": "NotFound",
+            "details": { "name": name, "group": "coordination.k8s.io", "kind": "leases" },
+            "code": 404,
+        }),
+    )
 }
 
 /// A `replace`: compare-and-swap on the resourceVersion (which must be

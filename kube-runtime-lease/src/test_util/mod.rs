@@ -130,6 +130,15 @@ use tokio::time::Instant;
 pub enum Fault {
     /// Answer with this HTTP status (no effect on the Lease).
     Status(u16),
+    /// Answer with this HTTP status and a plain-text body, not a `Status`
+    /// (no effect on the Lease): what a proxy or load balancer in front of
+    /// the API server answers, such as `404 page not found`.
+    PlainText(u16),
+    /// Answer 404 with the API server's `Status` for a path it does not
+    /// serve (reason `NotFound`, no details naming an object): what an API
+    /// server answers while it is starting, or without the API group. It
+    /// does not say that the object asked for does not exist.
+    NoSuchResource,
     /// Wait this long, then handle the request.
     DelayRequest(Duration),
     /// Handle the request at once, answer after this long (the write takes effect early).

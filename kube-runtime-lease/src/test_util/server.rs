@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::leases::{Filter, LeaseRequest};
-use super::wire::{ResBody, Target, created, cut_off, idle_watch, ok, status};
+use super::wire::{ResBody, Target, created, cut_off, idle_watch, ok, plain_text, status};
 use super::{FakeLeaseApi, Fault, Received, check_budget};
 
 /// A request's body, whole.
@@ -86,6 +86,14 @@ impl FakeLeaseApi {
         let mut respond_after = Duration::ZERO;
         match fault {
             Some(Fault::Status(code)) => return Ok(status(code, "Injected", "injected fault")),
+            Some(Fault::PlainText(code)) => return Ok(plain_text(code)),
+            Some(Fault::NoSuchResource) => {
+                return Ok(status(
+                    404,
+                    "NotFound",
+                    "the server could not find the requested resource",
+                ));
+            }
             Some(Fault::DelayRequest(d)) => {
                 // As on a real network, a request the client gave up on may still arrive.
                 let api = self.clone();

@@ -124,6 +124,16 @@ pub(super) fn full(code: u16, v: &serde_json::Value) -> Response<ResBody> {
         .unwrap()
 }
 
+/// An answer that is not the API server's: status `code`, a plain-text body.
+pub(super) fn plain_text(code: u16) -> Response<ResBody> {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    Response::builder()
+        .status(code)
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from(format!("{} page not found\n", code.as_u16()))).boxed_unsync())
+        .unwrap()
+}
+
 pub(super) fn ok(v: &serde_json::Value) -> Response<ResBody> {
     full(200, v)
 }

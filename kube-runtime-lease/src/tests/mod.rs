@@ -3,6 +3,7 @@
 //! once broke "exactly one leader, never none", and the deterministic
 //! simulation (one Lease; elected shards).
 
+mod never_none;
 mod regressions;
 pub(crate) mod runtime;
 mod simulation;

@@ -67,7 +67,6 @@ impl Task {
                         until.min(Instant::now() + self.jittered_retry())
                     })
                 }
-                Ok(Attempt::RetryNow) => None,
                 Ok(Attempt::LeftBehind) => {
                     self.exited = true;
                     return None;
@@ -112,20 +111,23 @@ impl Task {
             Election::Ordinary => false,
         };
         match &self.view {
-            LeaseView::Unknown => Ok(Attempt::RetryNow),
+            // Not read yet (no path leads here after a successful read):
+            // never retried without a wait.
+            LeaseView::Unknown => Ok(Attempt::WaitUntil(now + self.jittered_retry())),
             // Only the API server creates a coordinated Lease.
             #[cfg(feature = "coordinated")]
             LeaseView::Missing if coordinated => Ok(Attempt::WaitUntil(now + cfg.retry_period)),
             LeaseView::Missing => {
                 let hold = self.inner.lock().memory.creation_hold(now, cfg.lease_duration);
-                let lease = Lease {
+                let mut lease = Lease {
                     metadata: kube_client::core::ObjectMeta {
                         name: Some(cfg.name.clone()),
                         namespace: Some(cfg.namespace.clone()),
                         ..Default::default()
                     },
-                    spec: Some(self.acquire_record(None, self.seconds_to_write(Some(hold)))),
+                    spec: None,
                 };
+                self.begin_record(&mut lease, None, self.seconds_to_write(Some(hold)));
                 self.write_to_acquire(lease, true).await
             }
             LeaseView::Known { observed, object } => {
@@ -146,8 +148,8 @@ impl Task {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
                         let mut lease = (**object).clone();
-                        lease.spec =
-                            Some(self.acquire_record(Some(&observed.spec), cfg.lease_duration_seconds()));
+                        lease.spec = Some(observed.spec.clone());
+                        self.begin_record(&mut lease, Some(object), cfg.lease_duration_seconds());
                         lease
                             .metadata
                             .resource_version
@@ -159,22 +161,41 @@ impl Task {
         }
     }
 
-    /// The record that begins a term, taking `prev` (`None`: creating the
-    /// Lease): a new acquisition, with transitions above any seen on the name.
-    fn acquire_record(&self, prev: Option<&LeaseSpec>, seconds: i32) -> LeaseSpec {
-        let transitions = self
-            .inner
-            .lock()
-            .memory
-            .next_transitions(prev.map(|p| p.lease_transitions.unwrap_or(0)));
-        record::taken(prev, &self.config().identity, seconds, transitions, record::now())
+    /// Makes `lease` the write that begins a term on top of `prev` (`None`:
+    /// creating the Lease): a new acquisition of its record (`lease.spec`),
+    /// with transitions above any seen on the name, and a fencing token above
+    /// any seen or handed out, stored on the Lease.
+    fn begin_record(&self, lease: &mut Lease, prev: Option<&Lease>, seconds: i32) {
+        let (transitions, token) = {
+            let memory = &self.inner.lock().memory;
+            let prev_transitions =
+                prev.map(|p| p.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0));
+            let transitions = memory.next_transitions(prev_transitions);
+            (
+                transitions,
+                memory.token_for(prev.map(record::token_of), transitions),
+            )
+        };
+        let spec = record::taken(
+            lease.spec.as_ref(),
+            &self.config().identity,
+            seconds,
+            transitions,
+            record::now(),
+        );
+        lease.spec = Some(spec);
+        record::set_token(lease, token);
     }
 
     /// Sends the write that acquires: `create` for a missing Lease, else
     /// `replace` with the resourceVersion read, with the configured Lease
     /// metadata. A lost race (409) is checked
-    /// with a read ([`after_conflict`](Self::after_conflict)); a Lease deleted
-    /// since the read (404) is read again.
+    /// with a read ([`after_conflict`](Self::after_conflict)). A `replace`
+    /// answered 404 is an error like any other, retried with backoff after a
+    /// fresh read: the API server answers a replace of a deleted Lease with
+    /// 409 (its uid is the precondition), so a 404 here comes from something
+    /// in front of it, and retrying at once would be a loop without a delay
+    /// while reads succeed.
     async fn write_to_acquire(&mut self, lease: Lease, create: bool) -> Result<Attempt> {
         if !self.may_write() {
             return Ok(Attempt::LeftBehind);
@@ -199,9 +220,9 @@ impl Task {
                 let spec = lease.spec.unwrap_or_default();
                 self.after_conflict(&spec, sent, create).await
             }
-            Err(e) if !create && e.status() == Some(404) => {
+            Err(e) if e.status() == Some(404) => {
                 self.needs_read = true;
-                Ok(Attempt::RetryNow)
+                Err(e)
             }
             Err(e) => Err(e),
         }

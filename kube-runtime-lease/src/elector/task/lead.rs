@@ -70,12 +70,11 @@ impl Task {
         created: bool,
     ) -> Option<Result<()>> {
         let cfg = self.inner.config.clone();
-        let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0);
         let id = TermId::of(&lease)?;
         let token = {
             let mut state = self.inner.lock();
             state.memory.last_term = Some(id.clone());
-            state.memory.next_token(transitions)
+            state.memory.next_token(record::token_of(&lease))
         };
         let term = Arc::new(Term::new(token, sent, cfg.renew_deadline));
         self.update_view((*lease).clone(), sent);
@@ -398,9 +397,17 @@ impl Task {
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
+                    // Not proof of a deletion (the API server answers a
+                    // replace of a deleted Lease with 409): a read decides.
+                    // A 404 from something in front of the API server costs
+                    // this renewal, not the term.
                     #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("not_found", sent);
-                    return Err(Lost::Deleted);
+                    self.log_error("renewing the lease (answered 404: reading it to confirm)", &e);
+                    return match self.reread(run, "confirming the lease after a 404").await {
+                        Some(Err(lost)) => Err(lost),
+                        _ => Ok(()),
+                    };
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
                     #[cfg(any(feature = "events", feature = "metrics"))]

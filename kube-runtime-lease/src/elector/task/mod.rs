@@ -75,7 +75,6 @@ pub(in crate::elector) enum Attempt {
     /// whether the write created the Lease.
     Acquired(Box<Lease>, Instant, bool),
     WaitUntil(Instant),
-    RetryNow,
     /// This task was left behind (see [`State::leave_behind`](super::State::leave_behind)):
     /// it must not write, and exits.
     LeftBehind,

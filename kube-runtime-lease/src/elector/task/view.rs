@@ -93,6 +93,7 @@ impl Task {
         self.inner.lock().memory.saw(
             lease.metadata.uid.as_ref(),
             &spec,
+            record::token_of(&lease),
             self.inner.config.lease_duration,
             Instant::now(),
         );

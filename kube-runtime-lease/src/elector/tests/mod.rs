@@ -1471,24 +1471,32 @@ fn a_lease_deleted_while_the_watch_was_down_ends_the_term_at_the_re_list() {
     });
 }
 
-/// A renewal answered 404 ends the term as deleted at once (mutation testing: kills
-/// `renew`'s 404 guard `-> false`, which logged it and renewed again).
+/// A renewal answered 404 is confirmed by a read at once (mutation testing:
+/// kills `renew`'s 404 guard `-> false`, which logged it and renewed again
+/// at the next tick): the Lease was not deleted, so the term goes on (issue
+/// 33; a deletion the read confirms ends it: `tests::never_none`).
 #[test]
-fn a_renewal_answered_not_found_ends_the_term_as_deleted() {
+fn a_renewal_answered_not_found_is_confirmed_by_a_read_at_once() {
     paused(async {
         let fake = free();
         let (e, id) = elector(&fake, config("me"));
         let guard = e.acquire().await.unwrap();
         let begun = Instant::now();
         fake.fault(id, Some("update"), Fault::Status(404));
-        let lost = tokio::time::timeout(S(60), guard)
-            .await
-            .expect("the term never ended");
-        assert_eq!(lost, Lost::Deleted);
-        assert!(
-            begun.elapsed() <= S(3),
-            "ended {:?} after the term began",
-            begun.elapsed()
-        );
+        sleep(S(3)).await;
+        let answered_404 = fake
+            .requests()
+            .iter()
+            .find(|r| r.client == id && r.verb == "update" && r.at > begun)
+            .map(|r| r.at)
+            .expect("a renewal");
+        let read = fake
+            .requests()
+            .iter()
+            .find(|r| r.client == id && r.verb == "get" && r.at >= answered_404)
+            .map(|r| r.at);
+        assert_eq!(read, Some(answered_404), "read at once after the 404");
+        assert_eq!(guard.lost(), None, "the Lease is still ours: the term goes on");
+        assert!(guard.is_valid());
     });
 }

@@ -1,0 +1,383 @@
+//! "Never none": the schedules that left a Lease without a leader for longer
+//! than its documented bounds (issue 33), one test each, on the in-memory
+//! Lease API double with paused time. Each failed on the code before its
+//! fix (`docs/regressions.md`, section 15). The bounds are stated in the
+//! crate docs (*Liveness: how long a Lease can be without a leader*).
+
+use std::{
+    pin::pin,
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::test_util::{FakeLeaseApi, Fault};
+use crate::{
+    LeaderElector, Lost, record,
+    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
+};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// The kinds of 404 that are not the API server saying "this Lease does not
+/// exist": its `NotFound` for a path it does not serve (no details naming
+/// the Lease), a `Status` with another reason, and a plain-text answer from
+/// something in front of the API server.
+const ODD_404S: [Fault; 3] = [Fault::NoSuchResource, Fault::Status(404), Fault::PlainText(404)];
+
+// ---- 1. A 404 is not always "deleted" ----------------------------------------
+
+/// A renewal answered with a 404 that is not the API server's `NotFound`
+/// for the Lease, and the read that checks it answered the same way, cost
+/// that renewal, not the term: the next renewal succeeds and the guard was
+/// valid throughout. (Before: the term ended as `Deleted` at once.)
+#[test]
+fn a_renewal_answered_an_odd_404_costs_that_renewal_not_the_term() {
+    for fault in ODD_404S {
+        paused(async move {
+            let fake = free();
+            let (e, id) = elector(&fake, config("me"));
+            let guard = e.acquire().await.unwrap();
+            let since = Instant::now();
+            fake.fault(id, Some("update"), fault);
+            fake.fault(id, Some("get"), fault);
+            sleep(S(30)).await;
+            assert_eq!(guard.lost(), None, "{fault:?}: the term ended");
+            assert!(guard.is_valid(), "{fault:?}");
+            assert!(e.is_leader(), "{fault:?}");
+            assert!(
+                count(&fake, id, "update", since) >= 14,
+                "{fault:?}: renewed every retry period after the 404"
+            );
+            assert_eq!(holder(&fake).as_deref(), Some("me"));
+        });
+    }
+}
+
+/// The API server's own `NotFound` for the Lease, confirmed by a read, still
+/// ends the term as deleted, within a retry period.
+#[test]
+fn a_renewal_answered_not_found_for_a_deleted_lease_ends_the_term_as_deleted() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        let deleted = Instant::now();
+        fake.delete();
+        fake.fault(id, Some("update"), Fault::Status(404));
+        let lost = timeout(S(5), guard).await.expect("the term did not end");
+        assert_eq!(lost, Lost::Deleted);
+        assert!(deleted.elapsed() <= S(3), "{:?}", deleted.elapsed());
+    });
+}
+
+/// The read that confirms a new Lease at the end of its creation hold is
+/// answered with an odd 404: the hold goes on for one retry period and the
+/// term begins then. (Before: the term ended as `Deleted`, the Lease was
+/// taken for gone, and its own creator held it for another lease duration.)
+#[test]
+fn an_odd_404_on_the_read_that_ends_the_creation_hold_costs_one_retry_period() {
+    for fault in ODD_404S {
+        paused(async move {
+            let fake = FakeLeaseApi::default();
+            let (e, id) = elector(&fake, config("me"));
+            let created = Instant::now();
+            let mut acquire = pin!(e.acquire());
+            assert!(timeout(S(14), &mut acquire).await.is_err(), "led during the hold");
+            fake.fault(id, Some("get"), fault);
+            let guard = timeout(S(4), acquire)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{fault:?}: not leading {:?} after creating the Lease (hold 15 s)",
+                        created.elapsed()
+                    )
+                })
+                .unwrap();
+            assert!(guard.is_valid());
+            assert_eq!(spec(&fake).lease_transitions, Some(0), "{fault:?}: one term only");
+        });
+    }
+}
+
+/// A candidate whose reads are answered with an odd 404 does not take the
+/// Lease for missing: it creates nothing, and takes the expired record once
+/// its reads are answered again.
+#[test]
+fn an_odd_404_on_a_read_is_not_a_missing_lease() {
+    for fault in ODD_404S {
+        paused(async move {
+            let fake = FakeLeaseApi::default();
+            fake.put(held_by("other", 5));
+            let (e, id) = elector(&fake, config("me").watch(false));
+            for _ in 0..2 {
+                fake.fault(id, Some("get"), fault);
+            }
+            let guard = timeout(S(40), e.acquire())
+                .await
+                .unwrap_or_else(|_| panic!("{fault:?}: never led"))
+                .unwrap();
+            let creates = fake
+                .requests()
+                .iter()
+                .filter(|r| r.client == id && r.verb == "create")
+                .count();
+            assert_eq!(creates, 0, "{fault:?}: took the Lease for missing and created it");
+            assert!(guard.is_valid());
+            assert_eq!(holder(&fake).as_deref(), Some("me"));
+        });
+    }
+}
+
+/// A `replace` that keeps answering 404 while reads succeed is retried with
+/// backoff, never at once: no request loop runs without a delay. Once the
+/// answers are right again, the candidate leads. (Before: it was retried at
+/// once, in a loop, every fault consumed in the same instant.)
+#[test]
+fn a_replace_that_keeps_answering_404_is_retried_with_backoff() {
+    for fault in ODD_404S {
+        paused(async move {
+            let fake = FakeLeaseApi::default();
+            fake.put(held_by("other", 5));
+            let (e, id) = elector(&fake, config("me"));
+            for _ in 0..200 {
+                fake.fault(id, Some("update"), fault);
+            }
+            let mut acquire = pin!(e.acquire());
+            assert!(timeout(S(60), &mut acquire).await.is_err());
+            let writes: Vec<Instant> = fake
+                .requests()
+                .iter()
+                .filter(|r| r.client == id && r.verb == "update")
+                .map(|r| r.at)
+                .collect();
+            assert!(
+                (2..=30).contains(&writes.len()),
+                "{fault:?}: {} writes in 60 s",
+                writes.len()
+            );
+            for w in writes.windows(2) {
+                assert!(w[1] - w[0] >= S(2), "{fault:?}: retried after {:?}", w[1] - w[0]);
+            }
+            fake.clear_faults();
+            // The backoff is at most twice the lease duration (jitter).
+            let guard = timeout(S(35), acquire)
+                .await
+                .unwrap_or_else(|_| panic!("{fault:?}: never led after the faults"))
+                .unwrap();
+            assert!(guard.is_valid());
+        });
+    }
+}
+
+// ---- 3. A step-down that is undone ------------------------------------------
+
+/// A leader whose guarded work is alive when a `preferredHolder` naming
+/// another candidate appears steps down without releasing, and campaigns
+/// again at once (as `run_each_term`, warm standby and shards do): it must
+/// not take its own unreleased record back. The preferred holder leads
+/// within one lease duration of the mark. (Before: the leader took its record
+/// back at once, and the preferred holder never led.)
+#[test]
+fn a_leader_that_campaigns_again_after_a_step_down_leaves_the_lease_to_the_preferred_holder() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let stepped_down = Arc::new(AtomicUsize::new(0));
+        let campaign = tokio::spawn({
+            let (a, stepped_down) = (a.clone(), stepped_down.clone());
+            async move {
+                // Each term's guard stays alive until the term ends.
+                while let Ok(guard) = a.acquire().await {
+                    if let Lost::SteppedDown { .. } = guard.await {
+                        stepped_down.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        });
+        timeout(S(5), async {
+            while !a.is_leader() {
+                sleep(MS(10)).await;
+            }
+        })
+        .await
+        .expect("a leads");
+        let (p, _) = elector(&fake, config("p"));
+        let mut p_acquire = pin!(p.acquire());
+        assert!(timeout(S(1), &mut p_acquire).await.is_err());
+        let mut lease = fake.lease().unwrap();
+        lease.spec.as_mut().unwrap().preferred_holder = Some("p".into());
+        // The API server accepts a preferred holder only with a strategy.
+        lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
+        fake.put(lease);
+        let marked = Instant::now();
+        let p_guard = timeout(S(17), p_acquire)
+            .await
+            .expect("the preferred holder leads within a lease duration of the mark")
+            .unwrap();
+        assert!(marked.elapsed() >= S(5), "no overlap with a's stopped work");
+        assert_eq!(stepped_down.load(Ordering::SeqCst), 1);
+        sleep(S(30)).await;
+        assert!(p_guard.is_valid(), "p keeps it");
+        assert!(!a.is_leader());
+        assert_eq!(holder(&fake).as_deref(), Some("p"));
+        campaign.abort();
+    });
+}
+
+/// The preferred holder never comes: the leader that stepped down takes its
+/// record back within two lease durations of the mark, and keeps it.
+#[test]
+fn a_leader_that_stepped_down_for_a_preferred_holder_that_never_comes_leads_again() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        let mut lease = fake.lease().unwrap();
+        lease.spec.as_mut().unwrap().preferred_holder = Some("ghost".into());
+        lease.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
+        fake.put(lease);
+        let marked = Instant::now();
+        assert!(matches!(
+            timeout(S(3), guard).await.expect("a steps down"),
+            Lost::SteppedDown { .. }
+        ));
+        let again = timeout(S(35), a.acquire())
+            .await
+            .expect("a leads again within two lease durations of the mark")
+            .unwrap();
+        assert!(marked.elapsed() >= S(15), "the preferred holder had its chance");
+        sleep(S(30)).await;
+        assert!(again.is_valid(), "and keeps it");
+    });
+}
+
+// ---- 5. Fencing tokens never repeat ------------------------------------------
+
+/// Fresh processes, one after the other, on a Lease whose `leaseTransitions`
+/// is at the top of its range: every term gets a larger token, and so does
+/// a term after `leaseTransitions` was edited down. (Before: every fresh
+/// process's first term got `i32::MAX`.)
+#[test]
+fn tokens_never_repeat_across_processes_at_the_top_of_the_range_or_after_an_edit_down() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let mut lease = held_by("", 1);
+        lease.spec.as_mut().unwrap().lease_transitions = Some(i32::MAX);
+        fake.put(lease);
+        let mut tokens = Vec::new();
+        for process in 0..4 {
+            if process == 2 {
+                // An admin (or a restore) moves the counter down.
+                let mut lease = fake.lease().unwrap();
+                lease.spec.as_mut().unwrap().lease_transitions = Some(3);
+                fake.put(lease);
+            }
+            // A new process: an elector with no memory of the Lease.
+            let (e, _) = elector(&fake, config(&format!("p{process}")));
+            let guard = timeout(S(30), e.acquire()).await.expect("leads").unwrap();
+            tokens.push(guard.fencing_token());
+            let stored = record::token_of(&fake.lease().unwrap());
+            assert_eq!(
+                stored,
+                guard.fencing_token(),
+                "the Lease carries the term's token"
+            );
+            drop(guard);
+            e.shutdown(S(1)).await.unwrap();
+        }
+        assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+        assert!(tokens[0] >= i64::from(i32::MAX), "{tokens:?}");
+        assert!(
+            spec(&fake).lease_transitions.is_some_and(|t| t >= 3),
+            "the counter stays valid for the API server"
+        );
+    });
+}
+
+/// A term of another implementation (it moves `leaseTransitions`, keeps the
+/// annotation) between two of ours: our next token is larger than both.
+#[test]
+fn a_term_of_another_implementation_in_between_does_not_make_tokens_repeat() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let first = a.acquire().await.unwrap().fencing_token();
+        a.shutdown(S(1)).await.unwrap();
+        // client-go takes it: transitions + 1, the object's metadata kept.
+        let mut lease = fake.lease().unwrap();
+        let s = lease.spec.as_mut().unwrap();
+        s.holder_identity = Some("go".into());
+        s.lease_transitions = s.lease_transitions.map(|t| t + 1);
+        fake.put(lease);
+        let go_transitions = i64::from(spec(&fake).lease_transitions.unwrap());
+        let (b, _) = elector(&fake, config("b"));
+        let second = timeout(S(30), b.acquire())
+            .await
+            .expect("b leads")
+            .unwrap()
+            .fencing_token();
+        assert!(
+            second > first && second > go_transitions,
+            "{first}, go {go_transitions}, then {second}"
+        );
+    });
+}
+
+/// The elector does not lose an existing annotation written by others: the
+/// token is added beside it.
+#[test]
+fn the_token_annotation_keeps_other_annotations() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let mut lease = held_by("", 1);
+        lease.metadata.annotations = Some([("example.com/kept".to_owned(), "yes".to_owned())].into());
+        fake.put(lease);
+        let (e, _): (LeaderElector, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        let annotations = fake.lease().unwrap().metadata.annotations.unwrap();
+        assert_eq!(annotations["example.com/kept"], "yes");
+        assert_eq!(
+            annotations[record::TOKEN_ANNOTATION],
+            guard.fencing_token().to_string()
+        );
+    });
+}
+
+// ---- 6. Each renewal changes the record --------------------------------------
+
+/// With a wall clock far behind the record's `renewTime` (a clock stepped
+/// back, or another writer's ahead of it), `renewTime` never moves back: each
+/// renewal moves it forward, so that every renewal is a change a follower
+/// sees, and the follower does not take the Lease of a leader that renews.
+/// (A clock that stands still is `record::tests`' case: this process's wall
+/// clock cannot be frozen here.)
+#[test]
+fn renew_time_never_moves_back_and_a_follower_does_not_take_over() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        // The last renewal seen far in the future of this clock: a leader
+        // whose clock stands still would otherwise write the same renewTime.
+        let (a, _) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        let mut lease = fake.lease().unwrap();
+        let far = k8s_openapi::jiff::Timestamp::from_second(4_000_000_000).unwrap();
+        lease.spec.as_mut().unwrap().renew_time =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(far));
+        fake.put(lease);
+        let (b, _) = elector(&fake, config("b"));
+        let mut b_acquire = pin!(b.acquire());
+        assert!(
+            timeout(S(60), &mut b_acquire).await.is_err(),
+            "b took the Lease of a leader that renews"
+        );
+        assert!(guard.is_valid());
+        let renewed = spec(&fake).renew_time.unwrap().0;
+        assert!(renewed > far, "renewTime moved forward: {renewed}");
+    });
+}
