@@ -114,21 +114,25 @@ impl LeaseGuard {
         }
     }
 
-    /// The fencing token of this term: the Lease's `leaseTransitions` as this
-    /// term wrote it when it began.
+    /// The fencing token of this term, as the write that began it stored it
+    /// on the Lease (the annotation `leases.kube.rs/fencing-token`; it equals
+    /// `leaseTransitions` while that counter can carry it).
     ///
-    /// Every term begins with a write that sets `leaseTransitions` to more than
-    /// any value this elector has seen on the Lease's name (across deletions
-    /// and re-creations of the object, and across takeovers by a process with
-    /// the same identity), so:
+    /// Every term begins with a write whose token is larger than every token
+    /// the candidate has seen on the Lease's name (its annotation, or its
+    /// `leaseTransitions` where a term of another implementation moved only
+    /// those) or handed out itself, across deletions and re-creations of the
+    /// object and takeovers by a process with the same identity, so:
     /// - within one process, each term's token is strictly larger than the
-    ///   token of every term before it on that name, including past
-    ///   `i32::MAX`, where the Lease's counter stops and the token goes on;
+    ///   token of every term before it on that name;
     /// - across processes, the token is the number every candidate reads from
     ///   the Lease: a term's token is larger than that of every term whose
     ///   record its candidate saw, which includes the term it took over (a
-    ///   takeover writes on top of the record it read). A candidate that never
-    ///   saw an older, deleted Lease object may start again from lower numbers.
+    ///   takeover writes on top of the record it read). This holds where
+    ///   `leaseTransitions` cannot: at `i32::MAX`, where the counter stops,
+    ///   and after the counter was edited down. A candidate that never saw an
+    ///   older, deleted Lease object may start again from lower numbers, and
+    ///   so may one after the annotation was removed.
     ///
     /// Write it alongside side effects, and have readers reject writes tagged
     /// with a smaller token than one already seen: they come from an older term.

@@ -179,7 +179,12 @@
 //!   already on the record when it took the Lease was given its chance, so a
 //!   preferred holder that never campaigns (a pod that no longer exists)
 //!   cannot stop the election. The term ends at once, and the Lease is
-//!   released only if no guarded work had to be stopped.
+//!   released only if no guarded work had to be stopped. A leader that
+//!   stepped down without releasing and campaigns again (as
+//!   [`LeaderElector::run_each_term`] does) does not take its own record back
+//!   at once: it waits as a third candidate would, so that the preferred
+//!   holder takes the record when it expires, one lease duration after it
+//!   last changed (client-go's leader, which keeps renewing, never lets it).
 //! <!-- upstream: omit -->
 //! - **Coordinated Leader Election** itself, where the API server picks the
 //!   leader among published `LeaseCandidate`s, is opt-in:
@@ -214,6 +219,49 @@
 //! - When nobody wants leadership any more, the task keeps its watch for one
 //!   retry period before it stops, so that demand that flaps (an `acquire`
 //!   created and dropped repeatedly) costs no new LIST, WATCH and GET.
+//!
+//! # Liveness: how long a Lease can be without a leader
+//! Safety comes first (no two leaders), but a Lease must not stay without
+//! one either. With lease duration *LD*, renew deadline *RD* and retry period
+//! *RP*, while at least one candidate campaigns:
+//! - **After a release** (a shutdown, the last guard dropped, a step-down with
+//!   no work stopped): a watching follower takes the Lease on the watch event,
+//!   with one write; a polling one within one to 2.2 *RP*.
+//! - **After a crash, or work that had to be stopped**: one *LD* after a
+//!   follower last saw the record change (it judges by its own clock, never
+//!   by `renewTime`), and at most one *RP* more when it polls.
+//! - **After the Lease was deleted**: the creation hold, one *LD* after the
+//!   new object was created (or the longest lease duration seen on the
+//!   deleted record, if longer).
+//! - **After a step-down for a `preferredHolder`**: the preferred holder takes
+//!   the record when it expires (one *LD* after its last change); if it never
+//!   comes, the candidates take it one *LD* later.
+//! - **Once faults heal** (every request answered again): a leader within
+//!   4 *LD* + 2 *RP*: a failed request is retried with backoff, from *RP*
+//!   doubling to at most *LD* plus as much jitter (so at most 2 *LD*), and
+//!   the record then seen may need up to two *LD* (a `preferredHolder` that
+//!   never comes) or one (the creation hold). The repository's simulation
+//!   checks this bound after thousands of random fault schedules.
+//!
+//! What does not leave a Lease without a leader:
+//! - **A 404 is a deletion only when the API server says so**: a `Status`
+//!   with reason `NotFound` whose details name the Lease. Any other 404 (a
+//!   plain-text answer from a proxy or load balancer, an API server still
+//!   starting that does not serve the group yet) is an error like a 500: a
+//!   renewal answered so is checked with one read and costs that renewal,
+//!   not the term; a read answered so is retried, never taken for a missing
+//!   Lease (which would begin a creation hold on a Lease that exists).
+//! - **No request loop runs without a delay**: every retry waits at least
+//!   *RP*, so a `replace` that keeps failing while reads succeed costs one
+//!   request per backoff step, not a loop.
+//! - **Each renewal changes the record**: `renewTime` moves forward by at
+//!   least a microsecond even when the wall clock stands still or went back,
+//!   so that followers, which judge by observed change, see every renewal.
+//! - **Fencing tokens never repeat** (see [`LeaseGuard::fencing_token`]): the
+//!   token is stored on the Lease in the annotation
+//!   `leases.kube.rs/fencing-token`, so it goes on past `i32::MAX`, where
+//!   `leaseTransitions` stops (the counter is then written as `i32::MAX`), and
+//!   after the counter was edited down.
 //!
 //! # Fencing: what a term's writes can rely on
 //! Leader election alone cannot stop a stale write: a process paused (or

@@ -8,8 +8,12 @@
 //! ever act as leader at the same virtual instant, counting, for guarded work
 //! that was stopped rather than finished, a tail of [`TAIL`] after the stop
 //! during which requests it sent may still land; that someone leads once
-//! faults stop; that a guard is valid when handed out; and that no term ends
-//! as [`Lost::Shutdown`] without a shutdown.
+//! faults stop, and that once they have healed no gap without a leader is
+//! longer than the crate docs' bound ([`LEADERLESS_BOUND`]; the faults
+//! include 404s that are not deletions, a `preferredHolder` that may never
+//! come, and `leaseTransitions` at the top of its range or edited down); that
+//! a guard is valid when handed out; and that no term ends as
+//! [`Lost::Shutdown`] without a shutdown.
 //!
 //! `KRL_SIM_SCHEDULES` sets the number of schedules (default 1000);
 //! `KRL_SIM_SEED` replays one schedule.
@@ -290,7 +294,7 @@ async fn schedule(seed: u64) -> Run {
         sleep(ms(&mut rng, 1500)).await;
         let k = rng.usize(0..CANDIDATES);
         let victim = ids[k];
-        let action = rng.u8(0..15);
+        let action = rng.u8(0..18);
         tracing::info!(victim, action, "SIM fault");
         inject(&fake, &mut rng, victim, latency[k], action, &mut foreign_free);
         if action == 11 {
@@ -308,6 +312,16 @@ async fn schedule(seed: u64) -> Run {
     assert!(
         healed_leader,
         "seed {seed}: nobody leads 30 s after faults stopped"
+    );
+    // Never none: once every fault has healed, no gap without a leader is
+    // longer than the stated bound (candidates still give leadership up
+    // now and then, and campaign again).
+    let healed = start + CHAOS + HEALED;
+    let (gap, at) = longest_gap(&intervals.lock().unwrap(), healed, Instant::now());
+    assert!(
+        gap <= LEADERLESS_BOUND,
+        "seed {seed}: nobody led for {gap:?} from {:?} after the faults healed (bound {LEADERLESS_BOUND:?})",
+        at - healed
     );
     for t in tasks {
         t.abort();
@@ -414,8 +428,77 @@ fn inject(
             fake.fault(victim, Some("list"), Fault::StaleList);
             fake.expire_watches();
         }
+        // 404s that are not the API server's word that the Lease is gone:
+        // its `NotFound` for a path it does not serve (still starting), a
+        // proxy's plain-text 404, a `Status` with another reason.
+        13 => {
+            for _ in 0..rng.usize(1..4) {
+                let fault = *[Fault::NoSuchResource, Fault::PlainText(404), Fault::Status(404)]
+                    .get(rng.usize(0..3))
+                    .unwrap();
+                let verb = *[None, Some("get"), Some("update"), Some("create")]
+                    .get(rng.usize(0..4))
+                    .unwrap();
+                fake.fault(victim, verb, fault);
+            }
+        }
+        // The end of the term marked for a preferred holder: one of the
+        // candidates (it may share an identity) or one that never comes.
+        14 => {
+            if let Some(mut lease) = fake.lease()
+                && let Some(spec) = lease.spec.as_mut()
+            {
+                let preferred = ["c0", "c1", "c2", "ghost"][rng.usize(0..4)];
+                spec.preferred_holder = Some(preferred.to_owned());
+                // The API server accepts a preferred holder only with a strategy.
+                spec.strategy = Some("OldestEmulationVersion".to_owned());
+                fake.put(lease);
+            }
+        }
+        // The transitions counter at the top of its range, or edited down.
+        15 => {
+            if let Some(mut lease) = fake.lease()
+                && let Some(spec) = lease.spec.as_mut()
+            {
+                spec.lease_transitions = Some(if rng.bool() { i32::MAX } else { 1 });
+                fake.put(lease);
+            }
+        }
         _ => {}
     }
+}
+
+/// How long after the last fault healed (`HEALED` after the chaos ends:
+/// partitions, latency and requests delayed in flight are over by then) a
+/// Lease may be without a leader: the crate docs' bound (*Liveness*),
+/// 4 × lease duration + 2 × retry period: a candidate's backoff (at most
+/// twice the lease duration, with jitter) and then a record whose end was
+/// marked for a preferred holder that never comes (two lease durations), or
+/// a creation hold (one), plus the reads and retries that confirm it.
+const LEADERLESS_BOUND: Duration = Duration::from_millis(4 * 3000 + 2 * 800);
+/// When every fault injected during the chaos has ended: partitions (6 s),
+/// latency spikes (5 s) and requests delayed past the margin (5 s).
+const HEALED: Duration = Duration::from_secs(6);
+
+/// The longest time within `[from, to]` during which nobody led.
+fn longest_gap(intervals: &[Interval], from: Instant, to: Instant) -> (Duration, Instant) {
+    let mut terms: Vec<(Instant, Instant)> = intervals
+        .iter()
+        .map(|iv| (iv.start, iv.end.unwrap_or(to)))
+        .filter(|(_, end)| *end > from)
+        .collect();
+    terms.sort();
+    let (mut covered, mut longest, mut at) = (from, Duration::ZERO, from);
+    for (start, end) in terms {
+        if start > covered && start - covered > longest {
+            (longest, at) = (start - covered, covered);
+        }
+        covered = covered.max(end);
+    }
+    if to > covered && to - covered > longest {
+        (longest, at) = (to - covered, covered);
+    }
+    (longest, at)
 }
 
 fn check(seed: u64, run: &Run) {

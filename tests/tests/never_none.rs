@@ -1,0 +1,322 @@
+//! "Never none" (issue 33) against a real kube-apiserver and etcd: the faults
+//! that left a Lease without a leader, made on the real API server where they
+//! can be. The unit suite (`kube-runtime-lease/src/tests/never_none.rs`) has
+//! each of them on the double, with paused time.
+//!
+//! A 404 that is not the Lease's `NotFound` is made by sending a request to
+//! a path the API server does not serve (`coordination.k8s.io/v0`): the real
+//! API server answers it with its own plain-text `404 page not found`, as it
+//! (or a proxy in front of it) may answer while it starts or is upgraded.
+//!
+//! Timings are short (2 s lease duration, 1.5 s renew deadline, 0.5 s retry
+//! period); every wait is bounded and says what it waited for.
+
+mod support;
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::{
+    Api, Client,
+    api::{ObjectMeta, PostParams},
+};
+use kube_runtime_lease::{LeaderElector, LeaseConfig, LeaseGuard, Lost};
+use kube_runtime_lease_harness::{TestEnv, Timings, free_spec, shared_env};
+use tokio::time::{Instant, sleep, timeout};
+
+const LEASE: &str = "lease";
+const LEASE_DURATION: Duration = Timings::FAST.lease_duration;
+/// The annotation that carries the fencing token (crate docs, *Liveness*).
+const TOKEN_ANNOTATION: &str = "leases.kube.rs/fencing-token";
+
+/// How many of a client's next requests for the Lease by name are sent where
+/// the API server answers 404 without naming it.
+#[derive(Clone, Default)]
+struct Misroute {
+    gets: Arc<AtomicUsize>,
+    puts: Arc<AtomicUsize>,
+    /// Creations sent (counted, never misrouted).
+    posts: Arc<AtomicUsize>,
+}
+
+impl Misroute {
+    /// A client of the test's API server whose Lease requests go through this.
+    async fn client(&self, env: &TestEnv) -> Result<Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(env.kubeconfig_path())?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await?;
+        let this = self.clone();
+        Ok(kube::client::ClientBuilder::try_from(config)?
+            .with_layer(&tower::util::MapRequestLayer::new(
+                move |mut req: http::Request<kube::client::Body>| {
+                    this.route(&mut req);
+                    req
+                },
+            ))
+            .build())
+    }
+
+    fn route(&self, req: &mut http::Request<kube::client::Body>) {
+        let path = req.uri().path();
+        if *req.method() == http::Method::POST && path.ends_with("/leases") {
+            self.posts.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+        if !path.ends_with(&format!("/leases/{LEASE}")) {
+            return;
+        }
+        let counter = match *req.method() {
+            http::Method::GET => &self.gets,
+            http::Method::PUT => &self.puts,
+            _ => return,
+        };
+        if counter
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            let misrouted = req
+                .uri()
+                .to_string()
+                .replace("/coordination.k8s.io/v1/", "/coordination.k8s.io/v0/");
+            if let Ok(uri) = misrouted.parse() {
+                *req.uri_mut() = uri;
+            }
+        }
+    }
+}
+
+struct Fx {
+    env: &'static TestEnv,
+    ns: String,
+    leases: Api<Lease>,
+}
+
+async fn fixture(prefix: &str) -> Result<Fx> {
+    let env = shared_env().await?;
+    let ns = env.new_namespace(prefix).await?;
+    let leases = Api::namespaced(env.client().await?, &ns);
+    Ok(Fx { env, ns, leases })
+}
+
+impl Fx {
+    fn config(&self, identity: &str) -> LeaseConfig {
+        support::fast_config(&self.ns, identity).release_timeout(Duration::from_secs(2))
+    }
+
+    async fn candidate(&self, config: LeaseConfig) -> Result<LeaderElector> {
+        Ok(LeaderElector::new(self.env.client().await?, config)?)
+    }
+
+    async fn create(&self, spec: LeaseSpec) -> Result<Lease> {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(LEASE.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(spec),
+        };
+        Ok(self.leases.create(&PostParams::default(), &lease).await?)
+    }
+
+    async fn spec(&self) -> Result<LeaseSpec> {
+        self.leases.get(LEASE).await?.spec.context("lease without spec")
+    }
+
+    /// Read-modify-write as admin, retried on conflicts with the electors.
+    async fn modify(&self, edit: impl Fn(&mut LeaseSpec)) -> Result<()> {
+        for _ in 0..50 {
+            let mut lease = self.leases.get(LEASE).await?;
+            edit(lease.spec.get_or_insert_with(LeaseSpec::default));
+            match self.leases.replace(LEASE, &PostParams::default(), &lease).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        bail!("50 conflicts in a row modifying the lease")
+    }
+}
+
+async fn acquire_within(elector: &LeaderElector, within: Duration) -> Result<LeaseGuard> {
+    timeout(within, elector.acquire())
+        .await
+        .with_context(|| {
+            format!(
+                "{} did not lead within {within:?}; status {:?}",
+                elector.config().identity(),
+                elector.status()
+            )
+        })?
+        .map_err(Into::into)
+}
+
+/// A renewal answered with the API server's 404 for a path it does not serve,
+/// and the read that checks it answered the same way, cost that renewal: the
+/// term goes on, and the leader keeps renewing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_answered_an_odd_404_does_not_end_the_term() -> Result<()> {
+    let fx = fixture("odd-404-renewal").await?;
+    fx.create(free_spec()).await?;
+    let misroute = Misroute::default();
+    let a = LeaderElector::new(misroute.client(fx.env).await?, fx.config("a"))?;
+    let guard = acquire_within(&a, Duration::from_secs(5)).await?;
+    let renewed = fx.spec().await?.renew_time.context("renewTime")?.0;
+    misroute.puts.store(1, Ordering::SeqCst);
+    misroute.gets.store(1, Ordering::SeqCst);
+    timeout(Duration::from_secs(5), async {
+        while misroute.puts.load(Ordering::SeqCst) > 0 {
+            sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .context("no renewal within 5 s")?;
+    sleep(LEASE_DURATION * 2).await;
+    ensure!(guard.lost().is_none(), "the term ended: {:?}", guard.lost());
+    ensure!(
+        misroute.gets.load(Ordering::SeqCst) == 0,
+        "the 404 was not checked with a read"
+    );
+    ensure!(guard.is_valid() && a.is_leader(), "no longer leading");
+    let spec = fx.spec().await?;
+    ensure!(spec.holder_identity.as_deref() == Some("a"), "{spec:?}");
+    ensure!(
+        spec.renew_time.context("renewTime")?.0 > renewed,
+        "the leader stopped renewing"
+    );
+    a.shutdown(Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+/// A candidate whose reads are answered with that 404 does not take the
+/// Lease for missing: it never sends a create, and takes the record once it
+/// expires and its reads are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answered_an_odd_404_is_not_a_missing_lease() -> Result<()> {
+    let fx = fixture("odd-404-read").await?;
+    fx.create(LeaseSpec {
+        holder_identity: Some("gone".into()),
+        lease_duration_seconds: Some(2),
+        lease_transitions: Some(3),
+        ..LeaseSpec::default()
+    })
+    .await?;
+    let misroute = Misroute::default();
+    misroute.gets.store(2, Ordering::SeqCst);
+    let b = LeaderElector::new(misroute.client(fx.env).await?, fx.config("b").watch(false))?;
+    let guard = acquire_within(&b, Duration::from_secs(20)).await?;
+    ensure!(guard.is_valid());
+    ensure!(
+        misroute.gets.load(Ordering::SeqCst) == 0,
+        "the reads were not misrouted"
+    );
+    ensure!(
+        misroute.posts.load(Ordering::SeqCst) == 0,
+        "took the Lease for missing and sent a create"
+    );
+    let spec = fx.spec().await?;
+    ensure!(
+        spec.holder_identity.as_deref() == Some("b") && spec.lease_transitions == Some(4),
+        "{spec:?}"
+    );
+    b.shutdown(Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+/// A leader whose guarded work is alive when the end of its term is marked
+/// for another candidate steps down without releasing and campaigns again
+/// at once: the preferred holder gets the Lease when the record expires, and
+/// keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_down_is_not_undone_by_campaigning_again() -> Result<()> {
+    let fx = fixture("step-down-kept").await?;
+    fx.create(free_spec()).await?;
+    let a = fx.candidate(fx.config("a")).await?;
+    let stepped_down = Arc::new(AtomicUsize::new(0));
+    let campaign = tokio::spawn({
+        let (a, stepped_down) = (a.clone(), stepped_down.clone());
+        async move {
+            // Each term's guard stays alive until its term ends.
+            while let Ok(guard) = a.acquire().await {
+                if let Lost::SteppedDown { .. } = guard.await {
+                    stepped_down.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+    });
+    timeout(Duration::from_secs(5), a.subscribe().wait_for(|s| s.is_leader))
+        .await
+        .context("a did not lead")??;
+    let p = fx.candidate(fx.config("p")).await?;
+    let p_acquire = tokio::spawn({
+        let p = p.clone();
+        async move { p.acquire().await }
+    });
+    fx.modify(|s| {
+        s.preferred_holder = Some("p".into());
+        // The API server accepts a preferred holder only with a strategy.
+        s.strategy = Some("OldestEmulationVersion".into());
+    })
+    .await?;
+    let marked = Instant::now();
+    let p_guard = timeout(LEASE_DURATION + Duration::from_secs(2), p_acquire)
+        .await
+        .context("the preferred holder did not lead within a lease duration of the mark")???;
+    ensure!(
+        stepped_down.load(Ordering::SeqCst) == 1,
+        "a did not step down once"
+    );
+    sleep(LEASE_DURATION * 3).await;
+    ensure!(p_guard.is_valid(), "p lost it: {:?}", p_guard.lost());
+    ensure!(!a.is_leader(), "a took it back");
+    ensure!(fx.spec().await?.holder_identity.as_deref() == Some("p"));
+    ensure!(
+        marked.elapsed() >= LEASE_DURATION,
+        "p led before a's record expired"
+    );
+    campaign.abort();
+    p.shutdown(Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+/// Fresh processes one after the other on a Lease whose `leaseTransitions`
+/// is at the top of its range, then edited down: every term's token is
+/// larger than the last, and the Lease carries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_never_repeat_at_the_top_of_the_range_or_after_an_edit_down() -> Result<()> {
+    let fx = fixture("token-top").await?;
+    fx.create(LeaseSpec {
+        lease_transitions: Some(i32::MAX),
+        ..free_spec()
+    })
+    .await?;
+    let mut tokens = Vec::new();
+    for process in 0..4 {
+        if process == 2 {
+            fx.modify(|s| s.lease_transitions = Some(3)).await?;
+        }
+        let e = fx.candidate(fx.config(&format!("p{process}"))).await?;
+        let guard = acquire_within(&e, Duration::from_secs(10)).await?;
+        tokens.push(guard.fencing_token());
+        let lease = fx.leases.get(LEASE).await?;
+        let stored = lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(TOKEN_ANNOTATION))
+            .context("no token annotation")?;
+        ensure!(*stored == guard.fencing_token().to_string(), "{stored} stored");
+        drop(guard);
+        e.shutdown(Duration::from_secs(1)).await?;
+    }
+    ensure!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    ensure!(tokens[0] >= i64::from(i32::MAX), "{tokens:?}");
+    Ok(())
+}
