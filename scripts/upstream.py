@@ -132,7 +132,7 @@ STEPS = [
             "more), each a test on the in-memory Lease API that failed before\n"
             "its fix. Test-only."
         ),
-        "files": ["tests/regressions.rs"],
+        "files": ["tests/regressions.rs", "tests/never_none.rs"],
         "final": True,
     },
 ]
