@@ -116,7 +116,7 @@ STEPS = [
             "own clock); `LeaderElector::run_each_term` rejoins the election\n"
             "after a loss. The module's documentation."
         ),
-        "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs"],
+        "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs", "scope.rs", "scope/tests.rs"],
         "final": True,
         "used_later": {
             "elector": (5, "the regression tests, in patch 5 of this series, storm the task with wake-ups"),

@@ -64,6 +64,12 @@ impl LeaseGuard {
         })
     }
 
+    /// The term this guard belongs to, and the elector task's wake-up: what
+    /// another guard of the same term is made of.
+    pub(crate) fn parts(&self) -> (Arc<Term>, Arc<Notify>) {
+        (self.term.clone(), self.wake.clone())
+    }
+
     /// Whether this term still holds: not ended, and the renew deadline not
     /// passed. A cheap synchronous check to make right before a side effect.
     #[must_use]

@@ -51,6 +51,15 @@
 //!   not polled before the Lease is won, dropped the moment it is lost.
 //! - [`LeaderElector::acquire`] returns a [`LeaseGuard`], a future resolving to
 //!   [`Lost`] when the term ends, with fencing helpers.
+//! - [`LeaderElector::with_lease`] is the future form: any future run while
+//!   leading, dropped the moment the term ends (`Err(Lost)`); tasks that
+//!   belong to one term are spawned with [`LeaseGuard::tasks`]
+//!   ([`TermTasks`]: ended with the term, waited for by the release).
+//!   ```no_run
+//!   # async fn doc(elector: kube_runtime_lease::LeaderElector) {
+//!   let done = elector.with_lease(async { /* work that needs leadership */ }).await;
+//!   # }
+//!   ```
 //! - [`LeaderElector::run_each_term`] rejoins the election after a loss.
 //! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
 //!   `--leader-elect=false`): the same types, always leading, no API call.
@@ -352,6 +361,7 @@ mod elector;
 mod error;
 mod guard;
 mod record;
+mod scope;
 mod stream;
 mod term;
 
@@ -360,6 +370,7 @@ pub use controller::{ControllerResource, ControllerWithLeaderElection, LeaderEle
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
 pub use error::{AcquireError, ApiError, ShutdownError};
 pub use guard::LeaseGuard;
+pub use scope::TermTasks;
 pub use stream::{LeaderElectionStreamExt, RunEnded, WithLeaderElection};
 pub use term::Lost;
 
