@@ -156,6 +156,9 @@
 //!   `acquire` lets it expire), a later campaign of the same elector keeps the
 //!   hold, and its end is confirmed with a read before any guard is handed out.
 //!   Cost: a brand-new Lease is led one lease duration after its creation.
+//!   [`LeaseConfig::creation_hold`]`(false)` turns it off (client-go's
+//!   behaviour), for installs where nothing deletes a held Lease; its docs
+//!   say what is then given up.
 //! - **"Ours" means our own term's record**: the same Lease object (`uid`),
 //!   holder, `acquireTime` and `leaseTransitions` as the write that began our
 //!   term. Every term begins with a new acquisition (`acquireTime = now`,

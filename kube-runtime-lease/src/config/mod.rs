@@ -58,6 +58,7 @@ pub struct LeaseConfig {
     pub(crate) release_timeout: Duration,
     pub(crate) watch: bool,
     pub(crate) enabled: bool,
+    pub(crate) creation_hold: bool,
     /// Written on the Lease when this candidate takes it.
     #[cfg(feature = "lease-metadata")]
     pub(crate) metadata: self::metadata::LeaseMetadata,
@@ -88,6 +89,7 @@ impl LeaseConfig {
             release_timeout: Duration::from_secs(5),
             watch: true,
             enabled: true,
+            creation_hold: true,
             #[cfg(feature = "lease-metadata")]
             metadata: self::metadata::LeaseMetadata::default(),
             #[cfg(feature = "coordinated")]
@@ -146,6 +148,32 @@ impl LeaseConfig {
     #[must_use]
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;
+        self
+    }
+
+    /// Whether a Lease object that is new to this candidate is held before
+    /// anyone leads on it (default `true`): one lease duration after this
+    /// candidate created it, or as long as the holder of a deleted Lease of
+    /// the same name may still lead (the longest lease duration seen on it).
+    ///
+    /// What the hold protects against: a Lease deleted while it is held. Its
+    /// leader may be partitioned from the API server, so that it sees neither
+    /// the deletion nor the new object, and goes on leading until its renew
+    /// deadline; `create` has no precondition that could stop a new leader
+    /// meanwhile. With the hold, nobody leads the new object before that old
+    /// leader has given up. The cost: a fresh install (or a namespace made
+    /// for one test) waits one lease duration for its first leader, where
+    /// client-go leads at once.
+    ///
+    /// Turning it off is reasonable where nothing deletes a held Lease: a
+    /// fresh install, an end-to-end suite with a namespace per test, a demo.
+    /// Then a Lease this candidate creates is led at once, and a re-created
+    /// Lease is taken like any other record (a deleted Lease's leader that
+    /// cannot reach the API server may then act alongside the new one until
+    /// its renew deadline).
+    #[must_use]
+    pub fn creation_hold(mut self, hold: bool) -> Self {
+        self.creation_hold = hold;
         self
     }
 

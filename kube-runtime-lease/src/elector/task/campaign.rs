@@ -118,7 +118,9 @@ impl Task {
             #[cfg(feature = "coordinated")]
             LeaseView::Missing if coordinated => Ok(Attempt::WaitUntil(now + cfg.retry_period)),
             LeaseView::Missing => {
-                let hold = self.inner.lock().memory.creation_hold(now, cfg.lease_duration);
+                let hold = cfg
+                    .creation_hold
+                    .then(|| self.inner.lock().memory.creation_hold(now, cfg.lease_duration));
                 let mut lease = Lease {
                     metadata: kube_client::core::ObjectMeta {
                         name: Some(cfg.name.clone()),
@@ -127,7 +129,7 @@ impl Task {
                     },
                     spec: None,
                 };
-                self.begin_record(&mut lease, None, self.seconds_to_write(Some(hold)));
+                self.begin_record(&mut lease, None, self.seconds_to_write(hold));
                 self.write_to_acquire(lease, true).await
             }
             LeaseView::Known { observed, object } => {
@@ -258,6 +260,9 @@ impl Task {
     /// lease duration when we created it), and any hold a term of ours on the
     /// same object already had.
     pub(in crate::elector) fn hold_for(&self, lease: &Lease, created: bool) -> Option<Instant> {
+        if !self.config().creation_hold {
+            return None;
+        }
         let now = Instant::now();
         let mut state = self.inner.lock();
         let memory = &mut state.memory;

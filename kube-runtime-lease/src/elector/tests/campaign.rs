@@ -6,9 +6,9 @@ use std::{pin::pin, time::Duration};
 
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::LeaseConfig;
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::tests::support::{config, elector, held_by, holder, paused, spec};
+use crate::{LeaseConfig, Lost};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -364,5 +364,40 @@ fn a_backoff_begun_before_the_watch_synced_ends_when_it_syncs() {
             "the retry waited out its backoff ({:?}) instead of ending at the sync (1 s)",
             writes[1] - start
         );
+    });
+}
+
+/// With the creation hold off, a Lease this candidate creates is led at
+/// once (as client-go does), and so is one re-created after a deletion; the
+/// default holds both (regressions, section 1).
+#[test]
+fn without_the_creation_hold_a_created_lease_is_led_at_once() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, _) = elector(&fake, config("a").creation_hold(false));
+        let began = Instant::now();
+        let guard = timeout(S(1), a.acquire())
+            .await
+            .expect("led at once after creating the Lease")
+            .unwrap();
+        assert_eq!(began.elapsed(), Duration::ZERO);
+        assert_eq!(
+            fake.lease().unwrap().spec.unwrap().lease_duration_seconds,
+            Some(15),
+            "our own duration, no hold written"
+        );
+        fake.delete();
+        assert_eq!(timeout(S(5), guard).await.expect("the term ended"), Lost::Deleted);
+        let deleted = Instant::now();
+        let again = timeout(S(5), a.acquire())
+            .await
+            .expect("a re-created Lease is led without a hold")
+            .unwrap();
+        assert!(deleted.elapsed() < S(3), "{:?}", deleted.elapsed());
+        assert!(again.is_valid());
+        // The default holds a created Lease for one lease duration.
+        let fake = FakeLeaseApi::default();
+        let (b, _) = elector(&fake, config("b"));
+        assert!(timeout(S(14), b.acquire()).await.is_err(), "held by default");
     });
 }
