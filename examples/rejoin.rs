@@ -17,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     init_tracing();
     let elector = LeaderElector::new(client().await?, lease_config("rejoin")?)?;
     let on_signal = elector.clone();
-    tokio::spawn(async move {
+    let handover = tokio::spawn(async move {
         shutdown_signal().await;
         on_signal.shutdown(Duration::from_secs(5)).await
     });
@@ -33,5 +33,7 @@ async fn main() -> anyhow::Result<()> {
         })
         .await;
     info!(?ended, "left the election");
+    // The handover (the release) runs to its end before the process exits.
+    handover.await??;
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! Two controllers under one Lease: one renewal loop, one set of API calls.
-//! Acquiring starts both; losing stops both.
+//! Acquiring starts both; losing stops both, and both run again when the
+//! Lease is won again. On SIGTERM the process exits after the handover.
 //!
 //! ```sh
 //! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example two_controllers
@@ -23,39 +24,45 @@ async fn main() -> anyhow::Result<()> {
     let client = client().await?;
     let elector = LeaderElector::new(client.clone(), lease_config("two-controllers")?)?;
 
-    let configmaps = Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
-        .with_leader_election(&elector)
-        .run(
-            |cm, _| async move {
-                info!(configmap = %cm.name_any(), "reconciling configmap");
-                Ok::<_, kube::Error>(Action::await_change())
-            },
-            |_, _, _| Action::requeue(Duration::from_secs(5)),
-            Arc::new(()),
-        );
-    let secrets = Controller::new(Api::<Secret>::all(client.clone()), watcher::Config::default())
-        .with_leader_election(&elector)
-        .run(
-            |s, _| async move {
-                info!(secret = %s.name_any(), "reconciling secret");
-                Ok::<_, kube::Error>(Action::await_change())
-            },
-            |_, _, _| Action::requeue(Duration::from_secs(5)),
-            Arc::new(()),
-        );
-
+    // SIGTERM: finish reconciles in flight (up to 20 s), release; main awaits it.
     let on_signal = elector.clone();
-    tokio::spawn(async move {
+    let handover = tokio::spawn(async move {
         shutdown_signal().await;
         on_signal.shutdown(Duration::from_secs(20)).await
     });
 
-    let mut configmaps = std::pin::pin!(configmaps);
-    let mut secrets = std::pin::pin!(secrets);
-    let ((), ()) = futures::join!(
-        configmaps.as_mut().for_each(|_| async {}),
-        secrets.as_mut().for_each(|_| async {}),
-    );
-    info!(configmaps = ?configmaps.lost(), secrets = ?secrets.lost(), "both controllers stopped");
+    // Both controllers run while this replica leads, and are built again for
+    // each term: a loss stops both, and they rejoin the election together.
+    let ended = elector
+        .run_each_term(|| {
+            let configmaps =
+                Controller::new(Api::<ConfigMap>::all(client.clone()), watcher::Config::default())
+                    .with_leader_election(&elector)
+                    .run(
+                        |cm, _| async move {
+                            info!(configmap = %cm.name_any(), "reconciling configmap");
+                            Ok::<_, kube::Error>(Action::await_change())
+                        },
+                        |_, _, _| Action::requeue(Duration::from_secs(5)),
+                        Arc::new(()),
+                    )
+                    .map(drop);
+            let secrets = Controller::new(Api::<Secret>::all(client.clone()), watcher::Config::default())
+                .with_leader_election(&elector)
+                .run(
+                    |s, _| async move {
+                        info!(secret = %s.name_any(), "reconciling secret");
+                        Ok::<_, kube::Error>(Action::await_change())
+                    },
+                    |_, _, _| Action::requeue(Duration::from_secs(5)),
+                    Arc::new(()),
+                )
+                .map(drop);
+            futures::stream::select(configmaps, secrets)
+        })
+        .await;
+    info!(?ended, "both controllers stopped; election left");
+    // The handover (the release) has run to its end before the process exits.
+    handover.await??;
     Ok(())
 }

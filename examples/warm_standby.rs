@@ -52,7 +52,7 @@ async fn main() -> anyhow::Result<()> {
 
     // SIGTERM: finish reconciles in flight, release, exit.
     let on_signal = elector.clone();
-    tokio::spawn(async move {
+    let handover = tokio::spawn(async move {
         shutdown_signal().await;
         on_signal.shutdown(Duration::from_secs(20)).await
     });
@@ -73,5 +73,8 @@ async fn main() -> anyhow::Result<()> {
         )
         .for_each(|_| async {})
         .await;
+    // The warm Controller ends only when the elector is shut down: the
+    // handover (the release) runs to its end before the process exits.
+    handover.await??;
     Ok(())
 }

@@ -40,6 +40,19 @@ impl LeaderElector {
     /// whose stream yielded its first item more than a lease duration before
     /// the term ended (a term whose stream yielded nothing does not count).
     ///
+    /// A [`Controller`](kube_runtime::Controller) given here is best wrapped
+    /// once more, with
+    /// [`LeaderElectionControllerExt::with_leader_election`](crate::LeaderElectionControllerExt::with_leader_election)
+    /// before `run` (as below in the crate's examples): `run_each_term` guards
+    /// the stream it is given as any stream (not polled before the Lease is
+    /// won, dropped when it is lost), while the Controller's own wrapping is
+    /// what wires [`shutdown_requested`](Self::shutdown_requested) to
+    /// `graceful_shutdown_on`, so that a [`shutdown`](Self::shutdown) lets
+    /// reconciles in flight finish within its grace instead of aborting them.
+    /// The two wrappings hold guards of the same term: one election task, one
+    /// renewal loop, no extra request. Without the inner wrapping a shutdown
+    /// still ends the work, by dropping it.
+    ///
     /// Returns why it stopped ([`RunEnded`]): every other end of a term
     /// ([`Lost`] other than [`Lost::Shutdown`]) is followed by a new campaign.
     ///
