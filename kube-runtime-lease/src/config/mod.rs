@@ -47,6 +47,10 @@ pub(crate) const JITTER_FACTOR: f64 = 1.2;
 /// assert!(config.validate().is_ok());
 /// ```
 #[derive(Clone, Debug, PartialEq)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent switches of a builder, each set by its own method"
+)]
 pub struct LeaseConfig {
     pub(crate) namespace: String,
     pub(crate) name: String,
