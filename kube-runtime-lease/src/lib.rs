@@ -357,6 +357,9 @@
 //! [client-go]: https://pkg.go.dev/k8s.io/client-go/tools/leaderelection
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+// docs.rs (`--cfg docsrs`, nightly): each extra's items carry a badge naming
+// the feature they need, derived from their `cfg` attributes.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod config;
 mod controller;

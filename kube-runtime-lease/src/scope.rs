@@ -1,24 +1,6 @@
 //! Work under the Lease that is not a stream: [`LeaderElector::with_lease`]
 //! runs one future while leading, and [`TermTasks`] spawns tasks that belong
 //! to one term.
-//!
-//! # How spawned work relates to a term
-//! - **Cancelled**: when the term ends (a loss, the renew deadline passed on
-//!   the guard's own clock, a step-down, a shutdown once its grace ran out),
-//!   the future of [`with_lease`](LeaderElector::with_lease) is dropped at
-//!   once, and every task of a [`TermTasks`] stops at its next poll (each
-//!   races its own guard of the term). Dropping the `TermTasks` aborts them
-//!   too. Dropping means what it means for any future: a request already
-//!   sent is not called back.
-//! - **Waited for**: each such future or task holds a guard of the term while
-//!   it runs. [`LeaderElector::shutdown`] waits up to its grace for them to
-//!   finish, and the Lease is released only if they all had finished when the
-//!   term ended; work that had to be stopped leaves the Lease to expire, so
-//!   that no other candidate leads while requests it sent may still land.
-//! - **What can still land after a loss**: a request that stopped work had
-//!   already sent. The protocol leaves lease duration − renew deadline for
-//!   it; writes that must never land late carry the fencing token (see the
-//!   crate docs, *Fencing*).
 
 use std::{future::Future, pin::pin, sync::Arc};
 
@@ -42,7 +24,8 @@ impl LeaderElector {
     /// returns [`Lost::Shutdown`] after [`shutdown`](Self::shutdown) and
     /// [`Lost::ElectorStopped`] if the election task stopped. To lead again
     /// after a loss, call it again (or, for a stream, use
-    /// [`run_each_term`](Self::run_each_term)).
+    /// [`run_each_term`](Self::run_each_term)). [`TermTasks`] says what is
+    /// cancelled and what is waited for when the term ends.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -77,8 +60,7 @@ impl LeaderElector {
 }
 
 /// Tasks that belong to one term of a Lease, like a [`JoinSet`] whose tasks
-/// all end with the term (see the [module docs](self) for what is cancelled,
-/// what is waited for, and what can still land).
+/// all end with the term.
 ///
 /// Made by [`LeaseGuard::tasks`]. Each task holds a guard of the term while it
 /// runs, so it counts as guarded work: [`LeaderElector::shutdown`] waits for
@@ -86,6 +68,24 @@ impl LeaderElector {
 /// ended. A task's output is `Ok` if it completed within the term, `Err` with
 /// why the term ended if it was stopped for that. Dropping the `TermTasks`
 /// aborts every task (as a `JoinSet` does).
+///
+/// # How spawned work relates to a term
+/// - **Cancelled**: when the term ends (a loss, the renew deadline passed on
+///   the guard's own clock, a step-down, a shutdown once its grace ran out),
+///   the future of [`with_lease`](LeaderElector::with_lease) is dropped at
+///   once, and every task of a [`TermTasks`] stops at its next poll (each
+///   races its own guard of the term). Dropping the `TermTasks` aborts them
+///   too. Dropping means what it means for any future: a request already
+///   sent is not called back.
+/// - **Waited for**: each such future or task holds a guard of the term while
+///   it runs. [`LeaderElector::shutdown`] waits up to its grace for them to
+///   finish, and the Lease is released only if they all had finished when the
+///   term ended; work that had to be stopped leaves the Lease to expire, so
+///   that no other candidate leads while requests it sent may still land.
+/// - **What can still land after a loss**: a request that stopped work had
+///   already sent. The protocol leaves lease duration − renew deadline for
+///   it; writes that must never land late carry the fencing token (see the
+///   crate docs, *Fencing*).
 pub struct TermTasks<T> {
     term: Arc<Term>,
     wake: Arc<Notify>,
