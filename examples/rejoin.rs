@@ -30,6 +30,9 @@ async fn main() -> anyhow::Result<()> {
             futures::stream::repeat(())
                 .then(|()| tokio::time::sleep(Duration::from_secs(1)))
                 .inspect(move |()| info!(term = this_term, "working"))
+                // The work ends when the shutdown begins, so that it counts
+                // as finished (not stopped) and the Lease is released.
+                .take_until(elector.shutdown_requested())
         })
         .await;
     info!(?ended, "left the election");

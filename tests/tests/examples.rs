@@ -1,0 +1,136 @@
+//! Every long-running example's SIGTERM path, against a real kube-apiserver
+//! and etcd: the example leads, is sent SIGTERM, exits successfully within
+//! its shutdown budget, and has released the Lease by the time it exits (it
+//! awaits its handover instead of exiting while the release is in flight).
+//!
+//! The examples run one at a time, each in a namespace of its own, with short
+//! timings (2 s lease duration); each waits one lease duration after creating
+//! its Lease (the creation hold), as in production.
+
+use std::{process::Stdio, time::Duration};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+use kube_runtime_lease_harness::{
+    Sig,
+    cargo::{Target, build},
+    send_signal, shared_env,
+};
+use tokio::{
+    process::Command,
+    time::{Instant, sleep, timeout},
+};
+
+/// The examples that run until SIGTERM (`sharded` has its own process tests).
+const EXAMPLES: &[&str] = &[
+    "controller",
+    "two_controllers",
+    "warm_standby",
+    "rejoin",
+    "sigterm_handover",
+    "stream",
+    "fenced_write",
+];
+
+/// The grace the examples give `shutdown` (the longest: 20 s).
+const GRACE: Duration = Duration::from_secs(20);
+
+async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
+    Ok(leases
+        .get_opt("ex")
+        .await?
+        .and_then(|l| l.spec)
+        .and_then(|s| s.holder_identity))
+}
+
+async fn sigterm_path(example: &str) -> Result<()> {
+    let env = shared_env().await?;
+    let bin = tokio::task::spawn_blocking({
+        let example = example.to_owned();
+        move || build("kube-runtime-lease-examples", Target::Example(&example), false)
+    })
+    .await??;
+    let ns = env
+        .new_namespace(&format!("ex-{}", example.replace('_', "-")))
+        .await?;
+    let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
+    let dir = tempfile::tempdir()?;
+    let log_path = dir.path().join("example.log");
+    let log = std::fs::File::create(&log_path)?;
+    let mut child = Command::new(&bin)
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .env("LEASE_NAMESPACE", &ns)
+        .env("LEASE_NAME", "ex")
+        .env("IDENTITY", example)
+        .env("POD_NAME", example)
+        .env("LEASE_DURATION", "2")
+        .env("RENEW_DEADLINE", "1.5")
+        .env("RETRY_PERIOD", "0.5")
+        .env("PROBE_ADDR", "127.0.0.1:0")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let output = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // It leads (one lease duration after creating the Lease).
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("{example} exited before leading ({status}):\n{}", output());
+        }
+        // The creation hold has ended (the holder is written at creation).
+        if output().contains("now leading") && holder(&leases).await?.as_deref() == Some(example) {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("{example} did not lead within 30 s:\n{}", output());
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    // Let its work start (a Controller lists, a stream makes its first item).
+    sleep(Duration::from_secs(1)).await;
+    send_signal(child.id().context("no pid")?, Sig::Term)?;
+    let signalled = Instant::now();
+    let bound = GRACE + Duration::from_secs(10);
+    let status = timeout(bound, child.wait()).await.with_context(|| {
+        format!(
+            "{example} did not exit within {bound:?} of SIGTERM:\n{}",
+            output()
+        )
+    })??;
+    ensure!(
+        status.success(),
+        "{example} exited with {status} after SIGTERM:\n{}",
+        output()
+    );
+    // Nothing was in flight: the handover is quick, and the release landed
+    // before the process exited.
+    ensure!(
+        signalled.elapsed() < Duration::from_secs(7),
+        "{example} took {:?} to hand over",
+        signalled.elapsed()
+    );
+    let after = holder(&leases).await?;
+    ensure!(
+        after.as_deref() == Some(""),
+        "{example} exited without releasing the Lease (holder {after:?}):\n{}",
+        output()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_hands_over_on_sigterm_and_exits_after_the_release() -> Result<()> {
+    let mut failed = Vec::new();
+    for example in EXAMPLES {
+        if let Err(e) = sigterm_path(example).await {
+            failed.push(format!("{example}: {e:#}"));
+        }
+    }
+    ensure!(failed.is_empty(), "{}", failed.join("\n\n"));
+    Ok(())
+}
