@@ -1,7 +1,10 @@
 //! Kubernetes probes for a replica that campaigns: `/livez` (the elector's
 //! [`health_check`](LeaderElector::health_check), client-go's healthz
 //! watchdog: fails when this replica believes it leads but its renewals are
-//! overdue, so that the kubelet restarts a stuck leader) and `/readyz`
+//! overdue, so that the kubelet restarts a stuck leader; and its
+//! [`contact_check`](LeaderElector::contact_check): fails when a replica
+//! taking part in the election, standby or leader, has heard nothing from the
+//! API server for [`API_SILENCE_LIMIT`]) and `/readyz`
 //! (ready always, or only while leading: see [`Readiness`]), served with
 //! axum. The example Deployment (`deploy/deployment.yaml`) wires both.
 
@@ -13,6 +16,12 @@ use tokio::net::TcpListener;
 
 /// client-go's default tolerance of its healthz watchdog.
 pub const LIVENESS_TOLERANCE: Duration = Duration::from_secs(20);
+
+/// How long a replica taking part in the election may go without an answer
+/// from the API server before `/livez` fails (a standby whose connection has
+/// gone bad is restarted): long enough to ride out an API server outage
+/// without restarting every replica at once.
+pub const API_SILENCE_LIMIT: Duration = Duration::from_secs(300);
 
 /// When `/readyz` says ready.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,7 +70,10 @@ pub async fn serve(
 }
 
 async fn livez(State((elector, _)): State<(LeaderElector, Readiness)>) -> (StatusCode, String) {
-    match elector.health_check(LIVENESS_TOLERANCE) {
+    let healthy = elector
+        .health_check(LIVENESS_TOLERANCE)
+        .and_then(|()| elector.contact_check(API_SILENCE_LIMIT));
+    match healthy {
         Ok(()) => (StatusCode::OK, "ok\n".into()),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
     }

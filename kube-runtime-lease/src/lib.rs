@@ -64,7 +64,10 @@
 //! - [`LeaseConfig::enabled`]`(false)` is the off switch (a
 //!   `--leader-elect=false`): the same types, always leading, no API call.
 //! - [`LeaderElector::status`], [`subscribe`](LeaderElector::subscribe) and
-//!   [`health_check`](LeaderElector::health_check) show who leads.
+//!   [`health_check`](LeaderElector::health_check) show who leads;
+//!   [`contact_check`](LeaderElector::contact_check) lets a liveness probe
+//!   see a standby (or leader) that has not heard from the API server for
+//!   longer than a limit you set.
 //!   <!-- upstream: omit -->
 //!   The repository's `examples/probes.rs` serves them as `/readyz` and
 //!   `/livez` probes.

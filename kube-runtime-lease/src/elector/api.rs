@@ -1,12 +1,14 @@
 //! All of the election's Lease API I/O, in one small type: `get`, `create`,
 //! `replace` (each bounded by the time its caller has left) and the watch.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, Client, api::PostParams};
 use kube_runtime::{WatchStreamExt, watcher};
+use parking_lot::Mutex;
+use tokio::time::Instant;
 
 use super::task::WatchStream;
 use crate::error::{ApiError, Result};
@@ -15,6 +17,31 @@ use crate::error::{ApiError, Result};
 pub(super) struct LeaseApi {
     api: Api<Lease>,
     name: String,
+    contact: Arc<Contact>,
+}
+
+/// When the API server last answered (see [`LeaderElector::contact_check`](crate::LeaderElector::contact_check)),
+/// and when the running election task started.
+#[derive(Default)]
+pub(super) struct Contact(Mutex<(Option<Instant>, Option<Instant>)>);
+
+impl Contact {
+    /// The API server answered now.
+    fn answered(&self) {
+        self.0.lock().0 = Some(Instant::now());
+    }
+
+    /// An election task starts talking to the API server now.
+    pub(super) fn task_started(&self) {
+        self.0.lock().1 = Some(Instant::now());
+    }
+
+    /// How long since the API server last answered, counted from the start
+    /// of the running task at the earliest.
+    pub(super) fn silence(&self) -> Duration {
+        let (answered, started) = *self.0.lock();
+        answered.max(started).map_or(Duration::ZERO, |t| t.elapsed())
+    }
 }
 
 impl LeaseApi {
@@ -22,7 +49,24 @@ impl LeaseApi {
         LeaseApi {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
+            contact: Arc::default(),
         }
+    }
+
+    pub(super) fn contact(&self) -> &Contact {
+        &self.contact
+    }
+
+    /// Notes an answer of the API server's own: an object, or a `Status`
+    /// below 500 (a 5xx may come from a proxy in front of it, and a timeout
+    /// or a connection error is no answer).
+    fn note<T>(&self, result: Result<T>) -> Result<T> {
+        match &result {
+            Ok(_) => self.contact.answered(),
+            Err(e) if e.status().is_some_and(|s| s < 500) => self.contact.answered(),
+            Err(_) => {}
+        }
+        result
     }
 
     /// The client the Lease API calls use.
@@ -51,7 +95,7 @@ impl LeaseApi {
             timeout("get", bound),
         )
         .await;
-        match read {
+        match self.note(read) {
             Err(e) if e.is_gone(&self.name) => Ok(None),
             read => read.map(Some),
         }
@@ -60,31 +104,42 @@ impl LeaseApi {
     /// Creates the Lease (`create` has no precondition: it fails with a
     /// conflict, 409, if the object exists).
     pub(super) async fn create(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
-        bounded(
+        let created = bounded(
             bound,
             self.api.create(&PostParams::default(), lease),
             ApiError::Create,
             timeout("create", bound),
         )
-        .await
+        .await;
+        self.note(created)
     }
 
     /// Replaces the Lease, with the resourceVersion `lease` carries as the
     /// precondition: a lost race is a conflict, never a silent overwrite.
     pub(super) async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
-        bounded(
+        let replaced = bounded(
             bound,
             self.api.replace(&self.name, &PostParams::default(), lease),
             ApiError::Replace,
             timeout("update", bound),
         )
-        .await
+        .await;
+        self.note(replaced)
     }
 
     /// Watches the Lease (lazy: no request before it is first polled).
     pub(super) fn watch(&self) -> WatchStream {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
-        watcher(self.api.clone(), config).default_backoff().boxed()
+        let contact = self.contact.clone();
+        watcher(self.api.clone(), config)
+            .default_backoff()
+            .inspect(move |event| {
+                // `Init` is the watcher's own, before it lists: no answer.
+                if matches!(event, Ok(e) if !matches!(e, watcher::Event::Init)) {
+                    contact.answered();
+                }
+            })
+            .boxed()
     }
 }
 

@@ -49,6 +49,19 @@ pub enum HealthError {
         /// The lease duration plus the tolerance.
         limit: Duration,
     },
+    /// This candidate campaigns (or leads), but the API server has not
+    /// answered it for longer than the limit given to
+    /// [`LeaderElector::contact_check`].
+    #[error(
+        "leader election: no answer from the API server for {since:?}, more than {limit:?}: this replica can neither lead nor see who does"
+    )]
+    ApiSilent {
+        /// Time since the API server last answered (or since the election
+        /// task started, if it never has).
+        since: Duration,
+        /// The limit given.
+        limit: Duration,
+    },
 }
 
 impl LeaderElector {
@@ -99,6 +112,40 @@ impl LeaderElector {
         let limit = self.inner.config.lease_duration.saturating_add(tolerance);
         if since > limit {
             return Err(HealthError::RenewalOverdue { since, limit });
+        }
+        Ok(())
+    }
+}
+
+impl LeaderElector {
+    /// The standby's health check, for a liveness probe: fails when this
+    /// candidate takes part in the election (it campaigns or leads) but the
+    /// API server has not answered it for longer than `max_silence` (no read,
+    /// write or watch event answered by the API server itself; a timeout, a
+    /// connection error or a 5xx is no answer). Healthy when nobody wants
+    /// leadership (no election task runs), and with the election switched
+    /// off.
+    ///
+    /// [`health_check`](Self::health_check) fails only for a leader whose
+    /// renewals are overdue; a standby that has lost its way to the API
+    /// server (a connection pool or DNS cache gone bad) looks healthy to it,
+    /// and never takes over. Restarting it helps only if the API server is
+    /// up for others, so choose `max_silence` well above an API server
+    /// outage you would ride out (minutes, not seconds): every replica would
+    /// otherwise restart together. Serve both from `/livez`.
+    ///
+    /// # Errors
+    /// [`HealthError::ApiSilent`] as above.
+    pub fn contact_check(&self, max_silence: Duration) -> Result<(), HealthError> {
+        if !self.inner.config.enabled || self.inner.lock().slot.is_none() {
+            return Ok(());
+        }
+        let since = self.inner.api.contact().silence();
+        if since > max_silence {
+            return Err(HealthError::ApiSilent {
+                since,
+                limit: max_silence,
+            });
         }
         Ok(())
     }

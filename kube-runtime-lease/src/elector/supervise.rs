@@ -119,6 +119,7 @@ async fn run(mut task: Task) -> Result<()> {
         freed.await;
     }
     debug!("election task started");
+    inner.api.contact().task_started();
     // The wake-up stored by the `acquire` that spawned this task: the loops
     // re-count demand before they wait anyway.
     let _ = inner.wake.notified().now_or_never();

@@ -1,6 +1,7 @@
 //! Election tests on the in-memory Lease API double, with paused tokio time.
 
 mod campaign;
+mod contact;
 #[cfg(feature = "coordinated")]
 mod coordinated;
 #[cfg(feature = "events")]
