@@ -146,6 +146,12 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
     })
 }
 
+/// The grace the examples give `shutdown` for reconciles in flight. The pod's
+/// `terminationGracePeriodSeconds` (`deploy/`) covers
+/// `LeaseConfig::shutdown_budget(SHUTDOWN_GRACE)`; `tests/tests/manifests.rs`
+/// checks it.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
 /// Resolves on SIGTERM or Ctrl+C.
 ///
 /// # Panics

@@ -28,7 +28,7 @@ use kube::{
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
 use kube_runtime_lease_examples::{
-    client, error_policy, init_tracing, lease_config,
+    SHUTDOWN_GRACE, client, error_policy, init_tracing, lease_config,
     probes::{self, Readiness},
     shutdown_signal,
 };
@@ -79,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
     let handover = tokio::spawn(async move {
         shutdown_signal().await;
         info!("SIGTERM: handing over");
-        on_signal.shutdown(Duration::from_secs(20)).await
+        on_signal.shutdown(SHUTDOWN_GRACE).await
     });
 
     // WARM=1: warm standby, the watch and its store run on every replica.

@@ -22,7 +22,9 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::shard::{ShardConfig, ShardedElector, current_shard};
-use kube_runtime_lease_examples::{client, error_policy, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{
+    SHUTDOWN_GRACE, client, error_policy, init_tracing, lease_config, shutdown_signal,
+};
 use tracing::info;
 
 async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Error> {
@@ -63,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
     let handover = tokio::spawn(async move {
         shutdown_signal().await;
         info!("SIGTERM: handing the shards over");
-        on_signal.shutdown(Duration::from_secs(20)).await;
+        on_signal.shutdown(SHUTDOWN_GRACE).await;
     });
 
     let controller = Controller::new(Api::<ConfigMap>::all(client), watcher::Config::default());

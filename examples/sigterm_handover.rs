@@ -1,11 +1,15 @@
-//! SIGTERM handover, step by step, each step bounded so that the whole fits a
-//! pod's `terminationGracePeriodSeconds` (30 s by default):
+//! SIGTERM handover, step by step, each step bounded so that the whole fits
+//! `LeaseConfig::shutdown_budget(GRACE)`, the figure for the pod's
+//! `terminationGracePeriodSeconds` (47 s here; Kubernetes' default, 30 s, is
+//! too short for it: `deploy/` sets 60 s):
 //!
 //! 1. SIGTERM arrives: `shutdown` stops campaigning and signals the controller
 //!    (through `graceful_shutdown_on`) to take no new work;
 //! 2. reconciles in flight finish, for up to `GRACE` (20 s);
 //! 3. what still runs is aborted, and the Lease is released (bounded by the
-//!    release timeout, 5 s), so that a standby takes over at once;
+//!    release timeout, 5 s), so that a standby takes over at once; a campaign
+//!    whose requests were in flight when SIGTERM came is waited for too (two
+//!    requests, each bounded by the renew deadline);
 //! 4. the process exits.
 //!
 //! ```sh
@@ -21,10 +25,10 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{
+    SHUTDOWN_GRACE as GRACE, client, init_tracing, lease_config, shutdown_signal,
+};
 use tracing::info;
-
-const GRACE: Duration = Duration::from_secs(20);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

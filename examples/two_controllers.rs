@@ -15,7 +15,7 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{SHUTDOWN_GRACE, client, init_tracing, lease_config, shutdown_signal};
 use tracing::info;
 
 #[tokio::main]
@@ -28,7 +28,7 @@ async fn main() -> anyhow::Result<()> {
     let on_signal = elector.clone();
     let handover = tokio::spawn(async move {
         shutdown_signal().await;
-        on_signal.shutdown(Duration::from_secs(20)).await
+        on_signal.shutdown(SHUTDOWN_GRACE).await
     });
 
     // Both controllers run while this replica leads, and are built again for

@@ -27,7 +27,7 @@ use kube::{
     },
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{SHUTDOWN_GRACE, client, init_tracing, lease_config, shutdown_signal};
 use tracing::info;
 
 struct Ctx {
@@ -54,7 +54,7 @@ async fn main() -> anyhow::Result<()> {
     let on_signal = elector.clone();
     let handover = tokio::spawn(async move {
         shutdown_signal().await;
-        on_signal.shutdown(Duration::from_secs(20)).await
+        on_signal.shutdown(SHUTDOWN_GRACE).await
     });
 
     // The controller's own watch runs on every replica too; leadership gates

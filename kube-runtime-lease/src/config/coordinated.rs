@@ -1,7 +1,14 @@
 //! [`Coordinated`]: the settings of Coordinated Leader Election (KEP-4355),
 //! behind the `coordinated` feature.
 
+use std::time::Duration;
+
 use crate::config::LeaseConfig;
+
+/// The bound of each request about the `LeaseCandidate` (its deletion when
+/// the election task ends among them: part of
+/// [`LeaseConfig::shutdown_budget`]).
+pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 
 /// Coordinated Leader Election: the API server picks the leader among the
 /// candidates that publish a `coordination.k8s.io/v1beta1` `LeaseCandidate`

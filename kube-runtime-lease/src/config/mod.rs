@@ -208,6 +208,50 @@ impl LeaseConfig {
         self
     }
 
+    /// The longest [`LeaderElector::shutdown`](crate::LeaderElector::shutdown)`(grace)`
+    /// can take with these settings: what a pod's
+    /// `terminationGracePeriodSeconds` must cover (with a margin for what
+    /// the process does before and after it).
+    ///
+    /// It is the sum of what `shutdown` waits for, each step bounded:
+    /// 1. `grace`, for the guarded work to finish;
+    /// 2. a campaign attempt in flight when the shutdown began: a read and a
+    ///    write (a write answered with a conflict is followed by a read
+    ///    within the same bound), each bounded by the renew deadline; or a
+    ///    renewal in flight, bounded by less;
+    /// 3. the release, bounded by the release timeout;
+    /// 4. one retry period, for the election task to see the shutdown and end;
+    /// 5. with Coordinated Leader Election, the deletion of the
+    ///    `LeaseCandidate` (10 s at most).
+    ///
+    /// `shutdown` waits exactly this long in all before it reports
+    /// [`ShutdownError::TaskDidNotEnd`](crate::ShutdownError::TaskDidNotEnd).
+    /// With client-go's defaults and a 20 s grace it is 47 s (57 s
+    /// coordinated); Kubernetes' default termination grace is 30 s.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kube_runtime_lease::LeaseConfig;
+    ///
+    /// let config = LeaseConfig::new("default", "my-controller", "pod-a_1f3x");
+    /// assert_eq!(config.shutdown_budget(Duration::from_secs(20)), Duration::from_secs(47));
+    /// ```
+    #[must_use]
+    pub fn shutdown_budget(&self, grace: Duration) -> Duration {
+        let campaign = self.renew_deadline.saturating_mul(2);
+        let budget = grace
+            .saturating_add(campaign)
+            .saturating_add(self.release_timeout)
+            .saturating_add(self.retry_period);
+        #[cfg(feature = "coordinated")]
+        let budget = if self.coordinated.is_some() {
+            budget.saturating_add(self::coordinated::REQUEST_BOUND)
+        } else {
+            budget
+        };
+        budget
+    }
+
     /// Whether the election runs (see [`enabled`](Self::enabled)).
     #[must_use]
     pub fn is_enabled(&self) -> bool {

@@ -33,7 +33,7 @@ use crate::{
 /// minutes as a reason to re-elect, and collects it after 30.
 const REFRESH: Duration = Duration::from_secs(300);
 /// The bound of each request.
-const BOUND: Duration = Duration::from_secs(10);
+const BOUND: Duration = crate::config::coordinated::REQUEST_BOUND;
 
 /// A failed request about the `LeaseCandidate`.
 #[derive(Debug)]

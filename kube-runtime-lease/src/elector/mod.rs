@@ -283,10 +283,10 @@ impl LeaderElector {
     ///    either;
     /// 5. wait for the background task to end.
     ///
-    /// Worst case: `grace + release_timeout`, plus the time left on a renewal
-    /// in flight (at most the renew deadline), plus one retry period. A task
-    /// that does not end within that (its runtime is no longer driven) is
-    /// left behind: it can no longer write to the Lease, which expires.
+    /// Worst case: [`LeaseConfig::shutdown_budget`]`(grace)`, which says what
+    /// it adds up; `shutdown` waits no longer. A task that does not end
+    /// within it (its runtime is no longer driven) is left behind: it can no
+    /// longer write to the Lease, which expires.
     ///
     /// # Errors
     /// [`ShutdownError::Release`] if the release failed;
@@ -314,8 +314,8 @@ impl LeaderElector {
             self.inner.not_leading();
         }
         self.inner.wake.notify_one();
-        let cfg = &self.inner.config;
-        let bound = cfg.renew_deadline + cfg.release_timeout + cfg.retry_period;
+        // The budget beyond the grace (already waited, or not needed).
+        let bound = self.inner.config.shutdown_budget(Duration::ZERO);
         let ended = tokio::time::timeout(bound, async {
             let result = join(task).await;
             // A task spawned while this ran (its handle stored after it was
