@@ -83,7 +83,6 @@ async fn main() -> anyhow::Result<()> {
         });
     }
     let config = lease_config("candidate")?;
-    let identity = config.identity().to_owned();
     if std::env::var("CANDIDATE_MODE").is_ok_and(|m| m == "sharded") {
         return sharded::run(config).await;
     }
@@ -94,6 +93,9 @@ async fn main() -> anyhow::Result<()> {
             .unwrap_or(50),
     );
     let elector = LeaderElector::new(client().await?, config)?;
+    // The identity it campaigns with (with Coordinated Leader Election, its
+    // LeaseCandidate's name: `<identity>.<lease>`), as the Lease names it.
+    let identity = elector.config().identity().to_owned();
 
     let mut status = elector.subscribe();
     tokio::spawn(async move {

@@ -123,7 +123,7 @@ async fn the_api_server_elects_the_oldest_emulation_version_and_hands_over_at_th
         campaign(newer.clone(), terms.clone()),
         campaign(older.clone(), terms.clone()),
     ];
-    wait_leader(&leases, &older, "older", Duration::from_secs(60))
+    wait_leader(&leases, &older, "older.lease", Duration::from_secs(60))
         .await
         .context("the API server elects the older emulation version")?;
     ensure!(
@@ -138,30 +138,34 @@ async fn the_api_server_elects_the_oldest_emulation_version_and_hands_over_at_th
         .filter_map(|c| c.metadata.name.clone())
         .collect();
     names.sort();
-    ensure!(names == ["newer", "older"], "LeaseCandidates: {names:?}");
+    // Named `<identity>.<lease>`: the API server's holder when elected.
+    ensure!(
+        names == ["newer.lease", "older.lease"],
+        "LeaseCandidates: {names:?}"
+    );
     for c in &published.items {
         ensure!(c.data["spec"]["leaseName"] == "lease", "{c:?}");
     }
     // It stays with the older one.
     sleep(Duration::from_secs(6)).await;
-    wait_leader(&leases, &older, "older", Duration::from_secs(1)).await?;
+    wait_leader(&leases, &older, "older.lease", Duration::from_secs(1)).await?;
     ensure!(!newer.is_leader(), "the newer candidate leads too");
 
     // An even older one joins: leadership moves to it at the end of the term.
     let oldest = LeaderElector::new(env.client().await?, config(&ns, "oldest", "1.35.0"))?;
     let mut tasks = tasks;
     tasks.push(campaign(oldest.clone(), terms.clone()));
-    wait_leader(&leases, &oldest, "oldest", Duration::from_secs(60))
+    wait_leader(&leases, &oldest, "oldest.lease", Duration::from_secs(60))
         .await
         .context("leadership moves to the oldest emulation version")?;
     ensure!(!older.is_leader() && !newer.is_leader(), "two leaders");
     {
         let terms = terms.lock().expect("lock");
         ensure!(
-            terms.iter().any(|(who, _, _, lost)| who == "older"
+            terms.iter().any(|(who, _, _, lost)| who == "older.lease"
                 && *lost
                     == Some(Lost::SteppedDown {
-                        preferred_holder: "oldest".to_owned()
+                        preferred_holder: "oldest.lease".to_owned()
                     })),
             "the older candidate stepped down for the oldest: {terms:?}"
         );
@@ -170,7 +174,7 @@ async fn the_api_server_elects_the_oldest_emulation_version_and_hands_over_at_th
     // The API server pinged the candidates that had not renewed for 5 s
     // before it elected again; each answered (renewTime at or after pingTime).
     let mut pinged = 0;
-    for name in ["newer", "older"] {
+    for name in ["newer.lease", "older.lease"] {
         let c = candidates.get(name).await?;
         let time = |f: &str| c.data["spec"][f].as_str().map(str::to_owned);
         if let Some(ping) = time("pingTime") {
@@ -306,7 +310,11 @@ async fn without_the_feature_gate_the_ordinary_election_runs_after_one_warning()
         "{holder:?}"
     );
     // A handover on shutdown, as in the ordinary election.
-    let other = if leader.config().identity() == "a" { &b } else { &a };
+    let other = if leader.config().identity() == "a.lease" {
+        &b
+    } else {
+        &a
+    };
     leader.shutdown(Duration::from_secs(5)).await?;
     wait_leader(&leases, other, other.config().identity(), Duration::from_secs(30)).await?;
     other.shutdown(Duration::from_secs(5)).await?;
@@ -320,5 +328,90 @@ async fn without_the_feature_gate_the_ordinary_election_runs_after_one_warning()
         warnings == 2,
         "one fallback warning per elector, {warnings} seen:\n{text}"
     );
+    Ok(())
+}
+
+/// One process, one identity, two coordinated Leases (two controllers under
+/// one `unique_identity()`): each Lease gets a `LeaseCandidate` of its own
+/// (`<identity>.<lease>`), the API server elects the candidate on both, and
+/// shutting one elector down deletes only its own candidate.
+#[tokio::test]
+async fn one_identity_on_two_coordinated_leases_leads_both() -> Result<()> {
+    let env = shared_env().await?;
+    let ns = env.new_namespace("cle-two").await?;
+    let admin = env.client().await?;
+    let leases = Api::<Lease>::namespaced(admin.clone(), &ns);
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("coordination.k8s.io", "v1beta1", "LeaseCandidate"),
+        "leasecandidates",
+    );
+    let candidates = Api::<DynamicObject>::namespaced_with(admin, &ns, &resource);
+    let with_lease = |name: &str| {
+        LeaseConfig::new(&ns, name, "pod-0_same")
+            .lease_duration(Duration::from_secs(4))
+            .renew_deadline(Duration::from_secs(3))
+            .retry_period(Duration::from_millis(500))
+            .coordinated(Coordinated::new("1.37.0").emulation_version("1.36.0"))
+    };
+    let a = LeaderElector::new(env.client().await?, with_lease("lease-a"))?;
+    let b = LeaderElector::new(env.client().await?, with_lease("lease-b"))?;
+    let terms: Terms = Arc::default();
+    let tasks = [
+        campaign(a.clone(), terms.clone()),
+        campaign(b.clone(), terms.clone()),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !(a.is_leader() && b.is_leader()) {
+        ensure!(
+            Instant::now() < deadline,
+            "not both elected within 60 s: a {:?}, b {:?}",
+            a.status(),
+            b.status()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(
+        a.status().coordinated && b.status().coordinated,
+        "coordinated mode in force"
+    );
+    for (lease, holder) in [
+        ("lease-a", "pod-0_same.lease-a"),
+        ("lease-b", "pod-0_same.lease-b"),
+    ] {
+        let spec = leases.get(lease).await?.spec.context("spec")?;
+        ensure!(
+            spec.holder_identity.as_deref() == Some(holder),
+            "{lease}: {spec:?}"
+        );
+    }
+    let mut names: Vec<_> = candidates
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    names.sort();
+    ensure!(
+        names == ["pod-0_same.lease-a", "pod-0_same.lease-b"],
+        "one LeaseCandidate per Lease: {names:?}"
+    );
+    a.shutdown(Duration::from_secs(5)).await?;
+    let left: Vec<_> = candidates
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    ensure!(
+        left == ["pod-0_same.lease-b"],
+        "only a's candidate deleted: {left:?}"
+    );
+    ensure!(b.is_leader(), "b lost its Lease when a shut down");
+    b.shutdown(Duration::from_secs(5)).await?;
+    for t in tasks {
+        timeout(Duration::from_secs(10), t).await??;
+    }
     Ok(())
 }

@@ -16,8 +16,27 @@ pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 ///
 /// With [`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), the
 /// elector:
-/// - publishes a `LeaseCandidate` named after its identity, in the Lease's
-///   namespace, for the Lease, and answers the API server's pings
+/// - campaigns as `<identity>.<lease>` (what
+///   [`LeaderElector::config`](crate::LeaderElector::config) then shows), the
+///   name of the `LeaseCandidate` it publishes in the Lease's namespace for
+///   the Lease: the API server writes the elected candidate's name as the
+///   holder, so the name must be the identity, and with the Lease in it a
+///   process with one identity and several Leases (two controllers under one
+///   `unique_identity()`) has one candidate per Lease. (client-go's
+///   components name theirs after the identity alone, with one Lease per
+///   process.) A name over 253 characters is cut and given a stable hash. An
+///   object of that name for another Lease (another process with the same
+///   identity) is never adopted or deleted, and the candidate deletes only
+///   the object it published;
+/// - where the API server answers the `LeaseCandidate`'s creation 404 (the
+///   `CoordinatedLeaderElection` feature gate is off, or the API server is
+///   still starting, or one of an HA pair is older), runs the ordinary
+///   election at once, with one warning, and publishes again with backoff
+///   (10 s doubling to 5 min, across election tasks); once it is served,
+///   the API server's election is in force from the next campaign, and a
+///   term won by the ordinary election is renewed until the API server marks
+///   its end (`preferredHolder`) or it is otherwise lost;
+/// - answers the API server's pings
 ///   (`spec.pingTime` newer than `spec.renewTime`) at once, from a watch of
 ///   that one object; it also refreshes `renewTime` every five minutes, as
 ///   client-go's candidate does;
@@ -150,7 +169,7 @@ impl Coordinated {
                 "must be OldestEmulationVersion or a qualified name (example.com/name)",
             ));
         }
-        // The LeaseCandidate is named after the identity: a ConfigMap key.
+        // The LeaseCandidate is named `<identity>.<lease>`: a ConfigMap key.
         if identity.len() > 253
             || identity == "."
             || identity == ".."

@@ -15,7 +15,7 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube_client::{
     Api, Client,
-    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams},
+    api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams, Preconditions},
 };
 use kube_runtime::{WatchStreamExt, watcher};
 use serde_json::json;
@@ -35,18 +35,38 @@ const REFRESH: Duration = Duration::from_secs(300);
 /// The bound of each request.
 const BOUND: Duration = crate::config::coordinated::REQUEST_BOUND;
 
+/// The first wait before a `LeaseCandidate` whose creation was answered 404
+/// is published again; each 404 in a row doubles it, up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_secs(10);
+/// The longest wait before publishing again after a 404.
+const RETRY_MAX: Duration = Duration::from_secs(300);
+/// How many times one publication goes round create, read, replace when the
+/// object keeps changing under it (created or deleted by someone else).
+const PUBLISH_ROUNDS: usize = 3;
+
 /// A failed request about the `LeaseCandidate`.
 #[derive(Debug)]
 enum CallError {
     Api(kube_client::Error),
     Timeout,
+    /// Its creation was answered 404: the API server does not serve
+    /// `coordination.k8s.io/v1beta1` `LeaseCandidate` (the feature gate is
+    /// off, or it is still starting, or one of an HA pair is older).
+    NotServed(kube_client::Error),
+    /// An object of our name names another Lease (another process campaigns
+    /// with our identity for it): not ours to take over.
+    NotOurs {
+        lease: String,
+    },
+    /// The object kept changing under the publication.
+    Raced,
 }
 
 impl CallError {
     fn status(&self) -> Option<u16> {
         match self {
-            CallError::Api(e) => crate::error::status_of(e),
-            CallError::Timeout => None,
+            CallError::Api(e) | CallError::NotServed(e) => crate::error::status_of(e),
+            CallError::Timeout | CallError::NotOurs { .. } | CallError::Raced => None,
         }
     }
 }
@@ -54,8 +74,17 @@ impl CallError {
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CallError::Api(e) => write!(f, "{}", Chain(e)),
+            CallError::Api(e) | CallError::NotServed(e) => write!(f, "{}", Chain(e)),
             CallError::Timeout => write!(f, "no answer within {BOUND:?}"),
+            CallError::NotOurs { lease } => write!(
+                f,
+                "a LeaseCandidate named after this identity exists for the Lease {lease:?} (another process has \
+                 this identity): left alone; each coordinated Lease needs an identity of its own"
+            ),
+            CallError::Raced => write!(
+                f,
+                "the LeaseCandidate was created or deleted by someone else {PUBLISH_ROUNDS} times during its publication"
+            ),
         }
     }
 }
@@ -67,15 +96,16 @@ async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result
 /// Runs `elect` (a task campaigning and leading) with this elector's
 /// `LeaseCandidate` published, for as long as `elect` runs, and deletes the
 /// candidate before returning. The `LeaseCandidate` lives as long as the task
-/// campaigns or leads. After a fallback (the API server does not serve
-/// `LeaseCandidate`), later tasks do not ask again: one warning per elector.
+/// campaigns or leads. After a fallback (the API server answered 404: it does
+/// not serve `LeaseCandidate`, or not yet), the ordinary election runs and
+/// the `LeaseCandidate` is published again with backoff (10 s doubling to
+/// 5 min, across tasks), with one warning; once the API server serves it,
+/// Coordinated Leader Election is in force from the next campaign attempt.
 pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output = T>) -> T {
-    let fell_back = inner.lock().election == super::Election::Ordinary;
     let lease_candidate = inner
         .config
         .coordinated
         .as_ref()
-        .filter(|_| !fell_back)
         .map(|c| LeaseCandidate::new(inner.api.client(), &inner.config, c));
     let keep_published = async {
         match &lease_candidate {
@@ -87,7 +117,7 @@ pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output 
         result = elect.fuse() => result,
         () = keep_published.fuse() => unreachable!("the LeaseCandidate is kept until the task ends"),
     };
-    // Only a published LeaseCandidate is deleted (none was, after a fallback).
+    // Only a published LeaseCandidate is deleted (none is, after a fallback).
     if let Some(lease_candidate) = &lease_candidate
         && inner.lock().election == super::Election::Coordinated
     {
@@ -104,6 +134,9 @@ pub(super) struct LeaseCandidate {
     namespace: String,
     lease: String,
     settings: Coordinated,
+    /// The uid of the object this task published (created or adopted): the
+    /// only one it deletes.
+    uid: parking_lot::Mutex<Option<String>>,
 }
 
 impl LeaseCandidate {
@@ -119,7 +152,13 @@ impl LeaseCandidate {
             namespace: config.namespace.clone(),
             lease: config.name.clone(),
             settings: settings.clone(),
+            uid: parking_lot::Mutex::new(None),
         }
+    }
+
+    /// Remembers the object published, for its deletion.
+    fn published(&self, object: &DynamicObject) {
+        (*self.uid.lock()).clone_from(&object.metadata.uid);
     }
 
     /// The object to create: our settings, renewed now.
@@ -142,21 +181,45 @@ impl LeaseCandidate {
     pub(super) async fn run(&self, inner: &Inner) {
         let mut backoff = None;
         loop {
+            // After a fallback, the next try is at its time, whichever task.
+            let fell_back = match inner.lock().election {
+                super::Election::FellBack { retry_at, delay } => Some((retry_at, delay)),
+                _ => None,
+            };
+            if let Some((retry_at, _)) = fell_back {
+                tokio::time::sleep_until(retry_at).await;
+            }
             match self.publish().await {
                 Ok(()) => {
-                    info!(lease_candidate = %self.name, "coordinated leader election: LeaseCandidate published");
-                    inner.set_coordinated(true);
+                    if fell_back.is_some() {
+                        info!(
+                            lease_candidate = %self.name,
+                            "coordinated leader election: the API server serves LeaseCandidate now: published; \
+                             the API server's election is in force from the next campaign"
+                        );
+                    } else {
+                        info!(lease_candidate = %self.name, "coordinated leader election: LeaseCandidate published");
+                    }
+                    inner.set_election(super::Election::Coordinated);
                     break;
                 }
-                Err(e) if e.status() == Some(404) => {
-                    warn!(
-                        error = %e,
-                        "coordinated leader election: the API server does not serve coordination.k8s.io/v1beta1 \
-                         LeaseCandidate (the CoordinatedLeaderElection feature gate is off): falling back to the \
-                         ordinary election"
-                    );
-                    inner.set_coordinated(false);
-                    return pending().await;
+                Err(e @ CallError::NotServed(_)) => {
+                    let delay = fell_back.map_or(RETRY_MIN, |(_, last)| (last * 2).min(RETRY_MAX));
+                    if fell_back.is_none() {
+                        warn!(
+                            error = %e,
+                            retry_in = ?delay,
+                            "coordinated leader election: the API server does not serve coordination.k8s.io/v1beta1 \
+                             LeaseCandidate (the CoordinatedLeaderElection feature gate is off, or it is still \
+                             starting): falling back to the ordinary election, and publishing again with backoff"
+                        );
+                    } else {
+                        debug!(error = %e, retry_in = ?delay, "coordinated leader election: LeaseCandidate still not served");
+                    }
+                    inner.set_election(super::Election::FellBack {
+                        retry_at: tokio::time::Instant::now() + delay,
+                        delay,
+                    });
                 }
                 Err(e) => {
                     let delay = backoff
@@ -216,30 +279,55 @@ impl LeaseCandidate {
     }
 
     /// Creates the `LeaseCandidate`, or renews the one that exists (ours from an
-    /// earlier task or process: same name, same Lease).
+    /// earlier task or process: same name, same Lease). An object of our
+    /// name for another Lease is not ours: it is left alone. An object
+    /// created or deleted by someone else meanwhile sends the publication
+    /// round again, a few times.
     async fn publish(&self) -> Result<(), CallError> {
-        match bounded(self.api.create(&PostParams::default(), &self.object())).await {
-            Ok(_) => Ok(()),
-            Err(e) if e.status() == Some(409) => match bounded(self.api.get_opt(&self.name)).await? {
-                Some(mut existing) => {
-                    // Ours now: our settings (an older binary of ours may
-                    // have published other versions), renewed now.
-                    if let Some(spec) = existing.data.get_mut("spec").and_then(|s| s.as_object_mut()) {
-                        spec.insert("binaryVersion".into(), json!(self.settings.binary_version));
-                        spec.insert("emulationVersion".into(), json!(self.settings.emulation_version));
-                        spec.insert("strategy".into(), json!(self.settings.strategy));
-                    }
-                    set_renewed(&mut existing);
-                    bounded(self.api.replace(&self.name, &PostParams::default(), &existing))
-                        .await
-                        .map(drop)
+        for _ in 0..PUBLISH_ROUNDS {
+            let created = match bounded(self.api.create(&PostParams::default(), &self.object())).await {
+                Err(CallError::Api(e)) if crate::error::status_of(&e) == Some(404) => {
+                    return Err(CallError::NotServed(e));
                 }
-                None => bounded(self.api.create(&PostParams::default(), &self.object()))
-                    .await
-                    .map(drop),
-            },
-            Err(e) => Err(e),
+                created => created,
+            };
+            match created {
+                Ok(object) => {
+                    self.published(&object);
+                    return Ok(());
+                }
+                Err(e) if e.status() == Some(409) => {}
+                Err(e) => return Err(e),
+            }
+            // It exists: ours from an earlier task or process, if it names our Lease.
+            let Some(mut existing) = bounded(self.api.get_opt(&self.name)).await? else {
+                continue; // deleted since: create it again
+            };
+            let lease = existing.data["spec"]["leaseName"].as_str().unwrap_or_default();
+            if lease != self.lease {
+                return Err(CallError::NotOurs {
+                    lease: lease.to_owned(),
+                });
+            }
+            // Ours now: our settings (an older binary of ours may have
+            // published other versions), renewed now.
+            if let Some(spec) = existing.data.get_mut("spec").and_then(|s| s.as_object_mut()) {
+                spec.insert("binaryVersion".into(), json!(self.settings.binary_version));
+                spec.insert("emulationVersion".into(), json!(self.settings.emulation_version));
+                spec.insert("strategy".into(), json!(self.settings.strategy));
+            }
+            set_renewed(&mut existing);
+            match bounded(self.api.replace(&self.name, &PostParams::default(), &existing)).await {
+                Ok(object) => {
+                    self.published(&object);
+                    return Ok(());
+                }
+                // Deleted or changed since the read: round again.
+                Err(e) if matches!(e.status(), Some(404 | 409)) => {}
+                Err(e) => return Err(e),
+            }
         }
+        Err(CallError::Raced)
     }
 
     /// Answers a ping (or refreshes): `renewTime` now, with the
@@ -263,14 +351,54 @@ impl LeaseCandidate {
         }
     }
 
-    /// Deletes the `LeaseCandidate` (the election task ends), bounded.
+    /// Deletes the `LeaseCandidate` this task published (the election task
+    /// ends), bounded: with its uid as the precondition, so that an object of
+    /// the same name published since by another elector is left alone.
     pub(super) async fn delete(&self) {
-        match bounded(self.api.delete(&self.name, &DeleteParams::default())).await {
+        let Some(uid) = self.uid.lock().clone() else {
+            return;
+        };
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match bounded(self.api.delete(&self.name, &params)).await {
+            Err(e) if e.status() == Some(409) => {
+                debug!("coordinated leader election: the LeaseCandidate is another's now: left alone");
+            }
             Ok(_) => debug!("coordinated leader election: LeaseCandidate deleted"),
             Err(e) if e.status() == Some(404) => {}
             Err(e) => warn!(error = %e, "coordinated leader election: deleting the LeaseCandidate failed"),
         }
     }
+}
+
+/// The identity a coordinated candidate campaigns with for the Lease
+/// `lease`, and the name of its `LeaseCandidate`: `<identity>.<lease>`. The
+/// API server writes the elected `LeaseCandidate`'s name as the Lease's
+/// holder, so the name must be the candidate's identity; and so that a
+/// process with one identity and several Leases (two controllers under one
+/// `unique_identity()`) publishes one candidate per Lease, the name carries
+/// the Lease. (client-go's components name theirs after the identity alone,
+/// with one Lease per process.) A name longer than the API allows (253)
+/// keeps its first 236 characters and appends a stable hash of the whole.
+pub(crate) fn candidate_name(identity: &str, lease: &str) -> String {
+    let name = format!("{identity}.{lease}");
+    if name.len() <= 253 {
+        return name;
+    }
+    // FNV-1a: stable across processes and versions (std's hasher is not).
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let mut cut = 236;
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}-{hash:016x}", &name[..cut])
 }
 
 /// Sets `spec.renewTime` to now.

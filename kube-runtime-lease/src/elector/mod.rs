@@ -158,6 +158,15 @@ enum Election {
     Pending,
     /// Coordinated Leader Election in force.
     Coordinated,
+    /// Coordinated Leader Election asked for, but the API server answered
+    /// the `LeaseCandidate`'s creation 404 (it does not serve the API, or
+    /// not yet): the ordinary election runs, and the `LeaseCandidate` is
+    /// published again at `retry_at` (the wait doubling from 10 s to 5 min,
+    /// kept across election tasks).
+    FellBack {
+        retry_at: tokio::time::Instant,
+        delay: Duration,
+    },
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -179,6 +188,15 @@ impl LeaderElector {
     /// The first rule `config` breaks (see [`LeaseConfig::validate`]).
     pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
         config.validate()?;
+        // Coordinated: the identity is the LeaseCandidate's name, one per Lease.
+        #[cfg(feature = "coordinated")]
+        let config = {
+            let mut config = config;
+            if config.coordinated.is_some() {
+                config.identity = lease_candidate::candidate_name(&config.identity, &config.name);
+            }
+            config
+        };
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         let state = State {

@@ -108,7 +108,7 @@ impl Task {
             // The LeaseCandidate's creation is not answered yet.
             Election::Pending => return Ok(Attempt::WaitUntil(now + cfg.retry_period)),
             Election::Coordinated => true,
-            Election::Ordinary => false,
+            Election::Ordinary | Election::FellBack { .. } => false,
         };
         match &self.view {
             // Not read yet (no path leads here after a successful read):

@@ -15,6 +15,9 @@ use crate::{
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
+/// The `LeaseCandidate` of the candidate `me` for the Lease `lease`, and so
+/// the identity it campaigns with (the API server's holder when elected).
+const CANDIDATE: &str = "me.lease";
 
 fn coordinated(identity: &str) -> LeaseConfig {
     config(identity).coordinated(Coordinated::new("1.37.0").emulation_version("1.36.0"))
@@ -41,13 +44,20 @@ fn prefer(fake: &FakeLeaseApi, preferred: &str) {
     fake.put(lease);
 }
 
+/// Where the API server does not serve `LeaseCandidate` (it answers 404:
+/// the feature gate is off, or it is still starting), the ordinary election
+/// runs at once, and the `LeaseCandidate` is published again with backoff
+/// (10 s doubling, across election tasks: never a loop, never given up); once
+/// the API server serves it, Coordinated Leader Election is in force. (Before
+/// issue 33, one 404 was taken as "off" for the life of the process.)
 #[test]
-fn where_lease_candidates_are_not_served_the_ordinary_election_runs() {
+fn where_lease_candidates_are_not_served_the_ordinary_election_runs_until_they_are() {
     paused(async {
-        // The double answers LeaseCandidate requests 404, as an API server
-        // with the feature gate off.
-        let fake = FakeLeaseApi::default();
+        let fake = FakeLeaseApi::default()
+            .serve_lease_candidates()
+            .refuse_lease_candidates(404);
         let (e, _) = elector(&fake, coordinated("me"));
+        let begun = tokio::time::Instant::now();
         let guard = tokio::time::timeout(S(60), e.acquire())
             .await
             .expect("leads by the ordinary election")
@@ -55,32 +65,135 @@ fn where_lease_candidates_are_not_served_the_ordinary_election_runs() {
         assert!(guard.is_valid());
         assert_eq!(
             holder(&fake).as_deref(),
-            Some("me"),
+            Some(CANDIDATE),
             "created and took the Lease itself"
         );
         assert!(!e.status().coordinated, "the fallback is in force");
-        let tried = || {
+        let tries = || -> Vec<Duration> {
             fake.requests()
                 .iter()
-                .filter(|s| s.verb.starts_with("candidate"))
-                .count()
+                .filter(|s| s.verb == "candidate create")
+                .map(|s| s.at - begun)
+                .collect()
         };
+        sleep(S(75)).await;
         assert_eq!(
-            tried(),
-            1,
-            "the LeaseCandidate was tried first: {:?}",
+            tries(),
+            [S(0), S(10), S(30), S(70)],
+            "published again after 10, 20, 40 s: {:?}",
             fake.requests()
         );
-        // A later election task (leadership given up, then wanted again) does
-        // not ask again: one fallback, one warning, per elector.
+        // A later election task (leadership given up, then wanted again)
+        // keeps the backoff: it asks at the time already set, not at once.
         drop(guard);
-        sleep(S(10)).await;
+        sleep(S(5)).await;
         let again = tokio::time::timeout(S(60), e.acquire())
             .await
             .expect("leads again")
             .expect("leads");
         assert!(again.is_valid());
-        assert_eq!(tried(), 1, "asked again: {:?}", fake.requests());
+        assert_eq!(tries().len(), 4, "asked again at once: {:?}", tries());
+        // The API server serves LeaseCandidate now: published at the next try
+        // (70 + 80 s), and the API server's election is in force.
+        fake.set_lease_candidates_refused(None);
+        let switched = tokio::time::timeout(S(120), async {
+            let mut status = e.subscribe();
+            status.wait_for(|s| s.coordinated).await.map(drop)
+        })
+        .await;
+        assert!(switched.is_ok(), "never switched: {:?}", tries());
+        assert_eq!(tries().last(), Some(&S(150)));
+        assert!(fake.lease_candidates().contains_key(CANDIDATE));
+        // The term won by the ordinary election goes on until the API
+        // server marks its end.
+        assert!(again.is_valid());
+    });
+}
+
+/// One process, one identity, two Leases, both coordinated (two
+/// controllers with one `unique_identity()`): each Lease gets a
+/// `LeaseCandidate` of its own, both lead when the API server elects them,
+/// and the end of one elector's task deletes only its own candidate.
+#[test]
+fn several_leases_with_one_identity_each_get_a_lease_candidate_of_their_own() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (a, _) = elector(&fake, coordinated("me"));
+        let (b, _) = elector(
+            &fake,
+            LeaseConfig::new("default", "other-lease", "me")
+                .coordinated(Coordinated::new("1.37.0").emulation_version("1.36.0")),
+        );
+        let mut a_acquire = Box::pin(a.acquire());
+        let mut b_acquire = Box::pin(b.acquire());
+        assert!(tokio::time::timeout(S(5), &mut a_acquire).await.is_err());
+        assert!(tokio::time::timeout(S(1), &mut b_acquire).await.is_err());
+        let candidates = fake.lease_candidates();
+        assert_eq!(
+            candidates.keys().collect::<Vec<_>>(),
+            ["me.lease", "me.other-lease"],
+            "one candidate per Lease"
+        );
+        assert_eq!(candidates["me.lease"]["spec"]["leaseName"], "lease");
+        assert_eq!(candidates["me.other-lease"]["spec"]["leaseName"], "other-lease");
+        // The API server elects `me` on both Leases.
+        assign(&fake, CANDIDATE);
+        let mut other = held_by("me.other-lease", 5);
+        other.metadata.name = Some("other-lease".into());
+        other.spec.as_mut().unwrap().strategy = Some("OldestEmulationVersion".into());
+        fake.put(other);
+        let a_guard = tokio::time::timeout(S(5), a_acquire)
+            .await
+            .expect("a leads")
+            .unwrap();
+        let b_guard = tokio::time::timeout(S(5), b_acquire)
+            .await
+            .expect("b leads")
+            .unwrap();
+        assert!(a_guard.is_valid() && b_guard.is_valid());
+        // One elector ends: its candidate goes, the other's stays.
+        drop(a_guard);
+        a.shutdown(S(1)).await.unwrap();
+        let left = fake.lease_candidates();
+        assert!(!left.contains_key("me.lease"), "{left:?}");
+        assert!(
+            left.contains_key("me.other-lease"),
+            "the other's candidate was deleted"
+        );
+        assert!(b_guard.is_valid());
+    });
+}
+
+/// An object of our candidate's name that names another Lease is not ours:
+/// it is never adopted or deleted, publishing is retried with backoff, and
+/// the elector does not lead (the API server cannot elect it).
+#[test]
+fn a_lease_candidate_of_our_name_for_another_lease_is_left_alone() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        fake.put_lease_candidate(serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1beta1", "kind": "LeaseCandidate",
+            "metadata": { "name": CANDIDATE, "namespace": "default" },
+            "spec": { "leaseName": "someone-elses", "binaryVersion": "1.30.0",
+                      "emulationVersion": "1.30.0", "strategy": "OldestEmulationVersion" },
+        }));
+        let before = fake.lease_candidates()[CANDIDATE].clone();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
+        let creates = fake
+            .requests()
+            .iter()
+            .filter(|s| s.verb == "candidate create")
+            .count();
+        assert!(
+            (2..=10).contains(&creates),
+            "{creates} tries in 60 s: with backoff"
+        );
+        assert_eq!(fake.lease_candidates()[CANDIDATE], before, "left alone");
+        drop(acquire);
+        e.shutdown(S(1)).await.unwrap();
+        assert_eq!(fake.lease_candidates()[CANDIDATE], before, "not deleted");
     });
 }
 
@@ -98,7 +211,9 @@ fn a_coordinated_candidate_never_creates_or_takes_a_lease_and_leads_when_elected
         );
         assert!(e.status().coordinated);
         let candidates = fake.lease_candidates();
-        let published = &candidates.get("me").expect("the LeaseCandidate is published")["spec"];
+        let published = &candidates
+            .get(CANDIDATE)
+            .expect("the LeaseCandidate is published")["spec"];
         assert_eq!(published["leaseName"], "lease");
         assert_eq!(published["binaryVersion"], "1.37.0");
         assert_eq!(published["emulationVersion"], "1.36.0");
@@ -111,13 +226,13 @@ fn a_coordinated_candidate_never_creates_or_takes_a_lease_and_leads_when_elected
         assert_coordinated_waits(&fake, &mut acquire, "other").await;
 
         // The API server elects us: we lead, at once.
-        assign(&fake, "me");
+        assign(&fake, CANDIDATE);
         let guard = tokio::time::timeout(S(1), acquire)
             .await
             .expect("leads when elected")
             .expect("leads");
         let s = spec(&fake);
-        assert_eq!(s.holder_identity.as_deref(), Some("me"));
+        assert_eq!(s.holder_identity.as_deref(), Some(CANDIDATE));
         assert!(
             s.acquire_time.is_some(),
             "our first write of the term sets acquireTime"
@@ -162,7 +277,7 @@ fn a_coordinated_leader_steps_down_for_the_preferred_holder_and_stops_renewing()
         let (e, _) = elector(&fake, coordinated("me"));
         let mut acquire = Box::pin(e.acquire());
         assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
-        assign(&fake, "me");
+        assign(&fake, CANDIDATE);
         let guard = acquire.await.expect("leads");
         prefer(&fake, "better");
         let lost = tokio::time::timeout(S(1), guard)
@@ -184,7 +299,7 @@ fn a_coordinated_leader_steps_down_for_the_preferred_holder_and_stops_renewing()
         let s = spec(&fake);
         assert_eq!(
             s.holder_identity.as_deref(),
-            Some("me"),
+            Some(CANDIDATE),
             "released after stopped work"
         );
         assert_eq!(s.renew_time, renewed, "renewed after stepping down");
@@ -202,8 +317,8 @@ fn the_lease_candidate_is_deleted_when_the_election_ends() {
         let (e, _) = elector(&fake, coordinated("me"));
         let mut acquire = Box::pin(e.acquire());
         assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
-        assert!(fake.lease_candidates().contains_key("me"));
-        assign(&fake, "me");
+        assert!(fake.lease_candidates().contains_key(CANDIDATE));
+        assign(&fake, CANDIDATE);
         let guard = acquire.await.expect("leads");
         drop(guard);
         e.shutdown(S(5)).await.expect("shuts down");
@@ -223,7 +338,7 @@ fn a_record_naming_us_that_is_not_the_api_servers_assignment_is_waited_out() {
         // acquireTime: not the API server's assignment): waited out for one
         // lease duration after it last changed, as in the ordinary election.
         let fake = FakeLeaseApi::default().serve_lease_candidates();
-        let mut lease = held_by("me", 5);
+        let mut lease = held_by(CANDIDATE, 5);
         lease.spec.as_mut().unwrap().acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
         fake.put(lease);
         let (e, _) = elector(&fake, coordinated("me"));
@@ -327,7 +442,7 @@ fn a_task_spawned_while_the_last_one_deletes_its_lease_candidate_starts_when_it_
         let (e, _) = elector(&fake, coordinated("me"));
         let mut acquire = Box::pin(e.acquire());
         assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
-        assign(&fake, "me");
+        assign(&fake, CANDIDATE);
         drop(acquire.await.expect("leads"));
         // Nobody wants it: after a retry period the task releases and exits,
         // then deletes its candidate (3 s).
@@ -340,10 +455,10 @@ fn a_task_spawned_while_the_last_one_deletes_its_lease_candidate_starts_when_it_
         );
         let published = fake.lease_candidates();
         assert!(
-            published.contains_key("me"),
+            published.contains_key(CANDIDATE),
             "the new task did not start after the old one deleted its candidate: {published:?}"
         );
-        assign(&fake, "me");
+        assign(&fake, CANDIDATE);
         let guard = tokio::time::timeout(S(5), again)
             .await
             .expect("leads again")
@@ -370,7 +485,7 @@ async fn published(fake: &FakeLeaseApi) -> (crate::LeaderElector, std::pin::Pin<
     let (e, _) = elector(fake, coordinated("me"));
     let mut acquire = Box::pin(e.acquire());
     assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
-    assert!(fake.lease_candidates().contains_key("me"), "published");
+    assert!(fake.lease_candidates().contains_key(CANDIDATE), "published");
     (e, acquire)
 }
 
@@ -382,10 +497,10 @@ fn a_pinged_lease_candidate_is_answered_by_a_renewal() {
     paused(async {
         let fake = FakeLeaseApi::default().serve_lease_candidates();
         let (_e, _acquire) = published(&fake).await;
-        assert!(fake.ping_lease_candidate("me"));
-        let ping = lease_candidate_time(&fake, "me", "pingTime").unwrap();
+        assert!(fake.ping_lease_candidate(CANDIDATE));
+        let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
         sleep(Duration::from_millis(100)).await;
-        let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
+        let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
         assert!(
             renew > ping,
             "not answered: renewTime {renew} after pingTime {ping}"
@@ -404,24 +519,24 @@ fn a_ping_answer_that_conflicts_is_retried_after_a_fresh_read() {
             .lease_candidates_latency(S(1));
         let (_e, _acquire) = published(&fake).await;
         sleep(S(5)).await;
-        assert!(fake.ping_lease_candidate("me"));
-        let ping = lease_candidate_time(&fake, "me", "pingTime").unwrap();
+        assert!(fake.ping_lease_candidate(CANDIDATE));
+        let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
         // While its answer is on the way: someone else's write, which leaves
         // it answered-looking (renewTime = pingTime), so that only the retry
         // renews it.
         sleep(Duration::from_millis(500)).await;
-        let mut object = fake.lease_candidates().remove("me").unwrap();
+        let mut object = fake.lease_candidates().remove(CANDIDATE).unwrap();
         object["spec"]["renewTime"] = object["spec"]["pingTime"].clone();
         object["metadata"]["labels"] = serde_json::json!({ "touched": "yes" });
         fake.put_lease_candidate(object);
         sleep(S(10)).await;
-        let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
+        let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
         assert!(
             renew > ping,
             "the conflict was not retried: renewTime {renew}, pingTime {ping}"
         );
         assert_eq!(
-            fake.lease_candidates()["me"]["metadata"]["labels"]["touched"],
+            fake.lease_candidates()[CANDIDATE]["metadata"]["labels"]["touched"],
             "yes",
             "the retry wrote over the fresh object"
         );
@@ -437,17 +552,17 @@ fn a_lease_candidate_left_by_an_earlier_process_is_adopted() {
         let fake = FakeLeaseApi::default().serve_lease_candidates();
         fake.put_lease_candidate(serde_json::json!({
             "apiVersion": "coordination.k8s.io/v1beta1", "kind": "LeaseCandidate",
-            "metadata": { "name": "me", "namespace": "default" },
+            "metadata": { "name": CANDIDATE, "namespace": "default" },
             "spec": {
                 "leaseName": "lease", "binaryVersion": "1.30.0", "emulationVersion": "1.30.0",
                 "strategy": "OldestEmulationVersion", "renewTime": "2000-01-01T00:00:00.000000Z",
             },
         }));
         let (_e, _acquire) = published(&fake).await;
-        let object = &fake.lease_candidates()["me"];
+        let object = &fake.lease_candidates()[CANDIDATE];
         assert_eq!(object["spec"]["binaryVersion"], "1.37.0");
         assert_eq!(object["spec"]["emulationVersion"], "1.36.0");
-        let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
+        let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
         assert!(
             renew
                 > "2000-01-01T00:00:00Z"
@@ -515,7 +630,7 @@ fn a_failed_lease_candidate_call_says_why_and_one_already_gone_is_no_failure() {
             // candidate (the request takes 1 s): someone else deletes it first.
             drop(acquire);
             sleep(Duration::from_millis(2_500)).await;
-            assert!(fake.delete_lease_candidate("me"));
+            assert!(fake.delete_lease_candidate(CANDIDATE));
             sleep(S(10)).await;
             assert!(e.tasks_for_test().0.is_none(), "the task exited");
             assert!(fake.lease_candidates().is_empty());
@@ -547,17 +662,17 @@ fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
                     .count()
             };
             let before = gets();
-            assert!(fake.ping_lease_candidate("me"));
+            assert!(fake.ping_lease_candidate(CANDIDATE));
             // The answer is on its way (1 s): the API server fails from now.
             sleep(Duration::from_millis(500)).await;
             fake.set_lease_candidates_refused(Some(500));
             sleep(S(3)).await;
             fake.set_lease_candidates_refused(None);
             assert_eq!(gets(), before, "retried after a read");
-            assert!(fake.ping_lease_candidate("me"));
-            let ping = lease_candidate_time(&fake, "me", "pingTime").unwrap();
+            assert!(fake.ping_lease_candidate(CANDIDATE));
+            let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
             sleep(S(3)).await;
-            let renew = lease_candidate_time(&fake, "me", "renewTime").unwrap();
+            let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
             assert!(renew > ping, "the next ping was not answered");
         });
     });
