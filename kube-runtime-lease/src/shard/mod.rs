@@ -452,10 +452,18 @@ impl ShardedElector {
             if inner.state.lock().shutdown {
                 return;
             }
+            // Nothing before the roster has been listed once: an assignment
+            // computed from part of it (the watch's first event comes before
+            // its list) gives this replica the shards of the members not yet
+            // seen, and a campaign for a shard free mid-handover may take it,
+            // to hand it over again a lease duration later.
+            if !view.roster.synced() {
+                continue;
+            }
             let now = Instant::now();
             // Evicted (or the entry lost): join again, or the others never
             // count this replica again.
-            if view.roster.synced() && view.entry_of(&me).is_none() {
+            if view.entry_of(&me).is_none() {
                 self.join_again(&api);
             }
             let mut live = view.members();

@@ -575,3 +575,63 @@ fn watch_events_per_replica_depend_on_the_share_not_the_replica_count() {
         );
     });
 }
+
+/// The shard Leases `client` sent a request of one object to (a get or a
+/// write: a campaign begun, a renewal, a release), since request `from`.
+fn shard_leases_touched(fake: &FakeLeaseApi, client: usize, from: usize) -> BTreeSet<String> {
+    fake.requests()
+        .into_iter()
+        .skip(from)
+        .filter(|r| r.client == client && matches!(r.verb, "get" | "update" | "create"))
+        .filter_map(|r| r.name)
+        .filter(|n| n.starts_with("ctl-s12-shard-"))
+        .collect()
+}
+
+/// A replica restarting into a running group (a new process: a new
+/// identity) does nothing before it has listed the roster: it campaigns
+/// only for its share of the assignment with the members already there, and
+/// never for a shard assigned to another (today's first pass, before the
+/// list, assigned it all of them).
+#[test]
+fn a_restarting_replica_campaigns_only_for_its_share_once_the_roster_is_listed() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b, c) = (replica(&fake, "a"), replica(&fake, "b"), replica(&fake, "c"));
+        for r in [&a, &b, &c] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b, &c], S(60)).await;
+        assert_eq!(sizes(&held(&[&a, &b, &c])), [4, 4, 4]);
+        // c's process ends; its successor, c2, starts.
+        c.shutdown(S(1)).await;
+        never_shared(&[&a, &b], S(10)).await;
+        let from = fake.requests().len();
+        let (client, id) = fake.client();
+        let lease = LeaseConfig::new("default", "ctl", "c2")
+            .lease_duration(S(4))
+            .renew_deadline(S(3))
+            .retry_period(S(1));
+        let c2 = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+        {
+            let c2 = c2.clone();
+            tokio::spawn(async move { c2.run().await });
+        }
+        never_shared(&[&a, &b, &c2], S(60)).await;
+        assert_eq!(sizes(&held(&[&a, &b, &c2])), [4, 4, 4], "{:?}", held(&[&a, &b, &c2]));
+        let ids: BTreeSet<String> = ["a", "b", "c2"].iter().map(|s| (*s).to_owned()).collect();
+        let share: BTreeSet<String> = Assignment::new(&ids, 12)
+            .of("c2")
+            .iter()
+            .map(|s| format!("ctl-s12-shard-{s:02}"))
+            .collect();
+        let touched = shard_leases_touched(&fake, id, from);
+        assert_eq!(
+            touched, share,
+            "the restarted replica touched {} shard Leases, its share is {}",
+            touched.len(),
+            share.len()
+        );
+    });
+}

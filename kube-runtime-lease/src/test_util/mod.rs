@@ -183,6 +183,9 @@ pub struct Received {
     /// (`candidate ` and one of those for a `LeaseCandidate` request, whose
     /// `client` is `usize::MAX`).
     pub verb: &'static str,
+    /// The object's name, for a request of one object (`get`, `update`,
+    /// `delete`); `None` for a list, a watch or a create.
+    pub name: Option<String>,
 }
 
 #[derive(Default)]
