@@ -158,7 +158,8 @@ impl std::fmt::Debug for ShardedElector {
 /// holds.
 ///
 /// RBAC: `get`, `list`, `watch`, `create` and `update` on `leases` in the
-/// election's namespace, as for one Lease.
+/// election's namespace, as for one Lease, and `delete`, for the departed
+/// members' roster entries (without it they stay, with one warning).
 ///
 /// A Controller sharded by it reconciles each object only on the replica
 /// holding the object's shard ([`controller`](Self::controller)):
@@ -195,6 +196,8 @@ struct Inner {
     wake: Notify,
     /// Shards handed over to balance.
     rebalances: std::sync::atomic::AtomicU64,
+    /// A delete of a departed member's entry was refused (403): said once.
+    delete_forbidden: std::sync::atomic::AtomicBool,
     /// `with_metrics`: the shards-held gauge and the rebalance counter.
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<(
@@ -277,11 +280,14 @@ impl Duty {
 }
 
 /// Evictions: when each backed-up shard was first seen held by nobody
-/// (free, expired or absent), and the members evicted lately.
+/// (free, expired or absent), the members evicted lately, and the departed
+/// members' entries deleted lately.
 #[derive(Default)]
 struct Evictions {
     unowned_since: BTreeMap<u16, Instant>,
     tried: BTreeMap<String, Instant>,
+    /// Departed members' roster entries whose delete was sent lately.
+    deleted: BTreeMap<String, Instant>,
 }
 
 impl ShardedElector {
@@ -309,6 +315,7 @@ impl ShardedElector {
                 held_tx: watch::Sender::new(BTreeSet::new()),
                 wake: Notify::new(),
                 rebalances: std::sync::atomic::AtomicU64::new(0),
+                delete_forbidden: std::sync::atomic::AtomicBool::new(false),
                 #[cfg(feature = "metrics")]
                 metrics: std::sync::OnceLock::new(),
             }),
@@ -499,6 +506,11 @@ impl ShardedElector {
             due = (view.roster.synced() && view.shards.synced())
                 .then(|| self.evict_if_due(&api, &view, &duty.watch_over, &mut evictions, now))
                 .flatten();
+            let collect = self.collect_departed(&api, &view, &members, &mut evictions, now);
+            due = match (due, collect) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
     }
 
@@ -630,6 +642,75 @@ impl ShardedElector {
                         warn!(member = %owner, shard, error = %Chain(&e), "could not evict the member");
                     }
                     Err(_) => warn!(member = %owner, shard, "evicting the member timed out"),
+                }
+            });
+        }
+        due
+    }
+
+    /// Deletes the roster entries of departed members: an entry held by
+    /// nobody (its member left, or was evicted) whose record this replica
+    /// has seen unchanged for the election's lease duration, if this
+    /// replica is the member chosen to delete it ([`assign::collector`]),
+    /// or for three lease durations, by any member (the chosen one may be
+    /// gone too). Each delete names the record judged (its uid and
+    /// resourceVersion as preconditions): an entry written since (its member
+    /// joined again) is left alone. Returns when the next may be due.
+    fn collect_departed(
+        &self,
+        api: &Api<Lease>,
+        view: &View,
+        members: &BTreeSet<String>,
+        evictions: &mut Evictions,
+        now: Instant,
+    ) -> Option<Instant> {
+        let cfg = &self.inner.config.lease;
+        let mut due: Option<Instant> = None;
+        evictions
+            .deleted
+            .retain(|_, at| now.saturating_duration_since(*at) < cfg.lease_duration);
+        for (name, seen) in view.roster.iter() {
+            if seen.holder.is_some() || *name == self.inner.member.name || evictions.deleted.contains_key(name) {
+                continue;
+            }
+            let chosen = assign::collector(members, name) == Some(&cfg.identity);
+            let after = if chosen {
+                cfg.lease_duration
+            } else {
+                cfg.lease_duration.saturating_mul(3)
+            };
+            let at = crate::record::later(seen.changed, after);
+            if now < at {
+                due = Some(due.map_or(at, |d| d.min(at)));
+                continue;
+            }
+            evictions.deleted.insert(name.clone(), now);
+            let (api, entry, timeout) = (api.clone(), seen.lease.clone(), cfg.renew_deadline);
+            let this = self.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(timeout, roster::delete(&api, &entry)).await {
+                    Ok(Ok(roster::Wrote::Done)) => {
+                        info!(lease = %name, "deleted a departed member's roster entry");
+                    }
+                    Ok(Ok(roster::Wrote::Changed)) => {
+                        debug!(lease = %name, "not deleted: the roster entry changed since it was seen, or is gone");
+                    }
+                    Ok(Err(kube_client::Error::Api(s))) if s.code == 403 => {
+                        let first = !this
+                            .inner
+                            .delete_forbidden
+                            .swap(true, std::sync::atomic::Ordering::Relaxed);
+                        if first {
+                            warn!(lease = %name, "could not delete a departed member's roster entry: forbidden (RBAC needs `delete` on leases); departed members' entries stay");
+                        } else {
+                            debug!(lease = %name, "could not delete a departed member's roster entry: forbidden");
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        warn!(lease = %name, error = %Chain(&e), "could not delete a departed member's roster entry");
+                    }
+                    Err(_) => warn!(lease = %name, "deleting a departed member's roster entry timed out"),
                 }
             });
         }

@@ -635,3 +635,74 @@ fn a_restarting_replica_campaigns_only_for_its_share_once_the_roster_is_listed()
         );
     });
 }
+
+/// The roster's entries now (the Leases of role `member`).
+fn roster_entries(fake: &FakeLeaseApi) -> usize {
+    fake.leases()
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|m| m.get(super::ROLE_LABEL).map(String::as_str) == Some("member"))
+        })
+        .count()
+}
+
+/// Every process has its own identity, so every start adds a roster entry:
+/// over 30 starts and stops (a third by shutdown, a third by the balancer
+/// dropped, a third by a crash: cut off, then gone), departed members'
+/// entries are deleted, and the roster holds at most the live members plus
+/// two (an entry is deleted a lease duration after it was left or evicted,
+/// and a crashed member is evicted a lease duration after its last
+/// renewal), and exactly the live members once that time has passed.
+#[test]
+fn departed_members_roster_entries_are_deleted_so_the_roster_stays_at_the_live_members() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        for r in [&a, &b] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b], S(30)).await;
+        // Samples the roster for `span`: at most `live` + 2 entries.
+        let bounded = |live: usize, span: Duration| {
+            let fake = fake.clone();
+            async move {
+                let until = tokio::time::Instant::now() + span;
+                while tokio::time::Instant::now() < until {
+                    let n = roster_entries(&fake);
+                    assert!(n <= live + 2, "{n} roster entries, {live} live members");
+                    sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        for i in 0..30 {
+            let (client, id) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", format!("r{i:02}"))
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            let r = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+            let run = {
+                let r = r.clone();
+                tokio::spawn(async move { r.run().await })
+            };
+            bounded(3, S(8)).await;
+            match i % 3 {
+                0 => r.shutdown(S(1)).await,
+                1 => run.abort(),
+                _ => {
+                    fake.partition(id, true);
+                    run.abort();
+                }
+            }
+            bounded(2, S(4)).await;
+        }
+        // Three lease durations after the last stop: only the live members.
+        bounded(2, S(12)).await;
+        assert_eq!(roster_entries(&fake), 2, "only a's and b's entries are left");
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6], "{:?}", held(&[&a, &b]));
+    });
+}
