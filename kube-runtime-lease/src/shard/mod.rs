@@ -79,6 +79,8 @@ pub(crate) const SHARDS_LABEL: &str = "leases.kube-runtime-lease/shards";
 pub struct ShardConfig {
     lease: LeaseConfig,
     shards: u16,
+    /// See [`ShardConfig::reconcile_grace`]; `None`: the renew deadline.
+    reconcile_grace: Option<Duration>,
 }
 
 impl ShardConfig {
@@ -91,7 +93,31 @@ impl ShardConfig {
     /// configuration is checked as [`LeaseConfig::validate`] checks one.
     #[must_use]
     pub fn new(lease: LeaseConfig, shards: u16) -> Self {
-        ShardConfig { lease, shards }
+        ShardConfig {
+            lease,
+            shards,
+            reconcile_grace: None,
+        }
+    }
+
+    /// How long the work of a shard handed over to another replica may go
+    /// on here (each gated reconcile, each guard from
+    /// [`ShardedElector::guard`]) before it is stopped: its term then ends
+    /// ([`Lost::GivenUp`](crate::Lost::GivenUp)), the work racing its
+    /// guards is dropped, and the Lease is not released but left to expire
+    /// (requests the stopped work sent may still land), so that the new
+    /// owner serves the shard within this grace, the lease duration and a
+    /// retry period of the handover, however long a reconcile hangs. Work
+    /// that ends within the grace lets the shard be released at once.
+    /// Default: the Lease's renew deadline.
+    pub fn reconcile_grace(mut self, grace: Duration) -> Self {
+        self.reconcile_grace = Some(grace);
+        self
+    }
+
+    /// The reconcile grace in force (see [`reconcile_grace`](Self::reconcile_grace)).
+    fn grace(&self) -> Duration {
+        self.reconcile_grace.unwrap_or(self.lease.renew_deadline)
     }
 
     fn shard_lease(&self, shard: u16) -> LeaseConfig {
@@ -212,6 +238,9 @@ struct State {
     held: BTreeMap<u16, (LeaseGuard, Instant)>,
     /// Shards campaigned for.
     acquiring: BTreeMap<u16, JoinHandle<()>>,
+    /// Shards handed over whose work (guards still alive) may go on here
+    /// until then: the reconcile grace after the handover.
+    handing_over: BTreeMap<u16, Instant>,
     /// A write of this replica's roster entry under way.
     joining: bool,
     shutdown: bool,
@@ -507,10 +536,8 @@ impl ShardedElector {
                 .then(|| self.evict_if_due(&api, &view, &duty.watch_over, &mut evictions, now))
                 .flatten();
             let collect = self.collect_departed(&api, &view, &members, &mut evictions, now);
-            due = match (due, collect) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let overdue = self.stop_overdue(now);
+            due = [due, collect, overdue].into_iter().flatten().min();
         }
     }
 
@@ -717,6 +744,38 @@ impl ShardedElector {
         due
     }
 
+    /// Stops the work of the shards handed over whose reconcile grace has
+    /// passed: their terms end (if the work ended in time, the shard was
+    /// released already and there is none), the work racing their guards is
+    /// dropped, and their Leases are left to expire for the new owners.
+    /// Returns when the next grace ends.
+    fn stop_overdue(&self, now: Instant) -> Option<Instant> {
+        let overdue: Vec<u16> = {
+            let mut state = self.inner.state.lock();
+            let overdue: Vec<u16> = state
+                .handing_over
+                .iter()
+                .filter(|(_, until)| **until <= now)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in &overdue {
+                state.handing_over.remove(s);
+            }
+            overdue
+        };
+        for s in overdue {
+            if self.inner.shards[usize::from(s)].give_up_term() {
+                warn!(
+                    shard = s,
+                    grace = ?self.inner.config.grace(),
+                    "work on the shard handed over still ran at the end of the reconcile grace: stopped; \
+                     the shard is not released, its new owner takes it when its lease expires"
+                );
+            }
+        }
+        self.inner.state.lock().handing_over.values().min().copied()
+    }
+
     /// One step of the balancer: campaign for the shards assigned here, and
     /// hand the others over.
     fn rebalance(&self, view: &View, assigned: &BTreeSet<u16>, stable: bool, now: Instant) {
@@ -752,6 +811,8 @@ impl ShardedElector {
             }
             if state.held.remove(&s).is_some() {
                 info!(shard = s, "handing the shard over");
+                let until = crate::record::later(now, inner.config.grace());
+                state.handing_over.insert(s, until);
                 self.inner
                     .rebalances
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -762,6 +823,8 @@ impl ShardedElector {
             }
         }
         for s in plan.take {
+            // Assigned here again: its work, if any still runs, may go on.
+            state.handing_over.remove(&s);
             // The shard elector starts from this watch's observation of the
             // shard's Lease: a dead holder's record expires a lease duration
             // after it last changed here, not after the campaign's first read.

@@ -706,3 +706,98 @@ fn departed_members_roster_entries_are_deleted_so_the_roster_stays_at_the_live_m
         assert_eq!(sizes(&held(&[&a, &b])), [6, 6], "{:?}", held(&[&a, &b]));
     });
 }
+
+/// What a gated reconcile that never returns does with its shard's guard:
+/// races it (as `controller::gated` does) and holds it meanwhile. Resolves,
+/// with why and when, only when the term ends.
+fn hung_reconcile(
+    r: &ShardedElector,
+    shard: u16,
+) -> tokio::task::JoinHandle<(crate::Lost, tokio::time::Instant)> {
+    let guard = r.guard(shard).expect("the shard is held");
+    tokio::spawn(async move {
+        let work = std::future::pending::<()>();
+        tokio::pin!(work);
+        match futures::future::select(work, guard).await {
+            futures::future::Either::Right((lost, _)) => (lost, tokio::time::Instant::now()),
+            futures::future::Either::Left(((), _)) => unreachable!("the work never returns"),
+        }
+    })
+}
+
+/// A shard the balancer moves while a reconcile of it hangs on its old
+/// owner (a request with no timeout) is served by its new owner within the
+/// reconcile grace, the lease duration and a retry period of the handover:
+/// at the end of the grace the hung work is stopped (its guard resolves,
+/// `GivenUp`), the shard is not released (the stopped work's requests may
+/// still land) but left to expire, and the new owner takes it then. Before,
+/// the live guard kept the old owner renewing it for ever.
+#[test]
+fn a_moved_shard_is_served_by_its_new_owner_within_the_bound_though_its_reconcile_hangs() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let grace = S(2);
+        let sharded = |identity: &str| {
+            let (client, _) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", identity)
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            ShardedElector::new(client, ShardConfig::new(lease, 12).reconcile_grace(grace)).unwrap()
+        };
+        let a = sharded("a");
+        {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await });
+        }
+        never_shared(&[&a], S(30)).await;
+        assert_eq!(a.held().borrow().len(), 12);
+        // A reconcile of every shard hangs on a.
+        let work: Vec<_> = (0..12).map(|s| hung_reconcile(&a, s)).collect();
+        let b = sharded("b");
+        let joined = tokio::time::Instant::now();
+        {
+            let b = b.clone();
+            tokio::spawn(async move { b.run().await });
+        }
+        let ids: BTreeSet<String> = ["a", "b"].iter().map(|s| (*s).to_owned()).collect();
+        let two = Assignment::new(&ids, 12);
+        // The handover comes once the roster is stable for a retry period
+        // (within 2 s of the join); then the grace, the lease duration, and
+        // a retry period.
+        let bound = S(2) + grace + S(4) + S(1);
+        while *b.held().borrow() != two.of("b") {
+            assert!(
+                joined.elapsed() <= bound,
+                "b does not serve its shards within {bound:?} of its join: {:?}",
+                held(&[&a, &b])
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+        let served = tokio::time::Instant::now();
+        assert_eq!(*a.held().borrow(), two.of("a"));
+        for (s, w) in work.into_iter().enumerate() {
+            let s = u16::try_from(s).unwrap();
+            if two.of("b").contains(&s) {
+                let (lost, at) = tokio::time::timeout(S(1), w)
+                    .await
+                    .expect("the moved shard's work was stopped")
+                    .unwrap();
+                assert_eq!(lost, crate::Lost::GivenUp, "shard {s}");
+                // Not released: taken when its record expired, a lease
+                // duration after its last renewal (at most a retry period
+                // before the work was stopped).
+                assert!(
+                    served.duration_since(at) >= S(3),
+                    "shard {s} served {:?} after its work was stopped: released?",
+                    served.duration_since(at)
+                );
+            } else {
+                assert!(!w.is_finished(), "the work of a shard a keeps goes on (shard {s})");
+                w.abort();
+            }
+        }
+        never_shared(&[&a, &b], S(20)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+    });
+}
