@@ -29,6 +29,37 @@
 //! of its shards to the backup that was watching it, which takes it at once,
 //! its expiry counted from that watch (`LeaderElector::hand_over_record`).
 //! Design, guarantees and tests: `docs/sharding-design.md`.
+//!
+//! # Bounds
+//! With `LD`, `RD`, `RP` the lease duration, renew deadline and retry period:
+//! - **A replica (re)starting** into a running election does nothing before
+//!   its watch has listed the roster: it campaigns only for its share of the
+//!   assignment with the members listed, never for a shard assigned to
+//!   another (before, its first pass saw no other member and campaigned for
+//!   all `S`, and could take a shard free mid-handover, to move it again a
+//!   lease duration later).
+//! - **A moved shard** is served by its new owner within a watch event and a
+//!   write of the handover when its work here (gated reconciles, guards from
+//!   [`ShardedElector::guard`]) ends within the reconcile grace
+//!   ([`ShardConfig::reconcile_grace`], default `RD`); and within
+//!   `grace + LD + RP` of the handover however long a reconcile hangs (kube
+//!   sets no read timeout): at the end of the grace the work still running is
+//!   stopped (its term ends as [`Lost::GivenUp`](crate::Lost::GivenUp), the
+//!   work racing its guards is dropped), and the Lease, never released after
+//!   stopped work, expires for the new owner.
+//! - **The roster** holds the live members and the members gone within the
+//!   last `3 LD + RP`: an entry left free (its member left, or was evicted:
+//!   within `2 LD + RP` of a crash) is deleted once the member chosen for it
+//!   has seen it unchanged for `LD` (any member after `3 LD`), with the
+//!   record judged as the delete's precondition. Needs `delete` on `leases`.
+//!   A member that dies holding no shard (more members than shards) is never
+//!   evicted, so its entry stays (and counts nothing).
+//! - **Once faults heal** (the API answers every replica again), every shard
+//!   has an owner within `W + k (2 LD + RP) + grace + LD + RP`: `W` until the
+//!   replicas' watches are back (kube-runtime's backoff: up to 30 s after a
+//!   long cut), `k` the dead members still on the roster that watched over
+//!   each other (evicted one after the other). The sharded simulation checks
+//!   it for every shard with its own timings (`W` = 6.4 s, `k` = 2).
 
 mod assign;
 mod controller;
@@ -110,6 +141,7 @@ impl ShardConfig {
     /// retry period of the handover, however long a reconcile hangs. Work
     /// that ends within the grace lets the shard be released at once.
     /// Default: the Lease's renew deadline.
+    #[must_use]
     pub fn reconcile_grace(mut self, grace: Duration) -> Self {
         self.reconcile_grace = Some(grace);
         self
@@ -697,7 +729,10 @@ impl ShardedElector {
             .deleted
             .retain(|_, at| now.saturating_duration_since(*at) < cfg.lease_duration);
         for (name, seen) in view.roster.iter() {
-            if seen.holder.is_some() || *name == self.inner.member.name || evictions.deleted.contains_key(name) {
+            if seen.holder.is_some()
+                || *name == self.inner.member.name
+                || evictions.deleted.contains_key(name)
+            {
                 continue;
             }
             let chosen = assign::collector(members, name) == Some(&cfg.identity);

@@ -619,7 +619,12 @@ fn a_restarting_replica_campaigns_only_for_its_share_once_the_roster_is_listed()
             tokio::spawn(async move { c2.run().await });
         }
         never_shared(&[&a, &b, &c2], S(60)).await;
-        assert_eq!(sizes(&held(&[&a, &b, &c2])), [4, 4, 4], "{:?}", held(&[&a, &b, &c2]));
+        assert_eq!(
+            sizes(&held(&[&a, &b, &c2])),
+            [4, 4, 4],
+            "{:?}",
+            held(&[&a, &b, &c2])
+        );
         let ids: BTreeSet<String> = ["a", "b", "c2"].iter().map(|s| (*s).to_owned()).collect();
         let share: BTreeSet<String> = Assignment::new(&ids, 12)
             .of("c2")
@@ -628,7 +633,8 @@ fn a_restarting_replica_campaigns_only_for_its_share_once_the_roster_is_listed()
             .collect();
         let touched = shard_leases_touched(&fake, id, from);
         assert_eq!(
-            touched, share,
+            touched,
+            share,
             "the restarted replica touched {} shard Leases, its share is {}",
             touched.len(),
             share.len()
@@ -793,7 +799,10 @@ fn a_moved_shard_is_served_by_its_new_owner_within_the_bound_though_its_reconcil
                     served.duration_since(at)
                 );
             } else {
-                assert!(!w.is_finished(), "the work of a shard a keeps goes on (shard {s})");
+                assert!(
+                    !w.is_finished(),
+                    "the work of a shard a keeps goes on (shard {s})"
+                );
                 w.abort();
             }
         }

@@ -212,13 +212,19 @@ fn a_delete_with_preconditions_deletes_only_the_record_it_names() {
         let leases = Api::<Lease>::namespaced(client, "default");
         let made = leases.create(&PostParams::default(), &named("m")).await.unwrap();
         let with = |resource_version: Option<String>, uid: Option<String>| DeleteParams {
-            preconditions: Some(Preconditions { resource_version, uid }),
+            preconditions: Some(Preconditions {
+                resource_version,
+                uid,
+            }),
             ..DeleteParams::default()
         };
         for (rv, uid) in [
             (Some("999".to_owned()), None),
             (None, Some("another-uid".to_owned())),
-            (made.metadata.resource_version.clone(), Some("another-uid".to_owned())),
+            (
+                made.metadata.resource_version.clone(),
+                Some("another-uid".to_owned()),
+            ),
         ] {
             let err = leases.delete("m", &with(rv, uid)).await.unwrap_err();
             assert!(
@@ -236,7 +242,10 @@ fn a_delete_with_preconditions_deletes_only_the_record_it_names() {
             .unwrap();
         assert!(fake.lease_in("default", "m").is_none(), "deleted");
         let err = leases.delete("m", &DeleteParams::default()).await.unwrap_err();
-        assert!(matches!(&err, kube_client::Error::Api(s) if s.code == 404), "{err:?}");
+        assert!(
+            matches!(&err, kube_client::Error::Api(s) if s.code == 404),
+            "{err:?}"
+        );
         let deletes: Vec<Option<String>> = fake
             .requests()
             .into_iter()

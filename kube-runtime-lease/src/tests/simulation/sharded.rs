@@ -341,25 +341,7 @@ async fn schedule(seed: u64) -> Vec<Work> {
     if sim.live().is_empty() {
         sim.start(0, "r0-last".to_owned());
     }
-    // Healed: every shard has an owner among the live replicas within the
-    // bound (each shard's first instant held, sampled every 50 ms).
-    let healed = Instant::now();
-    let mut first_owned: BTreeMap<u16, Instant> = BTreeMap::new();
-    while healed.elapsed() < Duration::from_secs(60) {
-        for r in sim.live() {
-            for s in r.elector.held().borrow().iter() {
-                first_owned.entry(*s).or_insert_with(Instant::now);
-            }
-        }
-        sleep(Duration::from_millis(50)).await;
-    }
-    for shard in 0..SHARDS {
-        let after = first_owned.get(&shard).map(|at| at.duration_since(healed));
-        assert!(
-            after.is_some_and(|a| a <= HEALED_BOUND),
-            "seed {seed}: shard {shard} has no owner within {HEALED_BOUND:?} of the faults healing: first held after {after:?}"
-        );
-    }
+    owners_within_the_bound(&sim, seed).await;
     // Settled: one holder per shard among the live replicas, within one.
     let live = sim.live();
     let held: BTreeMap<&str, BTreeSet<u16>> = live
@@ -380,6 +362,52 @@ async fn schedule(seed: u64) -> Vec<Work> {
         max - min <= 1,
         "seed {seed}: unbalanced after faults stopped: {held:?}"
     );
+    roster_is_the_live_replicas(&sim, seed);
+    let now = Instant::now();
+    let work = sim
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|w| Work {
+            end: Some(w.end.unwrap_or(now)),
+            ..*w
+        })
+        .collect();
+    for r in sim.slots.iter_mut().flatten() {
+        for t in &r.tasks {
+            t.abort();
+        }
+    }
+    work
+}
+
+/// Once faults healed: every shard has an owner among the live replicas
+/// within [`HEALED_BOUND`] (each shard's first instant held, sampled every
+/// 50 ms for a minute).
+async fn owners_within_the_bound(sim: &Sim, seed: u64) {
+    let healed = Instant::now();
+    let mut first_owned: BTreeMap<u16, Instant> = BTreeMap::new();
+    while healed.elapsed() < Duration::from_secs(60) {
+        for r in sim.live() {
+            for s in r.elector.held().borrow().iter() {
+                first_owned.entry(*s).or_insert_with(Instant::now);
+            }
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    for shard in 0..SHARDS {
+        let after = first_owned.get(&shard).map(|at| at.duration_since(healed));
+        assert!(
+            after.is_some_and(|a| a <= HEALED_BOUND),
+            "seed {seed}: shard {shard} has no owner within {HEALED_BOUND:?} of the faults healing: first held after {after:?}"
+        );
+    }
+}
+
+/// The roster names exactly the live replicas, and holds no other entry.
+fn roster_is_the_live_replicas(sim: &Sim, seed: u64) {
+    let live = sim.live();
     // The roster names exactly the live replicas: the gone ones evicted
     // (each by the member watching over its shards, or over the next
     // member's), every live one joined (again, if it was evicted while cut
@@ -418,23 +446,6 @@ async fn schedule(seed: u64) -> Vec<Work> {
         identities.len(),
         "seed {seed}: 60 s after faults stopped, departed members' roster entries are left"
     );
-    let now = Instant::now();
-    let work = sim
-        .log
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|w| Work {
-            end: Some(w.end.unwrap_or(now)),
-            ..*w
-        })
-        .collect();
-    for r in sim.slots.iter_mut().flatten() {
-        for t in &r.tasks {
-            t.abort();
-        }
-    }
-    work
 }
 
 fn check(seed: u64, work: &[Work]) {
