@@ -810,3 +810,60 @@ fn a_moved_shard_is_served_by_its_new_owner_within_the_bound_though_its_reconcil
         assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
     });
 }
+
+/// Work on a shard handed over that ends within the reconcile grace is not
+/// stopped: the shard is released as it ends, and its new owner serves it
+/// within a second (a watch event and a write), not a lease duration later.
+#[test]
+fn a_moved_shards_work_that_ends_within_the_grace_lets_it_be_released_at_once() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let sharded = |identity: &str| {
+            let (client, _) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", identity)
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            ShardedElector::new(client, ShardConfig::new(lease, 12).reconcile_grace(S(20))).unwrap()
+        };
+        let a = sharded("a");
+        {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await });
+        }
+        never_shared(&[&a], S(30)).await;
+        // A reconcile of every shard runs 5 s on a, racing its guard.
+        let work: Vec<_> = (0..12)
+            .map(|s| {
+                let guard = a.guard(s).expect("held");
+                tokio::spawn(async move {
+                    let work = sleep(S(5));
+                    tokio::pin!(work);
+                    matches!(
+                        futures::future::select(work, guard).await,
+                        futures::future::Either::Left(_)
+                    )
+                })
+            })
+            .collect();
+        let b = sharded("b");
+        let joined = tokio::time::Instant::now();
+        {
+            let b = b.clone();
+            tokio::spawn(async move { b.run().await });
+        }
+        let ids: BTreeSet<String> = ["a", "b"].iter().map(|s| (*s).to_owned()).collect();
+        let two = Assignment::new(&ids, 12);
+        while *b.held().borrow() != two.of("b") {
+            assert!(
+                joined.elapsed() <= S(6),
+                "b does not serve its shards within a second of the work's end: {:?}",
+                held(&[&a, &b])
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+        for w in work {
+            assert!(w.await.unwrap(), "the work finished, not stopped");
+        }
+    });
+}
