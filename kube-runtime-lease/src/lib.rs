@@ -113,7 +113,10 @@
 //! polling. A missing verb is logged with the rule to add.
 //! <!-- upstream: omit -->
 //! With `LeaderElector::with_events`, also `create` and `patch` on `events`
-//! in `events.k8s.io`.
+//! in `events.k8s.io`. A sharded election (`unstable-shards`) also needs
+//! `delete` on `leases`: its replicas delete departed members' roster
+//! entries (without it they stay, one per process started, with one
+//! warning).
 //! <!-- upstream: end -->
 //!
 //! # Timings

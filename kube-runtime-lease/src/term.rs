@@ -46,7 +46,9 @@ pub enum Lost {
     /// guard of the term was dropped (a guarded stream ended) and no
     /// [`acquire`](crate::LeaderElector::acquire) waited. No guard sees it
     /// (none is left); it is the reason the election logs, and the action of
-    /// its Event.
+    /// its Event. Or a shard of a sharded election was handed over to
+    /// another replica and its work still ran at the end of the reconcile
+    /// grace: its guards see it, and the Lease is not released.
     #[error("leadership given up: no guard or waiter wanted it any more")]
     GivenUp,
     /// The elector's background task ended without releasing, because its

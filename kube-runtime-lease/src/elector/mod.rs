@@ -394,6 +394,25 @@ impl LeaderElector {
     }
 }
 
+impl LeaderElector {
+    /// Ends the term in force now, if there is one, as [`Lost::GivenUp`]:
+    /// its guards resolve, so the work racing them stops, and the release
+    /// follows the usual rule (none when a guard was still alive: the Lease
+    /// expires). For a shard handed over whose work outlived its grace.
+    /// Whether there was a term to end.
+    #[cfg_attr(not(feature = "unstable-shards"), allow(dead_code))]
+    pub(crate) fn give_up_term(&self) -> bool {
+        let term = self.inner.lock().term.clone();
+        let Some(term) = term else { return false };
+        if term.lost().is_some() {
+            return false;
+        }
+        term.lose(&Lost::GivenUp);
+        self.inner.wake.notify_one();
+        true
+    }
+}
+
 /// Test hooks: each sets up or observes a schedule that the tests cannot
 /// reach through the public API in bounded, paused time.
 #[cfg(test)]

@@ -64,6 +64,15 @@ pub(crate) fn preference(identity: &str, shard: u16) -> u64 {
     fnv1a(identity.bytes().chain([0]).chain(shard.to_be_bytes()))
 }
 
+/// The one of `members` that deletes the roster entry `name` once it is
+/// free (rendezvous hashing again: every member picks the same one, and the
+/// entries spread over the members); `None` when there are none.
+pub(crate) fn collector<'a>(members: &'a BTreeSet<String>, name: &str) -> Option<&'a String> {
+    members
+        .iter()
+        .max_by_key(|m| (fnv1a(m.bytes().chain([0]).chain(name.bytes())), m.as_str()))
+}
+
 /// Who owns which shard, for one member list: every member computes the
 /// same one from the same list.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

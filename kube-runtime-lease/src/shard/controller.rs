@@ -78,6 +78,11 @@ where
     ///   ones of other shards are skipped): no LIST;
     /// - when a shard is lost, that shard's reconciles in flight are dropped
     ///   at their next `.await`; the other shards' continue;
+    /// - when a shard is handed over to another replica, its reconciles in
+    ///   flight may finish within the reconcile grace
+    ///   ([`ShardConfig::reconcile_grace`](super::ShardConfig::reconcile_grace)),
+    ///   and the shard is released as they end; those still running at its
+    ///   end are dropped, and the shard's Lease expires for its new owner;
     /// - inside a reconcile, [`current_shard`] tells its shard and fencing
     ///   token.
     pub fn run<ReconcilerFut, Ctx>(

@@ -29,6 +29,37 @@
 //! of its shards to the backup that was watching it, which takes it at once,
 //! its expiry counted from that watch (`LeaderElector::hand_over_record`).
 //! Design, guarantees and tests: `docs/sharding-design.md`.
+//!
+//! # Bounds
+//! With `LD`, `RD`, `RP` the lease duration, renew deadline and retry period:
+//! - **A replica (re)starting** into a running election does nothing before
+//!   its watch has listed the roster: it campaigns only for its share of the
+//!   assignment with the members listed, never for a shard assigned to
+//!   another (before, its first pass saw no other member and campaigned for
+//!   all `S`, and could take a shard free mid-handover, to move it again a
+//!   lease duration later).
+//! - **A moved shard** is served by its new owner within a watch event and a
+//!   write of the handover when its work here (gated reconciles, guards from
+//!   [`ShardedElector::guard`]) ends within the reconcile grace
+//!   ([`ShardConfig::reconcile_grace`], default `RD`); and within
+//!   `grace + LD + RP` of the handover however long a reconcile hangs (kube
+//!   sets no read timeout): at the end of the grace the work still running is
+//!   stopped (its term ends as [`Lost::GivenUp`](crate::Lost::GivenUp), the
+//!   work racing its guards is dropped), and the Lease, never released after
+//!   stopped work, expires for the new owner.
+//! - **The roster** holds the live members and the members gone within the
+//!   last `3 LD + RP`: an entry left free (its member left, or was evicted:
+//!   within `2 LD + RP` of a crash) is deleted once the member chosen for it
+//!   has seen it unchanged for `LD` (any member after `3 LD`), with the
+//!   record judged as the delete's precondition. Needs `delete` on `leases`.
+//!   A member that dies holding no shard (more members than shards) is never
+//!   evicted, so its entry stays (and counts nothing).
+//! - **Once faults heal** (the API answers every replica again), every shard
+//!   has an owner within `W + k (2 LD + RP) + grace + LD + RP`: `W` until the
+//!   replicas' watches are back (kube-runtime's backoff: up to 30 s after a
+//!   long cut), `k` the dead members still on the roster that watched over
+//!   each other (evicted one after the other). The sharded simulation checks
+//!   it for every shard with its own timings (`W` = 6.4 s, `k` = 2).
 
 mod assign;
 mod controller;
@@ -79,6 +110,8 @@ pub(crate) const SHARDS_LABEL: &str = "leases.kube-runtime-lease/shards";
 pub struct ShardConfig {
     lease: LeaseConfig,
     shards: u16,
+    /// See [`ShardConfig::reconcile_grace`]; `None`: the renew deadline.
+    reconcile_grace: Option<Duration>,
 }
 
 impl ShardConfig {
@@ -91,7 +124,32 @@ impl ShardConfig {
     /// configuration is checked as [`LeaseConfig::validate`] checks one.
     #[must_use]
     pub fn new(lease: LeaseConfig, shards: u16) -> Self {
-        ShardConfig { lease, shards }
+        ShardConfig {
+            lease,
+            shards,
+            reconcile_grace: None,
+        }
+    }
+
+    /// How long the work of a shard handed over to another replica may go
+    /// on here (each gated reconcile, each guard from
+    /// [`ShardedElector::guard`]) before it is stopped: its term then ends
+    /// ([`Lost::GivenUp`](crate::Lost::GivenUp)), the work racing its
+    /// guards is dropped, and the Lease is not released but left to expire
+    /// (requests the stopped work sent may still land), so that the new
+    /// owner serves the shard within this grace, the lease duration and a
+    /// retry period of the handover, however long a reconcile hangs. Work
+    /// that ends within the grace lets the shard be released at once.
+    /// Default: the Lease's renew deadline.
+    #[must_use]
+    pub fn reconcile_grace(mut self, grace: Duration) -> Self {
+        self.reconcile_grace = Some(grace);
+        self
+    }
+
+    /// The reconcile grace in force (see [`reconcile_grace`](Self::reconcile_grace)).
+    fn grace(&self) -> Duration {
+        self.reconcile_grace.unwrap_or(self.lease.renew_deadline)
     }
 
     fn shard_lease(&self, shard: u16) -> LeaseConfig {
@@ -158,7 +216,8 @@ impl std::fmt::Debug for ShardedElector {
 /// holds.
 ///
 /// RBAC: `get`, `list`, `watch`, `create` and `update` on `leases` in the
-/// election's namespace, as for one Lease.
+/// election's namespace, as for one Lease, and `delete`, for the departed
+/// members' roster entries (without it they stay, with one warning).
 ///
 /// A Controller sharded by it reconciles each object only on the replica
 /// holding the object's shard ([`controller`](Self::controller)):
@@ -195,6 +254,8 @@ struct Inner {
     wake: Notify,
     /// Shards handed over to balance.
     rebalances: std::sync::atomic::AtomicU64,
+    /// A delete of a departed member's entry was refused (403): said once.
+    delete_forbidden: std::sync::atomic::AtomicBool,
     /// `with_metrics`: the shards-held gauge and the rebalance counter.
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<(
@@ -209,6 +270,9 @@ struct State {
     held: BTreeMap<u16, (LeaseGuard, Instant)>,
     /// Shards campaigned for.
     acquiring: BTreeMap<u16, JoinHandle<()>>,
+    /// Shards handed over whose work (guards still alive) may go on here
+    /// until then: the reconcile grace after the handover.
+    handing_over: BTreeMap<u16, Instant>,
     /// A write of this replica's roster entry under way.
     joining: bool,
     shutdown: bool,
@@ -277,11 +341,14 @@ impl Duty {
 }
 
 /// Evictions: when each backed-up shard was first seen held by nobody
-/// (free, expired or absent), and the members evicted lately.
+/// (free, expired or absent), the members evicted lately, and the departed
+/// members' entries deleted lately.
 #[derive(Default)]
 struct Evictions {
     unowned_since: BTreeMap<u16, Instant>,
     tried: BTreeMap<String, Instant>,
+    /// Departed members' roster entries whose delete was sent lately.
+    deleted: BTreeMap<String, Instant>,
 }
 
 impl ShardedElector {
@@ -293,6 +360,17 @@ impl ShardedElector {
     pub fn new(client: Client, config: ShardConfig) -> Result<Self, ConfigError> {
         if config.shards == 0 {
             return Err(ConfigError::NoShards);
+        }
+        // The API server's election would pick each shard's holder itself,
+        // against the balancer's assignment.
+        #[cfg(feature = "coordinated")]
+        if config.lease.coordinated.is_some() {
+            return Err(ConfigError::InvalidCoordinated {
+                field: "coordinated",
+                value: config.lease.name.clone(),
+                rule: "elected shards cannot use Coordinated Leader Election: the API server would pick each \
+                       shard's holder, against the balancer's assignment",
+            });
         }
         let shards = (0..config.shards)
             .map(|s| LeaderElector::new(client.clone(), config.shard_lease(s)))
@@ -309,6 +387,7 @@ impl ShardedElector {
                 held_tx: watch::Sender::new(BTreeSet::new()),
                 wake: Notify::new(),
                 rebalances: std::sync::atomic::AtomicU64::new(0),
+                delete_forbidden: std::sync::atomic::AtomicBool::new(false),
                 #[cfg(feature = "metrics")]
                 metrics: std::sync::OnceLock::new(),
             }),
@@ -452,10 +531,18 @@ impl ShardedElector {
             if inner.state.lock().shutdown {
                 return;
             }
+            // Nothing before the roster has been listed once: an assignment
+            // computed from part of it (the watch's first event comes before
+            // its list) gives this replica the shards of the members not yet
+            // seen, and a campaign for a shard free mid-handover may take it,
+            // to hand it over again a lease duration later.
+            if !view.roster.synced() {
+                continue;
+            }
             let now = Instant::now();
             // Evicted (or the entry lost): join again, or the others never
             // count this replica again.
-            if view.roster.synced() && view.entry_of(&me).is_none() {
+            if view.entry_of(&me).is_none() {
                 self.join_again(&api);
             }
             let mut live = view.members();
@@ -491,6 +578,9 @@ impl ShardedElector {
             due = (view.roster.synced() && view.shards.synced())
                 .then(|| self.evict_if_due(&api, &view, &duty.watch_over, &mut evictions, now))
                 .flatten();
+            let collect = self.collect_departed(&api, &view, &members, &mut evictions, now);
+            let overdue = self.stop_overdue(now);
+            due = [due, collect, overdue].into_iter().flatten().min();
         }
     }
 
@@ -628,6 +718,110 @@ impl ShardedElector {
         due
     }
 
+    /// Deletes the roster entries of departed members: an entry held by
+    /// nobody (its member left, or was evicted) whose record this replica
+    /// has seen unchanged for the election's lease duration, if this
+    /// replica is the member chosen to delete it ([`assign::collector`]),
+    /// or for three lease durations, by any member (the chosen one may be
+    /// gone too). Each delete names the record judged (its uid and
+    /// resourceVersion as preconditions): an entry written since (its member
+    /// joined again) is left alone. Returns when the next may be due.
+    fn collect_departed(
+        &self,
+        api: &Api<Lease>,
+        view: &View,
+        members: &BTreeSet<String>,
+        evictions: &mut Evictions,
+        now: Instant,
+    ) -> Option<Instant> {
+        let cfg = &self.inner.config.lease;
+        let mut due: Option<Instant> = None;
+        evictions
+            .deleted
+            .retain(|_, at| now.saturating_duration_since(*at) < cfg.lease_duration);
+        for (name, seen) in view.roster.iter() {
+            if seen.holder.is_some()
+                || *name == self.inner.member.name
+                || evictions.deleted.contains_key(name)
+            {
+                continue;
+            }
+            let chosen = assign::collector(members, name) == Some(&cfg.identity);
+            let after = if chosen {
+                cfg.lease_duration
+            } else {
+                cfg.lease_duration.saturating_mul(3)
+            };
+            let at = crate::record::later(seen.changed, after);
+            if now < at {
+                due = Some(due.map_or(at, |d| d.min(at)));
+                continue;
+            }
+            evictions.deleted.insert(name.clone(), now);
+            let (api, entry, timeout) = (api.clone(), seen.lease.clone(), cfg.renew_deadline);
+            let this = self.clone();
+            let name = name.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(timeout, roster::delete(&api, &entry)).await {
+                    Ok(Ok(roster::Wrote::Done)) => {
+                        info!(lease = %name, "deleted a departed member's roster entry");
+                    }
+                    Ok(Ok(roster::Wrote::Changed)) => {
+                        debug!(lease = %name, "not deleted: the roster entry changed since it was seen, or is gone");
+                    }
+                    Ok(Err(kube_client::Error::Api(s))) if s.code == 403 => {
+                        let first = !this
+                            .inner
+                            .delete_forbidden
+                            .swap(true, std::sync::atomic::Ordering::Relaxed);
+                        if first {
+                            warn!(lease = %name, "could not delete a departed member's roster entry: forbidden (RBAC needs `delete` on leases); departed members' entries stay");
+                        } else {
+                            debug!(lease = %name, "could not delete a departed member's roster entry: forbidden");
+                        }
+                    }
+                    Ok(Err(e)) => {
+                        warn!(lease = %name, error = %Chain(&e), "could not delete a departed member's roster entry");
+                    }
+                    Err(_) => warn!(lease = %name, "deleting a departed member's roster entry timed out"),
+                }
+            });
+        }
+        due
+    }
+
+    /// Stops the work of the shards handed over whose reconcile grace has
+    /// passed: their terms end (if the work ended in time, the shard was
+    /// released already and there is none), the work racing their guards is
+    /// dropped, and their Leases are left to expire for the new owners.
+    /// Returns when the next grace ends.
+    fn stop_overdue(&self, now: Instant) -> Option<Instant> {
+        let overdue: Vec<u16> = {
+            let mut state = self.inner.state.lock();
+            let overdue: Vec<u16> = state
+                .handing_over
+                .iter()
+                .filter(|(_, until)| **until <= now)
+                .map(|(s, _)| *s)
+                .collect();
+            for s in &overdue {
+                state.handing_over.remove(s);
+            }
+            overdue
+        };
+        for s in overdue {
+            if self.inner.shards[usize::from(s)].give_up_term() {
+                warn!(
+                    shard = s,
+                    grace = ?self.inner.config.grace(),
+                    "work on the shard handed over still ran at the end of the reconcile grace: stopped; \
+                     the shard is not released, its new owner takes it when its lease expires"
+                );
+            }
+        }
+        self.inner.state.lock().handing_over.values().min().copied()
+    }
+
     /// One step of the balancer: campaign for the shards assigned here, and
     /// hand the others over.
     fn rebalance(&self, view: &View, assigned: &BTreeSet<u16>, stable: bool, now: Instant) {
@@ -663,6 +857,8 @@ impl ShardedElector {
             }
             if state.held.remove(&s).is_some() {
                 info!(shard = s, "handing the shard over");
+                let until = crate::record::later(now, inner.config.grace());
+                state.handing_over.insert(s, until);
                 self.inner
                     .rebalances
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -673,6 +869,8 @@ impl ShardedElector {
             }
         }
         for s in plan.take {
+            // Assigned here again: its work, if any still runs, may go on.
+            state.handing_over.remove(&s);
             // The shard elector starts from this watch's observation of the
             // shard's Lease: a dead holder's record expires a lease duration
             // after it last changed here, not after the campaign's first read.

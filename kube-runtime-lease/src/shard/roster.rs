@@ -3,9 +3,15 @@
 //! member joins, leaves or is evicted, and never renewed, so that a watch of
 //! the roster costs nothing between changes: a member's liveness shows in
 //! the renewals of its shards, watched by the members that would take them.
+//! An entry left free (its member left or was evicted) is deleted once it has
+//! been seen unchanged for a lease duration ([`delete`]): each process has
+//! its own identity, so every start adds an entry.
 
 use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::ObjectMeta};
-use kube_client::{Api, api::PostParams};
+use kube_client::{
+    Api,
+    api::{DeleteParams, PostParams, Preconditions},
+};
 
 use crate::LeaseConfig;
 
@@ -78,6 +84,28 @@ pub(super) async fn clear(api: &Api<Lease>, seen: &Lease) -> Result<Wrote, kube_
     let spec = lease.spec.clone().unwrap_or_default();
     lease.spec = Some(crate::record::released(&spec, crate::record::now()));
     match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(Wrote::Done),
+        Err(e) if is_conflict(&e) || is_not_found(&e) => Ok(Wrote::Changed),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes the entry `seen` (a departed member's, free), only if it is still
+/// that record: the delete's preconditions are the uid and resourceVersion
+/// judged, so that an entry its member wrote again since (it joined again)
+/// is left alone.
+pub(super) async fn delete(api: &Api<Lease>, seen: &Lease) -> Result<Wrote, kube_client::Error> {
+    let Some(name) = seen.metadata.name.as_deref() else {
+        return Ok(Wrote::Changed);
+    };
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: seen.metadata.resource_version.clone(),
+            uid: seen.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
         Ok(_) => Ok(Wrote::Done),
         Err(e) if is_conflict(&e) || is_not_found(&e) => Ok(Wrote::Changed),
         Err(e) => Err(e),

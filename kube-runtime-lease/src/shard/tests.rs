@@ -575,3 +575,323 @@ fn watch_events_per_replica_depend_on_the_share_not_the_replica_count() {
         );
     });
 }
+
+/// The shard Leases `client` sent a request of one object to (a get or a
+/// write: a campaign begun, a renewal, a release), since request `from`.
+fn shard_leases_touched(fake: &FakeLeaseApi, client: usize, from: usize) -> BTreeSet<String> {
+    fake.requests()
+        .into_iter()
+        .skip(from)
+        .filter(|r| r.client == client && matches!(r.verb, "get" | "update" | "create"))
+        .filter_map(|r| r.name)
+        .filter(|n| n.starts_with("ctl-s12-shard-"))
+        .collect()
+}
+
+/// A replica restarting into a running group (a new process: a new
+/// identity) does nothing before it has listed the roster: it campaigns
+/// only for its share of the assignment with the members already there, and
+/// never for a shard assigned to another (today's first pass, before the
+/// list, assigned it all of them).
+#[test]
+fn a_restarting_replica_campaigns_only_for_its_share_once_the_roster_is_listed() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b, c) = (replica(&fake, "a"), replica(&fake, "b"), replica(&fake, "c"));
+        for r in [&a, &b, &c] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b, &c], S(60)).await;
+        assert_eq!(sizes(&held(&[&a, &b, &c])), [4, 4, 4]);
+        // c's process ends; its successor, c2, starts.
+        c.shutdown(S(1)).await;
+        never_shared(&[&a, &b], S(10)).await;
+        let from = fake.requests().len();
+        let (client, id) = fake.client();
+        let lease = LeaseConfig::new("default", "ctl", "c2")
+            .lease_duration(S(4))
+            .renew_deadline(S(3))
+            .retry_period(S(1));
+        let c2 = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+        {
+            let c2 = c2.clone();
+            tokio::spawn(async move { c2.run().await });
+        }
+        never_shared(&[&a, &b, &c2], S(60)).await;
+        assert_eq!(
+            sizes(&held(&[&a, &b, &c2])),
+            [4, 4, 4],
+            "{:?}",
+            held(&[&a, &b, &c2])
+        );
+        let ids: BTreeSet<String> = ["a", "b", "c2"].iter().map(|s| (*s).to_owned()).collect();
+        let share: BTreeSet<String> = Assignment::new(&ids, 12)
+            .of("c2")
+            .iter()
+            .map(|s| format!("ctl-s12-shard-{s:02}"))
+            .collect();
+        let touched = shard_leases_touched(&fake, id, from);
+        assert_eq!(
+            touched,
+            share,
+            "the restarted replica touched {} shard Leases, its share is {}",
+            touched.len(),
+            share.len()
+        );
+    });
+}
+
+/// The roster's entries now (the Leases of role `member`).
+fn roster_entries(fake: &FakeLeaseApi) -> usize {
+    fake.leases()
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|m| m.get(super::ROLE_LABEL).map(String::as_str) == Some("member"))
+        })
+        .count()
+}
+
+/// Every process has its own identity, so every start adds a roster entry:
+/// over 30 starts and stops (a third by shutdown, a third by the balancer
+/// dropped, a third by a crash: cut off, then gone), departed members'
+/// entries are deleted, and the roster holds at most the live members plus
+/// two (an entry is deleted a lease duration after it was left or evicted,
+/// and a crashed member is evicted a lease duration after its last
+/// renewal), and exactly the live members once that time has passed.
+#[test]
+fn departed_members_roster_entries_are_deleted_so_the_roster_stays_at_the_live_members() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        for r in [&a, &b] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b], S(30)).await;
+        // Samples the roster for `span`: at most `live` + 2 entries.
+        let bounded = |live: usize, span: Duration| {
+            let fake = fake.clone();
+            async move {
+                let until = tokio::time::Instant::now() + span;
+                while tokio::time::Instant::now() < until {
+                    let n = roster_entries(&fake);
+                    assert!(n <= live + 2, "{n} roster entries, {live} live members");
+                    sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        for i in 0..30 {
+            let (client, id) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", format!("r{i:02}"))
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            let r = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+            let run = {
+                let r = r.clone();
+                tokio::spawn(async move { r.run().await })
+            };
+            bounded(3, S(8)).await;
+            match i % 3 {
+                0 => r.shutdown(S(1)).await,
+                1 => run.abort(),
+                _ => {
+                    fake.partition(id, true);
+                    run.abort();
+                }
+            }
+            bounded(2, S(4)).await;
+        }
+        // Three lease durations after the last stop: only the live members.
+        bounded(2, S(12)).await;
+        assert_eq!(roster_entries(&fake), 2, "only a's and b's entries are left");
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6], "{:?}", held(&[&a, &b]));
+    });
+}
+
+/// What a gated reconcile that never returns does with its shard's guard:
+/// races it (as `controller::gated` does) and holds it meanwhile. Resolves,
+/// with why and when, only when the term ends.
+fn hung_reconcile(
+    r: &ShardedElector,
+    shard: u16,
+) -> tokio::task::JoinHandle<(crate::Lost, tokio::time::Instant)> {
+    let guard = r.guard(shard).expect("the shard is held");
+    tokio::spawn(async move {
+        let work = std::future::pending::<()>();
+        tokio::pin!(work);
+        match futures::future::select(work, guard).await {
+            futures::future::Either::Right((lost, _)) => (lost, tokio::time::Instant::now()),
+            futures::future::Either::Left(((), _)) => unreachable!("the work never returns"),
+        }
+    })
+}
+
+/// A shard the balancer moves while a reconcile of it hangs on its old
+/// owner (a request with no timeout) is served by its new owner within the
+/// reconcile grace, the lease duration and a retry period of the handover:
+/// at the end of the grace the hung work is stopped (its guard resolves,
+/// `GivenUp`), the shard is not released (the stopped work's requests may
+/// still land) but left to expire, and the new owner takes it then. Before,
+/// the live guard kept the old owner renewing it for ever.
+#[test]
+fn a_moved_shard_is_served_by_its_new_owner_within_the_bound_though_its_reconcile_hangs() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let grace = S(2);
+        let sharded = |identity: &str| {
+            let (client, _) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", identity)
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            ShardedElector::new(client, ShardConfig::new(lease, 12).reconcile_grace(grace)).unwrap()
+        };
+        let a = sharded("a");
+        {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await });
+        }
+        never_shared(&[&a], S(30)).await;
+        assert_eq!(a.held().borrow().len(), 12);
+        // A reconcile of every shard hangs on a.
+        let work: Vec<_> = (0..12).map(|s| hung_reconcile(&a, s)).collect();
+        let b = sharded("b");
+        let joined = tokio::time::Instant::now();
+        {
+            let b = b.clone();
+            tokio::spawn(async move { b.run().await });
+        }
+        let ids: BTreeSet<String> = ["a", "b"].iter().map(|s| (*s).to_owned()).collect();
+        let two = Assignment::new(&ids, 12);
+        // The handover comes once the roster is stable for a retry period
+        // (within 2 s of the join); then the grace, the lease duration, and
+        // a retry period.
+        let bound = S(2) + grace + S(4) + S(1);
+        while *b.held().borrow() != two.of("b") {
+            assert!(
+                joined.elapsed() <= bound,
+                "b does not serve its shards within {bound:?} of its join: {:?}",
+                held(&[&a, &b])
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+        let served = tokio::time::Instant::now();
+        assert_eq!(*a.held().borrow(), two.of("a"));
+        for (s, w) in work.into_iter().enumerate() {
+            let s = u16::try_from(s).unwrap();
+            if two.of("b").contains(&s) {
+                let (lost, at) = tokio::time::timeout(S(1), w)
+                    .await
+                    .expect("the moved shard's work was stopped")
+                    .unwrap();
+                assert_eq!(lost, crate::Lost::GivenUp, "shard {s}");
+                // Not released: taken when its record expired, a lease
+                // duration after its last renewal (at most a retry period
+                // before the work was stopped).
+                assert!(
+                    served.duration_since(at) >= S(3),
+                    "shard {s} served {:?} after its work was stopped: released?",
+                    served.duration_since(at)
+                );
+            } else {
+                assert!(
+                    !w.is_finished(),
+                    "the work of a shard a keeps goes on (shard {s})"
+                );
+                w.abort();
+            }
+        }
+        never_shared(&[&a, &b], S(20)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+    });
+}
+
+/// Work on a shard handed over that ends within the reconcile grace is not
+/// stopped: the shard is released as it ends, and its new owner serves it
+/// within a second (a watch event and a write), not a lease duration later.
+#[test]
+fn a_moved_shards_work_that_ends_within_the_grace_lets_it_be_released_at_once() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let sharded = |identity: &str| {
+            let (client, _) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", identity)
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            ShardedElector::new(client, ShardConfig::new(lease, 12).reconcile_grace(S(20))).unwrap()
+        };
+        let a = sharded("a");
+        {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await });
+        }
+        never_shared(&[&a], S(30)).await;
+        // A reconcile of every shard runs 5 s on a, racing its guard.
+        let work: Vec<_> = (0..12)
+            .map(|s| {
+                let guard = a.guard(s).expect("held");
+                tokio::spawn(async move {
+                    let work = sleep(S(5));
+                    tokio::pin!(work);
+                    matches!(
+                        futures::future::select(work, guard).await,
+                        futures::future::Either::Left(_)
+                    )
+                })
+            })
+            .collect();
+        let b = sharded("b");
+        let joined = tokio::time::Instant::now();
+        {
+            let b = b.clone();
+            tokio::spawn(async move { b.run().await });
+        }
+        let ids: BTreeSet<String> = ["a", "b"].iter().map(|s| (*s).to_owned()).collect();
+        let two = Assignment::new(&ids, 12);
+        while *b.held().borrow() != two.of("b") {
+            assert!(
+                joined.elapsed() <= S(6),
+                "b does not serve its shards within a second of the work's end: {:?}",
+                held(&[&a, &b])
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+        for w in work {
+            assert!(w.await.unwrap(), "the work finished, not stopped");
+        }
+    });
+}
+
+/// Issue 33, item 2: a sharded election whose base config is coordinated is
+/// refused before any API call (the API server would pick each shard's
+/// holder, against the balancer; and every shard Lease would copy one
+/// identity's candidate).
+#[cfg(feature = "coordinated")]
+#[test]
+fn a_coordinated_sharded_election_is_refused_before_any_api_call() {
+    crate::tests::support::paused(async {
+        let fake = crate::test_util::FakeLeaseApi::default().serve_lease_candidates();
+        let (client, _) = fake.client();
+        let base = crate::LeaseConfig::new("default", "work", "me")
+            .coordinated(crate::coordinated::Coordinated::new("1.37.0"));
+        let refused = ShardedElector::new(client, ShardConfig::new(base, 4));
+        assert!(
+            matches!(
+                refused,
+                Err(crate::ConfigError::InvalidCoordinated {
+                    field: "coordinated",
+                    ..
+                })
+            ),
+            "{:?}",
+            refused.err()
+        );
+        assert!(fake.requests().is_empty(), "no API call");
+    });
+}

@@ -325,6 +325,7 @@ impl FakeLeaseApi {
             at: Instant::now(),
             client: usize::MAX,
             verb,
+            name: name.map(str::to_owned),
         });
         if let Some(code) = s.candidates.refused {
             return status(code, "Refused", "refused by the test");

@@ -418,10 +418,18 @@ impl FakeLeaseApi {
                 created(&with_type(&s.store(lease, "ADDED")))
             }
             "update" => update(&mut s, namespace, name, body),
-            "delete" => match s.remove(&named()) {
-                Some(lease) => ok(&with_type(&lease)),
-                None => not_found(name),
-            },
+            "delete" => {
+                let Some(current) = s.leases.get(&named()) else {
+                    return not_found(name);
+                };
+                if let Some(failed) = precondition_failed(current, body) {
+                    return failed;
+                }
+                match s.remove(&named()) {
+                    Some(lease) => ok(&with_type(&lease)),
+                    None => not_found(name),
+                }
+            }
             _ => status(405, "MethodNotAllowed", "not supported by the double"),
         }
     }
@@ -440,6 +448,33 @@ fn not_found(name: Option<&str>) -> Response<ResBody> {
             "code": 404,
         }),
     )
+}
+
+/// A delete's `DeleteOptions.preconditions` (its body; none when empty)
+/// checked against the stored Lease, as the API server checks them: a
+/// `resourceVersion` or `uid` that differs is a 409 Conflict, and nothing is
+/// deleted.
+fn precondition_failed(current: &Lease, body: &[u8]) -> Option<Response<ResBody>> {
+    if body.is_empty() {
+        return None;
+    }
+    let Ok(options) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Some(status(400, "BadRequest", "bad body"));
+    };
+    let pre = options.get("preconditions")?;
+    let meta = &current.metadata;
+    for (field, stored) in [("uid", &meta.uid), ("resourceVersion", &meta.resource_version)] {
+        if let Some(wanted) = pre.get(field).and_then(serde_json::Value::as_str)
+            && Some(wanted) != stored.as_deref()
+        {
+            let message = format!(
+                "Precondition failed: {field} in precondition: {wanted}, {field} in object meta: {}",
+                stored.as_deref().unwrap_or("")
+            );
+            return Some(status(409, "Conflict", &message));
+        }
+    }
+    None
 }
 
 /// A `replace`: compare-and-swap on the resourceVersion (which must be

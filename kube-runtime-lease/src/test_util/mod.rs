@@ -9,7 +9,8 @@
 //! The double serves any number of Leases, by namespace and name, with one
 //! resourceVersion sequence for all (as etcd has): `get`, `create`, `update`
 //! (with resourceVersion compare-and-swap, no-op updates, and create on
-//! update as Leases allow), `delete`, `list` and `watch` (by namespace or
+//! update as Leases allow), `delete` (with `preconditions` on the uid and
+//! resourceVersion), `list` and `watch` (by namespace or
 //! across namespaces, by `metadata.name`, by equality-based label
 //! selectors), and the API server's validation of a Lease's spec (422).
 //! [`FakeLeaseApi::lease`], [`take_over`](FakeLeaseApi::take_over) and
@@ -192,6 +193,9 @@ pub struct Received {
     /// (`candidate ` and one of those for a `LeaseCandidate` request, whose
     /// `client` is `usize::MAX`).
     pub verb: &'static str,
+    /// The object's name, for a request of one object (`get`, `update`,
+    /// `delete`); `None` for a list, a watch or a create.
+    pub name: Option<String>,
 }
 
 #[derive(Default)]

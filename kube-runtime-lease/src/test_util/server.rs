@@ -76,7 +76,7 @@ impl FakeLeaseApi {
             query,
             body,
         };
-        let (fault, latency, forbidden) = self.received(client, verb)?;
+        let (fault, latency, forbidden) = self.received(client, verb, r.name.clone())?;
         if verb != "watch" && !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
@@ -149,6 +149,7 @@ impl FakeLeaseApi {
         &self,
         client: usize,
         verb: &'static str,
+        name: Option<String>,
     ) -> Result<(Option<Fault>, Duration, bool), std::io::Error> {
         let mut s = self.lock();
         check_budget(&s);
@@ -156,6 +157,7 @@ impl FakeLeaseApi {
             at: Instant::now(),
             client,
             verb,
+            name,
         });
         let c = &mut s.clients[client];
         if c.partitioned {

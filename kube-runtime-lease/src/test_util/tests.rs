@@ -198,3 +198,60 @@ fn set_based_label_selectors_select_by_value_sets() {
         );
     });
 }
+
+/// A delete with preconditions deletes only the object it names: a
+/// resourceVersion or uid that is not the stored one is a 409 Conflict and
+/// leaves it, as the API server does; the request names its object.
+#[test]
+fn a_delete_with_preconditions_deletes_only_the_record_it_names() {
+    paused(async {
+        use kube_client::api::{DeleteParams, Preconditions};
+
+        let fake = FakeLeaseApi::default();
+        let (client, id) = fake.client();
+        let leases = Api::<Lease>::namespaced(client, "default");
+        let made = leases.create(&PostParams::default(), &named("m")).await.unwrap();
+        let with = |resource_version: Option<String>, uid: Option<String>| DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version,
+                uid,
+            }),
+            ..DeleteParams::default()
+        };
+        for (rv, uid) in [
+            (Some("999".to_owned()), None),
+            (None, Some("another-uid".to_owned())),
+            (
+                made.metadata.resource_version.clone(),
+                Some("another-uid".to_owned()),
+            ),
+        ] {
+            let err = leases.delete("m", &with(rv, uid)).await.unwrap_err();
+            assert!(
+                matches!(&err, kube_client::Error::Api(s) if s.code == 409 && s.message.contains("Precondition failed")),
+                "{err:?}"
+            );
+            assert!(fake.lease_in("default", "m").is_some(), "not deleted");
+        }
+        leases
+            .delete(
+                "m",
+                &with(made.metadata.resource_version.clone(), made.metadata.uid.clone()),
+            )
+            .await
+            .unwrap();
+        assert!(fake.lease_in("default", "m").is_none(), "deleted");
+        let err = leases.delete("m", &DeleteParams::default()).await.unwrap_err();
+        assert!(
+            matches!(&err, kube_client::Error::Api(s) if s.code == 404),
+            "{err:?}"
+        );
+        let deletes: Vec<Option<String>> = fake
+            .requests()
+            .into_iter()
+            .filter(|r| r.client == id && r.verb == "delete")
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(deletes, vec![Some("m".to_owned()); 5]);
+    });
+}

@@ -10,13 +10,17 @@
 //! Every replica does the work of each shard it holds as a Controller of
 //! [`ShardedController`](crate::shard::ShardedController) does: units of work one
 //! after another, each begun only while the shard's term holds, stopped when
-//! the term ends. Invariant: at no virtual instant do two replicas work on
-//! one shard, counting for work that was stopped (not finished) a tail of
-//! [`TAIL`] during which its requests may still land. Once faults stop, every
-//! shard has exactly one holder among the live replicas, the shares are
-//! within one of each other, and the roster names exactly the live replicas
-//! (the gone evicted by the members watching over them: the selection of
-//! watched shards and the evictions are what this checks beyond safety).
+//! the term ends; one unit in 25 never returns (a request with no timeout),
+//! stopped only by the end of the term. Invariant: at no virtual instant do
+//! two replicas work on one shard, counting for work that was stopped (not
+//! finished) a tail of [`TAIL`] during which its requests may still land.
+//! Once faults heal, every shard has an owner among the live replicas within
+//! [`HEALED_BOUND`]; a minute later every shard has exactly one holder among
+//! the live replicas, the shares are within one of each other, and the
+//! roster names exactly the live replicas (the gone evicted by the members
+//! watching over them: the selection of watched shards and the evictions are
+//! what this checks beyond safety) and holds no other entry (departed
+//! members' entries deleted).
 //!
 //! `KRL_SIM_SHARDED_SCHEDULES` sets the number of schedules (default 60);
 //! `KRL_SIM_SEED` replays one (see the single-Lease simulation).
@@ -44,6 +48,14 @@ const SHARDS: u16 = 6;
 const CHAOS: Duration = Duration::from_secs(60);
 const LEASE: Duration = Duration::from_secs(3);
 const RENEW_DEADLINE: Duration = Duration::from_secs(2);
+/// Once faults heal (the last cut-off replica reconnected), every shard has
+/// an owner among the live replicas within this long: the bound of the
+/// `shard` module docs with this simulation's timings: the roster watch of a
+/// replica cut off for up to 6 s back within kube-runtime's backoff (6.4 s),
+/// two dead members evicted one after the other (2 × (2 LD + RP) = 13.6 s),
+/// and a shard whose work hangs handed over (grace + LD + RP = 5.8 s). The
+/// worst seen over 300 schedules: 15.4 s.
+const HEALED_BOUND: Duration = Duration::from_millis(6400 + 13_600 + 5800);
 /// How long after work was stopped its requests may still land: less than
 /// lease duration − renew deadline (1 s), the margin the protocol leaves.
 const TAIL: Duration = Duration::from_millis(300);
@@ -100,11 +112,20 @@ async fn work(replica: ShardedElector, shard: u16, process: usize, log: Log, see
         };
         let end = loop {
             let unit = ms(&mut rng, 300);
+            // One unit in 25 never returns (a request with no timeout): only
+            // the end of the term stops it.
+            let hangs = rng.u8(0..25) == 0;
+            let unit = async move {
+                if hangs {
+                    std::future::pending::<()>().await;
+                }
+                sleep(unit).await;
+            };
             tokio::select! {
                 biased;
                 () = guard.lost_signal() => break Instant::now() + TAIL,
                 () = past_deadline(&guard) => break Instant::now() + TAIL,
-                () = sleep(unit) => {
+                () = unit => {
                     // A unit finished; the next one begins only in this term.
                     let holds = replica
                         .guard(shard)
@@ -320,7 +341,7 @@ async fn schedule(seed: u64) -> Vec<Work> {
     if sim.live().is_empty() {
         sim.start(0, "r0-last".to_owned());
     }
-    sleep(Duration::from_secs(60)).await;
+    owners_within_the_bound(&sim, seed).await;
     // Settled: one holder per shard among the live replicas, within one.
     let live = sim.live();
     let held: BTreeMap<&str, BTreeSet<u16>> = live
@@ -341,6 +362,52 @@ async fn schedule(seed: u64) -> Vec<Work> {
         max - min <= 1,
         "seed {seed}: unbalanced after faults stopped: {held:?}"
     );
+    roster_is_the_live_replicas(&sim, seed);
+    let now = Instant::now();
+    let work = sim
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|w| Work {
+            end: Some(w.end.unwrap_or(now)),
+            ..*w
+        })
+        .collect();
+    for r in sim.slots.iter_mut().flatten() {
+        for t in &r.tasks {
+            t.abort();
+        }
+    }
+    work
+}
+
+/// Once faults healed: every shard has an owner among the live replicas
+/// within [`HEALED_BOUND`] (each shard's first instant held, sampled every
+/// 50 ms for a minute).
+async fn owners_within_the_bound(sim: &Sim, seed: u64) {
+    let healed = Instant::now();
+    let mut first_owned: BTreeMap<u16, Instant> = BTreeMap::new();
+    while healed.elapsed() < Duration::from_secs(60) {
+        for r in sim.live() {
+            for s in r.elector.held().borrow().iter() {
+                first_owned.entry(*s).or_insert_with(Instant::now);
+            }
+        }
+        sleep(Duration::from_millis(50)).await;
+    }
+    for shard in 0..SHARDS {
+        let after = first_owned.get(&shard).map(|at| at.duration_since(healed));
+        assert!(
+            after.is_some_and(|a| a <= HEALED_BOUND),
+            "seed {seed}: shard {shard} has no owner within {HEALED_BOUND:?} of the faults healing: first held after {after:?}"
+        );
+    }
+}
+
+/// The roster names exactly the live replicas, and holds no other entry.
+fn roster_is_the_live_replicas(sim: &Sim, seed: u64) {
+    let live = sim.live();
     // The roster names exactly the live replicas: the gone ones evicted
     // (each by the member watching over its shards, or over the next
     // member's), every live one joined (again, if it was evicted while cut
@@ -362,23 +429,23 @@ async fn schedule(seed: u64) -> Vec<Work> {
         roster, identities,
         "seed {seed}: 60 s after faults stopped, the roster is not the live replicas"
     );
-    let now = Instant::now();
-    let work = sim
-        .log
-        .lock()
-        .unwrap()
+    // And it holds no entry of a departed member: each was deleted.
+    let entries = sim
+        .fake
+        .leases()
         .iter()
-        .map(|w| Work {
-            end: Some(w.end.unwrap_or(now)),
-            ..*w
+        .filter(|l| {
+            l.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("ctl-member-"))
         })
-        .collect();
-    for r in sim.slots.iter_mut().flatten() {
-        for t in &r.tasks {
-            t.abort();
-        }
-    }
-    work
+        .count();
+    assert_eq!(
+        entries,
+        identities.len(),
+        "seed {seed}: 60 s after faults stopped, departed members' roster entries are left"
+    );
 }
 
 fn check(seed: u64, work: &[Work]) {
