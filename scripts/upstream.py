@@ -292,9 +292,11 @@ def transform(text, rel, present):
         d = DOC.match(line)
         if d and d.group(2) in ("///", "//!"):
             body = d.group(4)
-            if body.startswith("```"):
+            # A fence may be indented (a code block inside a list item).
+            fence = body.lstrip().startswith("```")
+            if fence:
                 in_code = not in_code
-            out.append(d.group(1) + d.group(2) + d.group(3) + rewrite_doc(body, in_code and not body.startswith("```")))
+            out.append(d.group(1) + d.group(2) + d.group(3) + rewrite_doc(body, in_code and not fence))
             continue
         if line.lstrip().startswith("//"):
             out.append(line)
