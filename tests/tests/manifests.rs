@@ -97,7 +97,12 @@ fn every_deployment_gives_its_pods_the_shutdown_budget() -> Result<()> {
         config
             .validate()
             .with_context(|| format!("{file}: {name}'s timings"))?;
-        let budget = config.shutdown_budget(SHUTDOWN_GRACE);
+        // The sharded example (`SHARDS`) leaves its roster first.
+        let budget = if has(&env, "SHARDS") {
+            kube_runtime_lease::shard::ShardConfig::new(config, 12).shutdown_budget(SHUTDOWN_GRACE)
+        } else {
+            config.shutdown_budget(SHUTDOWN_GRACE)
+        };
         ensure!(
             termination_grace >= budget,
             "{file}: {name}'s terminationGracePeriodSeconds ({termination_grace:?}) is below the \
@@ -124,5 +129,11 @@ fn the_budget_is_the_sum_of_its_parts() {
         LeaseConfig::new("ns", "lease", "pod").shutdown_budget(Duration::MAX),
         Duration::MAX,
         "no overflow"
+    );
+    let sharded = kube_runtime_lease::shard::ShardConfig::new(LeaseConfig::new("ns", "lease", "pod"), 4);
+    assert_eq!(
+        sharded.shutdown_budget(grace),
+        Duration::from_secs(5 + 47),
+        "the roster is left first, within the release timeout"
     );
 }

@@ -147,6 +147,18 @@ impl ShardConfig {
         self
     }
 
+    /// The longest [`ShardedElector::shutdown`]`(grace)` can take: leaving the
+    /// roster (bounded by the release timeout), then every shard's elector
+    /// shut down at once, each within
+    /// [`LeaseConfig::shutdown_budget`]`(grace)`. What a pod's
+    /// `terminationGracePeriodSeconds` must cover.
+    #[must_use]
+    pub fn shutdown_budget(&self, grace: Duration) -> Duration {
+        self.lease
+            .release_timeout
+            .saturating_add(self.lease.shutdown_budget(grace))
+    }
+
     /// The reconcile grace in force (see [`reconcile_grace`](Self::reconcile_grace)).
     fn grace(&self) -> Duration {
         self.reconcile_grace.unwrap_or(self.lease.renew_deadline)
