@@ -239,17 +239,19 @@ impl LeaseConfig {
     #[must_use]
     pub fn shutdown_budget(&self, grace: Duration) -> Duration {
         let campaign = self.renew_deadline.saturating_mul(2);
-        let budget = grace
+        #[cfg(feature = "coordinated")]
+        let deletion = if self.coordinated.is_some() {
+            self::coordinated::REQUEST_BOUND
+        } else {
+            Duration::ZERO
+        };
+        #[cfg(not(feature = "coordinated"))]
+        let deletion = Duration::ZERO;
+        grace
             .saturating_add(campaign)
             .saturating_add(self.release_timeout)
-            .saturating_add(self.retry_period);
-        #[cfg(feature = "coordinated")]
-        let budget = if self.coordinated.is_some() {
-            budget.saturating_add(self::coordinated::REQUEST_BOUND)
-        } else {
-            budget
-        };
-        budget
+            .saturating_add(self.retry_period)
+            .saturating_add(deletion)
     }
 
     /// Whether the election runs (see [`enabled`](Self::enabled)).
