@@ -118,6 +118,14 @@ async fn run(mut task: Task) -> Result<()> {
         }
         freed.await;
     }
+    // A task that starts once `shutdown` began (spawned just before it, then
+    // waiting for the slot) has nothing to do: it ends at once, with no
+    // request, not even for an object beside the Lease, so that `shutdown`
+    // waits for one task's requests only (see `LeaseConfig::shutdown_budget`).
+    if task.demand(false) == Demand::Shutdown && task.exit() {
+        debug!("election task started after the shutdown: nothing to do");
+        return Ok(());
+    }
     debug!("election task started");
     inner.api.contact().task_started();
     // The wake-up stored by the `acquire` that spawned this task: the loops

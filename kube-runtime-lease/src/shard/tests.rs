@@ -895,3 +895,47 @@ fn a_coordinated_sharded_election_is_refused_before_any_api_call() {
         assert!(fake.requests().is_empty(), "no API call");
     });
 }
+/// `shutdown` ends within `ShardConfig::shutdown_budget` on a slow API
+/// server (every request answered after 2.4 s, within the renew deadline):
+/// the roster left, then every shard's handover, each releasing its Lease.
+#[test]
+fn a_sharded_shutdown_on_a_slow_api_server_ends_within_its_budget() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (client, id) = fake.client();
+        let lease = LeaseConfig::new("default", "ctl", "a")
+            .lease_duration(S(4))
+            .renew_deadline(S(3))
+            .retry_period(S(1));
+        let config = ShardConfig::new(lease, 12);
+        let budget = config.shutdown_budget(S(1));
+        let a = ShardedElector::new(client, config).unwrap();
+        {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await });
+        }
+        tokio::time::timeout(S(60), async {
+            while a.held().borrow().len() < 12 {
+                sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("a holds every shard");
+        fake.set_latency(id, Duration::from_millis(2_400));
+        sleep(Duration::from_millis(500)).await;
+        let started = tokio::time::Instant::now();
+        tokio::time::timeout(S(120), a.shutdown(S(1)))
+            .await
+            .expect("shutdown is bounded");
+        let took = started.elapsed();
+        assert!(took <= budget, "took {took:?}, more than its budget {budget:?}");
+        let held: Vec<_> = fake
+            .leases()
+            .into_iter()
+            .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-")))
+            .filter_map(|l| l.spec.and_then(|s| s.holder_identity))
+            .filter(|h| !h.is_empty())
+            .collect();
+        assert!(held.is_empty(), "shards still held after {took:?}: {held:?}");
+    });
+}

@@ -681,3 +681,104 @@ fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
         "{text}"
     );
 }
+
+/// `shutdown` waits for the `LeaseCandidate`'s deletion too (each of its
+/// requests bounded by 10 s), after a renewal in flight and the release:
+/// 9.5 s + 4.5 s + 9 s exceed the renew deadline + release timeout + retry
+/// period that `shutdown` once waited (17 s), which reported `TaskDidNotEnd`
+/// for a task about to end; it fits
+/// [`LeaseConfig::shutdown_budget`](crate::LeaseConfig::shutdown_budget).
+#[test]
+fn a_shutdown_waits_for_a_slow_lease_candidate_deletion() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let cfg = coordinated("me");
+        let budget = cfg.shutdown_budget(S(1));
+        let (client, id) = fake.client();
+        let e = crate::LeaderElector::new(client, cfg).unwrap();
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        assign(&fake, CANDIDATE);
+        let guard = acquire.await.expect("leads");
+        // From now on: every LeaseCandidate request takes 9 s (the builder
+        // acts on the store the clone shares), the next renewal is answered
+        // after 9.5 s, and the release's read after 4.5 s.
+        let _ = fake.clone().lease_candidates_latency(S(9));
+        fake.fault(
+            id,
+            Some("update"),
+            crate::test_util::Fault::DelayResponse(Duration::from_millis(9_500)),
+        );
+        fake.fault(
+            id,
+            Some("get"),
+            crate::test_util::Fault::DelayResponse(Duration::from_millis(4_500)),
+        );
+        // The renewal is in flight; the guarded work ends, then the shutdown.
+        sleep(Duration::from_millis(2_500)).await;
+        drop(guard);
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(S(120), e.shutdown(S(1)))
+            .await
+            .expect("shutdown is bounded");
+        let took = started.elapsed();
+        assert!(result.is_ok(), "{result:?} after {took:?}");
+        assert!(took > S(20), "the slow steps were taken: {took:?}");
+        assert!(took <= budget, "took {took:?}, more than its budget {budget:?}");
+        assert!(
+            fake.lease_candidates().is_empty(),
+            "{:?}",
+            fake.lease_candidates()
+        );
+        assert_eq!(holder(&fake).as_deref(), Some(""), "released on shutdown");
+    });
+}
+
+/// A task that starts once `shutdown` began (spawned by an `acquire` while
+/// the last task was still deleting its `LeaseCandidate`, then waiting for the
+/// slot) makes no request: it deleted the candidate a second time (10 s more
+/// that `shutdown` would wait, beyond its budget with short timings).
+#[test]
+fn a_task_that_starts_after_the_shutdown_does_not_delete_the_lease_candidate_again() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        assign(&fake, CANDIDATE);
+        let guard = acquire.await.expect("leads");
+        // Every LeaseCandidate request takes 9 s from now on (the builder
+        // acts on the store the clone shares).
+        let _ = fake.clone().lease_candidates_latency(S(9));
+        // Given up: released, the task lingers a retry period, exits, and
+        // deletes its LeaseCandidate (under way 5 s later).
+        drop(guard);
+        sleep(S(5)).await;
+        let deletes = || {
+            fake.requests()
+                .iter()
+                .filter(|r| r.verb == "candidate delete")
+                .count()
+        };
+        let (campaigning, slot, _) = e.tasks_for_test();
+        assert!(
+            campaigning.is_none() && slot.is_some() && fake.lease_candidates().contains_key(CANDIDATE),
+            "the deletion is under way: {:?}",
+            e.tasks_for_test()
+        );
+        // A new task is spawned, and waits for the slot; then the shutdown.
+        let mut again = Box::pin(e.acquire());
+        assert!(futures::poll!(&mut again).is_pending());
+        let result = tokio::time::timeout(S(120), e.shutdown(S(1)))
+            .await
+            .expect("shutdown is bounded");
+        assert!(result.is_ok(), "{result:?}");
+        assert!(matches!(again.await, Err(crate::AcquireError::Shutdown)));
+        assert_eq!(
+            deletes(),
+            1,
+            "a task started after the shutdown deleted the LeaseCandidate again: {:?}",
+            fake.requests()
+        );
+    });
+}
