@@ -99,6 +99,7 @@ STEPS = [
             "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
             "elector/task/lead.rs", "elector/task/view.rs",
             "elector/tests/mod.rs", "elector/tests/campaign.rs", "elector/tests/supervise.rs",
+            "elector/tests/contact.rs", "lease_observer.rs", "lease_observer/tests.rs",
             "tests/support.rs",
         ],
         "used_later": {

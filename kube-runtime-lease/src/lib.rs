@@ -68,6 +68,9 @@
 //!   [`contact_check`](LeaderElector::contact_check) lets a liveness probe
 //!   see a standby (or leader) that has not heard from the API server for
 //!   longer than a limit you set.
+//! - [`LeaseObserver`] follows who holds a Lease without ever campaigning
+//!   (the same [`LeaderStatus`], no writes): for dashboards, CLIs and pods
+//!   that only serve.
 //!   <!-- upstream: omit -->
 //!   The repository's `examples/probes.rs` serves them as `/readyz` and
 //!   `/livez` probes.
@@ -372,6 +375,7 @@ mod controller;
 mod elector;
 mod error;
 mod guard;
+mod lease_observer;
 mod record;
 mod scope;
 mod stream;
@@ -382,6 +386,7 @@ pub use controller::{ControllerResource, ControllerWithLeaderElection, LeaderEle
 pub use elector::{Acquire, HealthError, LeaderElector, LeaderStatus};
 pub use error::{AcquireError, ApiError, ShutdownError};
 pub use guard::LeaseGuard;
+pub use lease_observer::LeaseObserver;
 pub use scope::TermTasks;
 pub use stream::{LeaderElectionStreamExt, RunEnded, WithLeaderElection};
 pub use term::Lost;

@@ -7,7 +7,7 @@ pub(crate) mod coordinated;
 mod error;
 #[cfg(feature = "lease-metadata")]
 pub(crate) mod metadata;
-mod names;
+pub(crate) mod names;
 
 #[cfg(feature = "coordinated")]
 pub use self::coordinated::Coordinated;

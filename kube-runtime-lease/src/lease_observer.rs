@@ -1,0 +1,129 @@
+//! [`LeaseObserver`]: who holds a Lease, for a process that never campaigns.
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_client::{Api, Client};
+use kube_runtime::{WatchStreamExt, watcher};
+use tokio::{sync::watch, task::JoinHandle};
+use tracing::debug;
+
+use crate::{
+    ConfigError, LeaderStatus,
+    config::names::{dns1123_label, dns1123_subdomain},
+    record,
+};
+
+/// Follows who holds a Lease without ever campaigning: a dashboard, a CLI,
+/// or the webhook-only pods of an operator that want to know the leader.
+///
+/// It publishes the same [`LeaderStatus`] an elector does (its `holder` and
+/// `transitions`; `is_leader` is always `false`), from a watch of that one
+/// Lease, and makes no write: RBAC needs only `get`, `list` and `watch` on
+/// `leases`. The watch is kube-runtime's `watcher`, with its default
+/// backoff. `holder` is the holder the record names, as an elector shows
+/// it: a holder that has stopped renewing is still named until someone
+/// takes the Lease over. The watch runs in a task of its own, stopped when
+/// the observer is dropped.
+///
+/// ```no_run
+/// use kube_runtime_lease::LeaseObserver;
+///
+/// # async fn doc(client: kube_client::Client) -> Result<(), Box<dyn std::error::Error>> {
+/// let observer = LeaseObserver::new(client, "my-namespace", "my-controller")?;
+/// let mut status = observer.subscribe();
+/// while status.changed().await.is_ok() {
+///     println!("leader: {:?}", status.borrow_and_update().holder);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct LeaseObserver {
+    status: watch::Receiver<LeaderStatus>,
+    task: JoinHandle<()>,
+}
+
+impl LeaseObserver {
+    /// Starts following the Lease `namespace/name`, on the current Tokio
+    /// runtime.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidNamespace`] or [`ConfigError::InvalidName`], as
+    /// [`LeaseConfig::validate`](crate::LeaseConfig::validate) checks them,
+    /// before any API call.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime, as [`tokio::spawn`] does.
+    pub fn new(client: Client, namespace: &str, name: &str) -> Result<Self, ConfigError> {
+        if let Some(rule) = dns1123_label(namespace) {
+            return Err(ConfigError::InvalidNamespace {
+                value: namespace.to_owned(),
+                rule,
+            });
+        }
+        if let Some(rule) = dns1123_subdomain(name) {
+            return Err(ConfigError::InvalidName {
+                value: name.to_owned(),
+                rule,
+            });
+        }
+        let (tx, status) = watch::channel(LeaderStatus::default());
+        let api: Api<Lease> = Api::namespaced(client, namespace);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = watcher(api, config).default_backoff().boxed();
+        let task = tokio::spawn(async move {
+            // Whether the re-list under way has shown the Lease yet.
+            let mut listed = false;
+            while let Some(event) = events.next().await {
+                let seen = match event {
+                    Ok(watcher::Event::Init) => {
+                        listed = false;
+                        continue;
+                    }
+                    Ok(watcher::Event::InitApply(lease)) => {
+                        listed = true;
+                        Some(lease)
+                    }
+                    Ok(watcher::Event::Apply(lease)) => Some(lease),
+                    // The Lease does not exist (any more).
+                    Ok(watcher::Event::Delete(_)) => None,
+                    Ok(watcher::Event::InitDone) if !listed => None,
+                    Ok(watcher::Event::InitDone) => continue,
+                    Err(e) => {
+                        debug!(error = %crate::error::Chain(&e), "lease observer: watch failed; retrying");
+                        continue;
+                    }
+                };
+                let spec = seen.and_then(|l| l.spec);
+                tx.send_if_modified(|s| {
+                    let before = s.clone();
+                    s.holder = spec.as_ref().and_then(record::holder).map(str::to_owned);
+                    s.transitions = spec.as_ref().and_then(|s| s.lease_transitions);
+                    *s != before
+                });
+            }
+        });
+        Ok(LeaseObserver { status, task })
+    }
+
+    /// Who holds the Lease, as last observed (`is_leader` is always `false`).
+    #[must_use]
+    pub fn status(&self) -> LeaderStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Follows [`status`](Self::status): every change of holder observed.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<LeaderStatus> {
+        self.status.clone()
+    }
+}
+
+impl Drop for LeaseObserver {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests;
