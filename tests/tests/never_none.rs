@@ -1,4 +1,4 @@
-//! "Never none" (issue 33) against a real kube-apiserver and etcd: the faults
+//! "Never none" against a real kube-apiserver and etcd: the faults
 //! that left a Lease without a leader, made on the real API server where they
 //! can be. The unit suite (`kube-runtime-lease/src/tests/never_none.rs`) has
 //! each of them on the double, with paused time.

@@ -868,7 +868,7 @@ fn a_moved_shards_work_that_ends_within_the_grace_lets_it_be_released_at_once() 
     });
 }
 
-/// Issue 33, item 2: a sharded election whose base config is coordinated is
+/// A sharded election whose base config is coordinated is
 /// refused before any API call (the API server would pick each shard's
 /// holder, against the balancer; and every shard Lease would copy one
 /// identity's candidate).

@@ -1,5 +1,5 @@
 //! "Never none": the schedules that left a Lease without a leader for longer
-//! than its documented bounds (issue 33), one test each, on the in-memory
+//! than its documented bounds, one test each, on the in-memory
 //! Lease API double with paused time. Each failed on the code before its
 //! fix (`docs/regressions.md`, section 15). The bounds are stated in the
 //! crate docs (*Liveness: how long a Lease can be without a leader*).

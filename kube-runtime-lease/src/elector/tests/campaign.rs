@@ -142,8 +142,8 @@ fn a_polling_candidate_reads_before_every_attempt_and_takes_a_release_at_its_nex
 /// the Lease again and tries again after the backoff's first step (one to two
 /// retry periods), never at once, so that a `replace` that keeps answering
 /// 404 while reads succeed is no loop without a delay. (The write is the
-/// takeover of an expired record, the watch in sync; before issue 33 the
-/// retry was at once.)
+/// takeover of an expired record, the watch in sync; the retry was once at
+/// once, which a replace answering 404 for good turned into a loop.)
 #[test]
 fn an_acquire_that_meets_404_on_update_reads_again_and_retries_after_a_retry_period() {
     paused(async {

@@ -49,7 +49,7 @@ fn prefer(fake: &FakeLeaseApi, preferred: &str) {
 /// runs at once, and the `LeaseCandidate` is published again with backoff
 /// (10 s doubling, across election tasks: never a loop, never given up); once
 /// the API server serves it, Coordinated Leader Election is in force. (Before
-/// issue 33, one 404 was taken as "off" for the life of the process.)
+/// the fallback, one 404 was taken as "off" for the life of the process.)
 #[test]
 fn where_lease_candidates_are_not_served_the_ordinary_election_runs_until_they_are() {
     paused(async {
