@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kube::Client;
-use kube_runtime_lease::{LeaseConfig, unique_identity};
+use kube_runtime_lease::{LeaderElector, LeaseConfig, Lost, ShutdownError, unique_identity};
+use tokio::task::JoinHandle;
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`).
 pub fn init_tracing() {
@@ -151,6 +152,43 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
 /// `LeaseConfig::shutdown_budget(SHUTDOWN_GRACE)`; `tests/tests/manifests.rs`
 /// checks it.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
+/// The SIGTERM handover: a task that waits for SIGTERM (or Ctrl+C), then
+/// shuts `elector` down with `grace`. Await it before the process exits, so
+/// that the release has landed.
+#[must_use = "await the handover before the process exits"]
+pub fn handover_on_signal(elector: &LeaderElector, grace: Duration) -> JoinHandle<Result<(), ShutdownError>> {
+    let elector = elector.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        elector.shutdown(grace).await
+    })
+}
+
+/// How a program whose guarded work ended for the term's reason `lost`
+/// exits: after a shutdown (the work ended when it began, or was stopped by
+/// it), once `handover` has run to its end; after any other loss, with an
+/// error, so that the pod restarts and campaigns again (`run_each_term`
+/// would rejoin in process instead).
+///
+/// # Errors
+/// The loss, or the handover's failure.
+pub async fn exit_after_work(
+    lost: Option<Lost>,
+    handover: JoinHandle<Result<(), ShutdownError>>,
+) -> anyhow::Result<()> {
+    match lost {
+        None | Some(Lost::Shutdown) => {
+            handover.await??;
+            tracing::info!("stopped: shut down, lease handed over");
+            Ok(())
+        }
+        Some(lost) => {
+            tracing::info!(%lost, "stopped: leadership lost");
+            Err(lost.into())
+        }
+    }
+}
 
 /// Resolves on SIGTERM or Ctrl+C.
 ///

@@ -13,9 +13,9 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
-use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, Lost};
+use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector};
 use kube_runtime_lease_examples::ledger::{Appended, append};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{client, exit_after_work, handover_on_signal, init_tracing, lease_config};
 use tracing::{info, warn};
 
 #[tokio::main]
@@ -39,11 +39,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let elector = LeaderElector::new(client, config)?;
     // SIGTERM: no next write, the Lease is released; main awaits it.
-    let on_signal = elector.clone();
-    let handover = tokio::spawn(async move {
-        shutdown_signal().await;
-        on_signal.shutdown(Duration::from_secs(5)).await
-    });
+    let handover = handover_on_signal(&elector, Duration::from_secs(5));
     let ticks = futures::stream::unfold(1u64, |n| async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
         Some((n, n + 1))
@@ -59,15 +55,5 @@ async fn main() -> anyhow::Result<()> {
             Err(e) => warn!(error = %e, "ledger write failed"),
         }
     }
-    match guarded.lost() {
-        None | Some(Lost::Shutdown) => {
-            handover.await??;
-            info!("stopped: shut down, lease handed over");
-            Ok(())
-        }
-        Some(lost) => {
-            info!(%lost, "stopped: leadership lost");
-            Err(lost.into())
-        }
-    }
+    exit_after_work(guarded.lost(), handover).await
 }

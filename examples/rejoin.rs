@@ -9,18 +9,14 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use kube_runtime_lease::LeaderElector;
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{client, handover_on_signal, init_tracing, lease_config};
 use tracing::info;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_tracing();
     let elector = LeaderElector::new(client().await?, lease_config("rejoin")?)?;
-    let on_signal = elector.clone();
-    let handover = tokio::spawn(async move {
-        shutdown_signal().await;
-        on_signal.shutdown(Duration::from_secs(5)).await
-    });
+    let handover = handover_on_signal(&elector, Duration::from_secs(5));
     let mut term = 0;
     let ended = elector
         .run_each_term(|| {

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector, Lost};
-use kube_runtime_lease_examples::{client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease::{LeaderElectionStreamExt, LeaderElector};
+use kube_runtime_lease_examples::{client, exit_after_work, handover_on_signal, init_tracing, lease_config};
 use tracing::info;
 
 #[tokio::main]
@@ -16,11 +16,7 @@ async fn main() -> anyhow::Result<()> {
     init_tracing();
     let elector = LeaderElector::new(client().await?, lease_config("periodic-job")?)?;
     // SIGTERM: the job takes no next step, the Lease is released; main awaits it.
-    let on_signal = elector.clone();
-    let handover = tokio::spawn(async move {
-        shutdown_signal().await;
-        on_signal.shutdown(Duration::from_secs(5)).await
-    });
+    let handover = handover_on_signal(&elector, Duration::from_secs(5));
     let job = futures::stream::unfold(0u64, |n| async move {
         tokio::time::sleep(Duration::from_secs(1)).await;
         Some((n, n + 1))
@@ -34,18 +30,5 @@ async fn main() -> anyhow::Result<()> {
         let token = guarded.guard().map(kube_runtime_lease::LeaseGuard::fencing_token);
         info!(n, ?token, "job step");
     }
-    match guarded.lost() {
-        // Shut down: the job ended when the shutdown began; the handover ran.
-        None | Some(Lost::Shutdown) => {
-            handover.await??;
-            info!("stopped: shut down, lease handed over");
-            Ok(())
-        }
-        // Leadership lost: exit non-zero (a pod restarts and campaigns again;
-        // `run_each_term` would rejoin in process).
-        Some(lost) => {
-            info!(%lost, "stopped: leadership lost");
-            Err(lost.into())
-        }
-    }
+    exit_after_work(guarded.lost(), handover).await
 }

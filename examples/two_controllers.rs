@@ -15,7 +15,7 @@ use kube::{
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_examples::{SHUTDOWN_GRACE, client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{SHUTDOWN_GRACE, client, handover_on_signal, init_tracing, lease_config};
 use tracing::info;
 
 #[tokio::main]
@@ -25,11 +25,7 @@ async fn main() -> anyhow::Result<()> {
     let elector = LeaderElector::new(client.clone(), lease_config("two-controllers")?)?;
 
     // SIGTERM: finish reconciles in flight (up to 20 s), release; main awaits it.
-    let on_signal = elector.clone();
-    let handover = tokio::spawn(async move {
-        shutdown_signal().await;
-        on_signal.shutdown(SHUTDOWN_GRACE).await
-    });
+    let handover = handover_on_signal(&elector, SHUTDOWN_GRACE);
 
     // Both controllers run while this replica leads, and are built again for
     // each term: a loss stops both, and they rejoin the election together.

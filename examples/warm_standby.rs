@@ -27,7 +27,7 @@ use kube::{
     },
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
-use kube_runtime_lease_examples::{SHUTDOWN_GRACE, client, init_tracing, lease_config, shutdown_signal};
+use kube_runtime_lease_examples::{SHUTDOWN_GRACE, client, handover_on_signal, init_tracing, lease_config};
 use tracing::info;
 
 struct Ctx {
@@ -51,11 +51,7 @@ async fn main() -> anyhow::Result<()> {
     info!(cached = secrets.state().len(), "secret cache warm");
 
     // SIGTERM: finish reconciles in flight, release, exit.
-    let on_signal = elector.clone();
-    let handover = tokio::spawn(async move {
-        shutdown_signal().await;
-        on_signal.shutdown(SHUTDOWN_GRACE).await
-    });
+    let handover = handover_on_signal(&elector, SHUTDOWN_GRACE);
 
     // The controller's own watch runs on every replica too; leadership gates
     // only its reconciles.
