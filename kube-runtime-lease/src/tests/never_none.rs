@@ -18,7 +18,7 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     LeaderElector, Lost, record,
-    tests::support::{campaign_forever, config, count, elector, free, held_by, holder, paused, spec},
+    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -189,8 +189,17 @@ fn a_leader_that_campaigns_again_after_a_step_down_leaves_the_lease_to_the_prefe
         let fake = free();
         let (a, _) = elector(&fake, config("a"));
         let stepped_down = Arc::new(AtomicUsize::new(0));
-        // Each term's guard stays alive until the term ends.
-        let campaign = campaign_forever(a.clone(), stepped_down.clone());
+        let campaign = tokio::spawn({
+            let (a, stepped_down) = (a.clone(), stepped_down.clone());
+            async move {
+                // Each term's guard stays alive until the term ends.
+                while let Ok(guard) = a.acquire().await {
+                    if let Lost::SteppedDown { .. } = guard.await {
+                        stepped_down.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        });
         timeout(S(5), async {
             while !a.is_leader() {
                 sleep(MS(10)).await;

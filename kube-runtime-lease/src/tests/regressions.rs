@@ -18,11 +18,11 @@ use tokio::time::{Instant, advance, sleep, timeout};
 
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
-    AcquireError, ConfigError, LeaderElectionStreamExt, LeaseConfig, Lost,
+    AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     term::Term,
     tests::support::{
-        acquire_on_a_helper_runtime, campaign_forever, config, count, elector, free, held_by, helper_runtime,
-        holder, paused, paused_runtime, spec,
+        acquire_on_a_helper_runtime, config, count, elector, free, held_by, helper_runtime, holder, paused,
+        paused_runtime, spec,
     },
 };
 
@@ -325,6 +325,17 @@ fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
 }
 
 // ---- 6. A preferred holder that never comes ---------------------------------
+
+/// Campaigns in a loop, as `run_each_term` does; counts step-downs.
+fn campaign_forever(e: LeaderElector, stepped_down: Arc<AtomicUsize>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while let Ok(guard) = e.acquire().await {
+            if let Lost::SteppedDown { .. } = guard.await {
+                stepped_down.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    })
+}
 
 /// 6: a free Lease whose `preferredHolder` names a pod that never campaigns:
 /// one candidate leads stably within two lease durations, the transitions

@@ -55,21 +55,6 @@ pub(crate) fn free() -> FakeLeaseApi {
     fake
 }
 
-/// Campaigns in a loop, as `run_each_term` does, each term's guard alive
-/// until the term ends; counts step-downs.
-pub(crate) fn campaign_forever(
-    e: LeaderElector,
-    stepped_down: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        while let Ok(guard) = e.acquire().await {
-            if let crate::Lost::SteppedDown { .. } = guard.await {
-                stepped_down.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-        }
-    })
-}
-
 pub(crate) fn config(identity: &str) -> LeaseConfig {
     LeaseConfig::new("default", "lease", identity)
 }
