@@ -34,7 +34,9 @@ pub enum ShutdownError {
     #[error("failed to release the lease: {0}")]
     Release(#[source] ApiError),
     /// The election task did not end within `after` (its runtime is no longer
-    /// driven): it was left behind, and can no longer write to the Lease.
+    /// driven). It ends when its runtime is driven again, with no write but
+    /// the release, or is dropped with it; the Lease, no longer renewed,
+    /// expires.
     #[error("the leader election task did not end within {after:?}")]
     TaskDidNotEnd {
         /// How long shutdown waited for it.

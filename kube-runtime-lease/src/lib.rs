@@ -231,12 +231,14 @@
 //!   should; a background task lost with its runtime ends terms as
 //!   [`Lost::ElectorStopped`] and fails waiting acquisitions with
 //!   [`AcquireError::ElectorStopped`].
-//! - A background task whose runtime is no longer driven (spawned on a helper
-//!   runtime that stopped being polled) is left behind by the next `acquire`
-//!   that waits a renew deadline and a retry period without hearing from it:
-//!   a new task starts on the waiter's runtime, and the old one can never
-//!   write to the Lease again. [`LeaderElector::shutdown`] is bounded the same
-//!   way.
+//! - One background task per elector at a time, on the runtime of the
+//!   `acquire` that started it (as kube's `Client` runs its buffer on the
+//!   runtime it was built on): keep that runtime running while the elector is
+//!   in use. A new task starts only once the last one ended or was dropped
+//!   with its runtime, so two never talk to the API at once. A runtime kept
+//!   but no longer driven stops the election as it stops the client: guards
+//!   end at their renew deadline on their own timer, and
+//!   [`LeaderElector::shutdown`] returns after its budget.
 //! - When nobody wants leadership any more, the task keeps its watch for one
 //!   retry period before it stops, so that demand that flaps (an `acquire`
 //!   created and dropped repeatedly) costs no new LIST, WATCH and GET.

@@ -1,5 +1,4 @@
-//! [`Acquire`], the future of [`LeaderElector::acquire`](super::LeaderElector::acquire),
-//! and its heartbeat check of a task whose runtime is no longer driven.
+//! [`Acquire`], the future of [`LeaderElector::acquire`](super::LeaderElector::acquire).
 
 use std::{
     future::Future,
@@ -9,8 +8,6 @@ use std::{
 };
 
 use futures::channel::oneshot;
-use tokio::time::{Instant, Sleep, sleep, sleep_until};
-use tracing::warn;
 
 use super::Inner;
 use crate::{error::AcquireError, guard::LeaseGuard};
@@ -21,18 +18,11 @@ use crate::{error::AcquireError, guard::LeaseGuard};
 pub struct Acquire {
     inner: Arc<Inner>,
     rx: Option<oneshot::Receiver<LeaseGuard>>,
-    /// While waiting: a timer, and the heartbeats of the task seen when it was set
-    /// (see [`State::heartbeats`](super::State::heartbeats)).
-    heartbeat_check: Option<(Pin<Box<Sleep>>, u64)>,
 }
 
 impl Acquire {
     pub(super) fn new(inner: Arc<Inner>) -> Self {
-        Acquire {
-            inner,
-            rx: None,
-            heartbeat_check: None,
-        }
+        Acquire { inner, rx: None }
     }
 }
 
@@ -71,13 +61,17 @@ impl Future for Acquire {
                 // Before any change of state: polled outside a runtime (a
                 // programming error, as for `tokio::spawn`), this panics
                 // without leaving the elector waiting for a task that never ran.
-                let runtime = state.campaigning.is_none().then(|| {
+                let runtime = (!state.running).then(|| {
                     tokio::runtime::Handle::try_current()
                         .expect("`LeaderElector::acquire` must be polled within a Tokio runtime")
                 });
                 let (tx, rx) = oneshot::channel();
                 state.waiters.push(tx);
-                let spawn = runtime.map(|runtime| (runtime, state.next_task()));
+                let spawn = runtime.map(|runtime| {
+                    state.running = true;
+                    state.spawned += 1;
+                    (runtime, state.spawned)
+                });
                 (rx, spawn)
             };
             if let Some((runtime, n)) = spawn {
@@ -88,18 +82,13 @@ impl Future for Acquire {
             this.rx.insert(rx)
         };
         match Pin::new(rx).poll(cx) {
-            Poll::Pending => {
-                this.watch_the_task(cx);
-                Poll::Pending
-            }
+            Poll::Pending => Poll::Pending,
             Poll::Ready(Ok(guard)) => {
                 this.rx = None;
-                this.heartbeat_check = None;
                 Poll::Ready(Ok(guard))
             }
             Poll::Ready(Err(oneshot::Canceled)) => {
                 this.rx = None;
-                this.heartbeat_check = None;
                 // Waiters are dropped by `shutdown`, or by the task when it
                 // is dropped without exiting (runtime shut down, panic).
                 Poll::Ready(Err(if this.inner.lock().shutdown {
@@ -108,51 +97,6 @@ impl Future for Acquire {
                     AcquireError::ElectorStopped
                 }))
             }
-        }
-    }
-}
-
-impl Acquire {
-    /// While waiting: if the task that should serve this waiter has not beaten
-    /// for [`Inner::heartbeat_timeout`] (the runtime it was spawned on is no longer
-    /// driven), leaves it behind and starts a new one on this runtime.
-    fn watch_the_task(&mut self, cx: &mut Context<'_>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let period = self.inner.heartbeat_timeout();
-        let (timer, seen) = self.heartbeat_check.get_or_insert_with(|| {
-            let heartbeats = self.inner.lock().heartbeats;
-            (Box::pin(sleep(period)), heartbeats)
-        });
-        // Re-armed on the runtime polling now, at the same deadline: a timer
-        // belongs to the runtime it was made on, and a waiter first polled on
-        // a runtime that is then no longer driven (whose task never ran)
-        // would otherwise wait for a timer that never fires.
-        let deadline = timer.deadline();
-        timer.set(sleep_until(deadline));
-        while timer.as_mut().poll(cx).is_ready() {
-            let spawn = {
-                let mut state = self.inner.lock();
-                let stuck = state.heartbeats == *seen
-                    && !state.shutdown
-                    && (state.campaigning.is_some() || state.slot.is_some());
-                *seen = state.heartbeats;
-                stuck.then(|| {
-                    warn!(
-                        after = ?period,
-                        "the leader election task has not run (is its runtime still driven?); \
-                         leaving it behind and starting a new one"
-                    );
-                    state.leave_behind();
-                    state.next_task()
-                })
-            };
-            if let Some(n) = spawn {
-                self.inner.left_behind();
-                self.inner.spawn(&runtime, n);
-            }
-            timer.as_mut().reset(Instant::now() + period);
         }
     }
 }

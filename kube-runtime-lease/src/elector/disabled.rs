@@ -33,7 +33,6 @@ impl Inner {
                 s.is_leader = true;
                 s.holder = Some(self.config.identity.clone());
             });
-            #[cfg(any(feature = "events", feature = "metrics"))]
             self.observers.tell(super::Transition::Leading(true));
             info!("leader election disabled: leading without a lease (no API call is made)");
         }

@@ -9,7 +9,6 @@ mod events;
 #[cfg(feature = "coordinated")]
 mod lease_candidate;
 mod memory;
-#[cfg(any(feature = "events", feature = "metrics"))]
 mod observer;
 mod status;
 mod supervise;
@@ -30,9 +29,7 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-#[cfg(any(feature = "events", feature = "metrics"))]
 use self::observer::Observers;
-#[cfg(any(feature = "events", feature = "metrics"))]
 pub(crate) use self::observer::{Observer, Transition};
 pub use self::{
     acquire::Acquire,
@@ -81,14 +78,13 @@ pub(crate) struct Inner {
     api: LeaseApi,
     wake: Arc<Notify>,
     state: Mutex<State>,
-    /// Notified whenever the slot (see [`State::slot`]) is freed or a task
-    /// ends.
-    slot_freed: Notify,
+    /// Notified whenever a task ends (see [`State::running`]).
+    task_ended: Notify,
     status: watch::Sender<LeaderStatus>,
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
-    /// Told of every transition (metrics, Kubernetes Events).
-    #[cfg(any(feature = "events", feature = "metrics"))]
+    /// Told of every transition (metrics, Kubernetes Events; none without
+    /// those features).
     observers: Observers,
     /// Tests: a wake-up between any two waits of the task (a storm of them).
     #[cfg(test)]
@@ -111,7 +107,7 @@ type Action = Box<dyn FnOnce() + Send>;
 pub(crate) enum Interleave {
     /// A task was spawned, its handle not stored yet.
     Spawned,
-    /// A task that nobody wanted any more is about to leave the election.
+    /// A task that nobody wanted any more is about to end.
     Exiting,
 }
 
@@ -120,20 +116,15 @@ struct State {
     waiters: Vec<oneshot::Sender<LeaseGuard>>,
     /// The term in force, once begun (not during a creation hold).
     term: Option<Arc<Term>>,
-    /// The generation of the task that campaigns now, if any.
-    campaigning: Option<u64>,
-    /// The generation of the task that holds the slot: at most one task talks
-    /// to the API at a time, and the next one starts only after the last one
-    /// finished its release, whatever runtime either was spawned on.
-    slot: Option<u64>,
+    /// Whether an election task runs: one at a time talks to the API, and
+    /// the next one starts only after the last one ended (its release
+    /// included) or was dropped, whatever runtime either was spawned on (see
+    /// [`supervise`]).
+    running: bool,
     /// The newest task, for `shutdown` to await its release.
     task: Option<JoinHandle<Result<()>>>,
-    /// Counts tasks spawned: each task's generation.
+    /// Counts tasks spawned: whose handle `task` is.
     spawned: u64,
-    /// Counts the heartbeats of the task holding the slot (one per retry period
-    /// while its runtime is driven): a task whose runtime is no longer driven
-    /// stops beating, and is replaced (see [`Acquire`]).
-    heartbeats: u64,
     shutdown: bool,
     memory: Memory,
     /// Which election is in force (see [`Election`]).
@@ -210,13 +201,12 @@ impl LeaderElector {
         };
         Ok(LeaderElector {
             inner: Arc::new(Inner {
-                #[cfg(any(feature = "events", feature = "metrics"))]
                 observers: Observers::default(),
                 config,
                 api,
                 wake: Arc::new(Notify::new()),
                 state: Mutex::new(state),
-                slot_freed: Notify::new(),
+                task_ended: Notify::new(),
                 status: watch::Sender::new(LeaderStatus::default()),
                 shutdown_tx: Mutex::new(Some(shutdown_tx)),
                 shutdown_rx: shutdown_rx.shared(),
@@ -230,7 +220,10 @@ impl LeaderElector {
 
     /// Adds an observer of this elector's transitions (metrics, Events);
     /// whether it was added (one of each type: see [`Observers`]).
-    #[cfg(any(feature = "events", feature = "metrics"))]
+    #[cfg_attr(
+        not(any(feature = "events", feature = "metrics")),
+        expect(dead_code, reason = "the extras add observers: metrics, Events")
+    )]
     pub(crate) fn add_observer(&self, observer: impl Observer) -> bool {
         self.inner.observers.add(observer)
     }
@@ -303,8 +296,9 @@ impl LeaderElector {
     ///
     /// Worst case: [`LeaseConfig::shutdown_budget`]`(grace)`, which says what
     /// it adds up; `shutdown` waits no longer. A task that does not end
-    /// within it (its runtime is no longer driven) is left behind: it can no
-    /// longer write to the Lease, which expires.
+    /// within it (its runtime is no longer driven) ends when its runtime is
+    /// driven again, with no write but the release, or is dropped with it;
+    /// the Lease, never renewed again, expires.
     ///
     /// # Errors
     /// [`ShutdownError::Release`] if the release failed;
@@ -338,7 +332,7 @@ impl LeaderElector {
             let result = join(task).await;
             // A task spawned while this ran (its handle stored after it was
             // taken above) sees the shutdown at its first check: wait until
-            // no task runs or holds the slot, and for that task's release too.
+            // no task runs, and for that task's release too.
             self.inner.idle().await;
             let late = self.inner.lock().task.take();
             result.and(join(late).await).map_err(ShutdownError::Release)
@@ -348,9 +342,9 @@ impl LeaderElector {
             warn!(
                 ?bound,
                 "the leader election task did not end in time (is its runtime still driven?); \
-                 leaving it behind: it can no longer write to the lease, which will expire"
+                 not waiting for it: the lease, no longer renewed, will expire"
             );
-            self.inner.leave_behind();
+            self.inner.not_leading();
             Err(ShutdownError::TaskDidNotEnd { after: bound })
         })
     }
@@ -371,7 +365,7 @@ impl LeaderElector {
     #[cfg_attr(not(feature = "unstable-shards"), allow(dead_code))]
     pub(crate) fn hand_over_record(&self, lease: Lease, since: tokio::time::Instant) {
         let mut state = self.inner.lock();
-        if state.campaigning.is_none() {
+        if !state.running {
             state.handed_record = Some((Box::new(lease), since));
         }
     }
@@ -430,18 +424,11 @@ impl LeaderElector {
         self.inner.interleavings.lock().push((point, Box::new(action)));
     }
 
-    /// The generations of the task that campaigns and of the one holding
-    /// the slot, and whether a task's handle is kept: the supervision's
-    /// state, which no public method shows.
-    pub(crate) fn tasks_for_test(&self) -> (Option<u64>, Option<u64>, bool) {
+    /// Whether an election task runs, and whether a task's handle is kept:
+    /// the supervision's state, which no public method shows.
+    pub(crate) fn tasks_for_test(&self) -> (bool, bool) {
         let state = self.inner.lock();
-        (state.campaigning, state.slot, state.task.is_some())
-    }
-
-    /// Wakes every wait of every election task on the elector's wake-up,
-    /// spurious wake-ups that a test checks change nothing.
-    pub(crate) fn wake_all_for_test(&self) {
-        self.inner.wake.notify_waiters();
+        (state.running, state.task.is_some())
     }
 
     /// Whether a wake-up comes between any two waits of the election task

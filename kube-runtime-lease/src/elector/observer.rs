@@ -11,17 +11,14 @@ use crate::term::Lost;
 
 /// What the election tells its observers.
 #[derive(Clone, Copy, Debug)]
-#[cfg_attr(
-    not(all(feature = "metrics", feature = "events")),
-    allow(
-        dead_code,
-        reason = "read by the observers that the extras add: metrics and Events"
-    )
+#[allow(
+    dead_code,
+    reason = "read by the observers that the extras add: metrics and Events"
 )]
 pub(crate) enum Transition<'a> {
     /// Whether this candidate leads now: `true` when a term begins (also with
     /// the election switched off), `false` when it ends or can no longer
-    /// hold (shutdown begun, the task stopped or left behind).
+    /// hold (shutdown begun, the task stopped).
     Leading(bool),
     /// A term on the Lease object `uid` began (the election is on).
     TermBegan { uid: Option<&'a str> },
@@ -39,7 +36,6 @@ pub(crate) enum Transition<'a> {
     HolderChanged,
     /// Which election is in force: Coordinated Leader Election (`true`) or
     /// the ordinary one.
-    #[cfg(feature = "coordinated")]
     Coordinated(bool),
 }
 

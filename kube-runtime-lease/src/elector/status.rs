@@ -6,9 +6,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tracing::info;
 
-#[cfg(any(feature = "events", feature = "metrics"))]
-use super::Transition;
-use super::{Inner, LeaderElector};
+use super::{Inner, LeaderElector, Transition};
 
 /// What this candidate knows of the election, as of its last observation.
 ///
@@ -137,7 +135,7 @@ impl LeaderElector {
     /// # Errors
     /// [`HealthError::ApiSilent`] as above.
     pub fn contact_check(&self, max_silence: Duration) -> Result<(), HealthError> {
-        if !self.inner.config.enabled || self.inner.lock().slot.is_none() {
+        if !self.inner.config.enabled || !self.inner.lock().running {
             return Ok(());
         }
         let since = self.inner.api.contact().silence();
@@ -162,7 +160,6 @@ impl Inner {
         let before = std::mem::replace(&mut self.lock().election, election);
         self.update_status(|s| s.coordinated = coordinated);
         // The first answer, or a change of election.
-        #[cfg(any(feature = "events", feature = "metrics"))]
         if before == super::Election::Pending || (before == super::Election::Coordinated) != coordinated {
             self.observers.tell(Transition::Coordinated(coordinated));
         }
@@ -173,12 +170,10 @@ impl Inner {
     pub(super) fn not_leading(&self) {
         self.update_status(|s| s.is_leader = false);
         // And the observers (metrics, Events) are told.
-        #[cfg(any(feature = "events", feature = "metrics"))]
         self.observers.tell(Transition::Leading(false));
     }
 
     /// Tells the observers of `transition`.
-    #[cfg(any(feature = "events", feature = "metrics"))]
     pub(super) fn tell(&self, transition: Transition<'_>) {
         self.observers.tell(transition);
     }
@@ -195,7 +190,6 @@ impl Inner {
                     info!("lease observed free or missing");
                 }
                 // And told to the observers (metrics, Events).
-                #[cfg(any(feature = "events", feature = "metrics"))]
                 self.observers.tell(Transition::HolderChanged);
             }
             *s != before

@@ -30,27 +30,15 @@ impl Task {
         let mut linger_until = None;
         loop {
             match self.demand(false) {
-                Demand::LeftBehind => {
-                    self.exited = true;
-                    return None;
-                }
-                Demand::Shutdown => {
-                    if self.exit() {
-                        return None;
-                    }
-                    continue;
-                }
+                Demand::Shutdown => return None,
                 Demand::Unwanted => {
                     let until =
                         *linger_until.get_or_insert_with(|| Instant::now() + self.config().retry_period);
                     if Instant::now() >= until {
+                        debug!("nobody wants leadership: leaving the election");
                         #[cfg(test)]
                         self.inner.interleave(crate::elector::Interleave::Exiting);
-                        if self.exit() {
-                            debug!("nobody wants leadership: leaving the election");
-                            return None;
-                        }
-                        continue;
+                        return None;
                     }
                     self.idle_until(until).await;
                     continue;
@@ -66,10 +54,6 @@ impl Task {
                     } else {
                         until.min(Instant::now() + self.jittered_retry())
                     })
-                }
-                Ok(Attempt::LeftBehind) => {
-                    self.exited = true;
-                    return None;
                 }
                 Err(e) => {
                     self.log_error("acquiring the lease", &e);
@@ -199,9 +183,6 @@ impl Task {
     /// in front of it, and retrying at once would be a loop without a delay
     /// while reads succeed.
     async fn write_to_acquire(&mut self, lease: Lease, create: bool) -> Result<Attempt> {
-        if !self.may_write() {
-            return Ok(Attempt::LeftBehind);
-        }
         // The configured labels, annotations and owner; the rest is kept.
         #[cfg(feature = "lease-metadata")]
         let lease = {

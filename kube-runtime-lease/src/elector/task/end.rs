@@ -7,7 +7,6 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{Task, lead::TermRun};
-#[cfg(any(feature = "events", feature = "metrics"))]
 use crate::elector::Transition;
 use crate::{
     error::Result,
@@ -20,11 +19,6 @@ impl Task {
     /// was given up and the guarded work had ended before the term did.
     pub(in crate::elector) async fn end_term(&mut self, run: &TermRun, reason: &Lost) -> Result<()> {
         let term = &run.term;
-        if !self.may_write() {
-            // Left behind: the state is the new task's now; only end our term.
-            term.lose(reason);
-            return Ok(());
-        }
         // Status first, so that subscribers see no leader once a guard resolves.
         self.inner.not_leading();
         term.lose(reason);
@@ -35,7 +29,6 @@ impl Task {
             }
         }
         let begun = run.hold.is_none();
-        #[cfg(any(feature = "events", feature = "metrics"))]
         if begun {
             let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
             self.inner.tell(Transition::TermEnded { reason, uid });
@@ -119,10 +112,6 @@ impl Task {
             let spec = lease.spec.clone().unwrap_or_default();
             let mut next = lease;
             next.spec = Some(record::released(&spec, record::now()));
-            if !self.may_write() {
-                // Left behind: the next task owns the Lease now.
-                return Ok(());
-            }
             let left = until.saturating_duration_since(Instant::now());
             match self.inner.api.replace(&next, left).await {
                 Ok(released) => {

@@ -11,7 +11,6 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
 use super::{LeaseView, Task, view::next_event};
-#[cfg(any(feature = "events", feature = "metrics"))]
 use crate::elector::Transition;
 use crate::{
     elector::supervise::Demand,
@@ -151,10 +150,6 @@ impl Task {
                 Demand::Wanted => {}
                 Demand::Unwanted => return (Lost::GivenUp, false),
                 Demand::Shutdown => return (Lost::Shutdown, true),
-                Demand::LeftBehind => {
-                    self.exited = true;
-                    return (Lost::ElectorStopped, true);
-                }
             }
             if run.hold.is_some_and(|until| Instant::now() >= until) {
                 // Before handing out guards, one read: the record must still
@@ -179,11 +174,7 @@ impl Task {
                     next_tick += cfg.retry_period;
                 }
                 if let Err(lost) = self.renew(run).await {
-                    // Left behind (`ElectorStopped`): exit. The state is the
-                    // new task's already (`State::leave_behind`), so this task's
-                    // drop leaves it alone whether or not it says it exited.
-                    let left_behind = lost == Lost::ElectorStopped;
-                    return (lost, left_behind);
+                    return (lost, false);
                 }
                 continue;
             }
@@ -312,10 +303,8 @@ impl Task {
                 }
             }
         }
-        #[cfg(any(feature = "events", feature = "metrics"))]
         self.inner.tell(Transition::Leading(true));
         info!(fencing_token = term.token, "acquired lease, now leading");
-        #[cfg(any(feature = "events", feature = "metrics"))]
         self.inner.tell(Transition::TermBegan {
             uid: self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref()),
         });
@@ -368,9 +357,6 @@ impl Task {
                 self.seconds_to_write(run.hold),
                 record::now(),
             ));
-            if !self.may_write() {
-                return Err(Lost::ElectorStopped);
-            }
             match self.inner.api.replace(&lease, deadline - sent).await {
                 Ok(lease) => {
                     let in_time = term.renewed(sent, cfg.renew_deadline);
@@ -383,7 +369,6 @@ impl Task {
                             // flight: the top of the loop handles it.
                             return Ok(());
                         }
-                        #[cfg(any(feature = "events", feature = "metrics"))]
                         self.renewal_told("late", sent);
                         warn!(
                             after = ?sent.elapsed(),
@@ -391,7 +376,6 @@ impl Task {
                         );
                         return Err(Lost::RenewDeadlineExceeded);
                     }
-                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("success", sent);
                     debug!("renewed lease");
                     return Ok(());
@@ -401,7 +385,6 @@ impl Task {
                     // replace of a deleted Lease with 409): a read decides.
                     // A 404 from something in front of the API server costs
                     // this renewal, not the term.
-                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("not_found", sent);
                     self.log_error("renewing the lease (answered 404: reading it to confirm)", &e);
                     return match self.reread(run, "confirming the lease after a 404").await {
@@ -410,7 +393,6 @@ impl Task {
                     };
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
-                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("conflict", sent);
                     debug!("renewal conflicted; re-reading the lease");
                     match self.reread(run, "re-reading the lease").await {
@@ -419,7 +401,6 @@ impl Task {
                     }
                 }
                 Err(e) => {
-                    #[cfg(any(feature = "events", feature = "metrics"))]
                     self.renewal_told("error", sent);
                     self.log_error("renewing the lease", &e);
                     return Ok(());
@@ -432,7 +413,6 @@ impl Task {
 
 impl Task {
     /// Tells the observers of a renewal write sent at `sent`, and its outcome.
-    #[cfg(any(feature = "events", feature = "metrics"))]
     fn renewal_told(&self, outcome: &'static str, sent: Instant) {
         self.inner.tell(Transition::Renewal {
             outcome,

@@ -12,11 +12,10 @@
 //! What the election promises rests on these rules; each names where it is
 //! enforced.
 //!
-//! 1. **One task at a time.** At most one task talks to the API: a task first
-//!    takes the slot (`State::slot`), which the previous task frees only
-//!    when it is dropped, after its release. A task left behind (its runtime
-//!    no longer driven: `State::leave_behind`) loses the slot, and every write
-//!    checks it first (`Task::may_write`), so it never writes again.
+//! 1. **One task at a time.** At most one task talks to the API: a task is
+//!    spawned only while none runs (`State::running`), and a task stops
+//!    running only after its last request (`Task::end`, under the lock) or
+//!    when it is dropped (its runtime shut down).
 //! 2. **A passed deadline is final.** The renew deadline counts from the
 //!    instant before the last successful write was *sent*, never from its
 //!    answer (`Term::renewed(sent, ..)`); once it passed, no renewal brings
@@ -28,8 +27,8 @@
 //!    the state in the same step that decides to give it up (`demand(true)`).
 //! 4. **Why a term ended is exact.** The first reason wins (`Term::lose`);
 //!    `Lost::Shutdown` follows only `shutdown()` (a term given up because
-//!    nobody wants it has no guard left to see its reason); a task left behind
-//!    ends its term as `Lost::ElectorStopped`.
+//!    nobody wants it has no guard left to see its reason); a task dropped
+//!    with its runtime ends its term as `Lost::ElectorStopped`.
 //! 5. **Release only after the guarded work ended.** The Lease is written free
 //!    (`end_term`, `release`) only if no guard of the term was alive when it
 //!    ended, never during a creation hold, never within lease duration −
@@ -75,15 +74,11 @@ pub(in crate::elector) enum Attempt {
     /// whether the write created the Lease.
     Acquired(Box<Lease>, Instant, bool),
     WaitUntil(Instant),
-    /// This task was left behind (see [`State::leave_behind`](super::State::leave_behind)):
-    /// it must not write, and exits.
-    LeftBehind,
 }
 
 #[allow(clippy::struct_excessive_bools)] // independent flags of one state machine
 pub(in crate::elector) struct Task {
     pub(in crate::elector) inner: Arc<Inner>,
-    pub(in crate::elector) generation: u64,
     pub(in crate::elector) view: LeaseView,
     /// The observation may be outdated (after a conflict, or carried over
     /// from an earlier task): read before acting on it.
@@ -101,12 +96,12 @@ pub(in crate::elector) struct Task {
     /// While leading: the watch has delivered our last write, so every later
     /// event is newer than it.
     pub(in crate::elector) caught_up: bool,
-    /// The task returned: its drop leaves the state alone.
-    pub(in crate::elector) exited: bool,
+    /// The task ended (see [`Task::end`]): its drop leaves the state alone.
+    pub(in crate::elector) ended: bool,
 }
 
 impl Task {
-    pub(in crate::elector) fn new(inner: Arc<Inner>, generation: u64) -> Self {
+    pub(in crate::elector) fn new(inner: Arc<Inner>) -> Self {
         let watch = inner.config.watch.then(|| inner.api.watch());
         // A record seen elsewhere in this process (still read before acting).
         let view = inner
@@ -123,7 +118,6 @@ impl Task {
             });
         Task {
             inner,
-            generation,
             view,
             needs_read: true,
             watch,
@@ -133,7 +127,7 @@ impl Task {
             watch_reopen: None,
             cached: None,
             caught_up: false,
-            exited: false,
+            ended: false,
         }
     }
 }

@@ -430,9 +430,9 @@ fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
 }
 
 /// A task that ends in coordinated mode deletes its `LeaseCandidate` after it
-/// gave the term up, still holding the slot: a task spawned meanwhile (wanted
-/// again) waits for the slot, and starts the moment the old task is gone
-/// (which tells it, although the old task was no longer the current one).
+/// gave the term up, still running: an `acquire` meanwhile (wanted again)
+/// finds it running and waits; the task counts it once the deletion is done
+/// and campaigns again, publishing a new `LeaseCandidate`.
 #[test]
 fn a_task_spawned_while_the_last_one_deletes_its_lease_candidate_starts_when_it_is_gone() {
     paused(async {
@@ -613,7 +613,7 @@ fn a_failed_lease_candidate_call_says_why_and_one_already_gone_is_no_failure() {
             // Nobody wants leadership: the task exits and deletes its
             // candidate, which fails.
             sleep(S(10)).await;
-            assert!(e.tasks_for_test().0.is_none(), "the task exited");
+            assert!(!e.tasks_for_test().0, "the task ended");
         });
     });
     assert!(
@@ -632,7 +632,7 @@ fn a_failed_lease_candidate_call_says_why_and_one_already_gone_is_no_failure() {
             sleep(Duration::from_millis(2_500)).await;
             assert!(fake.delete_lease_candidate(CANDIDATE));
             sleep(S(10)).await;
-            assert!(e.tasks_for_test().0.is_none(), "the task exited");
+            assert!(!e.tasks_for_test().0, "the task ended");
             assert!(fake.lease_candidates().is_empty());
             assert!(
                 fake.requests().iter().any(|s| s.verb == "candidate delete"),
@@ -760,13 +760,14 @@ fn a_task_that_starts_after_the_shutdown_does_not_delete_the_lease_candidate_aga
                 .filter(|r| r.verb == "candidate delete")
                 .count()
         };
-        let (campaigning, slot, _) = e.tasks_for_test();
+        let (running, _) = e.tasks_for_test();
         assert!(
-            campaigning.is_none() && slot.is_some() && fake.lease_candidates().contains_key(CANDIDATE),
+            running && fake.lease_candidates().contains_key(CANDIDATE),
             "the deletion is under way: {:?}",
             e.tasks_for_test()
         );
-        // A new task is spawned, and waits for the slot; then the shutdown.
+        // A new acquire waits for the task (a second one starts only once it
+        // ended); then the shutdown.
         let mut again = Box::pin(e.acquire());
         assert!(futures::poll!(&mut again).is_pending());
         let result = tokio::time::timeout(S(120), e.shutdown(S(1)))

@@ -1299,23 +1299,24 @@ fn a_watch_resumed_after_an_outage_ends_the_polling_at_its_first_event() {
     });
 }
 
-/// Invariant 1 rests on generations: every task gets a new one, and it is
-/// the one campaigning, so that a task left behind (an older generation)
-/// can never pass for the current one or for the slot's holder.
+/// Invariant 1: a task is spawned only while none runs. Acquisitions that
+/// wait together share one task; once it ended (nobody wanted leadership),
+/// the next acquisition starts a new one.
 #[test]
-fn every_election_task_gets_a_new_generation() {
-    let mut state = crate::elector::State::default();
-    let first = state.next_task();
-    let second = state.next_task();
-    let third = state.next_task();
-    assert!(first < second && second < third, "{first}, {second}, {third}");
-    assert_eq!(state.campaigning, Some(third));
-    state.leave_behind();
-    assert_eq!(state.campaigning, None);
-    assert!(
-        state.next_task() > third,
-        "a generation came back after it was left behind"
-    );
+fn one_election_task_at_a_time() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let (a, b) = tokio::join!(e.acquire(), e.acquire());
+        assert_eq!(e.tasks_for_test(), (true, true));
+        assert_eq!(e.inner.lock().spawned, 1, "two tasks for one election");
+        drop((a.unwrap(), b.unwrap()));
+        // Released; the task lingers one retry period, then ends.
+        sleep(S(5)).await;
+        assert!(!e.tasks_for_test().0, "the task still runs");
+        let _again = e.acquire().await.unwrap();
+        assert_eq!(e.inner.lock().spawned, 2);
+    });
 }
 
 /// A release that fails is what `shutdown` returns (the API's answer
@@ -1351,15 +1352,11 @@ fn a_dropped_acquire_lets_the_task_leave_after_its_linger() {
         let (e, _) = elector(&fake, config("me"));
         let mut acquire = Box::pin(e.acquire());
         assert!(tokio::time::timeout(S(5), &mut acquire).await.is_err());
-        assert!(e.inner.lock().campaigning.is_some(), "a task campaigns");
+        assert!(e.inner.lock().running, "a task campaigns");
         assert!(format!("{acquire:?}").contains("Acquire"), "{acquire:?}");
         drop(acquire);
         sleep(S(10)).await;
-        assert_eq!(
-            e.inner.lock().campaigning,
-            None,
-            "the task still campaigns for nobody"
-        );
+        assert!(!e.inner.lock().running, "the task still campaigns for nobody");
     });
 }
 

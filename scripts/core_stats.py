@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""The size and shape of the crate's core, against the redesign's targets.
+
+    scripts/core-stats.sh            # a table per file, the totals, the targets
+    scripts/core-stats.sh --check    # the same, failing when a target is missed
+
+The core is what the upstream series carries (scripts/upstream.py): the
+configuration, the record rules, the term, the guard, the errors, the elector
+without its extras, and the stream and Controller adapters. Its test files are
+not counted.
+
+A code line is a line that is neither blank nor a comment (doc comments
+included), counted with the extras' features off: an item under a positive
+`#[cfg(feature = ...)]` or `#[cfg(any(feature = ...))]` is left out, as is
+anything under `#[cfg(test)]`. A feature cfg is any `cfg(...)` or
+`cfg_attr(...)` that names a feature (`#[cfg(test)]` is not counted).
+"""
+
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "kube-runtime-lease" / "src"
+
+CORE = [
+    "lib.rs",
+    "config/mod.rs", "config/error.rs", "config/names.rs",
+    "record.rs", "error.rs", "term.rs", "guard.rs",
+    "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
+    "elector/memory.rs", "elector/observer.rs", "elector/status.rs", "elector/supervise.rs",
+    "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
+    "elector/task/lead.rs", "elector/task/view.rs",
+    "lease_observer.rs",
+    "stream.rs", "stream/each_term.rs", "controller/mod.rs", "scope.rs",
+]
+
+TARGETS = {"core code lines": 2000, "largest core file": 300, "feature cfgs": 15}
+
+CFG = re.compile(r"\bcfg(_attr)?\s*\(")
+# An attribute that removes the item after it when the extras are off (or in
+# a non-test build).
+DROPS_ITEM = re.compile(r"^\s*#\[cfg\((test|feature\s*=|any\(\s*feature\s*=|all\(\s*feature\s*=)")
+
+
+def _strip_comments(text: str) -> list[str]:
+    """Lines with `//` comments removed (outside strings, roughly) and block
+    comments gone; good enough for this code base's style."""
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+    out = []
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if stripped.startswith("//"):
+            out.append("")
+            continue
+        out.append(line)
+    return out
+
+
+def _feature_cfgs(line: str) -> int:
+    """How many `cfg(...)` / `cfg_attr(...)` on `line` name a feature."""
+    n = 0
+    for m in CFG.finditer(line):
+        depth, j = 1, m.end()
+        while j < len(line) and depth:
+            depth += {"(": 1, ")": -1}.get(line[j], 0)
+            j += 1
+        inner = line[m.end():j]
+        # The predicate only: a cfg_attr's attribute may mention anything.
+        if m.group(1):
+            inner = inner.split(",", 1)[0] if not inner.startswith(("any", "all", "not")) else inner
+        if re.search(r"\bfeature\s*=", inner):
+            n += 1
+    return n
+
+
+def _skip_item(lines: list[str], i: int) -> int:
+    """The index after the item starting at line `i` (its attributes first)."""
+    depth = 0
+    seen_brace = False
+    while i < len(lines):
+        line = lines[i]
+        # Strings with braces are rare here; ignore them.
+        for ch in line:
+            if ch in "{([":
+                depth += 1
+                seen_brace = seen_brace or ch == "{"
+            elif ch in "})]":
+                depth -= 1
+        i += 1
+        s = line.strip()
+        if depth <= 0 and not s.startswith("#[") and (s.endswith(";") or s.endswith("}") or s.endswith(",")):
+            return i
+        if depth <= 0 and seen_brace:
+            return i
+    return i
+
+
+def code_lines(path: Path) -> tuple[int, int]:
+    """(code lines with the extras off, feature cfgs)."""
+    raw = path.read_text()
+    cfgs = sum(_feature_cfgs(l) for l in _strip_comments(raw))
+    lines = _strip_comments(raw)
+    count = 0
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if DROPS_ITEM.match(line) and "not(" not in line.split("cfg(", 1)[1][:5]:
+            i = _skip_item(lines, i + 1)
+            continue
+        if line.strip():
+            count += 1
+        i += 1
+    return count, cfgs
+
+
+def main() -> int:
+    check = "--check" in sys.argv[1:]
+    rows = []
+    for rel in CORE:
+        path = SRC / rel
+        if not path.exists():
+            continue
+        n, cfgs = code_lines(path)
+        rows.append((rel, n, cfgs))
+    width = max(len(r[0]) for r in rows)
+    print(f"{'file':<{width}}  code  feature-cfgs")
+    for rel, n, cfgs in sorted(rows, key=lambda r: -r[1]):
+        print(f"{rel:<{width}}  {n:>4}  {cfgs:>4}")
+    total = sum(r[1] for r in rows)
+    largest = max(rows, key=lambda r: r[1])
+    cfgs = sum(r[2] for r in rows)
+    measured = {
+        "core code lines": total,
+        "largest core file": largest[1],
+        "feature cfgs": cfgs,
+    }
+    print()
+    missed = []
+    for name, target in TARGETS.items():
+        value = measured[name]
+        ok = value <= target
+        note = f" ({largest[0]})" if name == "largest core file" else ""
+        print(f"{name:<18} {value:>5}{note}  target <= {target}  {'ok' if ok else 'MISSED'}")
+        if not ok:
+            missed.append(name)
+    if check and missed:
+        print(f"targets missed: {', '.join(missed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
