@@ -129,13 +129,11 @@ impl LeaseApi {
 
     /// Watches the Lease (lazy: no request before it is first polled).
     pub(super) fn watch(&self) -> WatchStream {
-        let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let contact = self.contact.clone();
-        watcher(self.api.clone(), config)
+        watcher::watch_object(self.api.clone(), &self.name)
             .default_backoff()
-            .inspect(move |event| {
-                // `Init` is the watcher's own, before it lists: no answer.
-                if matches!(event, Ok(e) if !matches!(e, watcher::Event::Init)) {
+            .inspect(move |item| {
+                if item.is_ok() {
                     contact.answered();
                 }
             })

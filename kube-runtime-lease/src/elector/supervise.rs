@@ -23,7 +23,10 @@ use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error};
 
-use super::{Inner, task::Task};
+use super::{
+    Inner,
+    task::{Next, Task},
+};
 use crate::{error::Result, term::Lost};
 
 impl Inner {
@@ -86,8 +89,8 @@ async fn run(mut task: Task) -> Result<()> {
     loop {
         let elect = async {
             loop {
-                let (lease, sent, created) = task.campaign().await?;
-                if let Some(result) = task.lead(lease, sent, created).await {
+                let won = task.campaign().await?;
+                if let Next::End(result) = task.lead(won).await {
                     return Some(result);
                 }
             }

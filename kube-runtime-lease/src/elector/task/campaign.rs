@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Attempt, LeaseView, Task};
+use super::{Attempt, LeaseView, Task, Won};
 #[cfg(feature = "coordinated")]
 use crate::elector::Election;
 use crate::{
@@ -25,7 +25,7 @@ impl Task {
     /// (`None`). Nobody wanting it, the task lingers for one retry period,
     /// keeping its watch, before it exits: demand that flaps (an `acquire`
     /// created and dropped repeatedly) costs no new LIST, WATCH and GET.
-    pub(in crate::elector) async fn campaign(&mut self) -> Option<(Box<Lease>, Instant, bool)> {
+    pub(in crate::elector) async fn campaign(&mut self) -> Option<Won> {
         let mut backoff = None;
         let mut linger_until = None;
         loop {
@@ -46,10 +46,10 @@ impl Task {
                 Demand::Wanted => linger_until = None,
             }
             let wait = match self.try_acquire().await {
-                Ok(Attempt::Acquired(lease, sent, created)) => return Some((lease, sent, created)),
+                Ok(Attempt::Won(won)) => return Some(won),
                 Ok(Attempt::WaitUntil(until)) => {
                     backoff = None;
-                    Some(if self.synced {
+                    Some(if self.watch.synced() {
                         until
                     } else {
                         until.min(Instant::now() + self.jittered_retry())
@@ -82,7 +82,7 @@ impl Task {
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
         let renew_deadline = self.config().renew_deadline;
-        if !self.synced || self.needs_read || matches!(self.view, LeaseView::Unknown) {
+        if !self.watch.synced() || self.needs_read || matches!(self.view, LeaseView::Unknown) {
             self.get(renew_deadline).await?;
         }
         let now = Instant::now();
@@ -198,7 +198,11 @@ impl Task {
             self.inner.api.replace(&lease, bound).await
         };
         match result {
-            Ok(written) => Ok(Attempt::Acquired(Box::new(written), sent, create)),
+            Ok(written) => Ok(Attempt::Won(Won {
+                lease: Box::new(written),
+                sent,
+                created: create,
+            })),
             Err(e) if e.is_conflict() => {
                 let spec = lease.spec.unwrap_or_default();
                 self.after_conflict(&spec, sent, create).await
@@ -230,7 +234,11 @@ impl Task {
                 .is_some_and(|spec| record::same_write(spec, sent_spec))
         {
             info!("the write answered with a conflict had been applied (a retried request): it was ours");
-            return Ok(Attempt::Acquired(Box::new(lease), sent, created));
+            return Ok(Attempt::Won(Won {
+                lease: Box::new(lease),
+                sent,
+                created,
+            }));
         }
         debug!("lost the race to acquire the lease");
         Ok(Attempt::WaitUntil(Instant::now() + self.jittered_retry()))

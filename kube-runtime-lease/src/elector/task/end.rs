@@ -28,7 +28,7 @@ impl Task {
                 state.term = None;
             }
         }
-        let begun = run.hold.is_none();
+        let begun = run.phase == super::lead::Phase::Leading;
         if begun {
             let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
             self.inner.tell(Transition::TermEnded { reason, uid });

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube_runtime::watcher;
 use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
-use super::{LeaseView, Task, view::next_event};
+use super::{LeaseView, Next, Task, Won, view::WatchItem};
 use crate::elector::Transition;
 use crate::{
     elector::supervise::Demand,
@@ -30,7 +29,7 @@ enum LeadWake {
     /// after creating the Lease: re-check at the top of the loop.
     Demand,
     /// A watch event (or the watch's end).
-    Watch(Option<watcher::Result<watcher::Event<Lease>>>),
+    Watch(Option<WatchItem>),
 }
 
 /// The loss of a term whose Lease now holds `lease`, someone else's record
@@ -46,13 +45,32 @@ fn taken_over(lease: &Lease) -> Lost {
     }
 }
 
+/// Where a term is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::elector) enum Phase {
+    /// The creation hold: the Lease is ours and renewed, but the term is not
+    /// handed out before `until` (and a read confirming it).
+    Holding { until: Instant },
+    /// Published: guards are handed out.
+    Leading,
+}
+
+impl Phase {
+    /// The end of the creation hold, while it lasts.
+    pub(in crate::elector) fn hold(self) -> Option<Instant> {
+        match self {
+            Phase::Holding { until } => Some(until),
+            Phase::Leading => None,
+        }
+    }
+}
+
 /// The state of one term, as its loop sees it.
 pub(in crate::elector) struct TermRun {
     pub(in crate::elector) term: Arc<Term>,
     /// The record of this term (see [`TermId`]).
     pub(in crate::elector) id: TermId,
-    /// The creation hold: the term is not handed out before this instant.
-    pub(in crate::elector) hold: Option<Instant>,
+    pub(in crate::elector) phase: Phase,
     /// A `preferredHolder` already on the record when the term began: the
     /// preferred holder was given its chance (one lease duration), so it does
     /// not end this term; a preferred holder set during the term does.
@@ -60,16 +78,13 @@ pub(in crate::elector) struct TermRun {
 }
 
 impl Task {
-    /// Leads one term. `Some(result)` when the task should exit (with the
-    /// release's result), `None` to campaign again.
-    pub(in crate::elector) async fn lead(
-        &mut self,
-        lease: Box<Lease>,
-        sent: Instant,
-        created: bool,
-    ) -> Option<Result<()>> {
+    /// Leads one term, begun by `won`, to its end and release.
+    pub(in crate::elector) async fn lead(&mut self, won: Won) -> Next {
+        let Won { lease, sent, created } = won;
         let cfg = self.inner.config.clone();
-        let id = TermId::of(&lease)?;
+        let Some(id) = TermId::of(&lease) else {
+            return Next::Campaign;
+        };
         let token = {
             let mut state = self.inner.lock();
             state.memory.last_term = Some(id.clone());
@@ -106,23 +121,23 @@ impl Task {
         let mut run = TermRun {
             term,
             id,
-            hold,
+            phase: hold.map_or(Phase::Leading, |until| Phase::Holding { until }),
             tolerated,
         };
-        if run.hold.is_none() {
+        if run.phase == Phase::Leading {
             self.begin_term(&run.term);
         }
-        let (reason, exiting) = self.lead_until_lost(&mut run, sent).await;
+        let reason = self.lead_until_lost(&mut run, sent).await;
         let result = self.end_term(&run, &reason).await;
-        exiting.then_some(result)
+        if self.inner.lock().shutdown {
+            Next::End(result)
+        } else {
+            Next::Campaign
+        }
     }
 
-    /// The loop of one term: why it ended, and whether the task should exit.
-    pub(in crate::elector) async fn lead_until_lost(
-        &mut self,
-        run: &mut TermRun,
-        sent: Instant,
-    ) -> (Lost, bool) {
+    /// The loop of one term: why it ended.
+    pub(in crate::elector) async fn lead_until_lost(&mut self, run: &mut TermRun, sent: Instant) -> Lost {
         let cfg = self.inner.config.clone();
         let wake = self.inner.wake.clone();
         let term = run.term.clone();
@@ -131,27 +146,24 @@ impl Task {
             if let Some(lost) = term.lost() {
                 // Ended from outside: by `shutdown` once its grace ran out, or
                 // by a guard that saw the renew deadline pass first.
-                return (lost, self.inner.lock().shutdown);
+                return lost;
             }
             // Checked before waiting, so that no storm of wake-ups can starve
             // the deadline or the renewals.
             if !term.holds() {
                 // Ended from outside since the check above (a shutdown, a
                 // guard that saw the deadline), or past the renew deadline.
-                return match term.lost() {
-                    Some(lost) => (lost, self.inner.lock().shutdown),
-                    None => (Lost::RenewDeadlineExceeded, false),
-                };
+                return term.lost().unwrap_or(Lost::RenewDeadlineExceeded);
             }
             if let Some(lost) = self.step_down(run) {
-                return (lost, false);
+                return lost;
             }
             match self.demand(true) {
                 Demand::Wanted => {}
-                Demand::Unwanted => return (Lost::GivenUp, false),
-                Demand::Shutdown => return (Lost::Shutdown, true),
+                Demand::Unwanted => return Lost::GivenUp,
+                Demand::Shutdown => return Lost::Shutdown,
             }
-            if run.hold.is_some_and(|until| Instant::now() >= until) {
+            if run.phase.hold().is_some_and(|until| Instant::now() >= until) {
                 // Before handing out guards, one read: the record must still
                 // be ours (a watch, even one caught up with our last write,
                 // may have stalled or broken during the hold). A read that
@@ -160,12 +172,16 @@ impl Task {
                     .reread(run, "confirming the lease at the end of the creation hold")
                     .await
                 {
-                    Some(Err(lost)) => return (lost, false),
+                    Some(Err(lost)) => return lost,
                     Some(Ok(())) => {
-                        run.hold = None;
+                        run.phase = Phase::Leading;
                         self.begin_term(&term);
                     }
-                    None => run.hold = Some(Instant::now() + cfg.retry_period),
+                    None => {
+                        run.phase = Phase::Holding {
+                            until: Instant::now() + cfg.retry_period,
+                        };
+                    }
                 }
             }
             if Instant::now() >= next_tick {
@@ -174,11 +190,11 @@ impl Task {
                     next_tick += cfg.retry_period;
                 }
                 if let Err(lost) = self.renew(run).await {
-                    return (lost, false);
+                    return lost;
                 }
                 continue;
             }
-            let hold = run.hold;
+            let hold = run.phase.hold();
             let hold_elapsed = async {
                 match hold {
                     Some(until) => sleep_until(until).await,
@@ -190,13 +206,13 @@ impl Task {
                 () = wake.notified().fuse() => LeadWake::Demand,
                 () = hold_elapsed.fuse() => LeadWake::Demand,
                 () = sleep_until(term.deadline()).fuse() => LeadWake::Demand,
-                event = next_event(&mut self.watch).fuse() => LeadWake::Watch(event),
+                item = self.watch.next().fuse() => LeadWake::Watch(item),
                 () = sleep_until(next_tick).fuse() => LeadWake::Demand,
             };
             if let LeadWake::Watch(event) = cause
                 && let Err(lost) = self.on_watch_event(run, event).await
             {
-                return (lost, false);
+                return lost;
             }
         }
     }
@@ -227,20 +243,14 @@ impl Task {
     pub(in crate::elector) async fn on_watch_event(
         &mut self,
         run: &TermRun,
-        event: Option<watcher::Result<watcher::Event<Lease>>>,
+        item: Option<WatchItem>,
     ) -> Result<(), Lost> {
-        // Only an event that shows the Lease (or, after an empty list, its
-        // absence) says what the watch delivered; after any other (a re-list
-        // beginning, an error, the end of the watch) the last object observed
-        // may be our own write's answer, which the watch has not delivered.
-        let shows = match &event {
-            Some(Ok(watcher::Event::InitApply(_) | watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {
-                true
-            }
-            Some(Ok(watcher::Event::InitDone)) => !self.init_seen,
-            _ => false,
-        };
-        let changed = self.handle_watch(event);
+        // Only an item that shows the Lease (or its absence) says what the
+        // watch delivered; after a failure or the end of the watch the last
+        // object observed may be our own write's answer, which the watch has
+        // not delivered.
+        let shows = matches!(item, Some(Ok(_)));
+        let changed = self.handle_watch(item);
         if !shows {
             return Ok(());
         }
@@ -354,7 +364,7 @@ impl Task {
             let mut lease = (**cached).clone();
             lease.spec = Some(record::renewed(
                 &lease.spec.clone().unwrap_or_default(),
-                self.seconds_to_write(run.hold),
+                self.seconds_to_write(run.phase.hold()),
                 record::now(),
             ));
             match self.inner.api.replace(&lease, deadline - sent).await {

@@ -48,15 +48,19 @@ mod end;
 mod lead;
 pub(in crate::elector) mod view;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
-pub(in crate::elector) use self::view::WatchStream;
+pub(in crate::elector) use self::view::{Watch, WatchStream};
 use super::Inner;
-use crate::{config::LeaseConfig, error::ApiError, record::Observed};
+use crate::{
+    config::LeaseConfig,
+    error::{ApiError, Result},
+    record::Observed,
+};
 
 /// What this candidate last saw of the Lease.
 #[derive(Clone, Debug)]
@@ -69,28 +73,37 @@ pub(in crate::elector) enum LeaseView {
     Known { observed: Observed, object: Box<Lease> },
 }
 
+/// One attempt to acquire: won, or when to try again.
 pub(in crate::elector) enum Attempt {
-    /// Won: the object written, the instant before the write was sent, and
-    /// whether the write created the Lease.
-    Acquired(Box<Lease>, Instant, bool),
+    Won(Won),
     WaitUntil(Instant),
 }
 
-#[allow(clippy::struct_excessive_bools)] // independent flags of one state machine
+/// A write that won the Lease: a term begins with it.
+pub(in crate::elector) struct Won {
+    /// The object as written (or, after a retried write, as read back).
+    pub(in crate::elector) lease: Box<Lease>,
+    /// The instant before the write was sent: the renew deadline counts from it.
+    pub(in crate::elector) sent: Instant,
+    /// Whether the write created the Lease.
+    pub(in crate::elector) created: bool,
+}
+
+/// What the task does once a term ended.
+pub(in crate::elector) enum Next {
+    /// Campaign again (or end, if nobody wants leadership).
+    Campaign,
+    /// End: the shutdown began. The release's result is what `shutdown` returns.
+    End(Result<()>),
+}
+
 pub(in crate::elector) struct Task {
     pub(in crate::elector) inner: Arc<Inner>,
     pub(in crate::elector) view: LeaseView,
     /// The observation may be outdated (after a conflict, or carried over
     /// from an earlier task): read before acting on it.
     pub(in crate::elector) needs_read: bool,
-    pub(in crate::elector) watch: Option<WatchStream>,
-    /// The watch has delivered a complete state and failed not since.
-    pub(in crate::elector) synced: bool,
-    pub(in crate::elector) init_seen: bool,
-    pub(in crate::elector) watch_warned: bool,
-    /// Without a watch (it was forbidden, or ended): when to open it again,
-    /// and the backoff that time came from.
-    pub(in crate::elector) watch_reopen: Option<(Instant, Duration)>,
+    pub(in crate::elector) watch: Watch,
     /// While leading: the object as we last wrote or verified it.
     pub(in crate::elector) cached: Option<Box<Lease>>,
     /// While leading: the watch has delivered our last write, so every later
@@ -102,7 +115,15 @@ pub(in crate::elector) struct Task {
 
 impl Task {
     pub(in crate::elector) fn new(inner: Arc<Inner>) -> Self {
-        let watch = inner.config.watch.then(|| inner.api.watch());
+        let watch = if inner.config.watch {
+            Watch::Open {
+                stream: inner.api.watch(),
+                sync: view::Sync::Listing,
+                reopened: None,
+            }
+        } else {
+            Watch::Off
+        };
         // A record seen elsewhere in this process (still read before acting).
         let view = inner
             .lock()
@@ -121,10 +142,6 @@ impl Task {
             view,
             needs_read: true,
             watch,
-            synced: false,
-            init_seen: false,
-            watch_warned: false,
-            watch_reopen: None,
             cached: None,
             caught_up: false,
             ended: false,

@@ -1,5 +1,6 @@
-//! The task's view of the Lease: reads, watch events (with the polling
-//! fallback when the watch is unavailable), and what they change.
+//! The task's view of the Lease: reads, the watch (kube-runtime's
+//! `watch_object`, with the polling fallback when it is unavailable), and
+//! what they change.
 
 use std::time::Duration;
 
@@ -21,61 +22,171 @@ pub(in crate::elector) const WATCH_REOPEN_MIN: Duration = Duration::from_secs(10
 /// The longest wait before a watch is opened again.
 pub(in crate::elector) const WATCH_REOPEN_MAX: Duration = Duration::from_secs(300);
 
-pub(in crate::elector) type WatchStream = BoxStream<'static, watcher::Result<watcher::Event<Lease>>>;
+/// What the watch yields: the Lease as it is now, or `None` once it is gone
+/// (kube-runtime's `watch_object`).
+pub(in crate::elector) type WatchItem = watcher::Result<Option<Lease>>;
+pub(in crate::elector) type WatchStream = BoxStream<'static, WatchItem>;
 
-pub(in crate::elector) async fn next_event(
-    watch: &mut Option<WatchStream>,
-) -> Option<watcher::Result<watcher::Event<Lease>>> {
-    match watch {
-        Some(w) => w.next().await,
-        None => futures::future::pending().await,
+/// The Lease watch: data per state, and one step per item ([`Watch::step`]).
+pub(in crate::elector) enum Watch {
+    /// Not asked for (`LeaseConfig::watch(false)`): the task polls.
+    Off,
+    /// Open. `reopened`: the wait before it was opened again, until it
+    /// delivers (a failure doubles it).
+    Open {
+        stream: WatchStream,
+        sync: Sync,
+        reopened: Option<Duration>,
+    },
+    /// Closed (forbidden, or ended): the task polls until `reopen_at`.
+    Closed { reopen_at: Instant, backoff: Duration },
+}
+
+/// How far an open watch got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::elector) enum Sync {
+    /// Opened, nothing delivered yet.
+    Listing,
+    /// It delivered the Lease's state, and has not failed since.
+    Synced,
+    /// It failed since (the watcher retries with its backoff), warned once.
+    Failing,
+}
+
+/// What one watch item means for the election.
+#[derive(Debug, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "lives on the stack for one step, like the item it carries"
+)]
+pub(in crate::elector) enum Step {
+    /// The Lease as it is now (`None`: gone); `news`: the watch is in sync
+    /// now and was not before.
+    Delivered { lease: Option<Lease>, news: bool },
+    /// The watch failed or ended: its view may be behind.
+    Failed,
+}
+
+impl Watch {
+    /// Whether the watch delivered the Lease's state and has not failed since.
+    pub(in crate::elector) fn synced(&self) -> bool {
+        matches!(
+            self,
+            Watch::Open {
+                sync: Sync::Synced,
+                ..
+            }
+        )
     }
+
+    /// The next item of an open watch; never, without one.
+    pub(in crate::elector) async fn next(&mut self) -> Option<WatchItem> {
+        match self {
+            Watch::Open { stream, .. } => stream.next().await,
+            _ => futures::future::pending().await,
+        }
+    }
+
+    /// The transition for one item (`None`: the stream ended), at `now`.
+    pub(in crate::elector) fn step(&mut self, item: Option<WatchItem>, now: Instant) -> Step {
+        let Watch::Open { sync, reopened, .. } = self else {
+            return Step::Failed;
+        };
+        match item {
+            Some(Ok(lease)) => {
+                let news = *sync != Sync::Synced;
+                if *sync == Sync::Failing {
+                    info!("lease watch recovered");
+                }
+                *sync = Sync::Synced;
+                *reopened = None;
+                Step::Delivered { lease, news }
+            }
+            None => {
+                warn!("lease watch ended; polling every retry period until it is opened again");
+                self.close(now);
+                Step::Failed
+            }
+            Some(Err(e)) if is_forbidden(&e) => {
+                if reopened.is_none() {
+                    warn!(
+                        error = %e,
+                        "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
+                         falling back to polling every retry period (the watch is tried again, with backoff)"
+                    );
+                } else {
+                    debug!(error = %e, "still cannot watch leases");
+                }
+                self.close(now);
+                Step::Failed
+            }
+            Some(Err(e)) => {
+                if *sync != Sync::Failing {
+                    warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
+                }
+                *sync = Sync::Failing;
+                Step::Failed
+            }
+        }
+    }
+
+    /// Closes the watch, to be opened again after a backoff that doubles with
+    /// each failure in a row: a 403 can pass (an apiserver just restarted
+    /// answers before its authorization cache has synced), and a watch that
+    /// ended may be served again.
+    fn close(&mut self, now: Instant) {
+        let backoff = match self {
+            Watch::Open {
+                reopened: Some(last), ..
+            }
+            | Watch::Closed { backoff: last, .. } => (*last * 2).min(WATCH_REOPEN_MAX),
+            _ => WATCH_REOPEN_MIN,
+        };
+        *self = Watch::Closed {
+            reopen_at: now + backoff,
+            backoff,
+        };
+    }
+
+    /// Opens the watch again once its backoff has passed.
+    fn reopen_if_due(&mut self, open: impl FnOnce() -> WatchStream) {
+        if let Watch::Closed { reopen_at, backoff } = *self
+            && Instant::now() >= reopen_at
+        {
+            debug!("opening the lease watch again");
+            *self = Watch::Open {
+                stream: open(),
+                sync: Sync::Listing,
+                reopened: Some(backoff),
+            };
+        }
+    }
+}
+
+/// Whether the watch was refused (403, or 401) rather than broken.
+fn is_forbidden(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::InitialListFailed(kube_client::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube_client::Error::Api(s)) if s.code == 403 || s.code == 401)
 }
 
 impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         // Every poll: a watch that was forbidden or ended may be back.
-        self.reopen_watch_if_due();
+        let api = &self.inner.api;
+        self.watch.reopen_if_due(|| api.watch());
         let result = self.inner.api.get(bound).await;
-        if result.is_ok() {
-            self.needs_read = false;
-        }
         match &result {
             Ok(Some(lease)) => {
+                self.needs_read = false;
                 self.update_view(lease.clone(), Instant::now());
             }
             Ok(None) => {
+                self.needs_read = false;
                 self.view_missing();
             }
             Err(_) => {}
         }
         result
-    }
-
-    /// Drops the watch, and schedules opening it again after a backoff that
-    /// doubles with each failure in a row: a 403 can pass (an apiserver just
-    /// restarted answers before its authorization cache has synced), and a
-    /// watch that ended may be served again.
-    fn drop_watch(&mut self) {
-        self.watch = None;
-        self.synced = false;
-        self.caught_up = false;
-        let backoff = self
-            .watch_reopen
-            .map_or(WATCH_REOPEN_MIN, |(_, last)| (last * 2).min(WATCH_REOPEN_MAX));
-        self.watch_reopen = Some((Instant::now() + backoff, backoff));
-    }
-
-    /// Opens the watch again once its backoff has passed.
-    pub(in crate::elector) fn reopen_watch_if_due(&mut self) {
-        if self.watch.is_none()
-            && self.inner.config.watch
-            && let Some((at, _)) = self.watch_reopen
-            && Instant::now() >= at
-        {
-            debug!("opening the lease watch again");
-            self.watch = Some(self.inner.api.watch());
-        }
     }
 
     /// Records a Lease seen at `at`; returns whether the record changed.
@@ -120,100 +231,39 @@ impl Task {
         changed
     }
 
-    /// Handles one watch event; returns whether the election should be re-evaluated.
-    pub(in crate::elector) fn handle_watch(
-        &mut self,
-        event: Option<watcher::Result<watcher::Event<Lease>>>,
-    ) -> bool {
-        let now = Instant::now();
-        match event {
-            None => {
-                warn!("lease watch ended; polling every retry period until it is opened again");
-                self.drop_watch();
-                true
+    /// Handles one watch item; returns whether the election should be
+    /// re-evaluated (the record changed, the watch came in sync, or failed).
+    pub(in crate::elector) fn handle_watch(&mut self, item: Option<WatchItem>) -> bool {
+        match self.watch.step(item, Instant::now()) {
+            Step::Delivered { lease, news } => {
+                let changed = match lease {
+                    Some(lease) => self.update_view(lease, Instant::now()),
+                    None => self.view_missing(),
+                };
+                changed || news
             }
-            Some(Ok(watcher::Event::Init)) => {
-                // A re-list: what it shows is current, but until it is done
-                // the events before it may have been missed.
-                self.init_seen = false;
+            Step::Failed => {
                 self.caught_up = false;
-                false
-            }
-            Some(Ok(watcher::Event::InitApply(lease))) => {
-                self.init_seen = true;
-                self.update_view(lease, now)
-            }
-            Some(Ok(watcher::Event::Apply(lease))) => {
-                let recovered = self.resumed();
-                self.update_view(lease, now) || recovered
-            }
-            Some(Ok(watcher::Event::Delete(_))) => {
-                let recovered = self.resumed();
-                self.view_missing() || recovered
-            }
-            Some(Ok(watcher::Event::InitDone)) => {
-                if self.watch_warned {
-                    info!("lease watch recovered");
-                }
-                self.watch_warned = false;
-                self.watch_reopen = None;
-                let changed = !self.init_seen && self.view_missing();
-                let was_synced = std::mem::replace(&mut self.synced, true);
-                changed || !was_synced
-            }
-            Some(Err(e)) => {
-                self.caught_up = false;
-                let forbidden = matches!(&e, watcher::Error::InitialListFailed(kube_client::Error::Api(s))
-                    | watcher::Error::WatchStartFailed(kube_client::Error::Api(s)) if s.code == 403 || s.code == 401);
-                self.synced = false;
-                if forbidden {
-                    if self.watch_reopen.is_none() {
-                        warn!(
-                            error = %e,
-                            "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
-                             falling back to polling every retry period (the watch is tried again, with backoff)"
-                        );
-                    } else {
-                        debug!(error = %e, "still cannot watch leases");
-                    }
-                    self.drop_watch();
-                } else if !self.watch_warned {
-                    warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
-                    self.watch_warned = true;
-                }
                 true
             }
         }
     }
 
-    /// An event outside a re-list after the watch failed: the watcher
-    /// resumed from the last resourceVersion (no re-list: a `410 Gone`
-    /// would have forced one), so no event was missed and the watch is
-    /// trusted again, without waiting for an `InitDone` that never comes.
-    /// Returns whether it recovered now.
-    fn resumed(&mut self) -> bool {
-        if self.synced || !self.watch_warned {
-            return false;
-        }
-        info!("lease watch recovered");
-        self.watch_warned = false;
-        self.watch_reopen = None;
-        self.synced = true;
-        true
-    }
-
-    /// Waits until `until`, a change of demand, or a watch event that changes the record.
+    /// Waits until `until`, a change of demand, or a watch item that changes the record.
     pub(in crate::elector) async fn idle_until(&mut self, until: Instant) {
         let wake = self.inner.wake.clone();
         loop {
-            let event = futures::select_biased! {
+            let item = futures::select_biased! {
                 () = wake.notified().fuse() => return,
-                event = next_event(&mut self.watch).fuse() => event,
+                item = self.watch.next().fuse() => item,
                 () = sleep_until(until).fuse() => return,
             };
-            if self.handle_watch(event) {
+            if self.handle_watch(item) {
                 return;
             }
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

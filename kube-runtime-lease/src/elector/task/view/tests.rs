@@ -1,0 +1,125 @@
+//! The watch's transitions ([`Watch::step`]), without I/O: what each item
+//! does to its state, and the backoff before it is opened again.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_client::core::Status;
+use kube_runtime::watcher;
+use tokio::time::Instant;
+
+use super::{Step, Sync, WATCH_REOPEN_MAX, WATCH_REOPEN_MIN, Watch};
+use crate::tests::support::paused;
+
+fn open(sync: Sync) -> Watch {
+    Watch::Open {
+        stream: futures::stream::empty().boxed(),
+        sync,
+        reopened: None,
+    }
+}
+
+fn refused(code: u16) -> watcher::Error {
+    let status = Status::failure("refused by the test", "Forbidden").with_code(code);
+    watcher::Error::InitialListFailed(kube_client::Error::Api(Box::new(status)))
+}
+
+fn broken() -> watcher::Error {
+    let status = Status::failure("broken by the test", "InternalError").with_code(500);
+    watcher::Error::WatchFailed(kube_client::Error::Api(Box::new(status)))
+}
+
+fn sync_of(watch: &Watch) -> Option<Sync> {
+    match watch {
+        Watch::Open { sync, .. } => Some(*sync),
+        _ => None,
+    }
+}
+
+/// The first item syncs the watch (news: re-evaluate); later ones are news
+/// only for what they carry, and a Lease gone is delivered as `None`.
+#[test]
+fn the_first_item_syncs_the_watch() {
+    let now = Instant::now();
+    let mut watch = open(Sync::Listing);
+    assert!(!watch.synced());
+    let step = watch.step(Some(Ok(Some(Lease::default()))), now);
+    assert_eq!(
+        step,
+        Step::Delivered {
+            lease: Some(Lease::default()),
+            news: true
+        }
+    );
+    assert!(watch.synced());
+    assert_eq!(
+        watch.step(Some(Ok(None)), now),
+        Step::Delivered {
+            lease: None,
+            news: false
+        }
+    );
+    assert!(watch.synced());
+}
+
+/// A failure that the watcher retries on its own leaves the watch open but
+/// out of sync, until it delivers again (news: re-evaluate).
+#[test]
+fn a_failure_unsyncs_the_watch_until_it_delivers() {
+    let now = Instant::now();
+    let mut watch = open(Sync::Synced);
+    assert_eq!(watch.step(Some(Err(broken())), now), Step::Failed);
+    assert_eq!(sync_of(&watch), Some(Sync::Failing));
+    assert!(!watch.synced());
+    assert_eq!(watch.step(Some(Err(broken())), now), Step::Failed);
+    assert_eq!(
+        watch.step(Some(Ok(None)), now),
+        Step::Delivered {
+            lease: None,
+            news: true
+        }
+    );
+    assert!(watch.synced());
+}
+
+/// A refused watch (403, 401) or one that ended is closed and opened again
+/// after a backoff that doubles with each failure in a row, up to its
+/// maximum, and starts over once a watch delivered.
+#[test]
+fn a_refused_or_ended_watch_is_reopened_with_a_doubling_backoff() {
+    paused(async {
+        let mut watch = open(Sync::Listing);
+        let mut waits = Vec::new();
+        for code in [403, 401, 403, 403, 403, 403, 403] {
+            let now = Instant::now();
+            assert_eq!(watch.step(Some(Err(refused(code))), now), Step::Failed);
+            let Watch::Closed { reopen_at, backoff } = watch else {
+                panic!("not closed after a {code}");
+            };
+            assert_eq!(reopen_at, now + backoff);
+            waits.push(backoff.as_secs());
+            // Opened again when it is due, not before.
+            tokio::time::advance(backoff.saturating_sub(Duration::from_millis(1))).await;
+            watch.reopen_if_due(|| unreachable!("opened again before it was due"));
+            tokio::time::advance(Duration::from_millis(1)).await;
+            watch.reopen_if_due(|| futures::stream::empty().boxed());
+            assert_eq!(sync_of(&watch), Some(Sync::Listing));
+        }
+        assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300]);
+        assert_eq!(WATCH_REOPEN_MAX, Duration::from_secs(300));
+        let now = Instant::now();
+        assert_eq!(
+            watch.step(Some(Ok(None)), now),
+            Step::Delivered {
+                lease: None,
+                news: true
+            }
+        );
+        assert_eq!(watch.step(None, now), Step::Failed);
+        assert!(
+            matches!(watch, Watch::Closed { backoff, .. } if backoff == WATCH_REOPEN_MIN),
+            "the backoff did not start over after the watch delivered"
+        );
+    });
+}
