@@ -95,9 +95,10 @@ STEPS = [
         "files": [
             "error.rs", "term.rs", "guard.rs",
             "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
-            "elector/memory.rs", "elector/status.rs", "elector/supervise.rs",
+            "elector/memory.rs", "elector/observer.rs", "elector/observer/tests.rs",
+            "elector/status.rs", "elector/supervise.rs",
             "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
-            "elector/task/lead.rs", "elector/task/view.rs",
+            "elector/task/lead.rs", "elector/task/view.rs", "elector/task/view/tests.rs",
             "elector/tests/mod.rs", "elector/tests/campaign.rs", "elector/tests/supervise.rs",
             "elector/tests/contact.rs", "lease_observer.rs", "lease_observer/tests.rs",
             "tests/support.rs",
