@@ -17,7 +17,10 @@ use tokio::time::{Instant, sleep};
 use crate::test_util::FakeLeaseApi;
 use crate::{
     LeaderElectionStreamExt, Lost, WithLeaderElection,
-    tests::support::{config, elector, free, paused, paused_runtime},
+    tests::{
+        runtime::paused_runtime,
+        support::{config, elector, free, paused},
+    },
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;

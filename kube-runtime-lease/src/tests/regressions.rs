@@ -20,9 +20,9 @@ use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     term::Term,
-    tests::support::{
-        acquire_on_a_helper_runtime, config, count, elector, free, held_by, helper_runtime, holder, paused,
-        paused_runtime, spec,
+    tests::{
+        runtime::paused_runtime,
+        support::{config, count, elector, free, held_by, holder, paused, spec},
     },
 };
 
@@ -793,4 +793,32 @@ fn a_task_dropped_before_it_started_fails_its_waiter_and_the_next_acquire_starts
             .unwrap();
         assert!(guard.is_valid());
     });
+}
+
+/// A current-thread runtime with a real clock, for a task that must run on a
+/// runtime of its own (and, once its `block_on` returns, is never polled again).
+fn helper_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+/// Acquires on a helper current-thread runtime, on its own thread, while the
+/// caller's runtime keeps serving the client (the double's `kube::Client`
+/// runs its buffer on the runtime it was made on); returns the guard and the
+/// helper runtime, whose `block_on` has returned: its tasks, the election task
+/// among them, are not polled any more.
+async fn acquire_on_a_helper_runtime(e: &LeaderElector) -> (crate::LeaseGuard, tokio::runtime::Runtime) {
+    let (tx, rx) = futures::channel::oneshot::channel();
+    let e = e.clone();
+    std::thread::spawn(move || {
+        let helper = helper_runtime();
+        let guard = helper
+            .block_on(async { tokio::time::timeout(Duration::from_secs(10), e.acquire()).await })
+            .unwrap()
+            .unwrap();
+        let _ = tx.send((guard, helper));
+    });
+    rx.await.expect("acquired on the helper runtime")
 }

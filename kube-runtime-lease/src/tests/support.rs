@@ -8,24 +8,14 @@
 //! line, each once per side: the log capture ([`logs_during`]; the harness
 //! side's `LogBuf` in `tests/tests/support`) and the metrics scrape.
 
-use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::core::ObjectMeta;
 use tokio::time::Instant;
 
-pub(crate) use super::runtime::{paused, paused_runtime};
+pub(crate) use super::runtime::paused;
 use crate::test_util::FakeLeaseApi;
 use crate::{LeaderElector, LeaseConfig};
-
-/// A current-thread runtime with a real clock, for a task that must run on a
-/// runtime of its own (and, once its `block_on` returns, is never polled again).
-pub(crate) fn helper_runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap()
-}
 
 /// The text exposition of `registry`, as a Prometheus scrape reads it.
 #[cfg(feature = "metrics")]
@@ -122,25 +112,4 @@ pub(crate) fn logs_during(level: tracing::Level, body: impl FnOnce()) -> String 
     tracing::subscriber::with_default(subscriber, body);
     let bytes = buffer.0.lock().unwrap().clone();
     String::from_utf8(bytes).unwrap()
-}
-
-/// Acquires on a helper current-thread runtime, on its own thread, while the
-/// caller's runtime keeps serving the client (the double's `kube::Client`
-/// runs its buffer on the runtime it was made on); returns the guard and the
-/// helper runtime, whose `block_on` has returned: its tasks, the election task
-/// among them, are not polled any more.
-pub(crate) async fn acquire_on_a_helper_runtime(
-    e: &LeaderElector,
-) -> (crate::LeaseGuard, tokio::runtime::Runtime) {
-    let (tx, rx) = futures::channel::oneshot::channel();
-    let e = e.clone();
-    std::thread::spawn(move || {
-        let helper = helper_runtime();
-        let guard = helper
-            .block_on(async { tokio::time::timeout(Duration::from_secs(10), e.acquire()).await })
-            .unwrap()
-            .unwrap();
-        let _ = tx.send((guard, helper));
-    });
-    rx.await.expect("acquired on the helper runtime")
 }
