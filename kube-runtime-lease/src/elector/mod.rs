@@ -370,13 +370,18 @@ impl LeaderElector {
         }
     }
 
-    /// A guard of the term in force, if one holds and shutdown has not begun;
-    /// never waits and never asks for leadership.
-    #[cfg_attr(
-        not(any(feature = "warm-standby", feature = "unstable-shards")),
-        allow(dead_code, reason = "the gated Controller runs ask it")
-    )]
-    pub(crate) fn current_guard(&self) -> Option<LeaseGuard> {
+    /// A guard of the term in force, if this candidate leads now and the
+    /// shutdown has not begun: `None` otherwise. Never waits, and never asks
+    /// for leadership.
+    ///
+    /// For work that runs whether or not this replica leads and needs the
+    /// term when it does: a reconciler that writes the
+    /// [`fencing_token`](LeaseGuard::fencing_token) with its changes, or
+    /// checks [`is_valid`](LeaseGuard::is_valid) right before a side
+    /// effect. The guard counts like any other: while it is kept, leadership
+    /// is wanted (drop it when the work is done).
+    #[must_use]
+    pub fn current_guard(&self) -> Option<LeaseGuard> {
         let state = self.inner.lock();
         if state.shutdown {
             return None;

@@ -4,7 +4,7 @@
 //! the adapter.
 
 use backon::BackoffBuilder;
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, future::Either};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
@@ -99,7 +99,12 @@ impl LeaderElector {
                     }
                     let delay = backoff.next().unwrap_or(config.lease_duration);
                     warn!(reason = %lost, ?delay, "leadership lost; rejoining the election after a backoff");
-                    tokio::time::sleep(delay).await;
+                    // A shutdown ends the wait: nothing is left to rejoin.
+                    let wait = std::pin::pin!(tokio::time::sleep(delay));
+                    let shutdown = std::pin::pin!(self.shutdown_requested());
+                    if let Either::Right(_) = futures::future::select(wait, shutdown).await {
+                        return RunEnded::Shutdown;
+                    }
                 }
             }
         }

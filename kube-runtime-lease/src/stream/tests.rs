@@ -362,6 +362,42 @@ fn run_each_term_rejoins_after_a_loss_and_returns_on_shutdown() {
     });
 }
 
+/// A shutdown while `run_each_term` waits to rejoin after a loss ends the
+/// wait: it returns at once, not after the backoff.
+#[test]
+fn run_each_term_returns_at_once_on_a_shutdown_during_its_backoff() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let runner = tokio::spawn({
+            let e = e.clone();
+            async move { e.run_each_term(stream::pending::<()>).await }
+        });
+        sleep(S(1)).await;
+        assert!(e.is_leader());
+        fake.partition(id, true);
+        // Lost at the renew deadline (10 s); the backoff then runs.
+        sleep(Duration::from_millis(10_500)).await;
+        assert!(!e.is_leader());
+        // Less than the shortest backoff (the retry period, 2 s) has passed.
+        let shutting = tokio::spawn({
+            let e = e.clone();
+            async move { e.shutdown(S(1)).await }
+        });
+        let ended = tokio::time::timeout(Duration::from_millis(100), runner)
+            .await
+            .expect("run_each_term still waits out its backoff after the shutdown")
+            .unwrap();
+        assert_eq!(ended, crate::RunEnded::Shutdown);
+        fake.partition(id, false);
+        tokio::time::timeout(S(60), shutting)
+            .await
+            .expect("shutdown is bounded")
+            .unwrap()
+            .unwrap();
+    });
+}
+
 #[test]
 fn run_each_term_returns_when_the_work_ends() {
     paused(async {

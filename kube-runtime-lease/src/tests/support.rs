@@ -8,7 +8,6 @@
 //! line, each once per side: the log capture ([`logs_during`]; the harness
 //! side's `LogBuf` in `tests/tests/support`) and the metrics scrape.
 
-
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::core::ObjectMeta;
 use tokio::time::Instant;

@@ -1377,15 +1377,20 @@ fn debug_shows_the_lease_the_identity_and_the_status() {
 
 /// `current_guard` (the warm-standby gate: a reconcile runs only with a
 /// guard of the term in force) hands out a guard while a term holds, and
-/// none before, after the term, or once shutdown began (mutation testing: kills
-/// `current_guard -> None`).
-#[cfg(any(feature = "warm-standby", feature = "unstable-shards"))]
+/// none before, after the term, or once shutdown began; it never starts a
+/// campaign (mutation testing: kills `current_guard -> None`).
 #[test]
 fn current_guard_is_a_guard_of_the_term_in_force_only() {
     paused(async {
         let fake = free();
         let (e, id) = elector(&fake, config("me"));
         assert!(e.current_guard().is_none(), "no term yet");
+        sleep(S(5)).await;
+        assert_eq!(
+            fake.lease().and_then(|l| l.spec?.holder_identity).as_deref(),
+            Some(""),
+            "current_guard campaigned"
+        );
         let guard = e.acquire().await.unwrap();
         let current = e.current_guard().expect("a guard of the term in force");
         assert!(current.is_valid());
