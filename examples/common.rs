@@ -1,6 +1,7 @@
 //! Shared helpers of the examples: logging, a client, a [`LeaseConfig`]
-//! from the environment, [`probes`] (`/livez`, `/readyz`) and [`ledger`]
-//! (writes fenced by the term: check, write with a precondition, carry the token).
+//! from the environment, [`probes`] (`/livez`, `/readyz`), [`ledger`]
+//! (writes fenced by the term: check, write with a precondition, carry the
+//! token) and [`https`] (the operator's webhook server: TLS, a bounded drain).
 //!
 //! Every example talks to the cluster in `KUBECONFIG` (or the in-cluster
 //! configuration), and reads its Lease settings from the environment:
@@ -12,6 +13,7 @@
 //! `COORDINATED_EMULATION_VERSION` as the emulation version (default: the
 //! binary version).
 
+pub mod https;
 pub mod ledger;
 pub mod probes;
 
