@@ -96,6 +96,11 @@
 //!   kube-rs's `admission_controller` example: a malformed review is
 //!   answered with an `invalid` response, as kube-rs does.
 //!
+//! `tests/tests/operator.rs` runs three replicas of it against a real API
+//! server through a SIGTERM handover, a SIGKILL failover and a loss of the
+//! Lease to another candidate, with webhook requests to every replica
+//! without pause.
+//!
 //! Other settings, as for every example (see `common.rs`): `LEASE_NAMESPACE`,
 //! `LEASE_NAME` (default `operator`), `IDENTITY`, `POD_NAME`, the timings.
 //! The example Deployment's RBAC would also need `get`, `list`, `watch` and
@@ -233,10 +238,16 @@ async fn main() -> anyhow::Result<()> {
         }
     });
 
-    tokio::select! {
-        () = shutdown_signal() => info!("SIGTERM: shutting down"),
-        ended = &mut operator => error!(?ended, "the controllers stopped on their own; shutting down"),
-    }
+    let ended_early = tokio::select! {
+        () = shutdown_signal() => {
+            info!("SIGTERM: shutting down");
+            false
+        }
+        ended = &mut operator => {
+            error!(?ended, "the controllers stopped on their own; shutting down");
+            true
+        }
+    };
     let signalled = Instant::now();
     tokio::spawn(async {
         shutdown_signal().await;
@@ -249,15 +260,22 @@ async fn main() -> anyhow::Result<()> {
     info!("step 1/4: /readyz answers 503");
     // 2. Stop reconciling, release the Lease.
     let handed_over = elector.shutdown(shutdown.grace).await;
-    // The guarded work has ended (a campaign waiting out a backoff would
-    // only fail now): the loop is stopped, not awaited.
-    operator.abort();
-    let _ = operator.await;
+    // The guarded work has ended (a campaign waiting out its backoff would
+    // only fail now): the loop is stopped, not waited for.
+    if !ended_early {
+        operator.abort();
+        let _ = operator.await;
+    }
     match &handed_over {
-        Ok(()) => info!(took = ?signalled.elapsed(), "step 2/4: reconcilers stopped, lease released"),
-        Err(e) => {
-            error!(error = %e, took = ?signalled.elapsed(), "step 2/4: reconcilers stopped; the release failed")
-        }
+        Ok(()) => info!(
+            took = ?signalled.elapsed(),
+            "step 2/4: reconciling stopped, election left (the Lease released if this replica held it)"
+        ),
+        Err(e) => error!(
+            error = %e,
+            took = ?signalled.elapsed(),
+            "step 2/4: reconciling stopped, election left; the release failed (the Lease will expire)"
+        ),
     }
     // 3. Keep serving until the endpoints are gone.
     tokio::time::sleep_until(signalled + shutdown.delay).await;
@@ -272,7 +290,11 @@ async fn main() -> anyhow::Result<()> {
         "step 4/4: stopped accepting, connections drained"
     );
     info!(total = ?signalled.elapsed(), budget = ?shutdown.budget, "exiting");
-    Ok(handed_over?)
+    handed_over?;
+    if ended_early {
+        bail!("the controllers stopped on their own");
+    }
+    Ok(())
 }
 
 /// The HTTPS server's routes.

@@ -194,7 +194,7 @@ async fn get(port: u16, tls: &TlsConnector, path: &str) -> Result<(StatusCode, S
 /// or denies (odd `n`: a data key with `password` in it).
 fn review(n: u64) -> (String, bool, Vec<u8>) {
     let uid = format!("00000000-0000-0000-0000-{n:012}");
-    let allowed = n % 2 == 0;
+    let allowed = n.is_multiple_of(2);
     let mut data = serde_json::Map::new();
     data.insert(
         if allowed { "colour" } else { "db-password" }.to_owned(),
