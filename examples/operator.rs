@@ -55,7 +55,9 @@
 //!    ([`shutdown`](LeaderElector::shutdown)): the controllers take no new
 //!    work, reconciles in flight get `SHUTDOWN_GRACE - WEBHOOK_DRAIN_TIMEOUT`
 //!    (15 s) to finish, then the Lease is released so that a standby takes
-//!    over at once; bounded by `shutdown_budget` of that grace;
+//!    over at once (if a reconcile had to be stopped, it is left to expire
+//!    instead: requests it sent may still land); bounded by
+//!    `shutdown_budget` of that grace;
 //! 3. the webhook keeps serving, new connections included, until
 //!    `WEBHOOK_DRAIN_DELAY` (default 5 s) has passed since SIGTERM (at the
 //!    same time as step 2, not after it);
@@ -66,12 +68,14 @@
 //!
 //! Each step is logged with how long it took. Steps 2 and 3 end within
 //! `max(shutdown_budget(SHUTDOWN_GRACE - WEBHOOK_DRAIN_TIMEOUT),
-//! WEBHOOK_DRAIN_DELAY)`, so the whole sequence fits
+//! WEBHOOK_DRAIN_DELAY)` of SIGTERM and step 4 adds at most
+//! `WEBHOOK_DRAIN_TIMEOUT`, so, the budget growing with the grace second for
+//! second, the whole sequence fits
 //! [`LeaseConfig::shutdown_budget`]`(SHUTDOWN_GRACE)` (47 s with the default
-//! timings), the figure the pod's `terminationGracePeriodSeconds` covers
-//! (`deploy/` sets 60 s). The program refuses, at start, a drain delay and
-//! timeout that together exceed it. A second SIGTERM (or Ctrl+C) exits at
-//! once, with status 1.
+//! timings), the figure the pod's `terminationGracePeriodSeconds` must cover
+//! (the example Deployment in `deploy/` sets 60 s). The program refuses, at
+//! start, a drain delay and timeout that together exceed it. A second
+//! SIGTERM (or Ctrl+C) exits at once, with status 1.
 //!
 //! # Choices, for readers coming from controller-runtime
 //! - **The webhook serves on every replica**, as controller-runtime's
@@ -172,7 +176,10 @@ impl Shutdown {
         let delay = env_seconds("WEBHOOK_DRAIN_DELAY", 5.0)?;
         let drain = env_seconds("WEBHOOK_DRAIN_TIMEOUT", 5.0)?;
         let budget = config.shutdown_budget(SHUTDOWN_GRACE);
-        if delay + drain > budget || drain > SHUTDOWN_GRACE {
+        if drain > SHUTDOWN_GRACE {
+            bail!("WEBHOOK_DRAIN_TIMEOUT ({drain:?}) is longer than the whole grace ({SHUTDOWN_GRACE:?})");
+        }
+        if delay + drain > budget {
             bail!(
                 "WEBHOOK_DRAIN_DELAY ({delay:?}) + WEBHOOK_DRAIN_TIMEOUT ({drain:?}) do not fit the shutdown budget ({budget:?})"
             );

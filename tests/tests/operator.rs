@@ -462,6 +462,16 @@ impl Scenario {
             .with_context(|| format!("no live replica {name}"))
     }
 
+    /// Removes replica `name` from the live ones (it is leaving).
+    fn take(&mut self, name: &str) -> Result<Replica> {
+        let i = self
+            .live
+            .iter()
+            .position(|r| r.name == name)
+            .with_context(|| format!("no live replica {name}"))?;
+        Ok(self.live.remove(i))
+    }
+
     /// Waits until the Lease names a live replica not in `excluding`.
     async fn wait_leader(&self, excluding: &[&str], within: Duration) -> Result<(String, u64)> {
         let leases = Api::<Lease>::namespaced(self.client.clone(), &self.namespace);
@@ -578,12 +588,7 @@ impl Scenario {
     /// Waits until `name`, sent SIGTERM at `at`, exits; checks that it exited
     /// 0 after the drain delay and within its budget, having logged each step.
     async fn wait_exit(&mut self, name: &str, at: u64) -> Result<()> {
-        let i = self
-            .live
-            .iter()
-            .position(|r| r.name == name)
-            .with_context(|| format!("no live replica {name}"))?;
-        let mut replica = self.live.remove(i);
+        let mut replica = self.take(name)?;
         let status = replica.process.wait_exit(BUDGET + Duration::from_secs(5)).await;
         let took = wall_ns() - at;
         if let Some(client) = replica.client.take() {
@@ -610,12 +615,7 @@ impl Scenario {
 
     /// Kills `name` (SIGKILL) and stops its client; returns when.
     async fn sigkill(&mut self, name: &str) -> Result<u64> {
-        let i = self
-            .live
-            .iter()
-            .position(|r| r.name == name)
-            .with_context(|| format!("no live replica {name}"))?;
-        let mut replica = self.live.remove(i);
+        let mut replica = self.take(name)?;
         let at = self.signalled(name, Sig::Kill);
         replica.process.kill().await?;
         if let Some(client) = replica.client.take() {
