@@ -53,6 +53,10 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 ///
 /// # Errors
 /// When the files cannot be read or do not hold a certificate and its key.
+///
+/// # Panics
+/// With files, outside a Tokio runtime (the task that looks at them is
+/// spawned on the current one).
 pub fn server_config(files: Option<(PathBuf, PathBuf)>) -> anyhow::Result<Arc<ServerConfig>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
@@ -112,22 +116,28 @@ impl Reloading {
         })
     }
 
-    /// Every [`RELOAD_EVERY`]: if either file changed, reads both again. A
-    /// pair that does not load (a Secret's update seen half-way) is logged,
+    /// If either file changed since the certificate served now was read,
+    /// reads both again; whether it did.
+    fn reload_if_changed(&self) -> anyhow::Result<bool> {
+        // The stamps before the read: a change during it is seen next time.
+        let stamps = [modified(&self.cert), modified(&self.key)];
+        if self.current.read().unwrap_or_else(PoisonError::into_inner).1 == stamps {
+            return Ok(false);
+        }
+        let certified = Self::read(&self.cert, &self.key, &self.provider)?;
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = (Arc::new(certified), stamps);
+        Ok(true)
+    }
+
+    /// Every [`RELOAD_EVERY`], [`reload_if_changed`](Self::reload_if_changed).
+    /// A pair that does not load (a Secret's update seen half-way) is logged,
     /// and the certificate served so far kept, until the next look.
     async fn reload_on_change(self: Arc<Self>) {
         loop {
             tokio::time::sleep(RELOAD_EVERY).await;
-            let stamps = [modified(&self.cert), modified(&self.key)];
-            if self.current.read().unwrap_or_else(PoisonError::into_inner).1 == stamps {
-                continue;
-            }
-            match Self::read(&self.cert, &self.key, &self.provider) {
-                Ok(certified) => {
-                    *self.current.write().unwrap_or_else(PoisonError::into_inner) =
-                        (Arc::new(certified), stamps);
-                    info!(cert = %self.cert.display(), "serving certificate reloaded");
-                }
+            match self.reload_if_changed() {
+                Ok(false) => {}
+                Ok(true) => info!(cert = %self.cert.display(), "serving certificate reloaded"),
                 Err(e) => warn!(
                     error = format!("{e:#}"),
                     "serving certificate changed but does not load; keeping the old one"
@@ -238,5 +248,62 @@ async fn connection(
         .serve_connection(TokioIo::new(tls), service);
     if let Err(e) = watcher.watch(conn).await {
         debug!(error = %e, "connection ended with an error");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new self-signed certificate's PEM files in `dir`.
+    fn write_pair(dir: &Path) -> (PathBuf, PathBuf) {
+        let generated = rcgen::generate_simple_self_signed(["localhost".to_owned()]).expect("a certificate");
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, generated.cert.pem()).expect("writing tls.crt");
+        std::fs::write(&key, generated.signing_key.serialize_pem()).expect("writing tls.key");
+        (cert, key)
+    }
+
+    fn served(resolver: &Reloading) -> CertificateDer<'static> {
+        resolver.current.read().expect("lock").0.cert[0].clone()
+    }
+
+    #[test]
+    fn a_renewed_certificate_is_served_and_a_broken_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("krl-https-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        let (cert, key) = write_pair(&dir);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let resolver = Reloading::load(cert.clone(), key.clone(), provider).expect("loads");
+        let first = served(&resolver);
+        assert!(
+            !resolver.reload_if_changed().expect("unchanged"),
+            "nothing changed"
+        );
+
+        // Renewed (the stamps moved on, as a Secret's update moves them).
+        write_pair(&dir);
+        let later = SystemTime::now() + Duration::from_secs(5);
+        for path in [&cert, &key] {
+            std::fs::File::options()
+                .append(true)
+                .open(path)
+                .and_then(|f| f.set_modified(later))
+                .expect("stamping");
+        }
+        assert!(resolver.reload_if_changed().expect("reloads"));
+        let second = served(&resolver);
+        assert_ne!(first, second, "the renewed certificate is served");
+
+        // Half-written: an error, and the certificate served so far kept.
+        std::fs::write(&key, "not a key").expect("writing");
+        std::fs::File::options()
+            .append(true)
+            .open(&key)
+            .and_then(|f| f.set_modified(later + Duration::from_secs(5)))
+            .expect("stamping");
+        assert!(resolver.reload_if_changed().is_err());
+        assert_eq!(served(&resolver), second);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
