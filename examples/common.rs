@@ -24,13 +24,17 @@ use kube::Client;
 use kube_runtime_lease::{LeaderElector, LeaseConfig, Lost, ShutdownError, unique_identity};
 use tokio::task::JoinHandle;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), in colour only
+/// on a terminal (a pod's log is none) and without `NO_COLOR`.
 pub fn init_tracing() {
+    use std::io::IsTerminal as _;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
 }
 

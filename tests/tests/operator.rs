@@ -416,6 +416,8 @@ impl Scenario {
             .env("WEBHOOK_CERT", self.dir.path().join("tls.crt"))
             .env("WEBHOOK_KEY", self.dir.path().join("tls.key"))
             .env("WEBHOOK_DRAIN_DELAY", DRAIN_DELAY.as_secs_f64().to_string())
+            // Plain log lines (the test reads them; a pipe gets no colour
+            // anyway).
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1");
         let process = Process::spawn(name, Flavor::Rust, command, &self.log)?;
