@@ -1,6 +1,7 @@
 //! Shared helpers of the examples: logging, a client, a [`LeaseConfig`]
-//! from the environment, [`probes`] (`/livez`, `/readyz`) and [`ledger`]
-//! (writes fenced by the term: check, write with a precondition, carry the token).
+//! from the environment, [`probes`] (`/livez`, `/readyz`), [`ledger`]
+//! (writes fenced by the term: check, write with a precondition, carry the
+//! token) and [`https`] (the operator's webhook server: TLS, a bounded drain).
 //!
 //! Every example talks to the cluster in `KUBECONFIG` (or the in-cluster
 //! configuration), and reads its Lease settings from the environment:
@@ -12,6 +13,7 @@
 //! `COORDINATED_EMULATION_VERSION` as the emulation version (default: the
 //! binary version).
 
+pub mod https;
 pub mod ledger;
 pub mod probes;
 
@@ -22,13 +24,17 @@ use kube::Client;
 use kube_runtime_lease::{LeaderElector, LeaseConfig, Lost, ShutdownError, unique_identity};
 use tokio::task::JoinHandle;
 
-/// Logs to stderr, filtered by `RUST_LOG` (default `info`).
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`), in colour only
+/// on a terminal (a pod's log is none) and without `NO_COLOR`.
 pub fn init_tracing() {
+    use std::io::IsTerminal as _;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
 }
 

@@ -70,6 +70,17 @@ pub async fn serve(
 }
 
 async fn livez(State((elector, _)): State<(LeaderElector, Readiness)>) -> (StatusCode, String) {
+    liveness(&elector)
+}
+
+/// The answer of `/livez` for `elector`: 200, or 500 with why (the elector's
+/// [`health_check`](LeaderElector::health_check) with
+/// [`LIVENESS_TOLERANCE`], then its
+/// [`contact_check`](LeaderElector::contact_check) with
+/// [`API_SILENCE_LIMIT`]). For a server of its own that serves `/livez` too
+/// (`examples/operator.rs`).
+#[must_use]
+pub fn liveness(elector: &LeaderElector) -> (StatusCode, String) {
     let healthy = elector
         .health_check(LIVENESS_TOLERANCE)
         .and_then(|()| elector.contact_check(API_SILENCE_LIMIT));

@@ -82,9 +82,25 @@ impl Build {
     }
 
     /// The command line.
+    ///
+    /// Without the variables that cargo sets for the test binary running
+    /// this (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`, ...): some build scripts
+    /// (ring's) rerun when one of them changes, so a build inheriting them
+    /// would rebuild ring and everything above it, and the next `cargo test`
+    /// from a shell, which has none of them, all of it again.
     #[must_use]
     pub fn command(&self) -> Command {
         let mut cmd = Command::new(cargo());
+        for (key, _) in std::env::vars_os() {
+            let name = key.to_string_lossy();
+            if ["CARGO_PKG_", "CARGO_BIN_", "CARGO_MANIFEST_"]
+                .iter()
+                .any(|prefix| name.starts_with(prefix))
+                || ["CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR"].contains(&&*name)
+            {
+                cmd.env_remove(&key);
+            }
+        }
         cmd.current_dir(&self.dir)
             .arg("build")
             .args(&self.args)

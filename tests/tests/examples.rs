@@ -31,6 +31,7 @@ const EXAMPLES: &[&str] = &[
     "sigterm_handover",
     "stream",
     "fenced_write",
+    "operator",
 ];
 
 /// The grace the examples give `shutdown` (the longest: 20 s).
@@ -68,6 +69,10 @@ async fn sigterm_path(example: &str) -> Result<()> {
         .env("RENEW_DEADLINE", "1.5")
         .env("RETRY_PERIOD", "0.5")
         .env("PROBE_ADDR", "127.0.0.1:0")
+        // The operator's webhook server: any free port, and a short drain
+        // delay (it keeps serving that long after SIGTERM).
+        .env("WEBHOOK_ADDR", "127.0.0.1:0")
+        .env("WEBHOOK_DRAIN_DELAY", "1")
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
