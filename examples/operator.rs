@@ -267,10 +267,8 @@ async fn main() -> anyhow::Result<()> {
     info!("step 1/4: /readyz answers 503");
     // 2. Stop reconciling, release the Lease.
     let handed_over = elector.shutdown(shutdown.grace).await;
-    // The guarded work has ended (a campaign waiting out its backoff would
-    // only fail now): the loop is stopped, not waited for.
+    // `run_each_term` returned when the shutdown began (`RunEnded::Shutdown`).
     if !ended_early {
-        operator.abort();
         let _ = operator.await;
     }
     match &handed_over {
@@ -448,7 +446,7 @@ where
 {
     // The term this reconcile runs in: the Controller runs only while
     // leading, so the guard is there (a term that has just ended: skip).
-    let Some(Ok(guard)) = elector.acquire().now_or_never() else {
+    let Some(guard) = elector.current_guard() else {
         return Ok(Action::await_change());
     };
     let token = guard.fencing_token();
