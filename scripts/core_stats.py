@@ -30,7 +30,7 @@ CORE = [
     "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
     "elector/memory.rs", "elector/observer.rs", "elector/status.rs", "elector/supervise.rs",
     "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
-    "elector/task/lead.rs", "elector/task/view.rs",
+    "elector/task/lead.rs", "elector/task/renew.rs", "elector/task/view.rs",
     "lease_observer.rs",
     "stream.rs", "stream/each_term.rs", "controller/mod.rs", "scope.rs",
 ]

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep_until};
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use super::{LeaseView, Next, Task, Won, view::WatchItem};
 use crate::elector::Transition;
@@ -344,90 +344,5 @@ impl Task {
                 None
             }
         }
-    }
-
-    /// One renewal: the fast path (one `replace` with the cached
-    /// resourceVersion), falling to a read and a retry on conflict. The renew
-    /// deadline moves to the instant before the successful request was sent.
-    pub(in crate::elector) async fn renew(&mut self, run: &TermRun) -> Result<(), Lost> {
-        let cfg = self.inner.config.clone();
-        let term = &run.term;
-        for attempt in 0..2 {
-            let sent = Instant::now();
-            if term.deadline_passed_at(sent) {
-                return Err(Lost::RenewDeadlineExceeded);
-            }
-            let deadline = term.deadline();
-            let Some(cached) = &self.cached else {
-                return Err(Lost::ElectorStopped);
-            };
-            let mut lease = (**cached).clone();
-            lease.spec = Some(record::renewed(
-                &lease.spec.clone().unwrap_or_default(),
-                self.seconds_to_write(run.phase.hold()),
-                record::now(),
-            ));
-            match self.inner.api.replace(&lease, deadline - sent).await {
-                Ok(lease) => {
-                    let in_time = term.renewed(sent, cfg.renew_deadline);
-                    self.update_view(lease.clone(), sent);
-                    self.cached = Some(Box::new(lease));
-                    self.caught_up = false;
-                    if !in_time {
-                        if term.lost().is_some() {
-                            // Ended from outside while the request was in
-                            // flight: the top of the loop handles it.
-                            return Ok(());
-                        }
-                        self.renewal_told("late", sent);
-                        warn!(
-                            after = ?sent.elapsed(),
-                            "the renewal succeeded only after the renew deadline; giving the term up"
-                        );
-                        return Err(Lost::RenewDeadlineExceeded);
-                    }
-                    self.renewal_told("success", sent);
-                    debug!("renewed lease");
-                    return Ok(());
-                }
-                Err(e) if e.status() == Some(404) => {
-                    // Not proof of a deletion (the API server answers a
-                    // replace of a deleted Lease with 409): a read decides.
-                    // A 404 from something in front of the API server costs
-                    // this renewal, not the term.
-                    self.renewal_told("not_found", sent);
-                    self.log_error("renewing the lease (answered 404: reading it to confirm)", &e);
-                    return match self.reread(run, "confirming the lease after a 404").await {
-                        Some(Err(lost)) => Err(lost),
-                        _ => Ok(()),
-                    };
-                }
-                Err(e) if attempt == 0 && e.is_conflict() => {
-                    self.renewal_told("conflict", sent);
-                    debug!("renewal conflicted; re-reading the lease");
-                    match self.reread(run, "re-reading the lease").await {
-                        Some(still_ours) => still_ours?,
-                        None => return Ok(()),
-                    }
-                }
-                Err(e) => {
-                    self.renewal_told("error", sent);
-                    self.log_error("renewing the lease", &e);
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Task {
-    /// Tells the observers of a renewal write sent at `sent`, and its outcome.
-    fn renewal_told(&self, outcome: &'static str, sent: Instant) {
-        self.inner.tell(Transition::Renewal {
-            outcome,
-            latency: sent.elapsed(),
-            sent,
-        });
     }
 }

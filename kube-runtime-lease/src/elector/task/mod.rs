@@ -4,7 +4,8 @@
 //! - [`view`]: the task's view of the Lease (reads, the watch, the polling
 //!   fallback, records written by others);
 //! - [`campaign`]: one attempt to acquire, the backoff, the creation hold;
-//! - [`lead`]: leading one term (publish, renew, verify, step down);
+//! - [`lead`]: leading one term (publish, the loop, verify, step down);
+//! - [`renew`]: one renewal, and what each answer means for the term;
 //! - [`end`]: ending a term, and the release;
 //! - all Lease API calls go through [`LeaseApi`](super::api::LeaseApi).
 //!
@@ -46,6 +47,7 @@
 mod campaign;
 mod end;
 mod lead;
+mod renew;
 pub(in crate::elector) mod view;
 
 use std::sync::Arc;
