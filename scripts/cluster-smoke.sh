@@ -13,6 +13,9 @@
 #   and those of scripts/cluster.sh (KRL_CLUSTER_DIR, ...).
 # Root only, like scripts/cluster.sh.
 set -euo pipefail
+# All of it in one function, read whole before it runs (editing this file
+# during a run is then safe).
+main() {
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -147,6 +150,7 @@ spec:
             - { name: LEASE_NAMESPACE, valueFrom: { fieldRef: { fieldPath: metadata.namespace } } }
             - { name: LEASE_NAME, value: $app }
             - { name: RUST_LOG, value: "info,kube_runtime_lease=debug" }
+            - { name: NO_COLOR, value: "1" }
           ports: [{ name: probes, containerPort: 8080 }]
           livenessProbe: { httpGet: { path: /livez, port: probes }, periodSeconds: 10, failureThreshold: 3 }
           readinessProbe: { httpGet: { path: /readyz, port: probes }, periodSeconds: 2 }
@@ -171,10 +175,19 @@ holder_pod() {
   return 1
 }
 held_by_pod() { holder_pod >/dev/null; }
+# The holder pod says it leads (examples/controller.rs logs each change).
+leads() {
+  local p
+  p="$(holder_pod)" && kubectl -n "$ns" logs "$p" 2>/dev/null | grep -qF "leadership leading=true holder=\"$(holder)\""
+}
 
 wait_for "$timeout_s" "a Lease held by one of the pods" held_by_pod
 first="$(holder_pod)"
 step "Lease $ns/$app held by pod $first (identity $(holder))"
+# The candidate that created the Lease holds it one lease duration before it
+# leads (the crate's creation hold), and does not release it before: wait.
+wait_for "$timeout_s" "pod $first to lead (one lease duration after it created the Lease)" leads
+step "pod $first leads"
 
 step "deleting pod $first (SIGTERM: it releases the Lease on its way out)"
 t_delete=$(now_ms)
@@ -184,8 +197,16 @@ other_holds() {
   p="$(holder_pod)" && [ "$p" != "$first" ]
 }
 wait_for "$timeout_s" "another pod to hold the Lease" other_holds
+took=$(($(now_ms) - t_delete))
 second="$(holder_pod)"
-step "Lease held by pod $second $(($(now_ms) - t_delete)) ms after the deletion (identity $(holder))"
+step "Lease held by pod $second $took ms after the deletion (identity $(holder))"
+duration_ms=$(($(kubectl -n "$ns" get lease "$app" -o jsonpath='{.spec.leaseDurationSeconds}') * 1000))
+[ "$took" -lt "$duration_ms" ] || {
+  diagnose
+  die "the takeover took $took ms, not less than the lease duration ($duration_ms ms): the Lease expired instead of being released on SIGTERM"
+}
+wait_for "$timeout_s" "pod $second to lead" leads
+step "pod $second leads"
 transitions="$(kubectl -n "$ns" get lease "$app" -o jsonpath='{.spec.leaseTransitions}')"
 step "leaseTransitions: $transitions"
 if ! kubectl -n "$ns" rollout status "deployment/$app" --timeout="${timeout_s}s" >/dev/null; then
@@ -193,3 +214,5 @@ if ! kubectl -n "$ns" rollout status "deployment/$app" --timeout="${timeout_s}s"
   die "the replacement pod did not become ready within ${timeout_s}s"
 fi
 step "the replacement is ready; both replicas run again"
+}
+main "$@"; exit "$?"

@@ -5,8 +5,8 @@
 # kubelet, kube-proxy (iptables) and the CNI bridge plugin.
 #
 # usage: scripts/cluster.sh build    build (or reuse) every binary; installs
-#                                    runc, CNI plugins, iptables, nftables
-#                                    from Debian when missing
+#                                    runc, CNI plugins, iptables, nftables,
+#                                    nfacct from Debian when missing
 #        scripts/cluster.sh up       build, then start the cluster; waits for
 #                                    the node to be Ready; prints KUBECONFIG
 #        scripts/cluster.sh down     stop it and restore the host; prints (and
@@ -67,7 +67,7 @@ buildlogs="$cache/cluster/logs"
 cpbin="$("$root/scripts/control-plane.sh" bin-dir)"
 k8s_bins=(kube-scheduler kube-proxy kube-controller-manager kubectl kubelet)
 containerd_bins=(containerd ctr containerd-shim-runc-v2)
-debs=(runc containernetworking-plugins iptables nftables)
+debs=(runc containernetworking-plugins iptables nftables nfacct)
 runc_bin=/usr/sbin/runc
 cni_bin_dir=/usr/lib/cni
 
@@ -257,6 +257,9 @@ watched_paths=(/var/lib/kubelet /var/log/containers /var/log/pods /etc/kubernete
 
 kc() { "$kbin/kubectl" --kubeconfig "$state/admin.kubeconfig" "$@"; }
 
+# The command line of a process, or nothing when it is gone.
+cmdline() { { tr '\0' ' ' <"/proc/$1/cmdline"; } 2>/dev/null || true; }
+
 # ---------------------------------------------------------------- processes
 pid_of() { cat "$state/pids/$1.pid" 2>/dev/null || true; }
 
@@ -264,7 +267,7 @@ pid_of() { cat "$state/pids/$1.pid" 2>/dev/null || true; }
 alive() {
   local pid
   pid="$(pid_of "$1")"
-  [ -n "$pid" ] && [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF "$state/"
+  [ -n "$pid" ] && cmdline "$pid" | grep -qF "$state/"
 }
 
 start() { # name command...
@@ -348,7 +351,12 @@ snapshot() { # dir
     if [ -e "$s" ] || [ -L "$s" ]; then echo "$s"; fi
   done >"$d/paths.txt"
   ls /run/netns 2>/dev/null | sort >"$d/netns.txt" || true
+  nfacct_names | sort >"$d/nfacct.txt"
 }
+
+# The names of the kernel's nfacct counters (kube-proxy creates two and never
+# deletes them).
+nfacct_names() { nfacct list 2>/dev/null | sed -n 's/.*} = \(.*\);$/\1/p' || true; }
 
 # ---------------------------------------------------------------- PKI
 key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
@@ -581,6 +589,8 @@ up() {
   command -v iptables-save >/dev/null && [ -x "$runc_bin" ] && [ -x "$cni_bin_dir/bridge" ] ||
     die "iptables, runc or the CNI plugins are missing (scripts/cluster.sh build installs them)"
 
+  ! awk -v s="$state" '$5 == s || index($5, s "/") == 1 {found = 1} END {exit !found}' /proc/self/mountinfo ||
+    die "there are mounts under $state: scripts/cluster.sh down first"
   rm -rf "$state"
   mkdir -p "$state/logs" "$state/pids"
   touch "$state/.krl-cluster"
@@ -702,7 +712,7 @@ pod_pids() {
 shim_pids() {
   local p
   for p in /proc/[0-9]*; do
-    tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "-address $containerd_sock " && echo "${p#/proc/}"
+    cmdline "${p#/proc/}" | grep -qF -- "-address $containerd_sock " && echo "${p#/proc/}"
   done
   return 0
 }
@@ -727,7 +737,7 @@ kill_leftovers() {
   pids="$(pod_pids) $(shim_pids)"
   for pid in $pids; do
     [ "$pid" -gt 1 ] 2>/dev/null || continue
-    log "killing leftover pid $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | cut -c1-100)"
+    log "killing leftover pid $pid: $(cmdline "$pid" | cut -c1-100)"
     kill -KILL "$pid" 2>/dev/null || true
   done
   [ -z "${pids// /}" ] || sleep 0.5
@@ -742,7 +752,7 @@ unmount_all() {
     mapfile -t mounts < <(awk -v s="$state" '$5 == s || index($5, s "/") == 1 {print $5}' /proc/self/mountinfo | sort -r)
     [ "${#mounts[@]}" -gt 0 ] || return 0
     for m in "${mounts[@]}"; do
-      m="$(printf '%b' "${m//\\0/\\0}")"
+      m="$(printf '%b' "$m")" # mountinfo writes a space as \040
       umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
   done
@@ -778,6 +788,15 @@ remove_new_nft_tables() {
       continue
     fi
     nft delete table "$family" "$name" && log "removed the empty nft table $family $name"
+  done
+}
+
+remove_new_nfacct() {
+  command -v nfacct >/dev/null || return 0
+  local n
+  for n in $(nfacct_names); do
+    grep -qxF "$n" "$state/host-before/nfacct.txt" 2>/dev/null && continue
+    nfacct delete "$n" >/dev/null 2>&1 && log "removed the nfacct counter $n" || log "could not remove the nfacct counter $n"
   done
 }
 
@@ -842,6 +861,7 @@ down() {
   remove_kube_chains iptables-save iptables-restore
   remove_kube_chains ip6tables-save ip6tables-restore
   remove_new_nft_tables
+  remove_new_nfacct
   unmount_all
   remove_cgroups
   if ip link show "$bridge" >/dev/null 2>&1 && ! grep -q "^$bridge:" "$state/host-before/links.txt" 2>/dev/null; then
@@ -858,7 +878,8 @@ down() {
   if [ -d "$state/host-before" ]; then
     snapshot "$state/host-after"
     local f
-    for f in sysctl iptables ip6tables nft links addrs routes mounts cgroups paths netns; do
+    for f in sysctl iptables ip6tables nft nfacct links addrs routes mounts cgroups paths netns; do
+      [ -f "$state/host-before/$f.txt" ] || continue
       if ! diff -u "$state/host-before/$f.txt" "$state/host-after/$f.txt" >"$state/host-after/$f.diff" 2>&1; then
         report=1
         log "host state differs from before up ($f):"
@@ -867,7 +888,7 @@ down() {
     done
   fi
   local left
-  left="$(for c in /proc/[0-9]*; do tr '\0' ' ' <"$c/cmdline" 2>/dev/null | grep -qF "$state/" && echo "${c#/proc/}"; done || true)"
+  left="$(for c in /proc/[0-9]*; do cmdline "${c#/proc/}" | grep -qF "$state/" && echo "${c#/proc/}"; done || true)"
   if [ -n "$left" ]; then
     report=1
     log "processes still running with $state in their command line: $left"
@@ -878,7 +899,7 @@ down() {
     log "could not remove everything in $state"
   if [ "$report" = 0 ]; then
     rm -rf "$state/host-after"
-    log "down in $((SECONDS - t0)) s: host state as before up (sysctls, iptables, nftables, links, addresses, routes, mounts, cgroups, paths)"
+    log "down in $((SECONDS - t0)) s: host state as before up (sysctls, iptables, nftables, nfacct, links, addresses, routes, mounts, cgroups, paths)"
   else
     log "down in $((SECONDS - t0)) s, but the host state differs from before up (above; diffs in $state/host-after)"
     return 1
