@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Smoke test of the real single-node cluster (scripts/cluster.sh): up, the
 # example controller (examples/controller.rs) as a 2-replica Deployment from
-# an image built here, a Lease held by one of its pods, that pod deleted, the
-# Lease held by another pod, down.
+# an image built here (scripts/oci-image.py), RBAC on leases (get, create,
+# update, list, watch), the identity from the downward API (POD_NAME); a
+# Lease held by one of its pods, which leads once the creation hold is over
+# (one lease duration after it created the Lease); that pod deleted; the Lease
+# held, within less than a lease duration (released on SIGTERM, not expired),
+# by another pod, which leads; down. Every wait is bounded.
 #
 # usage: scripts/cluster-smoke.sh
 #
@@ -88,7 +92,7 @@ state="$(dirname "$KUBECONFIG")"
 
 step "image $image from $bin (scripts/oci-image.py), imported into containerd"
 python3 scripts/oci-image.py --binary "$bin" --path /controller --name "$image" --output "$state/controller-image.tar"
-ctr --address "$state/containerd/containerd.sock" -n k8s.io images import "$state/controller-image.tar" >/dev/null
+scripts/cluster.sh import "$state/controller-image.tar" 2>/dev/null
 
 step "a 2-replica Deployment of the controller in namespace $ns"
 kubectl apply -f - >/dev/null <<YAML
