@@ -349,7 +349,9 @@ snapshot() { # dir
   awk '{ sep = 0; for (i = 7; i <= NF; i++) if ($i == "-") { sep = i; break }
          opt = ""; for (i = 7; i < sep; i++) opt = opt " " $i
          print $5, $4, $(sep + 1), $(sep + 2), opt }' /proc/self/mountinfo | sort >"$d/mounts.txt"
-  find /sys/fs/cgroup -mindepth 1 -maxdepth 3 -type d 2>/dev/null | sort >"$d/cgroups.txt"
+  # Two levels (v1: hierarchies and their top groups, where kubepods goes);
+  # deeper ones come and go with other programs' processes.
+  find /sys/fs/cgroup -mindepth 1 -maxdepth 2 -type d 2>/dev/null | sort >"$d/cgroups.txt"
   for s in "${watched_paths[@]}"; do
     if [ -e "$s" ] || [ -L "$s" ]; then echo "$s"; fi
   done >"$d/paths.txt"
