@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# Smoke test of the real single-node cluster (scripts/cluster.sh): up, the
+# example controller (examples/controller.rs) as a 2-replica Deployment from
+# an image built here (scripts/oci-image.py), RBAC on leases (get, create,
+# update, list, watch), the identity from the downward API (POD_NAME); a
+# Lease held by one of its pods, which leads once the creation hold is over
+# (one lease duration after it created the Lease); that pod deleted; the Lease
+# held, within less than a lease duration (released on SIGTERM, not expired),
+# by another pod, which leads; down. Every wait is bounded.
+#
+# usage: scripts/cluster-smoke.sh
+#
+# Environment:
+#   KRL_SMOKE_KEEP=1       leave the cluster up at the end (and on failure)
+#   KRL_SMOKE_TIMEOUT      seconds for each wait (default 120)
+#   KRL_SMOKE_PROFILE      cargo profile of the controller (default release)
+#   and those of scripts/cluster.sh (KRL_CLUSTER_DIR, ...).
+# Root only, like scripts/cluster.sh.
+set -euo pipefail
+# All of it in one function, read whole before it runs (editing this file
+# during a run is then safe).
+main() {
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+timeout_s="${KRL_SMOKE_TIMEOUT:-120}"
+profile="${KRL_SMOKE_PROFILE:-release}"
+ns=krl-smoke
+app=configmap-controller
+image=krl.local/configmap-controller:smoke
+t0=$SECONDS
+
+step() { printf '[%4ss] %s\n' "$((SECONDS - t0))" "$*" >&2; }
+now_ms() { echo $(($(date +%s%N) / 1000000)); }
+die() { echo "cluster-smoke.sh: error: $*" >&2; exit 1; }
+
+# wait_for SECONDS WHAT command...: polls the command until it succeeds.
+wait_for() {
+  local timeout="$1" what="$2"
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || { diagnose; die "timed out after ${timeout}s waiting for $what"; }
+    sleep 0.5
+  done
+}
+
+diagnose() {
+  echo "----- pods, lease, events in $ns -----" >&2
+  kubectl -n "$ns" get pods -o wide >&2 || true
+  kubectl -n "$ns" get lease -o yaml >&2 || true
+  kubectl -n "$ns" get events --sort-by=.lastTimestamp 2>/dev/null | tail -20 >&2 || true
+  local p
+  for p in $(kubectl -n "$ns" get pods -o name 2>/dev/null); do
+    echo "----- logs of $p -----" >&2
+    kubectl -n "$ns" logs "$p" --tail=20 >&2 || true
+  done
+}
+
+finish() {
+  local rc=$?
+  trap - EXIT
+  if [ "${KRL_SMOKE_KEEP:-0}" = 1 ]; then
+    step "left the cluster up (KRL_SMOKE_KEEP=1): scripts/cluster.sh down stops it"
+    exit "$rc"
+  fi
+  step "down"
+  if ! scripts/cluster.sh down; then
+    [ "$rc" != 0 ] || rc=1
+  fi
+  if [ "$rc" = 0 ]; then
+    step "smoke test passed in $((SECONDS - t0)) s"
+  else
+    step "smoke test FAILED (exit $rc)"
+  fi
+  exit "$rc"
+}
+
+[ "$(id -u)" = 0 ] || die "needs root (scripts/cluster.sh up runs kubelet and containerd)"
+
+step "building the controller example (cargo build --profile $profile)"
+nice -n 19 cargo build --quiet --locked --profile "$profile" -p kube-runtime-lease-examples --example controller
+target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+bin="$target_dir/$([ "$profile" = dev ] && echo debug || echo "$profile")/examples/controller"
+[ -x "$bin" ] || die "$bin not found after the build"
+
+step "scripts/cluster.sh up"
+trap finish EXIT
+scripts/cluster.sh up >/dev/null
+eval "$(scripts/cluster.sh env)"
+state="$(dirname "$KUBECONFIG")"
+
+step "image $image from $bin (scripts/oci-image.py), imported into containerd"
+python3 scripts/oci-image.py --binary "$bin" --path /controller --name "$image" --output "$state/controller-image.tar"
+scripts/cluster.sh import "$state/controller-image.tar" 2>/dev/null
+
+step "a 2-replica Deployment of the controller in namespace $ns"
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Namespace
+metadata: { name: $ns }
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: { name: $app, namespace: $ns }
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: { name: $app-leader-election, namespace: $ns }
+rules:
+  - apiGroups: ["coordination.k8s.io"]
+    resources: ["leases"]
+    verbs: ["get", "create", "update", "list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: { name: $app-leader-election, namespace: $ns }
+roleRef: { apiGroup: rbac.authorization.k8s.io, kind: Role, name: $app-leader-election }
+subjects: [{ kind: ServiceAccount, name: $app, namespace: $ns }]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: { name: krl-smoke-$app }
+rules:
+  - apiGroups: [""]
+    resources: ["configmaps"]
+    verbs: ["get", "list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: { name: krl-smoke-$app }
+roleRef: { apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: krl-smoke-$app }
+subjects: [{ kind: ServiceAccount, name: $app, namespace: $ns }]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: { name: $app, namespace: $ns, labels: { app: $app } }
+spec:
+  replicas: 2
+  selector: { matchLabels: { app: $app } }
+  template:
+    metadata: { labels: { app: $app } }
+    spec:
+      serviceAccountName: $app
+      terminationGracePeriodSeconds: 60
+      securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 }
+      containers:
+        - name: controller
+          image: $image
+          imagePullPolicy: Never
+          env:
+            - { name: POD_NAME, valueFrom: { fieldRef: { fieldPath: metadata.name } } }
+            - { name: NODE_NAME, valueFrom: { fieldRef: { fieldPath: spec.nodeName } } }
+            - { name: LEASE_NAMESPACE, valueFrom: { fieldRef: { fieldPath: metadata.namespace } } }
+            - { name: LEASE_NAME, value: $app }
+            - { name: RUST_LOG, value: "info,kube_runtime_lease=debug" }
+            - { name: NO_COLOR, value: "1" }
+          ports: [{ name: probes, containerPort: 8080 }]
+          livenessProbe: { httpGet: { path: /livez, port: probes }, periodSeconds: 10, failureThreshold: 3 }
+          readinessProbe: { httpGet: { path: /readyz, port: probes }, periodSeconds: 2 }
+          securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: [ALL] } }
+          resources: { requests: { cpu: 10m, memory: 32Mi }, limits: { memory: 128Mi } }
+YAML
+if ! kubectl -n "$ns" rollout status "deployment/$app" --timeout="${timeout_s}s" >/dev/null; then
+  diagnose
+  die "the Deployment did not become available within ${timeout_s}s"
+fi
+step "both replicas ready: $(kubectl -n "$ns" get pods -l "app=$app" -o jsonpath='{.items[*].metadata.name}')"
+
+holder() { kubectl -n "$ns" get lease "$app" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+# The pod whose name starts the holder identity ("<pod>_<suffix>").
+holder_pod() {
+  local h p
+  h="$(holder)"
+  [ -n "$h" ] || return 1
+  for p in $(kubectl -n "$ns" get pods -l "app=$app" -o jsonpath='{.items[*].metadata.name}'); do
+    case "$h" in "${p}_"*) echo "$p"; return 0 ;; esac
+  done
+  return 1
+}
+held_by_pod() { holder_pod >/dev/null; }
+# The holder pod says it leads (examples/controller.rs logs each change).
+leads() {
+  local p
+  p="$(holder_pod)" && kubectl -n "$ns" logs "$p" 2>/dev/null | grep -qF "leadership leading=true holder=\"$(holder)\""
+}
+
+wait_for "$timeout_s" "a Lease held by one of the pods" held_by_pod
+first="$(holder_pod)"
+step "Lease $ns/$app held by pod $first (identity $(holder))"
+# The candidate that created the Lease holds it one lease duration before it
+# leads (the crate's creation hold), and does not release it before: wait.
+wait_for "$timeout_s" "pod $first to lead (one lease duration after it created the Lease)" leads
+step "pod $first leads"
+
+step "deleting pod $first (SIGTERM: it releases the Lease on its way out)"
+t_delete=$(now_ms)
+kubectl -n "$ns" delete pod "$first" --wait=false >/dev/null
+other_holds() {
+  local p
+  p="$(holder_pod)" && [ "$p" != "$first" ]
+}
+wait_for "$timeout_s" "another pod to hold the Lease" other_holds
+seen=$(($(now_ms) - t_delete))
+second="$(holder_pod)"
+# From the deletion request to the new holder's write (its acquireTime, in
+# microseconds, by the same clock): what polling with kubectl adds is left out.
+acquired="$(kubectl -n "$ns" get lease "$app" -o jsonpath='{.spec.acquireTime}')"
+took=$(($(date -d "$acquired" +%s%N) / 1000000 - t_delete))
+step "Lease taken by pod $second $took ms after the deletion request (acquireTime $acquired; seen by polling after $seen ms; identity $(holder))"
+duration_ms=$(($(kubectl -n "$ns" get lease "$app" -o jsonpath='{.spec.leaseDurationSeconds}') * 1000))
+[ "$took" -lt "$duration_ms" ] || {
+  diagnose
+  die "the takeover took $took ms, not less than the lease duration ($duration_ms ms): the Lease expired instead of being released on SIGTERM"
+}
+wait_for "$timeout_s" "pod $second to lead" leads
+step "pod $second leads"
+transitions="$(kubectl -n "$ns" get lease "$app" -o jsonpath='{.spec.leaseTransitions}')"
+step "leaseTransitions: $transitions"
+if ! kubectl -n "$ns" rollout status "deployment/$app" --timeout="${timeout_s}s" >/dev/null; then
+  diagnose
+  die "the replacement pod did not become ready within ${timeout_s}s"
+fi
+step "the replacement is ready; both replicas run again"
+}
+main "$@"; exit "$?"
