@@ -17,6 +17,8 @@
 #                                    scripts/oci-image.py) into containerd
 #        scripts/cluster.sh bin-dir  print the dir of kubectl and the other
 #                                    Kubernetes programs
+#        scripts/cluster.sh helm     build helm alone when missing (no root);
+#                                    print its path (tests/tests/chart.rs)
 #
 # Root only (it runs kubelet and containerd). See docs/real-cluster.md.
 #
@@ -192,6 +194,24 @@ build_images() {
   echo "$tar"
 }
 
+build_helm() {
+  build_go_install helm "$hbin" "" \
+    "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
+    "helm.sh/helm/v4/cmd/helm@$helm_version"
+}
+
+# helm alone (the chart's tests need nothing else): built when missing, under
+# the build lock; prints its path. No root needed.
+helm_bin() {
+  command -v go >/dev/null || die "go not found in PATH"
+  mkdir -p "$cache/cluster"
+  exec 8>"$cache/cluster/.build.lock"
+  flock 8 || die "cannot lock $cache/cluster/.build.lock"
+  build_helm
+  flock -u 8
+  echo "$hbin/bin/helm"
+}
+
 build() {
   command -v go >/dev/null || die "go not found in PATH"
   mkdir -p "$cache/cluster"
@@ -206,9 +226,7 @@ build() {
     "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
     "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version" \
     "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version"
-  build_go_install helm "$hbin" "" \
-    "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
-    "helm.sh/helm/v4/cmd/helm@$helm_version"
+  build_helm
   build_images >/dev/null
   flock -u 8
   log "build: everything in place after $((SECONDS - start)) s"
@@ -962,5 +980,6 @@ case "$cmd" in
   env) print_env ;;
   import) shift && import_images "$@" ;;
   bin-dir) echo "$kbin" ;;
-  *) die "usage: scripts/cluster.sh build|up|down|status|env|import IMAGE.tar...|bin-dir" ;;
+  helm) helm_bin ;;
+  *) die "usage: scripts/cluster.sh build|up|down|status|env|import IMAGE.tar...|bin-dir|helm" ;;
 esac; exit "$?" # on the line of esac: bash has read the whole file before running anything, so editing it meanwhile is safe
