@@ -40,7 +40,9 @@
 # creates. `up` creates the bridge krl0 with 10.217.0.1/24 (the node IP and
 # the apiserver's advertise address); pods get 10.218.0.0/24 on that bridge
 # from the CNI bridge plugin, with routes to the node and the Service range
-# (10.219.0.0/24) only: no default route, no masquerading.
+# (10.219.0.0/24) only: no default route, no masquerading. The host routes
+# the Service range through the bridge from the node IP (the API server
+# reaches a webhook's Service; a ClusterIP is DNATed to a pod).
 #
 # Times on the 2-core machine (docs/real-cluster.md has them per component):
 # a cold `build` took 17 min under `nice -n 19` with `-p 1` (KRL_GO_PROCS=1)
@@ -636,6 +638,12 @@ up() {
   ip addr add "$node_ip/24" dev "$bridge"
   ip addr add "$pod_gw/24" dev "$bridge"
   ip link set "$bridge" up
+  # The Service range through the bridge, from the node IP: what the host
+  # sends to a ClusterIP (the API server calling a webhook's Service) is
+  # routed here, then DNATed by kube-proxy to a pod on this bridge, which
+  # answers the node IP. Without it the host's default route would be used.
+  # It goes with the bridge.
+  ip route add "$svc_cidr" dev "$bridge" src "$node_ip"
 
   make_pki
   write_configs
