@@ -159,6 +159,17 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
 /// checks it.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
 
+/// The grace from the environment variable `SHUTDOWN_GRACE` (seconds), or
+/// [`SHUTDOWN_GRACE`] when it is not set: the operator example reads it, so
+/// that its Helm chart (`deploy/chart/`) can set it and compute the pod's
+/// `terminationGracePeriodSeconds` from it.
+///
+/// # Errors
+/// When the variable is not a number.
+pub fn shutdown_grace() -> anyhow::Result<Duration> {
+    env_seconds("SHUTDOWN_GRACE", SHUTDOWN_GRACE.as_secs_f64())
+}
+
 /// The SIGTERM handover: a task that waits for SIGTERM (or Ctrl+C), then
 /// shuts `elector` down with `grace`. Await it before the process exits, so
 /// that the release has landed.

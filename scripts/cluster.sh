@@ -17,6 +17,8 @@
 #                                    scripts/oci-image.py) into containerd
 #        scripts/cluster.sh bin-dir  print the dir of kubectl and the other
 #                                    Kubernetes programs
+#        scripts/cluster.sh helm     build helm alone when missing (no root);
+#                                    print its path (tests/tests/chart.rs)
 #
 # Root only (it runs kubelet and containerd). See docs/real-cluster.md.
 #
@@ -38,7 +40,9 @@
 # creates. `up` creates the bridge krl0 with 10.217.0.1/24 (the node IP and
 # the apiserver's advertise address); pods get 10.218.0.0/24 on that bridge
 # from the CNI bridge plugin, with routes to the node and the Service range
-# (10.219.0.0/24) only: no default route, no masquerading.
+# (10.219.0.0/24) only: no default route, no masquerading. The host routes
+# the Service range through the bridge from the node IP (the API server
+# reaches a webhook's Service; a ClusterIP is DNATed to a pod).
 #
 # Times on the 2-core machine (docs/real-cluster.md has them per component):
 # a cold `build` took 17 min under `nice -n 19` with `-p 1` (KRL_GO_PROCS=1)
@@ -192,6 +196,24 @@ build_images() {
   echo "$tar"
 }
 
+build_helm() {
+  build_go_install helm "$hbin" "" \
+    "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
+    "helm.sh/helm/v4/cmd/helm@$helm_version"
+}
+
+# helm alone (the chart's tests need nothing else): built when missing, under
+# the build lock; prints its path. No root needed.
+helm_bin() {
+  command -v go >/dev/null || die "go not found in PATH"
+  mkdir -p "$cache/cluster"
+  exec 8>"$cache/cluster/.build.lock"
+  flock 8 || die "cannot lock $cache/cluster/.build.lock"
+  build_helm
+  flock -u 8
+  echo "$hbin/bin/helm"
+}
+
 build() {
   command -v go >/dev/null || die "go not found in PATH"
   mkdir -p "$cache/cluster"
@@ -206,9 +228,7 @@ build() {
     "github.com/containerd/containerd/v2/cmd/containerd@$containerd_version" \
     "github.com/containerd/containerd/v2/cmd/ctr@$containerd_version" \
     "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$containerd_version"
-  build_go_install helm "$hbin" "" \
-    "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
-    "helm.sh/helm/v4/cmd/helm@$helm_version"
+  build_helm
   build_images >/dev/null
   flock -u 8
   log "build: everything in place after $((SECONDS - start)) s"
@@ -618,6 +638,12 @@ up() {
   ip addr add "$node_ip/24" dev "$bridge"
   ip addr add "$pod_gw/24" dev "$bridge"
   ip link set "$bridge" up
+  # The Service range through the bridge, from the node IP: what the host
+  # sends to a ClusterIP (the API server calling a webhook's Service) is
+  # routed here, then DNATed by kube-proxy to a pod on this bridge, which
+  # answers the node IP. Without it the host's default route would be used.
+  # It goes with the bridge.
+  ip route add "$svc_cidr" dev "$bridge" src "$node_ip"
 
   make_pki
   write_configs
@@ -962,5 +988,6 @@ case "$cmd" in
   env) print_env ;;
   import) shift && import_images "$@" ;;
   bin-dir) echo "$kbin" ;;
-  *) die "usage: scripts/cluster.sh build|up|down|status|env|import IMAGE.tar...|bin-dir" ;;
+  helm) helm_bin ;;
+  *) die "usage: scripts/cluster.sh build|up|down|status|env|import IMAGE.tar...|bin-dir|helm" ;;
 esac; exit "$?" # on the line of esac: bash has read the whole file before running anything, so editing it meanwhile is safe
