@@ -308,15 +308,22 @@ async fn schedule(seed: u64) -> Run {
     // end within 6 s.
     fake.clear_faults();
     sleep(Duration::from_secs(30)).await;
-    let healed_leader = intervals.lock().unwrap().iter().any(|iv| iv.end.is_none());
+    // Someone led once every fault had healed: at the very end is not asked
+    // (a candidate may be between terms then, one it gave up or shut down on
+    // a fault's late poke); how long nobody leads is bounded below.
+    let healed = start + CHAOS + HEALED;
+    let healed_leader = intervals
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|iv| iv.end.is_none_or(|end| end > healed));
     assert!(
         healed_leader,
-        "seed {seed}: nobody leads 30 s after faults stopped"
+        "seed {seed}: nobody led in the 30 s after the faults stopped"
     );
     // Never none: once every fault has healed, no gap without a leader is
     // longer than the stated bound (candidates still give leadership up
-    // now and then, and campaign again).
-    let healed = start + CHAOS + HEALED;
+    // now and then, and campaign again), the gap before the end included.
     let (gap, at) = longest_gap(&intervals.lock().unwrap(), healed, Instant::now());
     assert!(
         gap <= LEADERLESS_BOUND,
