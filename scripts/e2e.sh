@@ -254,6 +254,11 @@ failover() {
   svc="$(kc get svc -l "$selector" -o jsonpath='{.items[0].metadata.name}')"
   ip="$(kc get svc "$svc" -o jsonpath='{.spec.clusterIP}')"
   kc get secret "$deploy-webhook-tls" -o jsonpath='{.data.ca\.crt}' | base64 -d >"$work/ca.crt"
+  # Ready pods are not yet a Service that answers: the endpoints, then
+  # kube-proxy's rules (until then the ClusterIP refuses connections, and
+  # the API server fails labelled writes: failurePolicy Fail).
+  wait_for "$timeout_s" "the webhook's Service to answer on $ip:443" \
+    curl -sf --max-time 2 --cacert "$work/ca.crt" --resolve "$svc.$ns.svc:443:$ip" "https://$svc.$ns.svc/readyz"
   kubectl create -f - >/dev/null <<YAML
 apiVersion: v1
 kind: ConfigMap
