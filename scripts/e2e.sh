@@ -372,16 +372,26 @@ takeover() {
   transitions="$(kc get lease "$lease" -o jsonpath='{.spec.leaseTransitions}')"
   kc patch lease "$lease" --type merge -p "{\"spec\":{\"holderIdentity\":\"intruder\",\"acquireTime\":\"$now\",\"renewTime\":\"$now\",\"leaseDurationSeconds\":15,\"leaseTransitions\":$((transitions + 1))}}" >/dev/null
   step "Lease taken over by identity 'intruder' from $leader"
+  local t_patch stopped
+  t_patch=$(now_ms)
   former="$leader"
   wait_for 20 "the former leader $leader to report leader_election_is_leader 0" former_not_leading
-  local checksum
+  stopped=$(($(now_ms) - t_patch))
+  [ "$(holder)" = intruder ] || die "the intruder's Lease ended before the former leader stopped leading ($stopped ms)"
+  step "the former leader's gauge is 0 (seen ${stopped} ms after the takeover)"
+  local checksum seen h
   checksum="$(annotation checksum)"
   kc patch cm probe --type merge -p "{\"data\":{\"v\":\"during-intruder-$(now_ms)\"}}" >/dev/null
-  while [ "$(holder)" = intruder ]; do
-    [ "$(annotation checksum)" = "$checksum" ] || { diagnose; die "a change was reconciled while 'intruder' held the Lease"; }
+  # The checksum read before the holder: a changed checksum with the
+  # intruder still holding afterwards is a reconcile in its term.
+  while :; do
+    seen="$(annotation checksum)"
+    h="$(holder)"
+    [ "$h" = intruder ] || break
+    [ "$seen" = "$checksum" ] || { diagnose; die "a change was reconciled while 'intruder' held the Lease"; }
     sleep 0.2
   done
-  step "no reconcile while 'intruder' held the Lease; now held by $(holder)"
+  step "no reconcile while 'intruder' held the Lease; now held by $h"
   after_event "Lease taken over by another identity" "$since" "$before"
   [ "$(kc get pod "$leader" -o jsonpath='{.metadata.uid}')" = "$uid" ] || die "the former leader's pod was replaced"
   [ "$(kc get pod "$leader" -o jsonpath='{.status.containerStatuses[0].restartCount}')" = "$restarts" ] ||
