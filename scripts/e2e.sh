@@ -17,7 +17,8 @@
 #                                  webhook requests through the Service
 #                                  without pause and a labelled ConfigMap
 #                                  changing every 0.25 s (scripts/e2e_load.py):
-#                                  two rollout restarts, the leader's pod
+#                                  two rollout restarts, a helm upgrade
+#                                  (the certificate kept), the leader's pod
 #                                  deleted, a drain of the node (the PDB keeps
 #                                  the last replica), the Lease taken over by
 #                                  another identity. After each: one replica
@@ -308,6 +309,22 @@ YAML
     kc rollout status "deployment/$deploy" --timeout="${timeout_s}s" >/dev/null || { diagnose; die "rollout restart $i did not finish"; }
     after_event "rollout restart $i" "$since" "$before"
   done
+
+  # helm upgrade with a new value: a new pod template (a rollout), and the
+  # generated certificate kept (the chart looks the Secret up).
+  local ca_before
+  ca_before="$(kc get secret "$deploy-webhook-tls" -o jsonpath='{.data.ca\.crt}')"
+  since="$(date +%s.%N)"
+  before="$(counters)"
+  helm upgrade "$release" deploy/chart --namespace "$ns" --reuse-values --set shutdownGrace=25 >/dev/null
+  kc rollout status "deployment/$deploy" --timeout="${timeout_s}s" >/dev/null || { diagnose; die "the helm upgrade's rollout did not finish"; }
+  [ "$(kc get secret "$deploy-webhook-tls" -o jsonpath='{.data.ca\.crt}')" = "$ca_before" ] ||
+    die "helm upgrade replaced the webhook's CA"
+  [ "$(kubectl get validatingwebhookconfiguration -l "$selector" -o jsonpath='{.items[0].webhooks[0].clientConfig.caBundle}')" = "$ca_before" ] ||
+    die "helm upgrade changed the webhook's caBundle"
+  [ "$(kc get deploy "$deploy" -o jsonpath='{.spec.template.spec.terminationGracePeriodSeconds}')" = 62 ] ||
+    die "terminationGracePeriodSeconds is not 62 (shutdown_budget(25 s) = 52 s, + 10 s) after the upgrade"
+  after_event "helm upgrade (shutdownGrace 25)" "$since" "$before"
 
   local leader
   leader="$(holder_pod)"
