@@ -6,10 +6,10 @@
 #                                  sets (grace >= the library's shutdown
 #                                  budget, RBAC, security context, webhook,
 #                                  certificate), a server-side dry run against
-#                                  the test control plane. Needs helm:
+#                                  the test control plane (also part of
+#                                  scripts/test.sh's cargo test). Needs helm:
 #                                  scripts/cluster.sh helm builds it (7 min on
-#                                  a cold Go cache), so it is not part of
-#                                  scripts/test.sh.
+#                                  a cold Go cache, cached after that).
 #        scripts/e2e.sh failover   (root) on the real single-node cluster
 #                                  (scripts/cluster.sh up): the operator
 #                                  example built (release), its image
@@ -48,7 +48,7 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 chart_tests() {
   local t=$SECONDS
   step "helm: $(scripts/cluster.sh helm)"
-  nice -n 10 cargo test --locked -p kube-runtime-lease-tests --test chart -- --ignored
+  nice -n 10 cargo test --locked -p kube-runtime-lease-tests --test chart
   step "chart tests passed in $((SECONDS - t)) s"
 }
 

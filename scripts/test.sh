@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README, CI): everything that must pass.
-#   1. build (or reuse) the test control plane: etcd + kube-apiserver from Go modules
+#   1. build (or reuse) the test control plane: etcd + kube-apiserver from Go
+#      modules, and helm (the Helm chart's tests, tests/tests/chart.rs)
 #   2. cargo fmt --check
 #   3. cargo clippy on every target, warnings denied
 #   4. the core alone (the library with its extras off): its unit tests
@@ -23,6 +24,8 @@ started=$SECONDS
 
 step "control plane (kube-apiserver + etcd from Go modules; cached after the first build)"
 scripts/control-plane.sh build >/dev/null
+step "helm, for the chart's tests (from its Go module; cached after the first build)"
+scripts/cluster.sh helm >/dev/null
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

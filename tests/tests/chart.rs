@@ -11,8 +11,7 @@
 //!
 //! `helm` comes from `scripts/cluster.sh helm`, which builds it from Go
 //! modules when it is missing (7 min on a cold Go cache, 9 s with the binary
-//! gone but Go's caches warm). So these tests are `#[ignore]`d in
-//! `cargo test` (and `scripts/test.sh`): `scripts/e2e.sh chart` runs them.
+//! gone but Go's caches warm, cached after that), like the control plane.
 
 use std::{path::PathBuf, process::Command, sync::OnceLock, time::Duration};
 
@@ -127,7 +126,6 @@ const VALUE_SETS: &[&str] = &[
 ];
 
 #[test]
-#[ignore = "needs helm (scripts/cluster.sh helm builds it): scripts/e2e.sh chart"]
 fn the_chart_lints() -> Result<()> {
     let out = Command::new(helm()?)
         .args(["lint", "--strict", "--namespace", "op"])
@@ -143,7 +141,6 @@ fn the_chart_lints() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs helm (scripts/cluster.sh helm builds it): scripts/e2e.sh chart"]
 fn the_termination_grace_covers_the_shutdown_budget_of_the_same_values() -> Result<()> {
     for values in VALUE_SETS {
         let docs = render("op", values)?;
@@ -184,7 +181,6 @@ fn the_termination_grace_covers_the_shutdown_budget_of_the_same_values() -> Resu
 /// Values the program (or the library) would refuse at start, refused by
 /// `helm template` with a message naming them.
 #[test]
-#[ignore = "needs helm (scripts/cluster.sh helm builds it): scripts/e2e.sh chart"]
 fn values_the_program_refuses_are_refused_at_render_time() -> Result<()> {
     for (values, says) in [
         ("{lease: {renewDeadline: 15}}", "lease.duration"),
@@ -228,7 +224,6 @@ fn verbs(list: &[&str]) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "needs helm (scripts/cluster.sh helm builds it): scripts/e2e.sh chart"]
 fn the_rendered_objects_are_what_a_user_needs() -> Result<()> {
     for (values, coordinated, cluster_wide) in [
         ("{}", false, false),
@@ -458,7 +453,6 @@ async fn api_for(client: &Client, obj: &DynamicObject) -> Result<Api<DynamicObje
 /// Every object the chart renders, for each value set, accepted by the API
 /// server (a server-side dry run: validation and admission, nothing stored).
 #[tokio::test]
-#[ignore = "needs helm (scripts/cluster.sh helm builds it): scripts/e2e.sh chart"]
 async fn the_rendered_chart_is_accepted_by_the_api_server() -> Result<()> {
     let env = shared_env().await?;
     let client = env.client().await?;

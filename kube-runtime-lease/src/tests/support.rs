@@ -99,6 +99,7 @@ pub(crate) fn logs_during(level: tracing::Level, body: impl FnOnce()) -> String 
             Ok(())
         }
     }
+    exact_interest();
     let buffer = Buffer::default();
     let subscriber = tracing_subscriber::fmt()
         .with_writer({
@@ -111,4 +112,35 @@ pub(crate) fn logs_during(level: tracing::Level, body: impl FnOnce()) -> String 
     tracing::subscriber::with_default(subscriber, body);
     let bytes = buffer.0.lock().unwrap().clone();
     String::from_utf8(bytes).unwrap()
+}
+
+/// Keeps each log statement's cached interest exact while tests on other
+/// threads log with no subscriber. With at most one subscriber alive,
+/// tracing-core asks only the default subscriber of the thread that first
+/// reaches a log statement (`has_just_one`): a statement first reached on a
+/// thread with none is then cached as "never", and a capture on another
+/// thread ([`logs_during`]) silently misses it. Two subscribers that live for
+/// the whole run and answer "sometimes" (never enabled) keep the registry in
+/// its exact mode, where each statement asks the subscriber of the thread it
+/// runs on.
+fn exact_interest() {
+    struct Nobody;
+    impl tracing::Subscriber for Nobody {
+        fn register_callsite(&self, _: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            false
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+    static NOBODY: std::sync::OnceLock<[tracing::Dispatch; 2]> = std::sync::OnceLock::new();
+    NOBODY.get_or_init(|| [tracing::Dispatch::new(Nobody), tracing::Dispatch::new(Nobody)]);
 }

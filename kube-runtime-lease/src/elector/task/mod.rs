@@ -121,7 +121,7 @@ impl Task {
             Watch::Open {
                 stream: inner.api.watch(),
                 sync: view::Sync::Listing,
-                reopened: None,
+                reopens: None,
             }
         } else {
             Watch::Off

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{FutureExt, StreamExt, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_runtime::watcher;
@@ -22,6 +23,15 @@ pub(in crate::elector) const WATCH_REOPEN_MIN: Duration = Duration::from_secs(10
 /// The longest wait before a watch is opened again.
 pub(in crate::elector) const WATCH_REOPEN_MAX: Duration = Duration::from_secs(300);
 
+/// The waits before a closed watch is opened again, one per failure in a row.
+fn reopen_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(WATCH_REOPEN_MIN)
+        .with_max_delay(WATCH_REOPEN_MAX)
+        .without_max_times()
+        .build()
+}
+
 /// What the watch yields: the Lease as it is now, or `None` once it is gone
 /// (kube-runtime's `watch_object`).
 pub(in crate::elector) type WatchItem = watcher::Result<Option<Lease>>;
@@ -31,15 +41,18 @@ pub(in crate::elector) type WatchStream = BoxStream<'static, WatchItem>;
 pub(in crate::elector) enum Watch {
     /// Not asked for (`LeaseConfig::watch(false)`): the task polls.
     Off,
-    /// Open. `reopened`: the wait before it was opened again, until it
-    /// delivers (a failure doubles it).
+    /// Open. `reopens`: once it was closed, the backoff of that outage,
+    /// kept until it delivers.
     Open {
         stream: WatchStream,
         sync: Sync,
-        reopened: Option<Duration>,
+        reopens: Option<ExponentialBackoff>,
     },
     /// Closed (forbidden, or ended): the task polls until `reopen_at`.
-    Closed { reopen_at: Instant, backoff: Duration },
+    Closed {
+        reopen_at: Instant,
+        reopens: ExponentialBackoff,
+    },
 }
 
 /// How far an open watch got.
@@ -89,7 +102,7 @@ impl Watch {
 
     /// The transition for one item (`None`: the stream ended), at `now`.
     pub(in crate::elector) fn step(&mut self, item: Option<WatchItem>, now: Instant) -> Step {
-        let Watch::Open { sync, reopened, .. } = self else {
+        let Watch::Open { sync, reopens, .. } = self else {
             return Step::Failed;
         };
         match item {
@@ -99,7 +112,7 @@ impl Watch {
                     info!("lease watch recovered");
                 }
                 *sync = Sync::Synced;
-                *reopened = None;
+                *reopens = None;
                 Step::Delivered { lease, news }
             }
             None => {
@@ -108,7 +121,7 @@ impl Watch {
                 Step::Failed
             }
             Some(Err(e)) if is_forbidden(&e) => {
-                if reopened.is_none() {
+                if reopens.is_none() {
                     warn!(
                         error = %e,
                         "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
@@ -135,29 +148,31 @@ impl Watch {
     /// answers before its authorization cache has synced), and a watch that
     /// ended may be served again.
     fn close(&mut self, now: Instant) {
-        let backoff = match self {
+        let mut reopens = match std::mem::replace(self, Watch::Off) {
             Watch::Open {
-                reopened: Some(last), ..
+                reopens: Some(reopens),
+                ..
             }
-            | Watch::Closed { backoff: last, .. } => (*last * 2).min(WATCH_REOPEN_MAX),
-            _ => WATCH_REOPEN_MIN,
+            | Watch::Closed { reopens, .. } => reopens,
+            _ => reopen_backoff(),
         };
+        let wait = reopens.next().unwrap_or(WATCH_REOPEN_MAX);
         *self = Watch::Closed {
-            reopen_at: now + backoff,
-            backoff,
+            reopen_at: now + wait,
+            reopens,
         };
     }
 
     /// Opens the watch again once its backoff has passed.
     fn reopen_if_due(&mut self, open: impl FnOnce() -> WatchStream) {
-        if let Watch::Closed { reopen_at, backoff } = *self
-            && Instant::now() >= reopen_at
+        if matches!(self, Watch::Closed { reopen_at, .. } if Instant::now() >= *reopen_at)
+            && let Watch::Closed { reopens, .. } = std::mem::replace(self, Watch::Off)
         {
             debug!("opening the lease watch again");
             *self = Watch::Open {
                 stream: open(),
                 sync: Sync::Listing,
-                reopened: Some(backoff),
+                reopens: Some(reopens),
             };
         }
     }
