@@ -17,7 +17,8 @@
 #                                  webhook requests through the Service
 #                                  without pause and a labelled ConfigMap
 #                                  changing every 0.25 s (scripts/e2e_load.py):
-#                                  two rollout restarts, the leader's pod
+#                                  two rollout restarts, a helm upgrade
+#                                  (the certificate kept), the leader's pod
 #                                  deleted, a drain of the node (the PDB keeps
 #                                  the last replica), the Lease taken over by
 #                                  another identity. After each: one replica
@@ -254,6 +255,11 @@ failover() {
   svc="$(kc get svc -l "$selector" -o jsonpath='{.items[0].metadata.name}')"
   ip="$(kc get svc "$svc" -o jsonpath='{.spec.clusterIP}')"
   kc get secret "$deploy-webhook-tls" -o jsonpath='{.data.ca\.crt}' | base64 -d >"$work/ca.crt"
+  # Ready pods are not yet a Service that answers: the endpoints, then
+  # kube-proxy's rules (until then the ClusterIP refuses connections, and
+  # the API server fails labelled writes: failurePolicy Fail).
+  wait_for "$timeout_s" "the webhook's Service to answer on $ip:443" \
+    curl -sf --max-time 2 --cacert "$work/ca.crt" --resolve "$svc.$ns.svc:443:$ip" "https://$svc.$ns.svc/readyz"
   kubectl create -f - >/dev/null <<YAML
 apiVersion: v1
 kind: ConfigMap
@@ -303,6 +309,22 @@ YAML
     kc rollout status "deployment/$deploy" --timeout="${timeout_s}s" >/dev/null || { diagnose; die "rollout restart $i did not finish"; }
     after_event "rollout restart $i" "$since" "$before"
   done
+
+  # helm upgrade with a new value: a new pod template (a rollout), and the
+  # generated certificate kept (the chart looks the Secret up).
+  local ca_before
+  ca_before="$(kc get secret "$deploy-webhook-tls" -o jsonpath='{.data.ca\.crt}')"
+  since="$(date +%s.%N)"
+  before="$(counters)"
+  helm upgrade "$release" deploy/chart --namespace "$ns" --reuse-values --set shutdownGrace=25 >/dev/null
+  kc rollout status "deployment/$deploy" --timeout="${timeout_s}s" >/dev/null || { diagnose; die "the helm upgrade's rollout did not finish"; }
+  [ "$(kc get secret "$deploy-webhook-tls" -o jsonpath='{.data.ca\.crt}')" = "$ca_before" ] ||
+    die "helm upgrade replaced the webhook's CA"
+  [ "$(kubectl get validatingwebhookconfiguration -l "$selector" -o jsonpath='{.items[0].webhooks[0].clientConfig.caBundle}')" = "$ca_before" ] ||
+    die "helm upgrade changed the webhook's caBundle"
+  [ "$(kc get deploy "$deploy" -o jsonpath='{.spec.template.spec.terminationGracePeriodSeconds}')" = 62 ] ||
+    die "terminationGracePeriodSeconds is not 62 (shutdown_budget(25 s) = 52 s, + 10 s) after the upgrade"
+  after_event "helm upgrade (shutdownGrace 25)" "$since" "$before"
 
   local leader
   leader="$(holder_pod)"
@@ -367,16 +389,26 @@ takeover() {
   transitions="$(kc get lease "$lease" -o jsonpath='{.spec.leaseTransitions}')"
   kc patch lease "$lease" --type merge -p "{\"spec\":{\"holderIdentity\":\"intruder\",\"acquireTime\":\"$now\",\"renewTime\":\"$now\",\"leaseDurationSeconds\":15,\"leaseTransitions\":$((transitions + 1))}}" >/dev/null
   step "Lease taken over by identity 'intruder' from $leader"
+  local t_patch stopped
+  t_patch=$(now_ms)
   former="$leader"
   wait_for 20 "the former leader $leader to report leader_election_is_leader 0" former_not_leading
-  local checksum
+  stopped=$(($(now_ms) - t_patch))
+  [ "$(holder)" = intruder ] || die "the intruder's Lease ended before the former leader stopped leading ($stopped ms)"
+  step "the former leader's gauge is 0 (seen ${stopped} ms after the takeover)"
+  local checksum seen h
   checksum="$(annotation checksum)"
   kc patch cm probe --type merge -p "{\"data\":{\"v\":\"during-intruder-$(now_ms)\"}}" >/dev/null
-  while [ "$(holder)" = intruder ]; do
-    [ "$(annotation checksum)" = "$checksum" ] || { diagnose; die "a change was reconciled while 'intruder' held the Lease"; }
+  # The checksum read before the holder: a changed checksum with the
+  # intruder still holding afterwards is a reconcile in its term.
+  while :; do
+    seen="$(annotation checksum)"
+    h="$(holder)"
+    [ "$h" = intruder ] || break
+    [ "$seen" = "$checksum" ] || { diagnose; die "a change was reconciled while 'intruder' held the Lease"; }
     sleep 0.2
   done
-  step "no reconcile while 'intruder' held the Lease; now held by $(holder)"
+  step "no reconcile while 'intruder' held the Lease; now held by $h"
   after_event "Lease taken over by another identity" "$since" "$before"
   [ "$(kc get pod "$leader" -o jsonpath='{.metadata.uid}')" = "$uid" ] || die "the former leader's pod was replaced"
   [ "$(kc get pod "$leader" -o jsonpath='{.status.containerStatuses[0].restartCount}')" = "$restarts" ] ||

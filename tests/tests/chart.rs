@@ -300,6 +300,12 @@ fn the_rendered_objects_are_what_a_user_needs() -> Result<()> {
 
         check_webhook(&docs, ns)?;
     }
+    // A single replica gets no PDB: it would block every drain.
+    let single = render("op-ns", "{replicas: 1}")?;
+    ensure!(
+        !single.iter().any(|d| d["kind"] == "PodDisruptionBudget"),
+        "a PodDisruptionBudget for a single replica"
+    );
     Ok(())
 }
 
