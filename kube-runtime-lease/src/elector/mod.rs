@@ -14,6 +14,8 @@ mod status;
 mod supervise;
 mod task;
 #[cfg(test)]
+pub(crate) mod test_hooks;
+#[cfg(test)]
 mod tests;
 
 use std::{future::Future, sync::Arc, time::Duration};
@@ -86,29 +88,6 @@ pub(crate) struct Inner {
     /// Told of every transition (metrics, Kubernetes Events; none without
     /// those features).
     observers: Observers,
-    /// Tests: a wake-up between any two waits of the task (a storm of them).
-    #[cfg(test)]
-    pub(crate) storm: std::sync::atomic::AtomicBool,
-    /// Tests: what runs, once, when the task's supervision reaches a point
-    /// (see [`Interleave`]).
-    #[cfg(test)]
-    interleavings: Mutex<Vec<(Interleave, Action)>>,
-}
-
-/// Tests: what runs at an [`Interleave`].
-#[cfg(test)]
-type Action = Box<dyn FnOnce() + Send>;
-
-/// Tests: points of the supervision between two statements with no `.await`,
-/// where on a multi-threaded runtime another thread may act (a waiter
-/// registering, a shutdown beginning); a test runs that action there.
-#[cfg(test)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Interleave {
-    /// A task was spawned, its handle not stored yet.
-    Spawned,
-    /// A task that nobody wanted any more is about to end.
-    Exiting,
 }
 
 #[derive(Default)]
@@ -210,10 +189,6 @@ impl LeaderElector {
                 status: watch::Sender::new(LeaderStatus::default()),
                 shutdown_tx: Mutex::new(Some(shutdown_tx)),
                 shutdown_rx: shutdown_rx.shared(),
-                #[cfg(test)]
-                storm: std::sync::atomic::AtomicBool::new(false),
-                #[cfg(test)]
-                interleavings: Mutex::new(Vec::new()),
             }),
         })
     }
@@ -412,56 +387,8 @@ impl LeaderElector {
     }
 }
 
-/// Test hooks: each sets up or observes a schedule that the tests cannot
-/// reach through the public API in bounded, paused time.
-#[cfg(test)]
-impl LeaderElector {
-    /// Puts a hand-made term in force, with no task to renew or end it: the
-    /// guards' and guarded streams' own clocks are then all that ends it.
-    pub(crate) fn set_term_for_test(&self, term: Arc<Term>) {
-        self.inner.lock().term = Some(term);
-    }
-
-    /// Runs `action` once, the next time the supervision reaches `point`: a
-    /// race between two statements with no `.await` between them, which a
-    /// test cannot otherwise schedule.
-    pub(crate) fn interleave_for_test(&self, point: Interleave, action: impl FnOnce() + Send + 'static) {
-        self.inner.interleavings.lock().push((point, Box::new(action)));
-    }
-
-    /// Whether an election task runs, and whether a task's handle is kept:
-    /// the supervision's state, which no public method shows.
-    pub(crate) fn tasks_for_test(&self) -> (bool, bool) {
-        let state = self.inner.lock();
-        (state.running, state.task.is_some())
-    }
-
-    /// Whether a wake-up comes between any two waits of the election task
-    /// (a storm of wake-ups, the worst that guards and acquisitions created
-    /// and dropped without pause can do).
-    pub(crate) fn set_storm_for_test(&self, storm: bool) {
-        self.inner
-            .storm
-            .store(storm, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock()
-    }
-
-    /// Tests: runs what was set to run at `point` (see
-    /// [`LeaderElector::interleave_for_test`]), with no lock held.
-    #[cfg(test)]
-    pub(crate) fn interleave(&self, point: Interleave) {
-        let action = {
-            let mut all = self.interleavings.lock();
-            let i = all.iter().position(|(p, _)| *p == point);
-            i.map(|i| all.remove(i).1)
-        };
-        if let Some(action) = action {
-            action();
-        }
     }
 }

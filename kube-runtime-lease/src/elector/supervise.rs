@@ -49,7 +49,7 @@ impl Inner {
         let task = Task::new(self.clone());
         let handle = runtime.spawn(run(task).instrument(self.span()));
         #[cfg(test)]
-        self.interleave(super::Interleave::Spawned);
+        super::test_hooks::reached(self, super::test_hooks::Point::Spawned);
         let mut state = self.lock();
         if state.spawned == n {
             state.task = Some(handle);
@@ -186,9 +186,7 @@ impl Task {
     /// a term about to end.
     pub(super) fn demand(&mut self, giving_up: bool) -> Demand {
         #[cfg(test)]
-        if self.inner.storm.load(std::sync::atomic::Ordering::Relaxed) {
-            self.inner.wake.notify_one();
-        }
+        super::test_hooks::reached(&self.inner, super::test_hooks::Point::Recount);
         let mut state = self.inner.lock();
         let demand = state.demand();
         if giving_up && demand != Demand::Wanted {

@@ -37,7 +37,10 @@ impl Task {
                     if Instant::now() >= until {
                         debug!("nobody wants leadership: leaving the election");
                         #[cfg(test)]
-                        self.inner.interleave(crate::elector::Interleave::Exiting);
+                        crate::elector::test_hooks::reached(
+                            &self.inner,
+                            crate::elector::test_hooks::Point::Exiting,
+                        );
                         return None;
                     }
                     self.idle_until(until).await;

@@ -1503,3 +1503,47 @@ fn a_renewal_answered_not_found_is_confirmed_by_a_read_at_once() {
         assert!(guard.is_valid());
     });
 }
+
+/// A renewal answered 404 whose read shows the Lease taken over ends the term
+/// on that read, at the renewal's instant, not at the next renewal's conflict
+/// (mutation testing: deleting the 404 path's `Some(Err(lost))` arm let the
+/// term run one more retry period on a Lease someone else held).
+#[test]
+fn a_renewal_answered_not_found_ends_the_term_when_the_read_shows_a_takeover() {
+    paused(async {
+        let fake = free();
+        // No watch: only the renewal's read can see the takeover.
+        let (e, id) = elector(&fake, config("me").watch(false));
+        let mut guard = e.acquire().await.unwrap();
+        let taken = Instant::now();
+        fake.take_over("other");
+        fake.fault(id, Some("update"), Fault::Status(404));
+        let lost = tokio::time::timeout(S(10), &mut guard)
+            .await
+            .expect("the term outlived its renew deadline");
+        let answered_404 = fake
+            .requests()
+            .iter()
+            .find(|r| r.client == id && r.verb == "update" && r.at > taken)
+            .map(|r| r.at)
+            .expect("a renewal");
+        assert_eq!(
+            lost,
+            Lost::TakenOver {
+                holder: "other".into()
+            }
+        );
+        assert_eq!(
+            guard.lost(),
+            Some(Lost::TakenOver {
+                holder: "other".into()
+            }),
+            "the guard and the term agree"
+        );
+        assert!(
+            answered_404.elapsed() < S(1),
+            "ended {:?} after the 404: at a later renewal, not on the read that showed the takeover",
+            answered_404.elapsed()
+        );
+    });
+}

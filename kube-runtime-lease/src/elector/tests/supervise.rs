@@ -1,6 +1,6 @@
 //! The supervision of election tasks (one at a time, their end and
 //! shutdown) at the interleavings a multi-threaded runtime produces between
-//! two statements with no `.await`: a test hook ([`Interleave`]) runs the
+//! two statements with no `.await`: a test hook ([`Point`]) runs the
 //! other thread's action there.
 
 use std::{
@@ -14,7 +14,7 @@ use std::{
 use futures::{future::MaybeDone, task::noop_waker_ref};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::elector::{Acquire, Interleave};
+use crate::elector::{Acquire, test_hooks::Point};
 use crate::{
     AcquireError,
     tests::support::{config, elector, free, paused},
@@ -46,7 +46,7 @@ fn a_waiter_arriving_as_the_task_exits_is_served_at_once() {
         let late: Begun<Acquire> = Arc::default();
         {
             let (e2, late) = (e.clone(), late.clone());
-            e.interleave_for_test(Interleave::Exiting, move || begin(&late, e2.acquire()));
+            e.interleave_for_test(Point::Exiting, move || begin(&late, e2.acquire()));
         }
         // Nobody wants leadership after this guard: released, the task
         // lingers one retry period, then exits.
@@ -86,7 +86,7 @@ fn shutdown_awaits_a_task_spawned_as_it_began() {
         let shutdown: Begun<_> = Arc::default();
         {
             let (e2, shutdown) = (e.clone(), shutdown.clone());
-            e.interleave_for_test(Interleave::Spawned, move || {
+            e.interleave_for_test(Point::Spawned, move || {
                 begin(&shutdown, async move { e2.shutdown(S(1)).await });
             });
         }
