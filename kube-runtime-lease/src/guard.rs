@@ -77,9 +77,9 @@ impl LeaseGuard {
         self.term.holds()
     }
 
-    /// Whether the renew deadline has passed (see [`Term::deadline_passed_at`]).
-    pub(crate) fn deadline_passed(&self) -> bool {
-        self.term.deadline_passed_at(Instant::now())
+    /// Whether the term is over now, and why (see [`Term::over_at`]).
+    pub(crate) fn over(&self) -> Option<Lost> {
+        self.term.over()
     }
 
     fn deadline(&self) -> Instant {

@@ -165,11 +165,10 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             // before this poll (the consumer paused, or a busy stream never
             // idled) or inside it (a pause while the inner stream made it).
             // So the stream stops within one item of the deadline.
-            Poll::Ready(Some(_)) if guard.deadline_passed() => {
-                let lost = ended(guard);
-                finish(&mut this, Some(lost))
-            }
-            Poll::Ready(Some(item)) => Poll::Ready(Some(item)),
+            Poll::Ready(Some(item)) => match guard.over() {
+                None => Poll::Ready(Some(item)),
+                lost => finish(&mut this, lost),
+            },
             Poll::Ready(None) => {
                 debug!("guarded stream ended: giving up leadership");
                 finish(&mut this, None)

@@ -148,26 +148,41 @@ impl Term {
         self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
     }
 
-    /// Whether the term has ended (an atomic load).
+    /// Whether the term has ended (an atomic load; see [`over_at`](Self::over_at)).
     pub(crate) fn has_ended(&self) -> bool {
         self.ended.load(Ordering::Acquire)
     }
 
-    /// Whether the renew deadline has passed at `now`, even if the elector
-    /// task has not noticed yet (never, for a timeless term).
-    pub(crate) fn deadline_passed_at(&self, now: Instant) -> bool {
-        !self.timeless && now >= self.deadline()
+    /// The one answer to "is the term over?", at `now`: why it ended, or
+    /// [`Lost::RenewDeadlineExceeded`] once the renew deadline passed (a
+    /// passed deadline is final, whether or not the elector task noticed it
+    /// yet; a timeless term has none); `None` while it holds. Takes the
+    /// term's lock once it ended (for the reason); lock-free while it holds (a clock read and two atomic loads): the guards' and guarded
+    /// streams' hot path. Under the term's lock it is exact; without it, a
+    /// caller may see the old deadline pass while a renewal sent in time is
+    /// being recorded, and the term hold once it is (see
+    /// [`holds_serialized`](Self::holds_serialized)).
+    pub(crate) fn over_at(&self, now: Instant) -> Option<Lost> {
+        if self.has_ended() {
+            // `lose` sets the reason before the flag.
+            return Some(self.lost().unwrap_or(Lost::ElectorStopped));
+        }
+        self.deadline_passed_at(now).then_some(Lost::RenewDeadlineExceeded)
     }
 
-    /// The one answer to "does the term still hold?": not ended, and the
-    /// renew deadline not passed. A passed deadline is final, whether or not
-    /// the elector task has noticed it yet. Lock-free (a clock read and two
-    /// atomic loads): the guards' and guarded streams' hot path. Under the
-    /// lock it is exact; without it, a caller may see `false` at the old
-    /// deadline while a renewal sent in time is being recorded, and `true`
-    /// once it is (see [`holds_serialized`](Self::holds_serialized)).
+    /// [`over_at`](Self::over_at) now.
+    pub(crate) fn over(&self) -> Option<Lost> {
+        self.over_at(Instant::now())
+    }
+
+    /// Whether the term holds now: not [`over`](Self::over), told without
+    /// the reason, so without the lock (callers may hold it).
     pub(crate) fn holds(&self) -> bool {
         !self.has_ended() && !self.deadline_passed_at(Instant::now())
+    }
+
+    fn deadline_passed_at(&self, now: Instant) -> bool {
+        !self.timeless && now >= self.deadline()
     }
 
     /// [`holds`](Self::holds), serialised with [`renewed`](Self::renewed)
@@ -258,7 +273,8 @@ impl Term {
     /// it was kept past the renew deadline, the guarded work marked as
     /// stopped by it.
     pub(crate) fn guard_dropped(&self) {
-        if self.deadline_passed_at(Instant::now()) {
+        // (A guard alive when the term ended was counted by `lose`.)
+        if !self.holds() {
             self.stopped_work.store(true, Ordering::Release);
         }
         self.live.fetch_sub(1, Ordering::AcqRel);

@@ -143,17 +143,12 @@ impl Task {
         let term = run.term.clone();
         let mut next_tick = sent + cfg.retry_period;
         loop {
-            if let Some(lost) = term.lost() {
-                // Ended from outside: by `shutdown` once its grace ran out, or
-                // by a guard that saw the renew deadline pass first.
+            // Ended from outside (by `shutdown` once its grace ran out, by a
+            // guard that saw the renew deadline pass first), or past the renew
+            // deadline. Checked before waiting, so that no storm of wake-ups
+            // can starve the deadline or the renewals.
+            if let Some(lost) = term.over() {
                 return lost;
-            }
-            // Checked before waiting, so that no storm of wake-ups can starve
-            // the deadline or the renewals.
-            if !term.holds() {
-                // Ended from outside since the check above (a shutdown, a
-                // guard that saw the deadline), or past the renew deadline.
-                return term.lost().unwrap_or(Lost::RenewDeadlineExceeded);
             }
             if let Some(lost) = self.step_down(run) {
                 return lost;

@@ -17,8 +17,8 @@ impl Task {
         let term = &run.term;
         for attempt in 0..2 {
             let sent = Instant::now();
-            if term.deadline_passed_at(sent) {
-                return Err(Lost::RenewDeadlineExceeded);
+            if let Some(lost) = term.over_at(sent) {
+                return Err(lost);
             }
             let deadline = term.deadline();
             let Some(cached) = &self.cached else {
