@@ -167,7 +167,8 @@ impl Term {
             // `lose` sets the reason before the flag.
             return Some(self.lost().unwrap_or(Lost::ElectorStopped));
         }
-        self.deadline_passed_at(now).then_some(Lost::RenewDeadlineExceeded)
+        self.deadline_passed_at(now)
+            .then_some(Lost::RenewDeadlineExceeded)
     }
 
     /// [`over_at`](Self::over_at) now.

@@ -105,6 +105,8 @@ struct State {
     /// Counts tasks spawned: whose handle `task` is.
     spawned: u64,
     shutdown: bool,
+    /// What the elector remembers of the Lease, between tasks (the running
+    /// task owns it: [`Task`](task::Task)).
     memory: Memory,
     /// Which election is in force (see [`Election`]).
     #[cfg(feature = "coordinated")]

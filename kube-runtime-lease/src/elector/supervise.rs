@@ -129,6 +129,7 @@ impl Drop for Task {
         // `acquire` start a task.
         let mut state = self.inner.lock();
         state.running = false;
+        state.memory = std::mem::take(&mut self.memory);
         if let Some(term) = state.term.take() {
             term.lose(&Lost::ElectorStopped);
         }
@@ -205,6 +206,7 @@ impl Task {
                 return false;
             }
             state.running = false;
+            state.memory = std::mem::take(&mut self.memory);
         }
         self.ended = true;
         self.inner.task_ended.notify_waiters();

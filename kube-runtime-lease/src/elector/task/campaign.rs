@@ -107,7 +107,7 @@ impl Task {
             LeaseView::Missing => {
                 let hold = cfg
                     .creation_hold
-                    .then(|| self.inner.lock().memory.creation_hold(now, cfg.lease_duration));
+                    .then(|| self.memory.creation_hold(now, cfg.lease_duration));
                 let mut lease = Lease {
                     metadata: kube_client::core::ObjectMeta {
                         name: Some(cfg.name.clone()),
@@ -122,7 +122,7 @@ impl Task {
             LeaseView::Known { observed, object } => {
                 let asker = Asker {
                     identity: &cfg.identity,
-                    own_term: self.inner.lock().memory.is_last_term(object),
+                    own_term: self.memory.is_last_term(object),
                     fallback: cfg.lease_duration,
                 };
                 #[cfg(feature = "coordinated")]
@@ -156,7 +156,7 @@ impl Task {
     /// any seen or handed out, stored on the Lease.
     fn begin_record(&self, lease: &mut Lease, prev: Option<&Lease>, seconds: i32) {
         let (transitions, token) = {
-            let memory = &self.inner.lock().memory;
+            let memory = &self.memory;
             let prev_transitions =
                 prev.map(|p| p.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0));
             let transitions = memory.next_transitions(prev_transitions);
@@ -251,15 +251,15 @@ impl Task {
     /// holder of a Lease object that went away may still lead (at least one
     /// lease duration when we created it), and any hold a term of ours on the
     /// same object already had.
-    pub(in crate::elector) fn hold_for(&self, lease: &Lease, created: bool) -> Option<Instant> {
-        if !self.config().creation_hold {
+    pub(in crate::elector) fn hold_for(&mut self, lease: &Lease, created: bool) -> Option<Instant> {
+        let cfg = &self.inner.config;
+        if !cfg.creation_hold {
             return None;
         }
         let now = Instant::now();
-        let mut state = self.inner.lock();
-        let memory = &mut state.memory;
+        let memory = &mut self.memory;
         let mut until = if created {
-            Some(memory.creation_hold(now, self.config().lease_duration))
+            Some(memory.creation_hold(now, cfg.lease_duration))
         } else {
             memory.risk_until.filter(|t| *t > now)
         };

@@ -33,18 +33,16 @@ impl Task {
             let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
             self.inner.tell(Transition::TermEnded { reason, uid });
         }
-        let stopped_until = {
-            let mut state = self.inner.lock();
-            if term.stopped_work() {
-                let cfg = self.config();
-                let until = record::later(
-                    Instant::now(),
-                    cfg.lease_duration.saturating_sub(cfg.renew_deadline),
-                );
-                state.memory.stopped_until = Some(state.memory.stopped_until.map_or(until, |u| u.max(until)));
-            }
-            state.memory.stopped_until.filter(|u| *u > Instant::now())
-        };
+        let memory = &mut self.memory;
+        if term.stopped_work() {
+            let cfg = &self.inner.config;
+            let until = record::later(
+                Instant::now(),
+                cfg.lease_duration.saturating_sub(cfg.renew_deadline),
+            );
+            memory.stopped_until = Some(memory.stopped_until.map_or(until, |u| u.max(until)));
+        }
+        let stopped_until = memory.stopped_until.filter(|u| *u > Instant::now());
         let wants_release = match reason {
             Lost::Shutdown | Lost::GivenUp => {
                 info!(%reason, "leadership ended");

@@ -85,11 +85,8 @@ impl Task {
         let Some(id) = TermId::of(&lease) else {
             return Next::Campaign;
         };
-        let token = {
-            let mut state = self.inner.lock();
-            state.memory.last_term = Some(id.clone());
-            state.memory.next_token(record::token_of(&lease))
-        };
+        self.memory.last_term = Some(id.clone());
+        let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, cfg.renew_deadline));
         self.update_view((*lease).clone(), sent);
         // A Lease has no version once deleted and `create` has no

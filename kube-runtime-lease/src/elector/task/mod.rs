@@ -57,7 +57,7 @@ use tokio::time::Instant;
 use tracing::{error, warn};
 
 pub(in crate::elector) use self::view::{Watch, WatchStream};
-use super::Inner;
+use super::{Inner, memory::Memory};
 use crate::{
     config::LeaseConfig,
     error::{ApiError, Result},
@@ -111,6 +111,9 @@ pub(in crate::elector) struct Task {
     /// While leading: the watch has delivered our last write, so every later
     /// event is newer than it.
     pub(in crate::elector) caught_up: bool,
+    /// What the elector remembers of the Lease across terms and tasks: the
+    /// running task owns it, and hands it back when it ends (or is dropped).
+    pub(in crate::elector) memory: Memory,
     /// The task ended (see [`Task::end`]): its drop leaves the state alone.
     pub(in crate::elector) ended: bool,
 }
@@ -126,19 +129,19 @@ impl Task {
         } else {
             Watch::Off
         };
+        let (memory, handed_record) = {
+            let mut state = inner.lock();
+            (std::mem::take(&mut state.memory), state.handed_record.take())
+        };
         // A record seen elsewhere in this process (still read before acting).
-        let view = inner
-            .lock()
-            .handed_record
-            .take()
-            .map_or(LeaseView::Unknown, |(lease, at)| LeaseView::Known {
-                observed: Observed {
-                    spec: lease.spec.clone().unwrap_or_default(),
-                    resource_version: lease.metadata.resource_version.clone(),
-                    at,
-                },
-                object: lease,
-            });
+        let view = handed_record.map_or(LeaseView::Unknown, |(lease, at)| LeaseView::Known {
+            observed: Observed {
+                spec: lease.spec.clone().unwrap_or_default(),
+                resource_version: lease.metadata.resource_version.clone(),
+                at,
+            },
+            object: lease,
+        });
         Task {
             inner,
             view,
@@ -146,6 +149,7 @@ impl Task {
             watch,
             cached: None,
             caught_up: false,
+            memory,
             ended: false,
         }
     }

@@ -216,7 +216,7 @@ impl Task {
             }
             _ => (None, true),
         };
-        self.inner.lock().memory.saw(
+        self.memory.saw(
             lease.metadata.uid.as_ref(),
             &spec,
             record::token_of(&lease),
@@ -238,7 +238,7 @@ impl Task {
     pub(in crate::elector) fn view_missing(&mut self) -> bool {
         let changed = !matches!(self.view, LeaseView::Missing);
         self.view = LeaseView::Missing;
-        self.inner.lock().memory.went_away(Instant::now());
+        self.memory.went_away(Instant::now());
         self.inner.update_status(|s| {
             s.holder = None;
             s.transitions = None;
