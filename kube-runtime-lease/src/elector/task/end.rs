@@ -30,7 +30,7 @@ impl Task {
         }
         let begun = run.phase == super::lead::Phase::Leading;
         if begun {
-            let uid = self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref());
+            let uid = run.cached.metadata.uid.as_deref();
             self.inner.tell(Transition::TermEnded { reason, uid });
         }
         let memory = &mut self.memory;
@@ -84,8 +84,6 @@ impl Task {
             }
             result
         };
-        self.cached = None;
-        self.caught_up = false;
         self.needs_read = true;
         result
     }

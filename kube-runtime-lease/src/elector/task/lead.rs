@@ -75,6 +75,12 @@ pub(in crate::elector) struct TermRun {
     /// preferred holder was given its chance (one lease duration), so it does
     /// not end this term; a preferred holder set during the term does.
     pub(in crate::elector) tolerated: Option<String>,
+    /// The object as we last wrote or verified it: the next renewal writes
+    /// on top of it.
+    pub(in crate::elector) cached: Lease,
+    /// The watch has delivered our last write, so every later event is newer
+    /// than it.
+    pub(in crate::elector) caught_up: bool,
 }
 
 impl Task {
@@ -113,16 +119,16 @@ impl Task {
             .as_ref()
             .and_then(record::preferred_holder)
             .map(str::to_owned);
-        self.cached = Some(lease);
-        self.caught_up = false;
         let mut run = TermRun {
             term,
             id,
             phase: hold.map_or(Phase::Leading, |until| Phase::Holding { until }),
             tolerated,
+            cached: *lease,
+            caught_up: false,
         };
         if run.phase == Phase::Leading {
-            self.begin_term(&run.term);
+            self.begin_term(&run);
         }
         let reason = self.lead_until_lost(&mut run, sent).await;
         let result = self.end_term(&run, &reason).await;
@@ -167,7 +173,7 @@ impl Task {
                     Some(Err(lost)) => return lost,
                     Some(Ok(())) => {
                         run.phase = Phase::Leading;
-                        self.begin_term(&term);
+                        self.begin_term(run);
                     }
                     None => {
                         run.phase = Phase::Holding {
@@ -215,12 +221,7 @@ impl Task {
     /// election).
     pub(in crate::elector) fn step_down(&self, run: &mut TermRun) -> Option<Lost> {
         let identity = &self.config().identity;
-        match self
-            .cached
-            .as_ref()
-            .and_then(|l| l.spec.as_ref())
-            .and_then(record::preferred_holder)
-        {
+        match run.cached.spec.as_ref().and_then(record::preferred_holder) {
             Some(p) if p != identity => (run.tolerated.as_deref() != Some(p)).then(|| Lost::SteppedDown {
                 preferred_holder: p.to_owned(),
             }),
@@ -234,7 +235,7 @@ impl Task {
     /// A watch event while leading.
     pub(in crate::elector) async fn on_watch_event(
         &mut self,
-        run: &TermRun,
+        run: &mut TermRun,
         item: Option<WatchItem>,
     ) -> Result<(), Lost> {
         // Only an item that shows the Lease (or its absence) says what the
@@ -244,22 +245,19 @@ impl Task {
         let shows = matches!(item, Some(Ok(_)));
         let changed = self.handle_watch(item);
         if !shows {
+            run.caught_up = false;
             return Ok(());
         }
         let object = match &self.view {
             LeaseView::Known { object, .. } => Some(object.clone()),
             _ => None,
         };
-        let cached_rv = self
-            .cached
-            .as_ref()
-            .and_then(|c| c.metadata.resource_version.clone());
         if let Some(object) = &object
             && object.metadata.resource_version.is_some()
-            && object.metadata.resource_version == cached_rv
+            && object.metadata.resource_version == run.cached.metadata.resource_version
         {
             // Our own last write, delivered: every later event is newer.
-            self.caught_up = true;
+            run.caught_up = true;
             return Ok(());
         }
         let foreign = match &object {
@@ -267,19 +265,19 @@ impl Task {
             Some(object) => !run.id.matches(object),
         };
         if !foreign {
-            if self.caught_up
+            if run.caught_up
                 && let Some(object) = object
             {
                 // Our record, changed by someone else since our last write
                 // (a `preferredHolder` set, labels): the newest version.
-                self.cached = Some(object);
+                run.cached = *object;
             }
             return Ok(());
         }
         if !changed {
             return Ok(());
         }
-        if self.caught_up {
+        if run.caught_up {
             // Written after our last write: the term is over, now.
             return Err(object.map_or(Lost::Deleted, |object| taken_over(&object)));
         }
@@ -287,8 +285,9 @@ impl Task {
         self.verify(run).await
     }
 
-    /// Publishes `term`: hands guards to every waiter.
-    pub(in crate::elector) fn begin_term(&mut self, term: &Arc<Term>) {
+    /// Publishes the term of `run`: hands guards to every waiter.
+    pub(in crate::elector) fn begin_term(&mut self, run: &TermRun) {
+        let term = &run.term;
         // Status first, so that subscribers agree with a guard as soon as it is handed out.
         self.inner.update_status(|s| s.is_leader = true);
         {
@@ -308,13 +307,13 @@ impl Task {
         self.inner.tell(Transition::Leading(true));
         info!(fencing_token = term.token, "acquired lease, now leading");
         self.inner.tell(Transition::TermBegan {
-            uid: self.cached.as_ref().and_then(|l| l.metadata.uid.as_deref()),
+            uid: run.cached.metadata.uid.as_deref(),
         });
     }
 
     /// The watch showed a record not of our term, possibly older than our last
     /// write: confirm with a read before stepping down.
-    pub(in crate::elector) async fn verify(&mut self, run: &TermRun) -> Result<(), Lost> {
+    pub(in crate::elector) async fn verify(&mut self, run: &mut TermRun) -> Result<(), Lost> {
         self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
     }
 
@@ -322,12 +321,16 @@ impl Task {
     /// a record of our term (the same identity is not enough: another process
     /// may share it), which then becomes the cached object; `None` if the read
     /// failed (logged as `what`).
-    pub(in crate::elector) async fn reread(&mut self, run: &TermRun, what: &str) -> Option<Result<(), Lost>> {
+    pub(in crate::elector) async fn reread(
+        &mut self,
+        run: &mut TermRun,
+        what: &str,
+    ) -> Option<Result<(), Lost>> {
         let left = run.term.deadline().saturating_duration_since(Instant::now());
         match self.get(left).await {
             Ok(None) => Some(Err(Lost::Deleted)),
             Ok(Some(lease)) if run.id.matches(&lease) => {
-                self.cached = Some(Box::new(lease));
+                run.cached = lease;
                 Some(Ok(()))
             }
             Ok(Some(lease)) => Some(Err(taken_over(&lease))),

@@ -106,11 +106,6 @@ pub(in crate::elector) struct Task {
     /// from an earlier task): read before acting on it.
     pub(in crate::elector) needs_read: bool,
     pub(in crate::elector) watch: Watch,
-    /// While leading: the object as we last wrote or verified it.
-    pub(in crate::elector) cached: Option<Box<Lease>>,
-    /// While leading: the watch has delivered our last write, so every later
-    /// event is newer than it.
-    pub(in crate::elector) caught_up: bool,
     /// What the elector remembers of the Lease across terms and tasks: the
     /// running task owns it, and hands it back when it ends (or is dropped).
     pub(in crate::elector) memory: Memory,
@@ -147,8 +142,6 @@ impl Task {
             view,
             needs_read: true,
             watch,
-            cached: None,
-            caught_up: false,
             memory,
             ended: false,
         }

@@ -12,19 +12,16 @@ impl Task {
     /// One renewal: the fast path (one `replace` with the cached
     /// resourceVersion), falling to a read and a retry on conflict. The renew
     /// deadline moves to the instant before the successful request was sent.
-    pub(in crate::elector) async fn renew(&mut self, run: &TermRun) -> Result<(), Lost> {
+    pub(in crate::elector) async fn renew(&mut self, run: &mut TermRun) -> Result<(), Lost> {
         let cfg = self.inner.config.clone();
-        let term = &run.term;
+        let term = run.term.clone();
         for attempt in 0..2 {
             let sent = Instant::now();
             if let Some(lost) = term.over_at(sent) {
                 return Err(lost);
             }
             let deadline = term.deadline();
-            let Some(cached) = &self.cached else {
-                return Err(Lost::ElectorStopped);
-            };
-            let mut lease = (**cached).clone();
+            let mut lease = run.cached.clone();
             lease.spec = Some(record::renewed(
                 &lease.spec.clone().unwrap_or_default(),
                 self.seconds_to_write(run.phase.hold()),
@@ -34,8 +31,8 @@ impl Task {
                 Ok(lease) => {
                     let in_time = term.renewed(sent, cfg.renew_deadline);
                     self.update_view(lease.clone(), sent);
-                    self.cached = Some(Box::new(lease));
-                    self.caught_up = false;
+                    run.cached = lease;
+                    run.caught_up = false;
                     if !in_time {
                         if term.lost().is_some() {
                             // Ended from outside while the request was in

@@ -257,10 +257,7 @@ impl Task {
                 };
                 changed || news
             }
-            Step::Failed => {
-                self.caught_up = false;
-                true
-            }
+            Step::Failed => true,
         }
     }
 
