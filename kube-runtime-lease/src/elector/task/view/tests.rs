@@ -123,3 +123,26 @@ fn a_refused_or_ended_watch_is_reopened_with_a_doubling_backoff() {
         );
     });
 }
+
+/// "lease watch recovered" is logged once when a watch that failed delivers
+/// again, and not at its first sync nor for later items (mutation testing:
+/// `== Sync::Failing -> !=` logged it at every sync but the recovery).
+#[test]
+fn a_recovery_is_logged_once_and_the_first_sync_is_not_a_recovery() {
+    let now = Instant::now();
+    let mut watch = open(Sync::Listing);
+    let logs = crate::tests::support::logs_during(tracing::Level::INFO, || {
+        watch.step(Some(Ok(None)), now);
+        watch.step(Some(Ok(None)), now);
+    });
+    assert!(
+        !logs.contains("recovered"),
+        "the first sync is no recovery: {logs}"
+    );
+    watch.step(Some(Err(broken())), now);
+    let logs = crate::tests::support::logs_during(tracing::Level::INFO, || {
+        watch.step(Some(Ok(None)), now);
+        watch.step(Some(Ok(None)), now);
+    });
+    assert_eq!(logs.matches("lease watch recovered").count(), 1, "{logs}");
+}
