@@ -3,7 +3,8 @@
 #   1. build (or reuse) the test control plane: etcd + kube-apiserver from Go
 #      modules, and helm (the Helm chart's tests, tests/tests/chart.rs)
 #   2. cargo fmt --check
-#   3. cargo clippy on every target, warnings denied
+#   3. cargo clippy on every target, warnings denied; cargo check of each extra
+#      alone on the core
 #   4. the core alone (the library with its extras off): its unit tests
 #   5. every test: unit tests (in-memory Lease API double, paused time), the
 #      deterministic simulation, doc tests, and the integration tests against
@@ -37,6 +38,11 @@ step "cargo clippy (the library with its default features, -D warnings)"
 cargo clippy -p kube-runtime-lease --all-targets --locked -- -D warnings
 step "cargo clippy (the core alone: the library with the extras off, -D warnings)"
 cargo clippy -p kube-runtime-lease --all-targets --no-default-features --locked -- -D warnings
+
+step "each extra alone on the core (cargo check per feature: no extra may need another it does not enable)"
+for feature in coordinated events lease-metadata metrics warm-standby unstable-shards test-util; do
+  cargo check -q -p kube-runtime-lease --no-default-features --features "k8s-openapi/latest,$feature" --locked
+done
 
 step "the core alone: its unit tests with the extras off (--no-default-features)"
 cargo test -p kube-runtime-lease --no-default-features --lib --locked

@@ -399,7 +399,7 @@ pub use term::Lost;
 /// [`LeaseConfig::coordinated`].
 #[cfg(feature = "coordinated")]
 pub mod coordinated {
-    pub use crate::config::coordinated::Coordinated;
+    pub use crate::config::extras::coordinated::Coordinated;
 }
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -303,7 +303,6 @@ impl Observer for ElectorMetrics {
             Transition::HolderChanged => {
                 m.transitions.get_or_create(labels).inc();
             }
-            #[cfg(feature = "coordinated")]
             Transition::Coordinated(coordinated) => {
                 m.coordinated.get_or_create(labels).set(i64::from(coordinated));
             }

@@ -2,15 +2,11 @@
 
 use std::time::Duration;
 
-#[cfg(feature = "coordinated")]
-pub(crate) mod coordinated;
 mod error;
-#[cfg(feature = "lease-metadata")]
-pub(crate) mod metadata;
+#[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
+pub(crate) mod extras;
 pub(crate) mod names;
 
-#[cfg(feature = "coordinated")]
-pub use self::coordinated::Coordinated;
 pub use self::error::{ConfigError, Field};
 pub(crate) use self::names::{dns1123_label, dns1123_subdomain};
 
@@ -63,12 +59,9 @@ pub struct LeaseConfig {
     pub(crate) watch: bool,
     pub(crate) enabled: bool,
     pub(crate) creation_hold: bool,
-    /// Written on the Lease when this candidate takes it.
-    #[cfg(feature = "lease-metadata")]
-    pub(crate) metadata: self::metadata::LeaseMetadata,
-    /// Coordinated Leader Election, if asked for.
-    #[cfg(feature = "coordinated")]
-    pub(crate) coordinated: Option<Coordinated>,
+    /// The extras' settings: Lease metadata, Coordinated Leader Election.
+    #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
+    pub(crate) extras: extras::Extras,
 }
 
 // Every field compares fully (`OwnerReference`'s `PartialEq` included).
@@ -94,10 +87,8 @@ impl LeaseConfig {
             watch: true,
             enabled: true,
             creation_hold: true,
-            #[cfg(feature = "lease-metadata")]
-            metadata: self::metadata::LeaseMetadata::default(),
-            #[cfg(feature = "coordinated")]
-            coordinated: None,
+            #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
+            extras: extras::Extras::default(),
         }
     }
 
@@ -239,19 +230,14 @@ impl LeaseConfig {
     #[must_use]
     pub fn shutdown_budget(&self, grace: Duration) -> Duration {
         let campaign = self.renew_deadline.saturating_mul(2);
-        #[cfg(feature = "coordinated")]
-        let deletion = if self.coordinated.is_some() {
-            self::coordinated::REQUEST_BOUND
-        } else {
-            Duration::ZERO
-        };
-        #[cfg(not(feature = "coordinated"))]
-        let deletion = Duration::ZERO;
-        grace
+        let budget = grace
             .saturating_add(campaign)
             .saturating_add(self.release_timeout)
-            .saturating_add(self.retry_period)
-            .saturating_add(deletion)
+            .saturating_add(self.retry_period);
+        // The extras' part: the `LeaseCandidate`'s deletion (coordinated).
+        #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
+        let budget = budget.saturating_add(self.extras.shutdown_bound());
+        budget
     }
 
     /// Whether the election runs (see [`enabled`](Self::enabled)).
@@ -351,12 +337,8 @@ impl LeaseConfig {
                 rule,
             });
         }
-        #[cfg(feature = "coordinated")]
-        if let Some((field, value, rule)) = self.coordinated.as_ref().and_then(|c| c.check(&self.identity)) {
-            return Err(ConfigError::InvalidCoordinated { field, value, rule });
-        }
-        #[cfg(feature = "lease-metadata")]
-        self.metadata.validate()?;
+        #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
+        self.extras.validate(&self.identity)?;
         Ok(())
     }
 }

@@ -21,11 +21,12 @@ use kube_runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::Inner;
+use super::{Inner, Transition, task::LeaseView};
 use crate::{
-    config::{Coordinated, LeaseConfig},
+    config::{LeaseConfig, extras::coordinated::Coordinated},
     error::Chain,
     record,
+    record::{Observed, Rule},
 };
 
 /// How often `renewTime` is refreshed without a ping (client-go's
@@ -33,7 +34,7 @@ use crate::{
 /// minutes as a reason to re-elect, and collects it after 30.
 const REFRESH: Duration = Duration::from_secs(300);
 /// The bound of each request.
-const BOUND: Duration = crate::config::coordinated::REQUEST_BOUND;
+const BOUND: Duration = crate::config::extras::coordinated::REQUEST_BOUND;
 
 /// The first wait before a `LeaseCandidate` whose creation was answered 404
 /// is published again; each 404 in a row doubles it, up to [`RETRY_MAX`].
@@ -104,6 +105,7 @@ async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result
 pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output = T>) -> T {
     let lease_candidate = inner
         .config
+        .extras
         .coordinated
         .as_ref()
         .map(|c| LeaseCandidate::new(inner.api.client(), &inner.config, c));
@@ -119,11 +121,83 @@ pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output 
     };
     // Only a published LeaseCandidate is deleted (none is, after a fallback).
     if let Some(lease_candidate) = &lease_candidate
-        && inner.lock().election == super::Election::Coordinated
+        && inner.lock().election == Election::Coordinated
     {
         lease_candidate.delete().await;
     }
     result
+}
+
+/// Which election is in force.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Election {
+    /// The ordinary election: the one configured, or the fallback where the
+    /// API server does not serve `LeaseCandidate`.
+    #[default]
+    Ordinary,
+    /// Coordinated Leader Election asked for, and the API server has not yet
+    /// answered the `LeaseCandidate`'s creation: nothing to do yet.
+    Pending,
+    /// Coordinated Leader Election in force.
+    Coordinated,
+    /// Coordinated Leader Election asked for, but the API server answered
+    /// the `LeaseCandidate`'s creation 404 (it does not serve the API, or
+    /// not yet): the ordinary election runs, and the `LeaseCandidate` is
+    /// published again at `retry_at` (the wait doubling from 10 s to 5 min,
+    /// kept across election tasks).
+    FellBack {
+        retry_at: tokio::time::Instant,
+        delay: Duration,
+    },
+}
+
+impl super::task::Task {
+    /// Coordinated Leader Election's say in an attempt to acquire: wait
+    /// (`Err`: until when) while the API server has not answered the
+    /// `LeaseCandidate`'s creation, or while it is in force and the Lease is
+    /// missing (only the API server creates a coordinated Lease); once it is
+    /// in force, its rule for the record ([`Observed::coordinated_verdict`]),
+    /// else `ordinary`.
+    pub(super) fn coordinated_rule(
+        &self,
+        ordinary: Rule,
+        now: tokio::time::Instant,
+    ) -> Result<Rule, tokio::time::Instant> {
+        let wait = now + self.inner.config.retry_period;
+        match self.inner.lock().election {
+            Election::Pending => Err(wait),
+            Election::Coordinated if matches!(self.view, LeaseView::Missing) => Err(wait),
+            Election::Coordinated => Ok(Observed::coordinated_verdict),
+            Election::Ordinary | Election::FellBack { .. } => Ok(ordinary),
+        }
+    }
+}
+
+/// Sets up Coordinated Leader Election for a new elector, if `config` asks for
+/// it: the identity is the `LeaseCandidate`'s name (one per Lease), and the
+/// election waits for the API server's first answer.
+pub(super) fn set_up(config: &mut LeaseConfig, state: &mut super::State) {
+    if config.extras.coordinated.is_some() {
+        config.identity = candidate_name(&config.identity, &config.name);
+        state.election = Election::Pending;
+    }
+}
+
+impl Inner {
+    /// Which election is in force, once the API server answered the
+    /// `LeaseCandidate`'s creation: `Coordinated`, or `FellBack` (the
+    /// ordinary election, and when to publish again). Observers hear of a
+    /// change only. Wakes the task, which may wait for it.
+    fn set_election(&self, election: Election) {
+        let coordinated = election == Election::Coordinated;
+        let before = std::mem::replace(&mut self.lock().election, election);
+        self.update_status(|s| s.coordinated = coordinated);
+        // The first answer, or a change of election.
+        if before == Election::Pending || (before == Election::Coordinated) != coordinated {
+            self.observers.tell(Transition::Coordinated(coordinated));
+        }
+        self.wake.notify_one();
+    }
 }
 
 /// This elector's `LeaseCandidate`.
@@ -183,7 +257,7 @@ impl LeaseCandidate {
         loop {
             // After a fallback, the next try is at its time, whichever task.
             let fell_back = match inner.lock().election {
-                super::Election::FellBack { retry_at, delay } => Some((retry_at, delay)),
+                Election::FellBack { retry_at, delay } => Some((retry_at, delay)),
                 _ => None,
             };
             if let Some((retry_at, _)) = fell_back {
@@ -200,7 +274,7 @@ impl LeaseCandidate {
                     } else {
                         info!(lease_candidate = %self.name, "coordinated leader election: LeaseCandidate published");
                     }
-                    inner.set_election(super::Election::Coordinated);
+                    inner.set_election(Election::Coordinated);
                     break;
                 }
                 Err(e @ CallError::NotServed(_)) => {
@@ -216,7 +290,7 @@ impl LeaseCandidate {
                     } else {
                         debug!(error = %e, retry_in = ?delay, "coordinated leader election: LeaseCandidate still not served");
                     }
-                    inner.set_election(super::Election::FellBack {
+                    inner.set_election(Election::FellBack {
                         retry_at: tokio::time::Instant::now() + delay,
                         delay,
                     });

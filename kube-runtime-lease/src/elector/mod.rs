@@ -6,6 +6,8 @@ mod api;
 mod disabled;
 #[cfg(feature = "events")]
 mod events;
+#[cfg(feature = "unstable-shards")]
+mod for_shards;
 #[cfg(feature = "coordinated")]
 mod lease_candidate;
 mod memory;
@@ -21,7 +23,6 @@ mod tests;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt, channel::oneshot, future::Shared};
-use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::Client;
 use parking_lot::{Mutex, MutexGuard};
 use tokio::{
@@ -108,37 +109,17 @@ struct State {
     /// What the elector remembers of the Lease, between tasks (the running
     /// task owns it: [`Task`](task::Task)).
     memory: Memory,
-    /// Which election is in force (see [`Election`]).
+    /// Which election is in force (Coordinated Leader Election).
     #[cfg(feature = "coordinated")]
-    election: Election,
+    election: lease_candidate::Election,
     /// A record of the Lease seen elsewhere in this process, and since when
-    /// (see [`LeaderElector::hand_over_record`]): the next task starts from
-    /// it.
-    handed_record: Option<(Box<Lease>, tokio::time::Instant)>,
-}
-
-/// Which election is in force.
-#[cfg(feature = "coordinated")]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum Election {
-    /// The ordinary election: the one configured, or the fallback where the
-    /// API server does not serve `LeaseCandidate`.
-    #[default]
-    Ordinary,
-    /// Coordinated Leader Election asked for, and the API server has not yet
-    /// answered the `LeaseCandidate`'s creation: nothing to do yet.
-    Pending,
-    /// Coordinated Leader Election in force.
-    Coordinated,
-    /// Coordinated Leader Election asked for, but the API server answered
-    /// the `LeaseCandidate`'s creation 404 (it does not serve the API, or
-    /// not yet): the ordinary election runs, and the `LeaseCandidate` is
-    /// published again at `retry_at` (the wait doubling from 10 s to 5 min,
-    /// kept across election tasks).
-    FellBack {
-        retry_at: tokio::time::Instant,
-        delay: Duration,
-    },
+    /// (see `LeaderElector::hand_over_record`, elected shards): the next task
+    /// starts from it.
+    #[cfg(feature = "unstable-shards")]
+    handed_record: Option<(
+        Box<k8s_openapi::api::coordination::v1::Lease>,
+        tokio::time::Instant,
+    )>,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -160,26 +141,17 @@ impl LeaderElector {
     /// The first rule `config` breaks (see [`LeaseConfig::validate`]).
     pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        // Coordinated: the identity is the LeaseCandidate's name, one per Lease.
+        #[cfg_attr(
+            not(feature = "coordinated"),
+            expect(unused_mut, reason = "set up by the extras")
+        )]
+        let (mut config, mut state) = (config, State::default());
+        // Coordinated: the identity is the LeaseCandidate's name, and the
+        // election waits for the API server's first answer.
         #[cfg(feature = "coordinated")]
-        let config = {
-            let mut config = config;
-            if config.coordinated.is_some() {
-                config.identity = lease_candidate::candidate_name(&config.identity, &config.name);
-            }
-            config
-        };
+        lease_candidate::set_up(&mut config, &mut state);
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
-        let state = State {
-            #[cfg(feature = "coordinated")]
-            election: if config.coordinated.is_some() {
-                Election::Pending
-            } else {
-                Election::Ordinary
-            },
-            ..State::default()
-        };
         Ok(LeaderElector {
             inner: Arc::new(Inner {
                 observers: Observers::default(),
@@ -331,22 +303,6 @@ impl LeaderElector {
         self.inner.lock().shutdown
     }
 
-    /// Gives the next election task a record of the Lease that this process
-    /// observed elsewhere (another watch), unchanged since `since` by its own
-    /// clock, so that a campaign started later counts the record's expiry from
-    /// then instead of from its own first read. Safe by the same rule as every
-    /// observation: the task still reads before acting, and keeps `since`
-    /// only if the record it reads is the same (same object, same spec); a
-    /// record seen late only makes expiry later. Ignored once a task runs
-    /// (it has its own observation), and replaced by a later one.
-    #[cfg_attr(not(feature = "unstable-shards"), allow(dead_code))]
-    pub(crate) fn hand_over_record(&self, lease: Lease, since: tokio::time::Instant) {
-        let mut state = self.inner.lock();
-        if !state.running {
-            state.handed_record = Some((Box::new(lease), since));
-        }
-    }
-
     /// A guard of the term in force, if this candidate leads now and the
     /// shutdown has not begun: `None` otherwise. Never waits, and never asks
     /// for leadership.
@@ -367,25 +323,6 @@ impl LeaderElector {
             .term
             .as_ref()
             .and_then(|t| LeaseGuard::of(t, self.inner.wake.clone()))
-    }
-}
-
-impl LeaderElector {
-    /// Ends the term in force now, if there is one, as [`Lost::GivenUp`]:
-    /// its guards resolve, so the work racing them stops, and the release
-    /// follows the usual rule (none when a guard was still alive: the Lease
-    /// expires). For a shard handed over whose work outlived its grace.
-    /// Whether there was a term to end.
-    #[cfg_attr(not(feature = "unstable-shards"), allow(dead_code))]
-    pub(crate) fn give_up_term(&self) -> bool {
-        let term = self.inner.lock().term.clone();
-        let Some(term) = term else { return false };
-        if term.lost().is_some() {
-            return false;
-        }
-        term.lose(&Lost::GivenUp);
-        self.inner.wake.notify_one();
-        true
     }
 }
 

@@ -150,22 +150,6 @@ impl LeaderElector {
 }
 
 impl Inner {
-    /// Which election is in force, once the API server answered the
-    /// `LeaseCandidate`'s creation: `Coordinated`, or `FellBack` (the
-    /// ordinary election, and when to publish again). Observers hear of a
-    /// change only. Wakes the task, which may wait for it.
-    #[cfg(feature = "coordinated")]
-    pub(super) fn set_election(&self, election: super::Election) {
-        let coordinated = election == super::Election::Coordinated;
-        let before = std::mem::replace(&mut self.lock().election, election);
-        self.update_status(|s| s.coordinated = coordinated);
-        // The first answer, or a change of election.
-        if before == super::Election::Pending || (before == super::Election::Coordinated) != coordinated {
-            self.observers.tell(Transition::Coordinated(coordinated));
-        }
-        self.wake.notify_one();
-    }
-
     /// This candidate does not lead (any more): the status says so.
     pub(super) fn not_leading(&self) {
         self.update_status(|s| s.is_leader = false);

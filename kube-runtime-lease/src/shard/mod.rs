@@ -376,7 +376,7 @@ impl ShardedElector {
         // The API server's election would pick each shard's holder itself,
         // against the balancer's assignment.
         #[cfg(feature = "coordinated")]
-        if config.lease.coordinated.is_some() {
+        if config.lease.extras.coordinated.is_some() {
             return Err(ConfigError::InvalidCoordinated {
                 field: "coordinated",
                 value: config.lease.name.clone(),

@@ -43,7 +43,7 @@ pub(super) async fn join(api: &Api<Lease>, config: &LeaseConfig) -> Result<(), k
                     },
                     spec: Some(crate::record::taken(None, &config.identity, seconds, 0, now)),
                 };
-                config.metadata.apply(&mut lease.metadata);
+                config.extras.metadata.apply(&mut lease.metadata);
                 match api.create(&pp, &lease).await {
                     Err(e) if is_conflict(&e) => {}
                     other => return other.map(drop),
@@ -62,7 +62,7 @@ pub(super) async fn join(api: &Api<Lease>, config: &LeaseConfig) -> Result<(), k
                     transitions,
                     now,
                 ));
-                config.metadata.apply(&mut lease.metadata);
+                config.extras.metadata.apply(&mut lease.metadata);
                 match api.replace(&config.name, &pp, &lease).await {
                     Err(e) if is_conflict(&e) => {}
                     other => return other.map(drop),

@@ -36,7 +36,7 @@ fn published_object_checks() {
     let config = LeaseConfig::new("ns", "lease", "me")
         .coordinated(Coordinated::new("1.37.0").emulation_version("1.36.0"));
     let client = crate::test_util::FakeLeaseApi::default().client().0;
-    let candidate = LeaseCandidate::new(client, &config, config.coordinated.as_ref().expect("set"));
+    let candidate = LeaseCandidate::new(client, &config, config.extras.coordinated.as_ref().expect("set"));
     let object = candidate.object();
     let spec = &object.data["spec"];
     assert_eq!(object.metadata.name.as_deref(), Some("me"));

@@ -11,13 +11,11 @@ use tokio::time::Instant;
 use tracing::{debug, info};
 
 use super::{Attempt, LeaseView, Task, Won};
-#[cfg(feature = "coordinated")]
-use crate::elector::Election;
 use crate::{
     config::JITTER_FACTOR,
     elector::supervise::Demand,
     error::Result,
-    record::{self, Asker, Verdict},
+    record::{self, Asker, Observed, Rule, Verdict},
 };
 
 impl Task {
@@ -90,20 +88,18 @@ impl Task {
         }
         let now = Instant::now();
         let cfg = self.inner.config.clone();
+        // The rule for a record: the ordinary election's, unless Coordinated
+        // Leader Election says to wait or is in force.
+        let rule: Rule = Observed::verdict;
         #[cfg(feature = "coordinated")]
-        let coordinated = match self.inner.lock().election {
-            // The LeaseCandidate's creation is not answered yet.
-            Election::Pending => return Ok(Attempt::WaitUntil(now + cfg.retry_period)),
-            Election::Coordinated => true,
-            Election::Ordinary | Election::FellBack { .. } => false,
+        let rule = match self.coordinated_rule(rule, now) {
+            Ok(rule) => rule,
+            Err(until) => return Ok(Attempt::WaitUntil(until)),
         };
         match &self.view {
             // Not read yet (no path leads here after a successful read):
             // never retried without a wait.
             LeaseView::Unknown => Ok(Attempt::WaitUntil(now + self.jittered_retry())),
-            // Only the API server creates a coordinated Lease.
-            #[cfg(feature = "coordinated")]
-            LeaseView::Missing if coordinated => Ok(Attempt::WaitUntil(now + cfg.retry_period)),
             LeaseView::Missing => {
                 let hold = cfg
                     .creation_hold
@@ -125,15 +121,7 @@ impl Task {
                     own_term: self.memory.is_last_term(object),
                     fallback: cfg.lease_duration,
                 };
-                #[cfg(feature = "coordinated")]
-                let verdict = if coordinated {
-                    observed.coordinated_verdict(asker, now)
-                } else {
-                    observed.verdict(asker, now)
-                };
-                #[cfg(not(feature = "coordinated"))]
-                let verdict = observed.verdict(asker, now);
-                match verdict {
+                match rule(observed, asker, now) {
                     Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
                     Verdict::Take => {
                         let mut lease = (**object).clone();
@@ -190,7 +178,7 @@ impl Task {
         #[cfg(feature = "lease-metadata")]
         let lease = {
             let mut lease = lease;
-            self.config().metadata.apply(&mut lease.metadata);
+            self.config().extras.metadata.apply(&mut lease.metadata);
             lease
         };
         let bound = self.config().renew_deadline;

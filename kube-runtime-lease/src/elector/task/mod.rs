@@ -124,19 +124,13 @@ impl Task {
         } else {
             Watch::Off
         };
-        let (memory, handed_record) = {
-            let mut state = inner.lock();
-            (std::mem::take(&mut state.memory), state.handed_record.take())
-        };
-        // A record seen elsewhere in this process (still read before acting).
-        let view = handed_record.map_or(LeaseView::Unknown, |(lease, at)| LeaseView::Known {
-            observed: Observed {
-                spec: lease.spec.clone().unwrap_or_default(),
-                resource_version: lease.metadata.resource_version.clone(),
-                at,
-            },
-            object: lease,
-        });
+        let mut state = inner.lock();
+        let memory = std::mem::take(&mut state.memory);
+        let view = LeaseView::Unknown;
+        // A record seen elsewhere in this process (elected shards).
+        #[cfg(feature = "unstable-shards")]
+        let view = super::for_shards::handed_view(&mut state).unwrap_or(view);
+        drop(state);
         Task {
             inner,
             view,

@@ -38,7 +38,7 @@ impl LeaseConfig {
     /// ```
     #[must_use]
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.metadata.labels.insert(key.into(), value.into());
+        self.extras.metadata.labels.insert(key.into(), value.into());
         self
     }
 
@@ -46,7 +46,7 @@ impl LeaseConfig {
     /// [`label`](Self::label) does.
     #[must_use]
     pub fn annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
-        self.metadata.annotations.insert(key.into(), value.into());
+        self.extras.metadata.annotations.insert(key.into(), value.into());
         self
     }
 
@@ -63,7 +63,7 @@ impl LeaseConfig {
     /// or not, so a holder label can lag behind the holder.
     #[must_use]
     pub fn owner_reference(mut self, owner: OwnerReference) -> Self {
-        self.metadata.owner = Some(owner);
+        self.extras.metadata.owner = Some(owner);
         self
     }
 }

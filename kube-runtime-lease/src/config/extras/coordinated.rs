@@ -101,7 +101,7 @@ impl LeaseConfig {
     /// [`Coordinated`]). Off by default.
     #[must_use]
     pub fn coordinated(mut self, coordinated: Coordinated) -> Self {
-        self.coordinated = Some(coordinated);
+        self.extras.coordinated = Some(coordinated);
         self
     }
 }
