@@ -296,10 +296,6 @@ impl Observed {
     }
 }
 
-/// A rule for a record: what a candidate may do with it
-/// ([`Observed::verdict`], or Coordinated Leader Election's).
-pub(crate) type Rule = fn(&Observed, Asker<'_>, Instant) -> Verdict;
-
 /// Take once `observed` has stayed unchanged for `wait`, else wait until then.
 fn after_unchanged(observed: &Observed, wait: Duration, now: Instant) -> Verdict {
     let until = later(observed.at, wait);

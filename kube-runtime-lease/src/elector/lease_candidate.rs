@@ -21,12 +21,14 @@ use kube_runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::{Inner, Transition, task::LeaseView};
+use super::{
+    Inner, Transition,
+    task::{LeaseView, Rule},
+};
 use crate::{
     config::{LeaseConfig, extras::coordinated::Coordinated},
     error::Chain,
-    record,
-    record::{Observed, Rule},
+    record::{self, Observed},
 };
 
 /// How often `renewTime` is refreshed without a ping (client-go's

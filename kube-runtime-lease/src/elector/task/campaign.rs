@@ -10,12 +10,12 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Attempt, LeaseView, Task, Won};
+use super::{Attempt, LeaseView, Rule, Task, Won};
 use crate::{
     config::JITTER_FACTOR,
     elector::supervise::Demand,
     error::Result,
-    record::{self, Asker, Observed, Rule, Verdict},
+    record::{self, Asker, Observed, Verdict},
 };
 
 impl Task {

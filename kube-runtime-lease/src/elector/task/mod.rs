@@ -61,7 +61,7 @@ use super::{Inner, memory::Memory};
 use crate::{
     config::LeaseConfig,
     error::{ApiError, Result},
-    record::Observed,
+    record::{Asker, Observed, Verdict},
 };
 
 /// What this candidate last saw of the Lease.
@@ -74,6 +74,10 @@ pub(in crate::elector) enum LeaseView {
     /// The last record seen, and the whole object (for its metadata).
     Known { observed: Observed, object: Box<Lease> },
 }
+
+/// A rule for a record: what a candidate may do with it
+/// ([`Observed::verdict`], or Coordinated Leader Election's).
+pub(in crate::elector) type Rule = fn(&Observed, Asker<'_>, Instant) -> Verdict;
 
 /// One attempt to acquire: won, or when to try again.
 pub(in crate::elector) enum Attempt {
