@@ -178,11 +178,12 @@ impl super::task::Task {
 /// Sets up Coordinated Leader Election for a new elector, if `config` asks for
 /// it: the identity is the `LeaseCandidate`'s name (one per Lease), and the
 /// election waits for the API server's first answer.
-pub(super) fn set_up(config: &mut LeaseConfig, state: &mut super::State) {
+pub(super) fn set_up(mut config: LeaseConfig, mut state: super::State) -> (LeaseConfig, super::State) {
     if config.extras.coordinated.is_some() {
         config.identity = candidate_name(&config.identity, &config.name);
         state.election = Election::Pending;
     }
+    (config, state)
 }
 
 impl Inner {

@@ -141,15 +141,11 @@ impl LeaderElector {
     /// The first rule `config` breaks (see [`LeaseConfig::validate`]).
     pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        #[cfg_attr(
-            not(feature = "coordinated"),
-            expect(unused_mut, reason = "set up by the extras")
-        )]
-        let (mut config, mut state) = (config, State::default());
+        let state = State::default();
         // Coordinated: the identity is the LeaseCandidate's name, and the
         // election waits for the API server's first answer.
         #[cfg(feature = "coordinated")]
-        lease_candidate::set_up(&mut config, &mut state);
+        let (config, state) = lease_candidate::set_up(config, state);
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         Ok(LeaderElector {
