@@ -229,15 +229,15 @@ impl LeaseConfig {
     /// ```
     #[must_use]
     pub fn shutdown_budget(&self, grace: Duration) -> Duration {
+        // The extras' part, waited like the grace: the `LeaseCandidate`'s
+        // deletion (coordinated).
+        #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
+        let grace = grace.saturating_add(self.extras.shutdown_bound());
         let campaign = self.renew_deadline.saturating_mul(2);
-        let budget = grace
+        grace
             .saturating_add(campaign)
             .saturating_add(self.release_timeout)
-            .saturating_add(self.retry_period);
-        // The extras' part: the `LeaseCandidate`'s deletion (coordinated).
-        #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
-        let budget = budget.saturating_add(self.extras.shutdown_bound());
-        budget
+            .saturating_add(self.retry_period)
     }
 
     /// Whether the election runs (see [`enabled`](Self::enabled)).
