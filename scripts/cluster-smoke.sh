@@ -30,32 +30,9 @@ app=configmap-controller
 image=krl.local/configmap-controller:smoke
 t0=$SECONDS
 
-step() { printf '[%4ss] %s\n' "$((SECONDS - t0))" "$*" >&2; }
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
-die() { echo "cluster-smoke.sh: error: $*" >&2; exit 1; }
-
-# wait_for SECONDS WHAT command...: polls the command until it succeeds.
-wait_for() {
-  local timeout="$1" what="$2"
-  shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -lt "$deadline" ] || { diagnose; die "timed out after ${timeout}s waiting for $what"; }
-    sleep 0.5
-  done
-}
-
-diagnose() {
-  echo "----- pods, lease, events in $ns -----" >&2
-  kubectl -n "$ns" get pods -o wide >&2 || true
-  kubectl -n "$ns" get lease -o yaml >&2 || true
-  kubectl -n "$ns" get events --sort-by=.lastTimestamp 2>/dev/null | tail -20 >&2 || true
-  local p
-  for p in $(kubectl -n "$ns" get pods -o name 2>/dev/null); do
-    echo "----- logs of $p -----" >&2
-    kubectl -n "$ns" logs "$p" --tail=20 >&2 || true
-  done
-}
+script=cluster-smoke.sh
+# step, die, now_ms, wait_for, diagnose
+. "$root/scripts/lib/cluster-test.sh"
 
 finish() {
   local rc=$?
