@@ -7,6 +7,11 @@
 # whose failures.log (scripts/e2e_load.py) diagnose shows too.
 
 t0=${t0:-$SECONDS}
+# A signal ends the script through its EXIT trap (which tears the cluster
+# down) with a failing status: without these, the EXIT trap of a script
+# killed by SIGTERM sees the status of its last command, often 0.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 step() { printf '[%4ss] %s\n' "$((SECONDS - t0))" "$*" >&2; }
 die() { echo "${script:-${0##*/}}: error: $*" >&2; exit 1; }
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
