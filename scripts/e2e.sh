@@ -12,7 +12,7 @@
 #                                  a cold Go cache, cached after that).
 #        scripts/e2e.sh failover   (root) on the real single-node cluster
 #                                  (scripts/cluster.sh up): the operator
-#                                  example built (release), its image
+#                                  example built (KRL_E2E_PROFILE), its image
 #                                  imported, the chart installed; then, with
 #                                  webhook requests through the Service
 #                                  without pause and a labelled ConfigMap
