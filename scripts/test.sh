@@ -21,8 +21,10 @@
 #      failed over under webhook load; the cluster torn down and the host
 #      checked to be as before. The cluster's Go programs (kubelet,
 #      containerd, ...) build in the background from step 1 on (nice 19).
-#      About 2.5 min warm; ~10 min more of Go builds cold (in the background).
-#      KRL_TEST_NO_CLUSTER=1 skips it (not root, or no cluster wanted).
+#      About 2.7 min warm; ~10 min more of Go builds cold (in the background).
+#      Then the cluster demo (scripts/demo.sh --cluster) as a smoke test,
+#      about 1 min. KRL_TEST_NO_CLUSTER=1 skips both (not root, or no
+#      cluster wanted).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -116,6 +118,8 @@ if [ "$cluster" = 1 ]; then
   step "the failover test on the real cluster (scripts/e2e.sh failover, the debug build)"
   e2e_started=1
   KRL_E2E_PROFILE=dev scripts/e2e.sh failover
+  step "the cluster demo, as a smoke test (scripts/demo.sh --cluster, the debug build; about 1 min)"
+  KRL_DEMO_PROFILE=dev scripts/demo.sh --cluster
 else
   step "the failover test on the real cluster: skipped (KRL_TEST_NO_CLUSTER=1)"
 fi
