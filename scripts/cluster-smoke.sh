@@ -33,6 +33,7 @@ t0=$SECONDS
 
 script=cluster-smoke.sh
 # step, die, now_ms, wait_for, diagnose
+# shellcheck source=scripts/lib/cluster-test.sh
 . "$root/scripts/lib/cluster-test.sh"
 
 finish() {

@@ -77,7 +77,9 @@ cluster_demo() {
   [ "$(id -u)" = 0 ] || die "--cluster needs root (scripts/cluster.sh up runs kubelet and containerd)"
   timeout_s="${KRL_DEMO_TIMEOUT:-120}"
   # step, die, now_ms, wait_for, diagnose; then the operator on the cluster.
+  # shellcheck source=scripts/lib/cluster-test.sh
   . "$root/scripts/lib/cluster-test.sh"
+  # shellcheck source=scripts/lib/operator.sh
   . "$root/scripts/lib/operator.sh"
   operator_build "${KRL_DEMO_PROFILE:-dev}"
   trap cluster_finish EXIT

@@ -46,9 +46,11 @@ script=e2e.sh
 ns=krl-e2e
 release=op
 # step, die, now_ms, wait_for, diagnose
+# shellcheck source=scripts/lib/cluster-test.sh
 . "$root/scripts/lib/cluster-test.sh"
 # operator_build, operator_up, operator_install, operator_start_load,
 # operator_finish, and the queries (holder_pod, held_by_current, gauge, ...)
+# shellcheck source=scripts/lib/operator.sh
 . "$root/scripts/lib/operator.sh"
 
 chart_tests() {

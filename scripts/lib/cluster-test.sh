@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # ns, release, timeout_s, work: set by the sourcing script
 # Sourced by the scripts that test on the real cluster (scripts/e2e.sh,
 # scripts/cluster-smoke.sh, scripts/demo.sh --cluster): the timeline's step
 # lines, failing, bounded waits and what to print when a wait times out.

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2154 # ns, release, timeout_s, work: set by the sourcing script
 # Sourced (after scripts/lib/cluster-test.sh) by scripts/e2e.sh failover and
 # scripts/demo.sh --cluster: the operator example (examples/operator.rs) on
 # the real single-node cluster, installed by its Helm chart (deploy/chart/),
