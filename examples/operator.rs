@@ -61,7 +61,9 @@
 //!    `shutdown_budget` of that grace;
 //! 3. the webhook keeps serving, new connections included, until
 //!    `WEBHOOK_DRAIN_DELAY` (default 5 s) has passed since SIGTERM (at the
-//!    same time as step 2, not after it);
+//!    same time as step 2, not after it), each response with `Connection:
+//!    close` (so that clients stop reusing connections to this replica
+//!    before the drain closes them);
 //! 4. the server drains: it stops accepting, lets requests in flight finish
 //!    and closes each connection after its response, for up to
 //!    `WEBHOOK_DRAIN_TIMEOUT` (default 5 s), then closes what is left;
@@ -311,9 +313,16 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The HTTPS server's routes.
+/// The HTTPS server's routes. From SIGTERM on (`draining`), every response
+/// says `Connection: close`, and the server closes its connection after it:
+/// a client (the API server) learns from the response itself not to reuse
+/// that connection, instead of finding it closed under its next request when
+/// the drain closes idle connections (an `EOF` for a request that is not
+/// retried). Only connections left idle through the whole drain delay are
+/// closed by the drain.
 fn router(elector: LeaderElector, draining: Arc<AtomicBool>, registry: Registry) -> Router {
     let registry = Arc::new(registry);
+    let closing = draining.clone();
     Router::new()
         .route("/validate", post(validate))
         .route(
@@ -352,6 +361,16 @@ fn router(elector: LeaderElector, draining: Arc<AtomicBool>, registry: Registry)
             }),
         )
         .with_state(elector)
+        .layer(tower::util::MapResponseLayer::new(
+            move |mut response: axum::response::Response| {
+                if closing.load(Ordering::SeqCst) {
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+                }
+                response
+            },
+        ))
 }
 
 /// The validating webhook: denies a `ConfigMap` with a data key that

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Smoke test of the real single-node cluster (scripts/cluster.sh): up, the
-# example controller (examples/controller.rs) as a 2-replica Deployment from
-# an image built here (scripts/oci-image.py), RBAC on leases (get, create,
-# update, list, watch), the identity from the downward API (POD_NAME); a
+# example controller (examples/controller.rs) deployed by deploy/'s manifests
+# (kustomize: the namespace, 2 replicas, the image built here by
+# scripts/oci-image.py), RBAC on leases, the identity from the downward API
+# (POD_NAME); a
 # Lease held by one of its pods, which leads once the creation hold is over
 # (one lease duration after it created the Lease); that pod deleted; the Lease
 # held, within less than a lease duration (released on SIGTERM, not expired),
@@ -30,32 +31,10 @@ app=configmap-controller
 image=krl.local/configmap-controller:smoke
 t0=$SECONDS
 
-step() { printf '[%4ss] %s\n' "$((SECONDS - t0))" "$*" >&2; }
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
-die() { echo "cluster-smoke.sh: error: $*" >&2; exit 1; }
-
-# wait_for SECONDS WHAT command...: polls the command until it succeeds.
-wait_for() {
-  local timeout="$1" what="$2"
-  shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -lt "$deadline" ] || { diagnose; die "timed out after ${timeout}s waiting for $what"; }
-    sleep 0.5
-  done
-}
-
-diagnose() {
-  echo "----- pods, lease, events in $ns -----" >&2
-  kubectl -n "$ns" get pods -o wide >&2 || true
-  kubectl -n "$ns" get lease -o yaml >&2 || true
-  kubectl -n "$ns" get events --sort-by=.lastTimestamp 2>/dev/null | tail -20 >&2 || true
-  local p
-  for p in $(kubectl -n "$ns" get pods -o name 2>/dev/null); do
-    echo "----- logs of $p -----" >&2
-    kubectl -n "$ns" logs "$p" --tail=20 >&2 || true
-  done
-}
+script=cluster-smoke.sh
+# step, die, now_ms, wait_for, diagnose
+# shellcheck source=scripts/lib/cluster-test.sh
+. "$root/scripts/lib/cluster-test.sh"
 
 finish() {
   local rc=$?
@@ -94,73 +73,30 @@ step "image $image from $bin (scripts/oci-image.py), imported into containerd"
 python3 scripts/oci-image.py --binary "$bin" --path /controller --name "$image" --output "$state/controller-image.tar"
 scripts/cluster.sh import "$state/controller-image.tar" 2>/dev/null
 
-step "a 2-replica Deployment of the controller in namespace $ns"
-kubectl apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Namespace
-metadata: { name: $ns }
----
-apiVersion: v1
-kind: ServiceAccount
-metadata: { name: $app, namespace: $ns }
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: Role
-metadata: { name: $app-leader-election, namespace: $ns }
-rules:
-  - apiGroups: ["coordination.k8s.io"]
-    resources: ["leases"]
-    verbs: ["get", "create", "update", "list", "watch"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: RoleBinding
-metadata: { name: $app-leader-election, namespace: $ns }
-roleRef: { apiGroup: rbac.authorization.k8s.io, kind: Role, name: $app-leader-election }
-subjects: [{ kind: ServiceAccount, name: $app, namespace: $ns }]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: { name: krl-smoke-$app }
-rules:
-  - apiGroups: [""]
-    resources: ["configmaps"]
-    verbs: ["get", "list", "watch"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: { name: krl-smoke-$app }
-roleRef: { apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: krl-smoke-$app }
-subjects: [{ kind: ServiceAccount, name: $app, namespace: $ns }]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: { name: $app, namespace: $ns, labels: { app: $app } }
-spec:
-  replicas: 2
-  selector: { matchLabels: { app: $app } }
-  template:
-    metadata: { labels: { app: $app } }
-    spec:
-      serviceAccountName: $app
-      terminationGracePeriodSeconds: 60
-      securityContext: { runAsNonRoot: true, runAsUser: 65532, runAsGroup: 65532 }
-      containers:
-        - name: controller
-          image: $image
-          imagePullPolicy: Never
-          env:
-            - { name: POD_NAME, valueFrom: { fieldRef: { fieldPath: metadata.name } } }
-            - { name: NODE_NAME, valueFrom: { fieldRef: { fieldPath: spec.nodeName } } }
-            - { name: LEASE_NAMESPACE, valueFrom: { fieldRef: { fieldPath: metadata.namespace } } }
-            - { name: LEASE_NAME, value: $app }
-            - { name: RUST_LOG, value: "info,kube_runtime_lease=debug" }
-            - { name: NO_COLOR, value: "1" }
-          ports: [{ name: probes, containerPort: 8080 }]
-          livenessProbe: { httpGet: { path: /livez, port: probes }, periodSeconds: 10, failureThreshold: 3 }
-          readinessProbe: { httpGet: { path: /readyz, port: probes }, periodSeconds: 2 }
-          securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: [ALL] } }
-          resources: { requests: { cpu: 10m, memory: 32Mi }, limits: { memory: 128Mi } }
+# deploy/'s own manifests (deploy/kustomization.yaml: RBAC, the Deployment,
+# the PDB), through a kustomize overlay: the namespace, the image built here,
+# 2 replicas, imagePullPolicy Never, and NO_COLOR for the log checks below.
+step "deploy/ (kubectl apply -k, an overlay: namespace $ns, image $image, 2 replicas)"
+overlay="$state/smoke-kustomize"
+mkdir -p "$overlay"
+cat >"$overlay/kustomization.yaml" <<YAML
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: $ns
+resources:
+  - $(python3 -c 'import os, sys; print(os.path.relpath(sys.argv[1], sys.argv[2]))' "$root/deploy" "$overlay")
+images:
+  - { name: configmap-controller, newName: ${image%:*}, newTag: ${image##*:} }
+replicas:
+  - { name: $app, count: 2 }
+patches:
+  - target: { kind: Deployment, name: $app }
+    patch: |-
+      - { op: add, path: /spec/template/spec/containers/0/imagePullPolicy, value: Never }
+      - { op: add, path: /spec/template/spec/containers/0/env/-, value: { name: NO_COLOR, value: "1" } }
 YAML
+kubectl create namespace "$ns" >/dev/null
+kubectl apply -k "$overlay" >/dev/null
 if ! kubectl -n "$ns" rollout status "deployment/$app" --timeout="${timeout_s}s" >/dev/null; then
   diagnose
   die "the Deployment did not become available within ${timeout_s}s"

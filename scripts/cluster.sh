@@ -196,16 +196,22 @@ build_images() {
   echo "$tar"
 }
 
+helm_ldflags="-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version"
+helm_pkg="helm.sh/helm/v4/cmd/helm@$helm_version"
 build_helm() {
-  build_go_install helm "$hbin" "" \
-    "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" \
-    "helm.sh/helm/v4/cmd/helm@$helm_version"
+  build_go_install helm "$hbin" "" "$helm_ldflags" "$helm_pkg"
 }
 
 # helm alone (the chart's tests need nothing else): built when missing, under
-# the build lock; prints its path. No root needed.
+# the build lock; prints its path. No root needed. When it is in place, no
+# lock is taken: the chart's tests do not wait for a `build` running beside
+# them (scripts/test.sh runs one in the background).
 helm_bin() {
   command -v go >/dev/null || die "go not found in PATH"
+  if [ -x "$hbin/bin/helm" ] && [ "$(cat "$hbin/.stamp" 2>/dev/null)" = "$(printf '%s\n' "" "$helm_ldflags" "$helm_pkg" | stamp_of -)" ]; then
+    echo "$hbin/bin/helm"
+    return 0
+  fi
   mkdir -p "$cache/cluster"
   exec 8>"$cache/cluster/.build.lock"
   flock 8 || die "cannot lock $cache/cluster/.build.lock"

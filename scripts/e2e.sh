@@ -12,7 +12,7 @@
 #                                  a cold Go cache, cached after that).
 #        scripts/e2e.sh failover   (root) on the real single-node cluster
 #                                  (scripts/cluster.sh up): the operator
-#                                  example built (release), its image
+#                                  example built (KRL_E2E_PROFILE), its image
 #                                  imported, the chart installed; then, with
 #                                  webhook requests through the Service
 #                                  without pause and a labelled ConfigMap
@@ -34,16 +34,24 @@
 #   KRL_E2E_REPLICAS          replicas (default 3)
 #   KRL_E2E_RECONCILE_BOUND   seconds within which a change made after an
 #                             event is reconciled (default 10)
-#   KRL_E2E_PROFILE           cargo profile of the operator (default release)
+#   KRL_E2E_PROFILE           cargo profile of the operator (default release;
+#                             scripts/test.sh passes dev: the debug build its
+#                             cargo test already made, no release build)
 #   and those of scripts/cluster.sh (KRL_CLUSTER_DIR, KRL_CLUSTER_PORT_BASE).
 set -euo pipefail
 # All of it in functions, read whole before it runs.
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-t0=$SECONDS
-step() { printf '[%4ss] %s\n' "$((SECONDS - t0))" "$*" >&2; }
-die() { echo "e2e.sh: error: $*" >&2; exit 1; }
-now_ms() { echo $(($(date +%s%N) / 1000000)); }
+script=e2e.sh
+ns=krl-e2e
+release=op
+# step, die, now_ms, wait_for, diagnose
+# shellcheck source=scripts/lib/cluster-test.sh
+. "$root/scripts/lib/cluster-test.sh"
+# operator_build, operator_up, operator_install, operator_start_load,
+# operator_finish, and the queries (holder_pod, held_by_current, gauge, ...)
+# shellcheck source=scripts/lib/operator.sh
+. "$root/scripts/lib/operator.sh"
 
 chart_tests() {
   local t=$SECONDS
@@ -53,116 +61,20 @@ chart_tests() {
 }
 
 # ------------------------------------------------------------------ failover
-ns=krl-e2e
-release=op
-image_repo=krl.local/operator
-image_tag=e2e
-pids=()
-
-# wait_for SECONDS WHAT command...: polls the command until it succeeds.
-wait_for() {
-  local timeout="$1" what="$2"
-  shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    [ "$SECONDS" -lt "$deadline" ] || { diagnose; die "timed out after ${timeout}s waiting for $what"; }
-    sleep 0.5
-  done
-}
-
-diagnose() {
-  echo "----- pods, lease, events in $ns -----" >&2
-  kubectl -n "$ns" get pods -o wide >&2 || true
-  kubectl -n "$ns" get lease -o yaml >&2 || true
-  kubectl -n "$ns" get events --sort-by=.lastTimestamp 2>/dev/null | tail -20 >&2 || true
-  tail -20 "$work/failures.log" >&2 2>/dev/null || true
-  local p
-  for p in $(kubectl -n "$ns" get pods -o name 2>/dev/null); do
-    echo "----- logs of $p -----" >&2
-    kubectl -n "$ns" logs "$p" --tail=15 >&2 || true
-  done
-}
-
 finish() {
   local rc=$?
   trap - EXIT
-  local p
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  if [ "${KRL_E2E_KEEP:-0}" = 1 ]; then
-    step "left the cluster up (KRL_E2E_KEEP=1): scripts/cluster.sh down stops it"
-    exit "$rc"
-  fi
-  step "down"
-  if ! scripts/cluster.sh down >/dev/null; then
+  if ! operator_finish "${KRL_E2E_KEEP:-0}" "$rc"; then
     [ "$rc" != 0 ] || rc=1
   fi
   if [ "$rc" = 0 ]; then step "failover test passed in $((SECONDS - t0)) s"; else step "failover test FAILED (exit $rc)"; fi
   exit "$rc"
 }
 
-kc() { kubectl -n "$ns" "$@"; }
-selector="app.kubernetes.io/instance=$release"
-deploy_name() { kc get deploy -l "$selector" -o jsonpath='{.items[0].metadata.name}'; }
-holder() { kc get lease "$lease" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
-# The pod whose name starts the holder identity ("<pod>_<suffix>").
-holder_pod() {
-  local h p
-  h="$(holder)"
-  [ -n "$h" ] || return 1
-  for p in $(kc get pods -l "$selector" -o jsonpath='{.items[*].metadata.name}'); do
-    case "$h" in "${p}_"*) echo "$p"; return 0 ;; esac
-  done
-  return 1
-}
-# The pod-template-hash of the Deployment's current ReplicaSet.
-current_hash() {
-  local rev
-  rev="$(kc get deploy "$deploy" -o jsonpath='{.metadata.annotations.deployment\.kubernetes\.io/revision}')"
-  kc get rs -l "$selector" -o json | python3 -c '
-import json, sys
-rev = sys.argv[1]
-for rs in json.load(sys.stdin)["items"]:
-    if rs["metadata"].get("annotations", {}).get("deployment.kubernetes.io/revision") == rev:
-        print(rs["metadata"]["labels"]["pod-template-hash"])
-' "$rev"
-}
-held_by_current() {
-  local p hash
-  p="$(holder_pod)" || return 1
-  hash="$(current_hash)"
-  [ -n "$hash" ] && [ "$(kc get pod "$p" -o jsonpath='{.metadata.labels.pod-template-hash}')" = "$hash" ]
-}
-# Running pods not being deleted.
-live_pods() {
-  kc get pods -l "$selector" -o json | python3 -c '
-import json, sys
-for p in json.load(sys.stdin)["items"]:
-    if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp"):
-        print(p["metadata"]["name"])
-'
-}
-# leader_election_is_leader of a pod, through the API server's pod proxy.
-gauge() {
-  kubectl get --raw "/api/v1/namespaces/$ns/pods/https:$1:9443/proxy/metrics" |
-    awk '$1 ~ /^leader_election_is_leader({.*})?$/ {s += $2; n++} END {if (!n) exit 1; print s + 0}'
-}
-gauge_sum_is_one() {
-  local p v sum=0
-  for p in $(live_pods); do
-    v="$(gauge "$p")" || return 1
-    sum=$((sum + v))
-  done
-  [ "$sum" = 1 ]
-}
-none_terminating() {
-  [ -z "$(kc get pods -l "$selector" -o jsonpath='{.items[?(@.metadata.deletionTimestamp)].metadata.name}')" ]
-}
 former=""
 held_by_another() { local p; p="$(holder_pod)" && [ "$p" != "$former" ]; }
 former_not_leading() { [ "$(gauge "$former")" = 0 ]; }
 annotation() { kc get cm probe -o jsonpath="{.metadata.annotations.operator\.example\.com/$1}"; }
-counters() { python3 scripts/e2e_load.py counters --dir "$work"; }
 
 # A change of the probe ConfigMap, reconciled (its checksum annotation moves)
 # by the holder, within the bound: prints the time in ms.
@@ -217,79 +129,11 @@ failover() {
   timeout_s="${KRL_E2E_TIMEOUT:-120}"
   replicas="${KRL_E2E_REPLICAS:-3}"
   bound="${KRL_E2E_RECONCILE_BOUND:-10}"
-  local profile="${KRL_E2E_PROFILE:-release}"
-  local port_base="${KRL_CLUSTER_PORT_BASE:-17000}"
-  local proxy_port=$((port_base + 801))
-
-  step "building the operator example (cargo build --profile $profile, nice)"
-  nice -n 10 cargo build --quiet --locked --profile "$profile" -p kube-runtime-lease-examples --example operator
-  local target_dir bin
-  target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
-  bin="$target_dir/$([ "$profile" = dev ] && echo debug || echo "$profile")/examples/operator"
-  [ -x "$bin" ] || die "$bin not found after the build"
-
-  step "scripts/cluster.sh up"
+  operator_build "${KRL_E2E_PROFILE:-release}"
   trap finish EXIT
-  scripts/cluster.sh up >/dev/null
-  eval "$(scripts/cluster.sh env)"
-  work="$(dirname "$KUBECONFIG")/e2e"
-  mkdir -p "$work"
-
-  step "image $image_repo:$image_tag (scripts/oci-image.py), imported"
-  python3 scripts/oci-image.py --binary "$bin" --path /operator --name "$image_repo:$image_tag" --output "$work/operator.tar"
-  scripts/cluster.sh import "$work/operator.tar" 2>/dev/null
-
-  step "helm install $release deploy/chart in $ns ($replicas replicas)"
-  kubectl create namespace "$ns" >/dev/null
-  helm install "$release" deploy/chart --namespace "$ns" \
-    --set "replicas=$replicas,image.repository=$image_repo,image.tag=$image_tag,image.pullPolicy=Never" >/dev/null
-  deploy="$(deploy_name)"
-  lease="$deploy"
-  if ! kc rollout status "deployment/$deploy" --timeout="${timeout_s}s" >/dev/null; then
-    diagnose
-    die "the Deployment did not become available within ${timeout_s}s"
-  fi
-  step "ready: $(kc get pods -l "$selector" -o jsonpath='{.items[*].metadata.name}')"
-
-  local svc ip
-  svc="$(kc get svc -l "$selector" -o jsonpath='{.items[0].metadata.name}')"
-  ip="$(kc get svc "$svc" -o jsonpath='{.spec.clusterIP}')"
-  kc get secret "$deploy-webhook-tls" -o jsonpath='{.data.ca\.crt}' | base64 -d >"$work/ca.crt"
-  # Ready pods are not yet a Service that answers: the endpoints, then
-  # kube-proxy's rules (until then the ClusterIP refuses connections, and
-  # the API server fails labelled writes: failurePolicy Fail).
-  wait_for "$timeout_s" "the webhook's Service to answer on $ip:443" \
-    curl -sf --max-time 2 --cacert "$work/ca.crt" --resolve "$svc.$ns.svc:443:$ip" "https://$svc.$ns.svc/readyz"
-  kubectl create -f - >/dev/null <<YAML
-apiVersion: v1
-kind: ConfigMap
-metadata: { name: churn, namespace: $ns, labels: { operator.example.com/managed: "true" } }
-data: { n: "0" }
----
-apiVersion: v1
-kind: ConfigMap
-metadata: { name: probe, namespace: $ns, labels: { operator.example.com/managed: "true" } }
-data: { v: "0" }
-YAML
-  # The API server applied the webhook (failurePolicy Fail) to both.
-  if kubectl create -f - >/dev/null 2>"$work/denied.txt" <<YAML; then
-apiVersion: v1
-kind: ConfigMap
-metadata: { name: denied, namespace: $ns, labels: { operator.example.com/managed: "true" } }
-data: { password: x }
-YAML
-    die "a labelled ConfigMap with a password key was admitted: the webhook is not called"
-  fi
-  grep -q "looks like a secret" "$work/denied.txt" || die "the denial does not come from the webhook: $(cat "$work/denied.txt")"
-  step "the API server calls the webhook through Service $svc ($ip:443): a ConfigMap with a password key denied"
-
-  kubectl proxy --port="$proxy_port" >"$work/proxy.log" 2>&1 &
-  pids+=($!)
-  wait_for 30 "kubectl proxy on 127.0.0.1:$proxy_port" curl -sf "http://127.0.0.1:$proxy_port/version"
-  python3 scripts/e2e_load.py run --dir "$work" --webhook "$ip:443" --server-name "$svc.$ns.svc" \
-    --ca "$work/ca.crt" --proxy "$proxy_port" --namespace "$ns" --lease "$lease" --configmap churn &
-  pids+=($!)
-  step "load: webhook reviews to $ip:443 (the Service's ClusterIP, from the host: kube-proxy's DNAT) without pause, ConfigMap churn every 0.25 s"
+  operator_up
+  operator_install "$replicas"
+  operator_start_load
 
   # The first holder leads one lease duration after it created the Lease.
   wait_for "$timeout_s" "the Lease held by a pod of the current ReplicaSet" held_by_current

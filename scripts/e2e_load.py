@@ -3,7 +3,7 @@
 
     e2e_load.py run --dir D --webhook IP:PORT --server-name NAME --ca CA.pem
                     --proxy PORT --namespace NS --lease NAME --configmap CM
-        Until SIGTERM, in threads:
+        Until SIGTERM (or its parent's end), in threads:
         - webhook: admission reviews POSTed to https://IP:PORT/validate without
           pause, each on a new connection (TLS verified against CA.pem for
           NAME), alternately one to allow and one to deny; a request fails
@@ -181,8 +181,12 @@ def run(a):
     threads = [threading.Thread(target=f, args=(a,), daemon=True) for f in (webhook, churn, lease)]
     for t in threads:
         t.start()
+    # Ends with the script that started it, even one killed with SIGKILL.
+    parent = os.getppid()
     while not stop.is_set():
         write_counters(a.dir)
+        if os.getppid() != parent:
+            stop.set()
         stop.wait(0.2)
     write_counters(a.dir)
 

@@ -16,6 +16,16 @@
 #   8. cargo deny (advisories, bans, licenses, sources; advisories from the
 #      offline RustSec snapshot in ../shared/advisory-db when present, else
 #      fetched by cargo-deny: see scripts/deny.sh)
+#   9. the failover test on a real single-node cluster (scripts/e2e.sh
+#      failover, root: docs/real-cluster.md): the operator example's debug
+#      build from step 5 (no release build) installed by its Helm chart,
+#      failed over under webhook load; the cluster torn down and the host
+#      checked to be as before. The cluster's Go programs (kubelet,
+#      containerd, ...) build in the background from step 1 on (nice 19).
+#      About 2.7 min warm; ~10 min more of Go builds cold (in the background).
+#      Then the cluster demo (scripts/demo.sh --cluster) as a smoke test,
+#      about 1 min. KRL_TEST_NO_CLUSTER=1 skips both (not root, or no
+#      cluster wanted).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +37,43 @@ step "control plane (kube-apiserver + etcd from Go modules; cached after the fir
 scripts/control-plane.sh build >/dev/null
 step "helm, for the chart's tests (from its Go module; cached after the first build)"
 scripts/cluster.sh helm >/dev/null
+
+# The real cluster (step 9): its Go builds start now, in the background and
+# niced, beside the Rust steps; step 9 waits for them. Whatever happens, the
+# build is stopped and the cluster torn down on the way out.
+cluster=1
+[ "${KRL_TEST_NO_CLUSTER:-0}" != 1 ] || cluster=0
+[ "$cluster" = 0 ] || [ "$(id -u)" = 0 ] ||
+  { echo "scripts/test.sh: the failover test on the real cluster needs root (KRL_TEST_NO_CLUSTER=1 skips it)" >&2; exit 1; }
+cluster_build_pid=""
+cluster_build_log="${TMPDIR:-/tmp}/krl-test-cluster-build.$$.log"
+e2e_started=0
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  if [ -n "$cluster_build_pid" ] && kill -0 "$cluster_build_pid" 2>/dev/null; then
+    kill -- "-$cluster_build_pid" 2>/dev/null || true
+    wait "$cluster_build_pid" 2>/dev/null || true
+  fi
+  rm -f "$cluster_build_log"
+  # e2e.sh tears its cluster down itself, also when it fails; this is for
+  # when it was stopped before it could.
+  if [ "$e2e_started" = 1 ] && [ "${KRL_E2E_KEEP:-0}" != 1 ] &&
+    [ -e "${KRL_CLUSTER_DIR:-/tmp/krl-cluster}/.krl-cluster" ]; then
+    echo "scripts/test.sh: tearing the cluster down" >&2
+    scripts/cluster.sh down >&2 || rc=1
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+if [ "$cluster" = 1 ]; then
+  step "the real cluster's programs (scripts/cluster.sh build: kubelet, containerd, ...), in the background (nice 19)"
+  # Its own process group (setsid), stopped as a whole by cleanup.
+  setsid nice -n 19 scripts/cluster.sh build >"$cluster_build_log" 2>&1 &
+  cluster_build_pid=$!
+fi
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -63,5 +110,24 @@ scripts/upstream.sh check
 
 step "cargo deny (advisories, bans, licenses, sources)"
 scripts/deny.sh
+
+if [ "$cluster" = 1 ]; then
+  step "the real cluster's programs: waiting for the background build"
+  if ! wait "$cluster_build_pid"; then
+    cluster_build_pid=""
+    tail -30 "$cluster_build_log" >&2
+    echo "scripts/test.sh: scripts/cluster.sh build failed" >&2
+    exit 1
+  fi
+  cluster_build_pid=""
+  grep -E 'built|installing|everything in place' "$cluster_build_log" >&2 || true
+  step "the failover test on the real cluster (scripts/e2e.sh failover, the debug build)"
+  e2e_started=1
+  KRL_E2E_PROFILE=dev scripts/e2e.sh failover
+  step "the cluster demo, as a smoke test (scripts/demo.sh --cluster, the debug build; about 1 min)"
+  KRL_DEMO_PROFILE=dev scripts/demo.sh --cluster
+else
+  step "the failover test on the real cluster: skipped (KRL_TEST_NO_CLUSTER=1)"
+fi
 
 step "all checks passed in $((SECONDS - started)) s"

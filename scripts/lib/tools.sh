@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts that need a pinned cargo tool (deny.sh, mutants.sh):
 # `cargo_tool <crate> <version> <binary> [--version args...]` installs the
 # crate at that version into the project's tool cache ($KRL_CACHE_DIR, else
