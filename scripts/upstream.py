@@ -96,7 +96,7 @@ STEPS = [
             "error.rs", "term.rs", "guard.rs",
             "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
             "elector/memory.rs", "elector/observer.rs", "elector/observer/tests.rs",
-            "elector/status.rs", "elector/supervise.rs",
+            "elector/status.rs", "elector/supervise.rs", "elector/test_hooks.rs",
             "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
             "elector/task/lead.rs", "elector/task/renew.rs", "elector/task/view.rs",
             "elector/task/view/tests.rs",
