@@ -81,6 +81,14 @@ pub(crate) fn count(fake: &FakeLeaseApi, client: usize, verb: &str, since: Insta
         .count()
 }
 
+/// When `client` first sent `verb` after `since`, as [`count`] selects.
+pub(crate) fn first_after(fake: &FakeLeaseApi, client: usize, verb: &str, since: Instant) -> Option<Instant> {
+    fake.requests()
+        .iter()
+        .find(|s| s.client == client && s.verb == verb && s.at > since)
+        .map(|s| s.at)
+}
+
 pub(crate) fn holder(fake: &FakeLeaseApi) -> Option<String> {
     fake.lease().and_then(|l| l.spec).and_then(|s| s.holder_identity)
 }

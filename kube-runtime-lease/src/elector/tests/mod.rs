@@ -21,7 +21,7 @@ use crate::elector::task::view::WATCH_REOPEN_MAX;
 use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     ConfigError, LeaderElector, Lost,
-    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
+    tests::support::{config, count, elector, first_after, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -703,8 +703,8 @@ fn health_check_fails_only_for_an_overdue_leader() {
             }
         );
         assert!(e.health_check(S(30)).is_ok(), "within a larger tolerance");
-        // As client-go's: overdue only once strictly past the limit (issue
-        // 16: kills `> -> >=`).
+        // As client-go's: overdue only once strictly past the limit
+        // (mutation testing: kills `> -> >=`).
         assert!(e.health_check(S(25)).is_ok(), "exactly at the limit");
         assert!(e.health_check(Duration::from_nanos(24_999_999_999)).is_err());
     });
@@ -1476,8 +1476,8 @@ fn a_lease_deleted_while_the_watch_was_down_ends_the_term_at_the_re_list() {
 
 /// A renewal answered 404 is confirmed by a read at once (mutation testing:
 /// kills `renew`'s 404 guard `-> false`, which logged it and renewed again
-/// at the next tick): the Lease was not deleted, so the term goes on (issue
-/// 33; a deletion the read confirms ends it: `tests::never_none`).
+/// at the next tick): the Lease was not deleted, so the term goes on (a
+/// deletion the read confirms ends it: `tests::never_none`).
 #[test]
 fn a_renewal_answered_not_found_is_confirmed_by_a_read_at_once() {
     paused(async {
@@ -1487,12 +1487,7 @@ fn a_renewal_answered_not_found_is_confirmed_by_a_read_at_once() {
         let begun = Instant::now();
         fake.fault(id, Some("update"), Fault::Status(404));
         sleep(S(3)).await;
-        let answered_404 = fake
-            .requests()
-            .iter()
-            .find(|r| r.client == id && r.verb == "update" && r.at > begun)
-            .map(|r| r.at)
-            .expect("a renewal");
+        let answered_404 = first_after(&fake, id, "update", begun).expect("a renewal");
         let read = fake
             .requests()
             .iter()
@@ -1521,12 +1516,7 @@ fn a_renewal_answered_not_found_ends_the_term_when_the_read_shows_a_takeover() {
         let lost = tokio::time::timeout(S(10), &mut guard)
             .await
             .expect("the term outlived its renew deadline");
-        let answered_404 = fake
-            .requests()
-            .iter()
-            .find(|r| r.client == id && r.verb == "update" && r.at > taken)
-            .map(|r| r.at)
-            .expect("a renewal");
+        let answered_404 = first_after(&fake, id, "update", taken).expect("a renewal");
         assert_eq!(
             lost,
             Lost::TakenOver {
