@@ -614,6 +614,15 @@ check_free() {
     routes="$(ip -4 route show match "$net" 2>/dev/null | grep -v '^default ' || true)"
     [ -z "$routes" ] || die "$net, which the cluster uses, overlaps a route of this host: $routes"
   done
+  # The kubelet evicts every pod once its disk has less than 2 % free
+  # (evictionHard below): a test would then fail with pods "Evicted" and a
+  # webhook refusing connections. Say so before starting, with 2 GiB of room
+  # for the images, logs and the pods' writes.
+  local avail size need
+  read -r avail size < <(df --output=avail,size -B1 /var/lib | tail -1)
+  need=$((size / 50 + 2 * 1024 * 1024 * 1024))
+  [ "$avail" -ge "$need" ] ||
+    die "only $((avail >> 20)) MiB free on the disk of /var/lib; the kubelet evicts every pod below 2 % free ($((size / 50 >> 20)) MiB here): free at least $(((need - avail) >> 20)) MiB more"
 }
 
 up() {

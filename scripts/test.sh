@@ -2,7 +2,8 @@
 # The project's test command (README, CI): everything that must pass.
 #   1. build (or reuse) the test control plane: etcd + kube-apiserver from Go
 #      modules, and helm (the Helm chart's tests, tests/tests/chart.rs)
-#   2. cargo fmt --check
+#   2. cargo fmt --check, and the imports in the shape kube-rs's nightly
+#      rustfmt options make (scripts/upstream_imports.py)
 #   3. cargo clippy on every target, warnings denied; cargo check of each extra
 #      alone on the core
 #   4. the core alone (the library with its extras off): its unit tests
@@ -78,6 +79,8 @@ fi
 step "cargo fmt --check"
 cargo fmt --all -- --check
 cargo fmt --manifest-path upstream/gen/Cargo.toml -- --check
+step "the imports' shape of kube-rs's nightly rustfmt (imports_granularity = \"Crate\"; std, external, crate groups)"
+python3 scripts/upstream_imports.py check kube-runtime-lease/src
 
 step "cargo clippy (all targets, all features, -D warnings)"
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
@@ -107,6 +110,8 @@ step "clippy of the series' generator (upstream/gen, -D warnings)"
 cargo clippy --manifest-path upstream/gen/Cargo.toml --locked -- -D warnings
 step "the upstream series: applies to kube-rs 5.0.0, builds, tests, lints, not stale (scripts/upstream.sh check)"
 scripts/upstream.sh check
+scripts/upstream.sh check-docs  # the kube-rs website patch applies; the kube example builds and lints
+scripts/upstream.sh check-prs
 
 step "cargo deny (advisories, bans, licenses, sources)"
 scripts/deny.sh

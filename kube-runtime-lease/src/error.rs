@@ -164,8 +164,8 @@ mod tests {
     struct Outer(#[source] std::io::Error);
 
     /// A log line names each error of the chain once, whether an error prints
-    /// its source itself (as this crate's and kube's do) or not. The chaos
-    /// run's logs showed a 429 three times in one line.
+    /// its source itself (as kube's do) or not. A log line once showed a 429
+    /// three times.
     #[test]
     fn a_chain_prints_each_message_once() {
         let status = kube_client::core::Status::failure(

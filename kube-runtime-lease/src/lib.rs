@@ -140,16 +140,21 @@
 //! (hyper-util's default; [kube-rs/kube#2056]), and that first request then
 //! waits for a delayed ACK of the TLS handshake: tens of milliseconds on
 //! Linux, several times the whole handover with `TCP_NODELAY` on (as Go, and
-//! so client-go, always has it; the figures are in the repository's
-//! `BENCHMARKS.md`).
-//! This crate uses the client it is given and does not change it; where those
-//! 40 ms matter, build the client from an `HttpConnector` with
-//! `set_nodelay(true)`, as the repository's `examples/common.rs` does. Safety
-//! does not depend on it.
+//! so client-go, always has it).
+//! <!-- upstream: omit -->
+//! The figures are in the repository's `BENCHMARKS.md`.
+//! <!-- upstream: end -->
+//! The election uses the client it is given and does not change it; where
+//! those 40 ms matter, build the client from an `HttpConnector` with
+//! `set_nodelay(true)`.
+//! <!-- upstream: omit -->
+//! The repository's `examples/common.rs` does.
+//! <!-- upstream: end -->
+//! Safety does not depend on it.
 //!
-//! # Choices this crate makes (where client-go is silent or unsafe)
+//! # Choices the election makes (where client-go is silent or unsafe)
 //! The one promise is "exactly one leader, never none": where client-go's
-//! protocol leaves a schedule open, this crate closes it, at the cost noted.
+//! protocol leaves a schedule open, the election closes it, at the cost noted.
 //!
 //! - A record with a missing, zero or negative `leaseDurationSeconds` is held
 //!   for this candidate's own lease duration (client-go would take it at once).
@@ -263,8 +268,11 @@
 //!   4 *LD* + 2 *RP*: a failed request is retried with backoff, from *RP*
 //!   doubling to at most *LD* plus as much jitter (so at most 2 *LD*), and
 //!   the record then seen may need up to two *LD* (a `preferredHolder` that
-//!   never comes) or one (the creation hold). The repository's simulation
-//!   checks this bound after thousands of random fault schedules.
+//!   never comes) or one (the creation hold).
+//!   <!-- upstream: omit -->
+//!   The repository's simulation checks this bound after thousands of random
+//!   fault schedules.
+//!   <!-- upstream: end -->
 //!
 //! What does not leave a Lease without a leader:
 //! - **A 404 is a deletion only when the API server says so**: a `Status`
@@ -290,7 +298,7 @@
 //! Leader election alone cannot stop a stale write: a process paused (or
 //! partitioned) past its lease wakes up still believing it leads, and a
 //! write it had already decided on lands after its successor's. client-go
-//! hands out no means against it. This crate gives a term two: its clock
+//! hands out no means against it. The election gives a term two: its clock
 //! ([`LeaseGuard::is_valid`], false from the renew deadline on, which is
 //! before any other candidate may take the Lease), and its fencing token
 //! ([`LeaseGuard::fencing_token`]), which grows from term to term. Used

@@ -45,10 +45,13 @@ pub enum Lost {
     /// Leadership was given up because nobody wanted it any more: every
     /// guard of the term was dropped (a guarded stream ended) and no
     /// [`acquire`](crate::LeaderElector::acquire) waited. No guard sees it
-    /// (none is left); it is the reason the election logs, and the action of
-    /// its Event. Or a shard of a sharded election was handed over to
-    /// another replica and its work still ran at the end of the reconcile
-    /// grace: its guards see it, and the Lease is not released.
+    /// (none is left); it is the reason the election logs.
+    /// <!-- upstream: omit -->
+    /// It is also the action of its Event. Or a shard of a sharded election
+    /// was handed over to another replica and its work still ran at the end
+    /// of the reconcile grace: its guards see it, and the Lease is not
+    /// released.
+    /// <!-- upstream: end -->
     #[error("leadership given up: no guard or waiter wanted it any more")]
     GivenUp,
     /// The elector's background task ended without releasing, because its

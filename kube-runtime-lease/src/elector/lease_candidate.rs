@@ -23,7 +23,10 @@ use tracing::{debug, info, warn};
 
 use super::{
     Inner, Transition,
-    task::{LeaseView, Rule},
+    task::{
+        LeaseView, Rule,
+        view::{WATCH_REOPEN_MAX, reopen_backoff},
+    },
 };
 use crate::{
     config::{LeaseConfig, extras::coordinated::Coordinated},
@@ -38,11 +41,6 @@ const REFRESH: Duration = Duration::from_secs(300);
 /// The bound of each request.
 const BOUND: Duration = crate::config::extras::coordinated::REQUEST_BOUND;
 
-/// The first wait before a `LeaseCandidate` whose creation was answered 404
-/// is published again; each 404 in a row doubles it, up to [`RETRY_MAX`].
-const RETRY_MIN: Duration = Duration::from_secs(10);
-/// The longest wait before publishing again after a 404.
-const RETRY_MAX: Duration = Duration::from_secs(300);
 /// How many times one publication goes round create, read, replace when the
 /// object keeps changing under it (created or deleted by someone else).
 const PUBLISH_ROUNDS: usize = 3;
@@ -145,11 +143,12 @@ pub(super) enum Election {
     /// Coordinated Leader Election asked for, but the API server answered
     /// the `LeaseCandidate`'s creation 404 (it does not serve the API, or
     /// not yet): the ordinary election runs, and the `LeaseCandidate` is
-    /// published again at `retry_at` (the wait doubling from 10 s to 5 min,
-    /// kept across election tasks).
+    /// published again at `retry_at` (the watch's reopening backoff: 10 s
+    /// doubling to 5 min; `fails` 404s in a row, counted across election
+    /// tasks).
     FellBack {
         retry_at: tokio::time::Instant,
-        delay: Duration,
+        fails: usize,
     },
 }
 
@@ -190,13 +189,14 @@ impl Inner {
     /// Which election is in force, once the API server answered the
     /// `LeaseCandidate`'s creation: `Coordinated`, or `FellBack` (the
     /// ordinary election, and when to publish again). Observers hear of a
-    /// change only. Wakes the task, which may wait for it.
+    /// change of the election in force only (before the first answer, the
+    /// ordinary one is: nothing is coordinated yet). Wakes the task, which may
+    /// wait for it.
     fn set_election(&self, election: Election) {
         let coordinated = election == Election::Coordinated;
         let before = std::mem::replace(&mut self.lock().election, election);
         self.update_status(|s| s.coordinated = coordinated);
-        // The first answer, or a change of election.
-        if before == Election::Pending || (before == Election::Coordinated) != coordinated {
+        if (before == Election::Coordinated) != coordinated {
             self.observers.tell(Transition::Coordinated(coordinated));
         }
         self.wake.notify_one();
@@ -260,7 +260,7 @@ impl LeaseCandidate {
         loop {
             // After a fallback, the next try is at its time, whichever task.
             let fell_back = match inner.lock().election {
-                Election::FellBack { retry_at, delay } => Some((retry_at, delay)),
+                Election::FellBack { retry_at, fails } => Some((retry_at, fails)),
                 _ => None,
             };
             if let Some((retry_at, _)) = fell_back {
@@ -281,7 +281,8 @@ impl LeaseCandidate {
                     break;
                 }
                 Err(e @ CallError::NotServed(_)) => {
-                    let delay = fell_back.map_or(RETRY_MIN, |(_, last)| (last * 2).min(RETRY_MAX));
+                    let fails = fell_back.map_or(0, |(_, fails)| fails.saturating_add(1));
+                    let delay = reopen_backoff().nth(fails).unwrap_or(WATCH_REOPEN_MAX);
                     if fell_back.is_none() {
                         warn!(
                             error = %e,
@@ -295,7 +296,7 @@ impl LeaseCandidate {
                     }
                     inner.set_election(Election::FellBack {
                         retry_at: tokio::time::Instant::now() + delay,
-                        delay,
+                        fails,
                     });
                 }
                 Err(e) => {

@@ -32,13 +32,12 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use self::observer::Observers;
 pub(crate) use self::observer::{Observer, Transition};
 pub use self::{
     acquire::Acquire,
     status::{HealthError, LeaderStatus},
 };
-use self::{api::LeaseApi, memory::Memory, supervise::join};
+use self::{api::LeaseApi, memory::Memory, observer::Observers, supervise::join};
 use crate::{
     config::{ConfigError, LeaseConfig},
     error::{Result, ShutdownError},
@@ -86,8 +85,7 @@ pub(crate) struct Inner {
     status: watch::Sender<LeaderStatus>,
     shutdown_tx: Mutex<Option<oneshot::Sender<()>>>,
     shutdown_rx: Shared<oneshot::Receiver<()>>,
-    /// Told of every transition (metrics, Kubernetes Events; none without
-    /// those features).
+    /// Told of every transition (none unless an observer was added).
     observers: Observers,
 }
 
@@ -163,8 +161,7 @@ impl LeaderElector {
         })
     }
 
-    /// Adds an observer of this elector's transitions (metrics, Events);
-    /// whether it was added (one of each type: see [`Observers`]).
+    /// Adds an observer of this elector's transitions; whether it was added (one of each type: see [`Observers`]).
     #[cfg_attr(
         not(any(feature = "events", feature = "metrics")),
         expect(dead_code, reason = "the extras add observers: metrics, Events")

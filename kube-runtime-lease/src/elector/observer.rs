@@ -1,5 +1,5 @@
 //! The seam between the election and what reports on it from outside the
-//! core (metrics, Kubernetes Events): the election tells its observers of
+//! election: the election tells its observers of
 //! every [`Transition`], and the core names no observer.
 
 use std::{any::TypeId, sync::Arc, time::Duration};
@@ -46,7 +46,7 @@ pub(crate) trait Observer: Send + Sync + 'static {
 }
 
 /// The observers of one elector: at most one of each type, the first one
-/// added (so that `with_metrics` called twice does not count twice).
+/// added (so that one added twice does not count twice).
 #[derive(Default)]
 pub(crate) struct Observers(RwLock<Vec<(TypeId, Arc<dyn Observer>)>>);
 

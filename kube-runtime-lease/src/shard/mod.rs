@@ -68,8 +68,6 @@ mod roster;
 mod tests;
 mod view;
 
-pub use self::controller::{CurrentShard, ShardedController, current_shard};
-
 use std::{
     collections::{BTreeMap, BTreeSet},
     sync::Arc,
@@ -88,6 +86,7 @@ use tokio::{
 };
 use tracing::{debug, info, warn};
 
+pub use self::controller::{CurrentShard, ShardedController, current_shard};
 use self::{
     assign::Assignment,
     view::{Listing, Watched},

@@ -43,7 +43,7 @@ impl LeaderElector {
     /// A [`Controller`](kube_runtime::Controller) given here is best wrapped
     /// once more, with
     /// [`LeaderElectionControllerExt::with_leader_election`](crate::LeaderElectionControllerExt::with_leader_election)
-    /// before `run` (as below in the crate's examples): `run_each_term` guards
+    /// before `run` (as in the example below): `run_each_term` guards
     /// the stream it is given as any stream (not polled before the Lease is
     /// won, dropped when it is lost), while the Controller's own wrapping is
     /// what wires [`shutdown_requested`](Self::shutdown_requested) to

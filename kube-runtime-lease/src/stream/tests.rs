@@ -14,9 +14,9 @@ use std::{
 use futures::{FutureExt, Stream, StreamExt, poll, stream};
 use tokio::time::{Instant, sleep};
 
-use crate::test_util::FakeLeaseApi;
 use crate::{
     LeaderElectionStreamExt, Lost, WithLeaderElection,
+    test_util::FakeLeaseApi,
     tests::{
         runtime::paused_runtime,
         support::{config, elector, free, paused},
@@ -448,20 +448,22 @@ fn graceful_shutdown_lets_work_finish_then_hands_over_at_once() {
     });
 }
 
-// Compile-time: the adapters are Send where their inner streams are.
-#[allow(dead_code, clippy::needless_pass_by_value)]
+// Compile-time: the adapters are Send where their inner streams are (never
+// run: `the_adapters_are_send` names them, so they are type-checked).
+#[allow(clippy::needless_pass_by_value)]
 fn adapters_are_send(e: crate::LeaderElector, s: impl Stream<Item = ()> + Send) {
     fn is_send<T: Send>(_: T) {}
     is_send(s.with_leader_election(&e));
 }
 
-#[allow(dead_code, unused_must_use)]
+#[allow(unused_must_use)]
 fn controller_adapter_is_send(
     e: &crate::LeaderElector,
     api: kube_client::Api<k8s_openapi::api::core::v1::ConfigMap>,
 ) {
-    use crate::LeaderElectionControllerExt;
     use kube_runtime::{Controller, controller::Action, watcher};
+
+    use crate::LeaderElectionControllerExt;
     fn is_send<T: Send>(t: T) -> T {
         t
     }
@@ -473,6 +475,13 @@ fn controller_adapter_is_send(
             Arc::new(()),
         );
     is_send(s);
+}
+
+#[test]
+fn the_adapters_are_send() {
+    let _: fn(crate::LeaderElector, futures::stream::Pending<()>) = adapters_are_send;
+    let _: fn(&crate::LeaderElector, kube_client::Api<k8s_openapi::api::core::v1::ConfigMap>) =
+        controller_adapter_is_send;
 }
 
 /// The election task stops without a shutdown when the runtime it was spawned

@@ -14,8 +14,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::wire::{ResBody, Target, created, field_selector_name, ok, status, watch_response};
-use super::{FakeLeaseApi, Received};
+use super::{
+    FakeLeaseApi, Received,
+    wire::{ResBody, Target, created, field_selector_name, ok, status, watch_response},
+};
 
 /// The key of a `LeaseCandidate`: its name in the namespace `default`,
 /// `<namespace>/<name>` in any other (as [`FakeLeaseApi::lease_candidates`]

@@ -12,11 +12,13 @@ use http::Response;
 use k8s_openapi::api::coordination::v1::Lease;
 use serde_json::json;
 
-use super::wire::{
-    ResBody, created, field_selector_name, full, in_namespace, invalid_spec, ok, status, watch_response,
-    with_type,
+use super::{
+    FakeLeaseApi, Store,
+    wire::{
+        ResBody, created, field_selector_name, full, in_namespace, invalid_spec, ok, status, watch_response,
+        with_type,
+    },
 };
-use super::{FakeLeaseApi, Store};
 
 /// A Lease's namespace and name.
 pub(super) type Key = (String, String);

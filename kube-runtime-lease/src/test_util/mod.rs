@@ -1,10 +1,12 @@
-//! A test kit for code guarded by this crate (the `test-util` feature): an
-//! in-memory double of the Lease API behind a real [`kube::Client`](kube_client::Client), so
+//! An in-memory double of the Lease API behind a real [`kube::Client`](kube_client::Client), so
 //! that guarded streams and Controllers can be tested without a cluster, on
 //! tokio's paused time (enable `tokio`'s `test-util` feature in your
-//! dev-dependencies for that, as for `#[tokio::test(start_paused = true)]`;
-//! this crate's feature does not, so that it changes no clock: a benchmark
-//! built with it measures the real one).
+//! dev-dependencies for that, as for `#[tokio::test(start_paused = true)]`).
+//! <!-- upstream: omit -->
+//! It is this crate's test kit for code it guards (the `test-util`
+//! feature), which does not enable tokio's, so that it changes no clock: a
+//! benchmark built with it measures the real one.
+//! <!-- upstream: end -->
 //!
 //! The double serves any number of Leases, by namespace and name, with one
 //! resourceVersion sequence for all (as etcd has): `get`, `create`, `update`
@@ -23,9 +25,12 @@
 //! candidate is simulated with [`FakeLeaseApi::take_over`] and
 //! [`FakeLeaseApi::delete`]; requests are made to fail, arrive late, be
 //! answered late or lose their answer with [`FakeLeaseApi::fault`]; a client
-//! is cut off with [`FakeLeaseApi::partition`]. The repository's
-//! differential test runs one script of operations against this double and
-//! against a real kube-apiserver and asserts the same outcomes.
+//! is cut off with [`FakeLeaseApi::partition`].
+//! <!-- upstream: omit -->
+//! The repository's differential test runs one script of operations against
+//! this double and against a real kube-apiserver and asserts the same
+//! outcomes.
+//! <!-- upstream: end -->
 //!
 //! Requests are answered at once (unless delayed), so they take no paused
 //! time: a loop that retries without waiting would spin for ever, and the
@@ -322,7 +327,7 @@ impl FakeLeaseApi {
         self.lock().clients[client].watch_forbidden = false;
     }
 
-    /// The Kubernetes Events created through this double so far, as JSON,
+    /// The Events created through this double so far, as JSON,
     /// in order (every Event POST is accepted; updates of an Event series are
     /// answered 404, so a repeat is created anew).
     #[must_use]

@@ -10,9 +10,11 @@ use kube_client::client::Body;
 use serde_json::json;
 use tokio::time::Instant;
 
-use super::leases::{Filter, LeaseRequest};
-use super::wire::{ResBody, Target, created, cut_off, idle_watch, ok, plain_text, status};
-use super::{FakeLeaseApi, Fault, Received, check_budget};
+use super::{
+    FakeLeaseApi, Fault, Received, check_budget,
+    leases::{Filter, LeaseRequest},
+    wire::{ResBody, Target, created, cut_off, idle_watch, ok, plain_text, status},
+};
 
 /// A request's body, whole.
 async fn read_body(body: Body) -> Result<Bytes, std::io::Error> {

@@ -156,7 +156,7 @@ fn a_create_needs_a_name_and_takes_the_namespace_of_its_path() {
 }
 
 /// Set-based label requirements (`in`, `notin`), with commas inside their
-/// parentheses, as a sharded replica selects the shards it watches.
+/// parentheses (`key in (a, b)`).
 #[test]
 fn set_based_label_selectors_select_by_value_sets() {
     paused(async {

@@ -1,7 +1,10 @@
-//! The crate-wide test suites, beside each module's own `tests`: the
-//! runtimes and the shared support of the unit tests, the regression tests of the schedules that
-//! once broke "exactly one leader, never none", and the deterministic
-//! simulation (one Lease; elected shards).
+//! The test suites across the modules, beside each module's own `tests`:
+//! the runtimes and the shared support of the unit tests, and the
+//! regression tests of the schedules that once broke "exactly one leader,
+//! never none".
+//! <!-- upstream: omit -->
+//! And the deterministic simulation (one Lease; elected shards).
+//! <!-- upstream: end -->
 
 mod never_none;
 mod regressions;

@@ -1,8 +1,12 @@
 //! "Never none": the schedules that left a Lease without a leader for longer
 //! than its documented bounds, one test each, on the in-memory
 //! Lease API double with paused time. Each failed on the code before its
-//! fix (`docs/regressions.md`, section 15). The bounds are stated in the
-//! crate docs (*Liveness: how long a Lease can be without a leader*).
+//! fix.
+//! <!-- upstream: omit -->
+//! `docs/regressions.md` lists them in section 15.
+//! <!-- upstream: end -->
+//! The bounds are stated in the module docs (*Liveness: how long a Lease
+//! can be without a leader*).
 
 use std::{
     pin::pin,
@@ -15,9 +19,9 @@ use std::{
 
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     LeaderElector, Lost, record,
+    test_util::{FakeLeaseApi, Fault},
     tests::support::{config, count, elector, free, held_by, holder, paused, spec},
 };
 
@@ -179,7 +183,7 @@ fn a_replace_that_keeps_answering_404_is_retried_with_backoff() {
 
 /// A leader whose guarded work is alive when a `preferredHolder` naming
 /// another candidate appears steps down without releasing, and campaigns
-/// again at once (as `run_each_term`, warm standby and shards do): it must
+/// again at once (as `run_each_term` does): it must
 /// not take its own unreleased record back. The preferred holder leads
 /// within one lease duration of the mark. (Before: the leader took its record
 /// back at once, and the preferred holder never led.)

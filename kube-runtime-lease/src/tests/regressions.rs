@@ -2,7 +2,10 @@
 //! none". Each test failed on the code before its fix; all run in the unit
 //! suite, on the in-memory Lease API double with paused time, except where a
 //! doc comment says otherwise. The numbered sections are the behaviours
-//! guarded, as `docs/regressions.md` lists them.
+//! guarded.
+//! <!-- upstream: omit -->
+//! `docs/regressions.md` lists them by these numbers.
+//! <!-- upstream: end -->
 
 use std::{
     pin::pin,
@@ -16,10 +19,10 @@ use std::{
 use futures::{FutureExt, StreamExt, poll, stream};
 use tokio::time::{Instant, advance, sleep, timeout};
 
-use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     term::Term,
+    test_util::{FakeLeaseApi, Fault},
     tests::{
         runtime::paused_runtime,
         support::{config, count, elector, free, held_by, holder, paused, spec},
@@ -136,7 +139,7 @@ fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
     });
 }
 
-/// 1 (found with the simulation): the end of the hold is confirmed with a
+/// 1 (found with random fault schedules): the end of the hold is confirmed with a
 /// read before any guard is handed out; a read that fails keeps the hold on
 /// for another retry period instead of leading unconfirmed.
 #[test]
@@ -739,8 +742,9 @@ fn flapping_demand_keeps_one_observation() {
 #[cfg(feature = "metrics")]
 #[test]
 fn a_shutdown_that_leaves_its_task_behind_clears_the_leader_gauge() {
-    use crate::tests::support::assert_scraped;
     use prometheus_client::registry::Registry;
+
+    use crate::tests::support::assert_scraped;
     const SERIES: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
 
     let fake = free();

@@ -1,5 +1,6 @@
 //! Helpers shared by the unit tests: the Lease fixtures on the in-memory
 //! double (and, re-exported, the runners of [`super::runtime`]).
+//! <!-- upstream: omit -->
 //!
 //! The integration tests' helpers live in the harness crate
 //! (`kube-runtime-lease-harness`), which these unit tests do not use: the
@@ -7,14 +8,14 @@
 //! kube-runtime). Two small helpers therefore exist on both sides of that
 //! line, each once per side: the log capture ([`logs_during`]; the harness
 //! side's `LogBuf` in `tests/tests/support`) and the metrics scrape.
+//! <!-- upstream: end -->
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::core::ObjectMeta;
 use tokio::time::Instant;
 
 pub(crate) use super::runtime::paused;
-use crate::test_util::FakeLeaseApi;
-use crate::{LeaderElector, LeaseConfig};
+use crate::{LeaderElector, LeaseConfig, test_util::FakeLeaseApi};
 
 /// The text exposition of `registry`, as a Prometheus scrape reads it.
 #[cfg(feature = "metrics")]

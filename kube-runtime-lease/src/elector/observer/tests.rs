@@ -24,8 +24,8 @@ impl Observer for Other {
 }
 
 /// One observer of each type, the first one added: a second of the same
-/// type (`with_metrics` called twice) is not added and never told, one of
-/// another type (metrics, then Events) is; every observer added is told of
+/// type is not added and never told, one of another type is; every
+/// observer added is told of
 /// every transition once.
 #[test]
 fn one_observer_of_each_type_is_added_and_each_is_told_once() {

@@ -7,8 +7,8 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{Task, lead::TermRun};
-use crate::elector::Transition;
 use crate::{
+    elector::Transition,
     error::Result,
     record::{self, TermId},
     term::Lost,
@@ -30,8 +30,10 @@ impl Task {
         }
         let begun = run.phase == super::lead::Phase::Leading;
         if begun {
-            let uid = run.cached.metadata.uid.as_deref();
-            self.inner.tell(Transition::TermEnded { reason, uid });
+            self.inner.tell(Transition::TermEnded {
+                reason,
+                uid: run.cached.metadata.uid.as_deref(),
+            });
         }
         let memory = &mut self.memory;
         if term.stopped_work() {

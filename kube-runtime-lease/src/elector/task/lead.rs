@@ -10,9 +10,8 @@ use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
 use super::{LeaseView, Next, Task, Won, view::WatchItem};
-use crate::elector::Transition;
 use crate::{
-    elector::supervise::Demand,
+    elector::{Transition, supervise::Demand},
     error::Result,
     guard::LeaseGuard,
     record::{self, TermId},

@@ -51,11 +51,11 @@ impl Task {
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
+                    self.renewal_told("not_found", sent);
                     // Not proof of a deletion (the API server answers a
                     // replace of a deleted Lease with 409): a read decides.
                     // A 404 from something in front of the API server costs
                     // this renewal, not the term.
-                    self.renewal_told("not_found", sent);
                     self.log_error("renewing the lease (answered 404: reading it to confirm)", &e);
                     return match self.reread(run, "confirming the lease after a 404").await {
                         Some(Err(lost)) => Err(lost),

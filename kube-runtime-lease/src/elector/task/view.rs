@@ -23,8 +23,10 @@ pub(in crate::elector) const WATCH_REOPEN_MIN: Duration = Duration::from_secs(10
 /// The longest wait before a watch is opened again.
 pub(in crate::elector) const WATCH_REOPEN_MAX: Duration = Duration::from_secs(300);
 
-/// The waits before a closed watch is opened again, one per failure in a row.
-fn reopen_backoff() -> ExponentialBackoff {
+/// The waits before a closed watch is opened again, one per failure in a row
+/// (and before a `LeaseCandidate` the API server does not serve is published
+/// again): one backoff policy for an optional API that is not there.
+pub(in crate::elector) fn reopen_backoff() -> ExponentialBackoff {
     ExponentialBuilder::new()
         .with_min_delay(WATCH_REOPEN_MIN)
         .with_max_delay(WATCH_REOPEN_MAX)

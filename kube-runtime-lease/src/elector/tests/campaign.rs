@@ -6,9 +6,11 @@ use std::{pin::pin, time::Duration};
 
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::test_util::{FakeLeaseApi, Fault};
-use crate::tests::support::{config, elector, held_by, holder, paused, spec};
-use crate::{LeaseConfig, Lost};
+use crate::{
+    LeaseConfig, Lost,
+    test_util::{FakeLeaseApi, Fault},
+    tests::support::{config, elector, held_by, holder, paused, spec},
+};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;

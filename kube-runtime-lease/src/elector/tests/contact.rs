@@ -5,8 +5,11 @@ use std::{pin::pin, time::Duration};
 
 use tokio::time::{sleep, timeout};
 
-use crate::tests::support::{config, elector, free, paused};
-use crate::{HealthError, test_util::FakeLeaseApi};
+use crate::{
+    HealthError,
+    test_util::FakeLeaseApi,
+    tests::support::{config, elector, free, paused},
+};
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const LIMIT: Duration = Duration::from_secs(10);

@@ -7,10 +7,10 @@ use futures::FutureExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use tokio::time::sleep;
 
-use crate::test_util::FakeLeaseApi;
 use crate::{
     LeaseConfig, Lost,
     coordinated::Coordinated,
+    test_util::FakeLeaseApi,
     tests::support::{config, elector, held_by, holder, paused, spec},
 };
 
@@ -363,8 +363,9 @@ fn acquire_ready_now(e: &crate::LeaderElector) -> bool {
 #[cfg(feature = "metrics")]
 #[test]
 fn the_coordinated_metric_says_which_election_is_in_force() {
-    use crate::tests::support::assert_scraped;
     use prometheus_client::registry::Registry;
+
+    use crate::tests::support::assert_scraped;
     const SERIES: &str = r#"leader_election_coordinated{namespace="default",lease="lease"}"#;
 
     paused(async {
@@ -385,14 +386,23 @@ fn the_coordinated_metric_says_which_election_is_in_force() {
         let _e = e.clone().with_metrics(&late_metrics);
         assert_scraped(&late, &format!("{SERIES} 1"));
 
-        // Not served: 0, the fallback.
+        // Not served: 0, the fallback; served later: 1 from the switch on.
         let mut registry = Registry::default();
         let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
-        let fake = FakeLeaseApi::default();
+        let fake = FakeLeaseApi::default()
+            .serve_lease_candidates()
+            .refuse_lease_candidates(404);
         let (e, _) = elector(&fake, coordinated("me"));
         let e = e.with_metrics(&metrics);
         let guard = e.acquire().await.expect("leads by the ordinary election");
         assert_scraped(&registry, &format!("{SERIES} 0"));
+        fake.set_lease_candidates_refused(None);
+        let switched = tokio::time::timeout(S(120), async {
+            e.subscribe().wait_for(|s| s.coordinated).await.map(drop)
+        })
+        .await;
+        assert!(switched.is_ok(), "never switched to the coordinated election");
+        assert_scraped(&registry, &format!("{SERIES} 1"));
         drop(guard);
         drop(acquire);
     });

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use tokio::time::sleep;
 
-use crate::test_util::FakeLeaseApi;
 use crate::{
     LeaderElector,
+    test_util::FakeLeaseApi,
     tests::support::{config, elector, free, paused},
 };
 

@@ -2,8 +2,10 @@
 //! `annotation`, `owner_reference`), on the in-memory Lease API double with
 //! paused tokio time.
 
-use crate::test_util::FakeLeaseApi;
-use crate::tests::support::{config, elector, held_by, paused};
+use crate::{
+    test_util::FakeLeaseApi,
+    tests::support::{config, elector, held_by, paused},
+};
 
 /// Lease metadata (`LeaseConfig::label`, `annotation`, `owner_reference`):
 /// written when the Lease is created and when a term begins on someone

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use tokio::time::{advance, sleep};
 
-use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     Lost,
+    test_util::{FakeLeaseApi, Fault},
     tests::support::{config, elector, free, paused},
 };
 
@@ -16,8 +16,9 @@ const S: fn(u64) -> Duration = Duration::from_secs;
 #[test]
 fn metrics_are_read_back_from_a_registry() {
     paused(async {
-        use crate::tests::support::scrape;
         use prometheus_client::registry::Registry;
+
+        use crate::tests::support::scrape;
 
         let mut registry = Registry::default();
         let metrics = crate::metrics::LeaseMetrics::register(&mut registry);

@@ -17,10 +17,10 @@ use std::time::Duration;
 use futures::{FutureExt, poll};
 use tokio::time::{Instant, advance, sleep};
 
-use crate::elector::task::view::WATCH_REOPEN_MAX;
-use crate::test_util::{FakeLeaseApi, Fault};
 use crate::{
     ConfigError, LeaderElector, Lost,
+    elector::task::view::WATCH_REOPEN_MAX,
+    test_util::{FakeLeaseApi, Fault},
     tests::support::{config, count, elector, first_after, free, held_by, holder, paused, spec},
 };
 
@@ -1187,6 +1187,32 @@ fn a_clean_term_inside_the_margin_of_stopped_work_does_not_release() {
     });
 }
 
+/// The margin of stopped work ends exactly lease duration − renew deadline
+/// after the term that stopped it: a clean term ending at that instant
+/// releases (a survivor of the mutation run, `> -> >=` in the same check).
+#[test]
+fn a_clean_term_ending_as_the_margin_of_stopped_work_passes_releases() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        fake.partition(id, true);
+        assert_eq!(guard.await, Lost::RenewDeadlineExceeded);
+        // Paused time: the task ended the term at this same instant.
+        let ended = Instant::now();
+        fake.partition(id, false);
+        let again = e.acquire().await.unwrap();
+        tokio::time::sleep_until(ended + S(5)).await;
+        drop(again);
+        sleep(Duration::from_millis(1500)).await;
+        assert_eq!(
+            spec(&fake).holder_identity.as_deref(),
+            Some(""),
+            "not released once the margin had passed"
+        );
+    });
+}
+
 /// Releasing retries a conflict once, after a fresh read, as client-go does,
 /// and no other error: a second conflict, or a 500, is the release's error.
 #[test]
@@ -1375,8 +1401,8 @@ fn debug_shows_the_lease_the_identity_and_the_status() {
     });
 }
 
-/// `current_guard` (the warm-standby gate: a reconcile runs only with a
-/// guard of the term in force) hands out a guard while a term holds, and
+/// `current_guard` (the gate of work that runs only with a guard of the
+/// term in force) hands out a guard while a term holds, and
 /// none before, after the term, or once shutdown began; it never starts a
 /// campaign (mutation testing: kills `current_guard -> None`).
 #[test]

@@ -14,9 +14,9 @@ use std::{
 use futures::{future::MaybeDone, task::noop_waker_ref};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::elector::{Acquire, test_hooks::Point};
 use crate::{
     AcquireError,
+    elector::{Acquire, test_hooks::Point},
     tests::support::{config, elector, free, paused},
 };
 

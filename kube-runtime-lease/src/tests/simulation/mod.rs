@@ -28,8 +28,10 @@ use std::{
 
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::test_util::{FakeLeaseApi, Fault};
-use crate::{LeaderElector, LeaseConfig, LeaseGuard, Lost};
+use crate::{
+    LeaderElector, LeaseConfig, LeaseGuard, Lost,
+    test_util::{FakeLeaseApi, Fault},
+};
 
 const CANDIDATES: usize = 3;
 const CHAOS: Duration = Duration::from_secs(60);

@@ -36,9 +36,9 @@ use tokio::{
     time::{Instant, sleep, timeout},
 };
 
-use crate::shard::{ShardConfig, ShardedElector};
 use crate::{
     LeaseConfig, LeaseGuard,
+    shard::{ShardConfig, ShardedElector},
     test_util::{FakeLeaseApi, Fault},
 };
 

@@ -39,3 +39,17 @@ fn versions_are_strict_semver_and_emulation_is_not_newer() {
         Some("identity")
     );
 }
+
+/// The `LeaseCandidate`'s deletion is part of the shutdown's worst case: one
+/// request bound more than the same configuration without it.
+#[test]
+fn the_shutdown_budget_counts_the_lease_candidates_deletion() {
+    let plain = crate::LeaseConfig::new("default", "lease", "me");
+    let coordinated = plain.clone().coordinated(Coordinated::new("1.37.0"));
+    let grace = Duration::from_secs(1);
+    assert_eq!(
+        coordinated.shutdown_budget(grace),
+        plain.shutdown_budget(grace) + REQUEST_BOUND,
+    );
+    assert_eq!(REQUEST_BOUND, Duration::from_secs(10));
+}
