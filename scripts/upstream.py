@@ -6,20 +6,34 @@
                                    # build, test, lint, document and format
                                    # as kube-rs's own code must
     scripts/upstream.sh stats      # the size of each patch (for the PR text)
+    scripts/upstream.sh check-docs # the website patch and the kube example (scripts/upstream_docs.py)
+    scripts/upstream.sh generate-pr1 | check-pr1   # pull request 1 (scripts/upstream_pr.py)
+    scripts/upstream.sh generate-followups | check-prs   # PR1 and its follow-ups (upstream/followups/)
 
 The series is made by a deterministic transformation of this crate's core
 (see STEPS): `upstream-gen` (upstream/gen) evaluates the cargo features with
-every extra off; then module paths are rewritten (`crate::` becomes
-`crate::lease::`, `kube_runtime::` becomes `crate::`; doc examples use
+every extra off and strips the crate-only seams (CRATE_ONLY_SEAMS: the
+observer seam, which only the extras use, and which would be dead code
+upstream; generation fails when a listed name is found nowhere); then module
+paths are rewritten (`crate::` becomes `crate::lease::`, `kube_runtime::` becomes `crate::`; doc examples use
 `kube::runtime::lease`), `mod` lines of files a step does not carry yet are
 dropped, lines between `<!-- upstream: omit -->` and `<!-- upstream: end -->`
 in docs are dropped, and rustfmt formats the result with kube-rs's options.
+
+Each commit is authored and signed off (`Signed-off-by:`) by this
+repository's `git config user.name` and `user.email`; `check` regenerates
+the series as the committed patches' author, and checks kube's conventions
+that the build cannot (scripts/upstream_conventions.py: sign-offs, no
+`dead_code`, docs that name only kube's things; scripts/upstream_imports.py:
+the imports' shape of kube-rs's nightly rustfmt options).
 
 The base is kube-rs's tree at 5.0.0 as the published crates carry it: each
 crate's `src/` and its git manifest (`Cargo.toml.orig`), downloaded by cargo
 from the registry, plus the root files in upstream/kube-rs/ (see its README).
 """
 
+import email.header
+import email.utils
 import hashlib
 import os
 import re
@@ -28,7 +42,11 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from functools import cache
 from pathlib import Path
+
+import upstream_conventions
+from upstream_imports import check_paths as check_imports, reshape as reshape_imports
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kube-runtime-lease" / "src"
@@ -38,34 +56,28 @@ CACHE = Path(os.environ.get("KRL_CACHE_DIR", Path.home() / ".cache" / "kube-runt
 KUBE_VERSION = "5.0.0"
 KUBE_CRATES = ["kube", "kube-client", "kube-core", "kube-derive", "kube-runtime"]
 FEATURE = "unstable-runtime-lease"
-AUTHOR = "kube-runtime-lease <kube-runtime-lease@users.noreply.github.com>"
 DATE = "2026-12-01T00:00:00+00:00"
 
 # Each step: its subject, the files of the crate's src/ it adds (beside the
-# ones of earlier steps), and what else it changes in kube-rs's tree.
+# ones of earlier steps), and what else it changes in kube-rs's tree. No
+# patch carries dead code (nor an allow of it): a crate-private item of an
+# earlier step's file that only this step uses comes with this step
+# (`brings`: per file, `fn NAME` for the item with its docs and attributes,
+# `line REGEX` for the single lines of a test that use it; see `hold_back`).
+# Code that only the crate's extras use is stripped (CRATE_ONLY_SEAMS).
 STEPS = [
     {
-        "subject": "runtime: add the lease module: Lease records and their configuration",
+        "subject": "runtime: add the lease module: the election's configuration",
         "body": (
             "The first part of leader election on coordination.k8s.io/v1 Leases\n"
             "(kube-rs/kube#485), behind the new feature `unstable-runtime-lease`,\n"
             "which `unstable-runtime` includes and the kube facade forwards:\n"
-            "LeaseConfig with client-go's validation rules, and the pure rules\n"
-            "of the Lease record (what to write to take, renew and release a\n"
-            "Lease, and when another holder's record may be taken over)."
+            "LeaseConfig with client-go's validation rules."
         ),
         "files": [
             "config/mod.rs", "config/error.rs", "config/names.rs", "config/tests.rs",
-            "record.rs", "record/tests.rs",
         ],
         "feature": True,
-        # Modules whose crate-private items only a later patch uses.
-        # Modules with crate-private items that only a later patch uses: the
-        # patch that uses them (and removes the allow), and why.
-        "used_later": {
-            "config": (3, "LeaderElector, in patch 3 of this series, reads these settings"),
-            "record": (3, "the election, in patch 3 of this series, applies these rules"),
-        },
     },
     {
         "subject": "runtime: lease: an in-memory Lease API for the module's tests",
@@ -86,16 +98,18 @@ STEPS = [
     {
         "subject": "runtime: lease: LeaderElector, LeaseGuard and Lost",
         "body": (
-            "The election: one background task per Lease that campaigns while\n"
-            "leadership is wanted, renews, and releases; LeaseGuard, a future\n"
+            "The election: the pure rules of the Lease record (what to write to\n"
+            "take, renew and release a Lease, and when another holder's record\n"
+            "may be taken over); one background task per Lease that campaigns\n"
+            "while leadership is wanted, renews, and releases; LeaseGuard, a future\n"
             "that resolves to Lost when the term ends (renew deadline passed on\n"
             "its own clock, taken over, deleted, stepped down, shutdown); the\n"
             "off switch; status, health check and a bounded shutdown."
         ),
         "files": [
-            "error.rs", "term.rs", "guard.rs",
+            "record.rs", "record/tests.rs", "error.rs", "term.rs", "guard.rs",
             "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
-            "elector/memory.rs", "elector/observer.rs", "elector/observer/tests.rs",
+            "elector/memory.rs",
             "elector/status.rs", "elector/supervise.rs", "elector/test_hooks.rs",
             "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
             "elector/task/lead.rs", "elector/task/renew.rs", "elector/task/view.rs",
@@ -104,10 +118,9 @@ STEPS = [
             "elector/tests/contact.rs", "lease_observer.rs", "lease_observer/tests.rs",
             "tests/support.rs",
         ],
-        "used_later": {
-            "elector": (4, "run_each_term, in patch 4 of this series, asks whether shutdown began"),
-            "guard": (4, "the guarded stream, in patch 4 of this series, reads the guard's clock"),
-            "term": (4, "the guarded stream's tests, in patch 4 of this series, expire a term"),
+        "brings": {
+            "config/mod.rs": ["fn lease_duration_seconds", "fn retry_backoff"],
+            "config/tests.rs": [r"line assert_eq!\(c\.lease_duration_seconds\(\), "],
         },
     },
     {
@@ -121,8 +134,10 @@ STEPS = [
         ),
         "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs", "scope.rs", "scope/tests.rs"],
         "final": True,
-        "used_later": {
-            "elector": (5, "the regression tests, in patch 5 of this series, storm the task with wake-ups"),
+        "brings": {
+            "guard.rs": ["fn parts", "fn over", "fn ended_without_clock", "fn timer_armed"],
+            "elector/mod.rs": ["fn is_shut_down"],
+            "term.rs": ["fn expire_for_test"],
         },
     },
     {
@@ -137,8 +152,35 @@ STEPS = [
         ),
         "files": ["tests/regressions.rs", "tests/never_none.rs"],
         "final": True,
+        "brings": {
+            "elector/test_hooks.rs": ["fn remove", "fn set_storm_for_test"],
+        },
     },
 ]
+
+# The crate-only seams: code of the core that only the crate's extras use,
+# so that with every extra off it is dead code, which kube's pull requests
+# may not carry (nor an allow of it). upstream-gen strips each name given
+# with `--strip` (see upstream/gen/src/main.rs): the module, items, fields
+# and struct-literal fields of that name, the `use`s of them, the
+# statements that call a function or method of that name (and an `if`
+# without `else` left with nothing else, an `impl` left empty). Generation fails
+# when a name is stripped nowhere (renamed in the crate: rename it here);
+# `check`'s compile of the series fails on anything left that names one.
+CRATE_ONLY_SEAMS = {
+    # The observer seam: the election tells its observers of every
+    # Transition; only the extras `metrics` (metrics.rs) and `events`
+    # (elector/events.rs) add observers.
+    "observer": [
+        "observer",  # elector/observer.rs, the module (and its tests)
+        "Observer", "Observers", "Transition",  # its trait, list and events
+        "add_observer",  # LeaderElector::add_observer
+        "observers",  # Inner's field, and its initializer in LeaderElector::new
+        "tell",  # Inner::tell; each `self.inner.tell(...)`, `self.observers.tell(...)`
+        "renewal_told",  # Task::renewal_told (elector/task/renew.rs) and its calls
+    ],
+}
+SEAM_NAMES = sorted({name for names in CRATE_ONLY_SEAMS.values() for name in names})
 
 # Files that exist only in the module's tests.
 TEST_FILES = re.compile(r"(^|/)tests(\.rs|/)|^test_util/")
@@ -212,13 +254,40 @@ def base_tree(dest):
     return dest
 
 
+# The author `check` regenerates the series as: the committed patches' own,
+# so that a clone with another git identity checks the same series.
+AUTHOR_OVERRIDE = None
+
+
+@cache
+def identity():
+    """The series' author: this repository's `git config user.name` and
+    `user.email` (kube-rs asks a real name and a sign-off on each commit)."""
+    if AUTHOR_OVERRIDE:
+        return AUTHOR_OVERRIDE
+
+    def get(key):
+        out = subprocess.run(["git", "config", key], cwd=ROOT, text=True, stdout=subprocess.PIPE).stdout.strip()
+        if not out:
+            sys.exit(f"upstream: `git config {key}` is not set: the series' commits are authored and signed off by it")
+        return out
+    return get("user.name"), get("user.email")
+
+
+def signed_off(message):
+    """`message` with the DCO's sign-off of the series' author as its last line."""
+    name, mail = identity()
+    return f"{message}\n\nSigned-off-by: {name} <{mail}>"
+
+
 def git(cwd, *args, capture=False):
+    name, mail = identity()
     env = dict(os.environ)
     env.update(
-        GIT_AUTHOR_NAME="kube-runtime-lease",
-        GIT_AUTHOR_EMAIL="kube-runtime-lease@users.noreply.github.com",
-        GIT_COMMITTER_NAME="kube-runtime-lease",
-        GIT_COMMITTER_EMAIL="kube-runtime-lease@users.noreply.github.com",
+        GIT_AUTHOR_NAME=name,
+        GIT_AUTHOR_EMAIL=mail,
+        GIT_COMMITTER_NAME=name,
+        GIT_COMMITTER_EMAIL=mail,
         GIT_AUTHOR_DATE=DATE,
         GIT_COMMITTER_DATE=DATE,
     )
@@ -330,30 +399,62 @@ def interim_mod(text, step):
     return "\n".join(head + kept)
 
 
-def mark_used_later(text, n):
-    """lease/mod.rs at step `n`: an allow of dead code, with its reason, on each
-    module whose crate-private items only a later patch uses."""
-    later = {
-        m: reason
-        for earlier in STEPS[:n]
-        for m, (until, reason) in earlier.get("used_later", {}).items()
-        if until > n
-    }
-    out = []
-    for l in text.split("\n"):
-        m = MOD.match(l)
-        if m and m.group(3) in later:
-            out.append(f'#[allow(dead_code, reason = "{later[m.group(3)]}")]')
-        out.append(l)
-    return "\n".join(out)
+def hold_back(text, rel, n):
+    """The file `rel` of the crate's src/ (as upstream-gen evaluated it) at
+    step `n`: without the items that a later step `brings` (their only users
+    come with it). Fails when one is not there, or not once."""
+    for later in STEPS[n:]:
+        for what in later.get("brings", {}).get(rel, []):
+            kind, _, name = what.partition(" ")
+            lines = text.split("\n")
+            if kind == "line":
+                hits = [i for i, l in enumerate(lines) if re.search(name, l)]
+                if not hits or any(not lines[i].rstrip().endswith(";") for i in hits):
+                    sys.exit(f"upstream: {rel} has no single-line statement matching {name!r} to hold back")
+                text = "\n".join(l for i, l in enumerate(lines) if i not in hits)
+                continue
+            pat = re.compile(rf"^(\s*)(pub(\([a-z:]+\))? )?((const|async|unsafe) )*{kind} {re.escape(name)}\b")
+            hits = [i for i, l in enumerate(lines) if pat.match(l)]
+            if len(hits) != 1:
+                sys.exit(f"upstream: {rel} has {len(hits)} `{what}` to hold back until a later patch (one expected)")
+            i = hits[0]
+            indent = pat.match(lines[i]).group(1)
+            end = i
+            if not lines[i].rstrip().endswith(";"):
+                end = next(j for j in range(i + 1, len(lines)) if lines[j] == indent + "}")
+            begin = i
+            while begin > 0 and lines[begin - 1].startswith(indent) and re.match(r"\s*(#\[|//)", lines[begin - 1]) \
+                    and not lines[begin - 1].strip().startswith("//!"):
+                begin -= 1
+            # The blank line above it too, when there is one.
+            if begin > 0 and not lines[begin - 1].strip():
+                begin -= 1
+            text = "\n".join(lines[:begin] + lines[end + 1:])
+    return text
 
 
-def generate_step_files(tree, tool, files):
+def evaluate(tool, rel, stripped):
+    """The file `rel` of the crate's src/ as upstream-gen evaluates it (every
+    extra off, the crate-only seams stripped); adds the seams' names it
+    stripped to `stripped`."""
+    strip = [a for name in SEAM_NAMES for a in ("--strip", name)]
+    out = subprocess.run([str(tool), str(SRC / rel), *strip], text=True, capture_output=True)
+    for line in out.stderr.splitlines():
+        if line.startswith("upstream-gen: stripped "):
+            stripped.add(line.removeprefix("upstream-gen: stripped "))
+        else:
+            print(line, file=sys.stderr)
+    if out.returncode != 0:
+        sys.exit(f"upstream: upstream-gen failed on {rel}")
+    return out.stdout
+
+
+def generate_step_files(tree, tool, files, n, stripped):
     present = set(files) | {"lib.rs"}
     written = {}
     for rel in sorted(present):
-        evaluated = run(str(tool), str(SRC / rel), capture=True).stdout
-        written[target_of(rel)] = transform(evaluated, rel, present)
+        evaluated = hold_back(evaluate(tool, rel, stripped), rel, n)
+        written[target_of(rel)] = reshape_imports(transform(evaluated, rel, present))
     return written
 
 
@@ -429,16 +530,15 @@ def build_series(work):
     tool = gen_tool()
     tree = base_tree(work / "kube")
     files = []
+    stripped = set()
     for n, step in enumerate(STEPS, 1):
         files += step["files"]
-        written = generate_step_files(tree, tool, files)
+        written = generate_step_files(tree, tool, files, n, stripped)
         lease = tree / "kube-runtime" / "src"
         final = step.get("final", False)
         for target, text in written.items():
             if target == "lease/mod.rs" and not final:
                 text = interim_mod(text, written)
-            if target == "lease/mod.rs":
-                text = mark_used_later(text, n)
             path = lease / target
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
@@ -446,7 +546,14 @@ def build_series(work):
             sys.exit("upstream: rustfmt failed on the generated module")
         apply_manifest_changes(tree, step)
         git(tree, "add", "-A")
-        git(tree, "commit", "--quiet", "-m", step["subject"] + "\n\n" + step["body"], "--author", AUTHOR)
+        git(tree, "commit", "--quiet", "-m", signed_off(step["subject"] + "\n\n" + step["body"]))
+    for seam, names in CRATE_ONLY_SEAMS.items():
+        missing = [name for name in names if name not in stripped]
+        if missing:
+            sys.exit(
+                f"upstream: the {seam} seam's {', '.join(f'`{m}`' for m in missing)} found nowhere in the crate's "
+                "sources that the series carries: renamed or gone? Update CRATE_ONLY_SEAMS in scripts/upstream.py"
+            )
     return tree
 
 
@@ -474,7 +581,19 @@ def cargo(tree, *args, target):
     run("cargo", *args, cwd=tree, env=env)
 
 
+def committed_author():
+    """The author of the committed series (its first patch's `From:`)."""
+    first = sorted(PATCHES.glob("*.patch"))[0].read_text()
+    m = re.search(r"^From: (.*(?:\n [^\n]*)*)$", first, re.M)
+    folded = " ".join(m.group(1).split())
+    return email.utils.parseaddr(str(email.header.make_header(email.header.decode_header(folded))))
+
+
 def check():
+    global AUTHOR_OVERRIDE
+    AUTHOR_OVERRIDE = committed_author()
+    identity.cache_clear()
+    print(f"upstream check: the series' author, as committed: {AUTHOR_OVERRIDE[0]} <{AUTHOR_OVERRIDE[1]}>")
     with tempfile.TemporaryDirectory(prefix="upstream-check-") as work:
         work = Path(work)
         generate(work / "patches")
@@ -484,6 +603,7 @@ def check():
             sys.exit("upstream check: upstream/patches/ is stale: run scripts/upstream.sh generate")
         # One fixed path, so that the cached build of kube's crates stays valid.
         check_pr_text()
+        check_conventions()
         tree = CACHE / "check-tree"
         if tree.exists():
             shutil.rmtree(tree)
@@ -495,6 +615,7 @@ def check():
         for n, patch in enumerate(patches, 1):
             print(f"upstream check: applying {patch.name}", flush=True)
             git(tree, "am", "--quiet", str(patch))
+            imports(tree / "kube-runtime" / "src" / "lease", f"patch {n}")
             # Each patch on its own: kube's lints (lib.rs's clippy table, the
             # workspace's rust lints, clippy.toml) with -D warnings, and the
             # module's tests.
@@ -510,6 +631,31 @@ def check():
         lease = sorted((tree / "kube-runtime" / "src" / "lease").rglob("*.rs"))
         fmt_check(tree, lease)
         print(f"upstream check: {len(patches)} patches apply, build, test, lint, document and format")
+
+
+def check_conventions():
+    """kube's conventions that the build cannot check (scripts/upstream_conventions.py),
+    and the crate's own imports in the shape its generated module must have."""
+    patches = sorted(PATCHES.glob("*.patch"))
+    failed = False
+    for kind, passed, found in upstream_conventions.check(patches):
+        for f in found:
+            print(f"upstream check: {kind}: {f}")
+        failed = failed or bool(found)
+        if not found:
+            print(f"upstream check: {kind}: {passed} ({len(patches)} patches)", flush=True)
+    if failed:
+        sys.exit("upstream check: the series breaks kube's conventions (above)")
+    imports(SRC, "the crate")
+
+
+def imports(path, what):
+    """The imports of the .rs files under `path` in the shape of kube-rs's
+    nightly rustfmt options (scripts/upstream_imports.py)."""
+    n, files = check_imports([path], label=lambda f: f.relative_to(path))
+    if n:
+        sys.exit(f"upstream check: {what}: {n} import(s) that kube-rs's nightly rustfmt would merge or regroup (above)")
+    print(f"upstream check: {what}: the imports of {files} files are in kube-rs's shape", flush=True)
 
 
 def rustdoc(tree, target):
@@ -600,5 +746,11 @@ if __name__ == "__main__":
         check()
     elif command == "stats":
         stats()
+    elif command == "check-docs":
+        __import__("upstream_docs").check_docs()
+    elif command in ("generate-pr1", "check-pr1", "generate-followups", "check-prs"):
+        import upstream_pr
+
+        upstream_pr.main(command)
     else:
         sys.exit(__doc__)

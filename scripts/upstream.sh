@@ -7,6 +7,12 @@
 #                                  # build, test, lint, document and format on
 #                                  # kube-rs 5.0.0 (the published crates)
 #   scripts/upstream.sh stats      # the size of each patch
+#   scripts/upstream.sh check-docs # the kube-rs website patch (upstream/kube-docs/) and
+#                                  # the kube example (upstream/kube-examples/): scripts/upstream_docs.py
+#   scripts/upstream.sh generate-pr1 | check-pr1   # pull request 1 alone
+#                                  # (scripts/upstream_pr.py, upstream/pr1/)
+#   scripts/upstream.sh generate-followups | check-prs   # PR1, then each follow-up
+#                                  # in turn (upstream/followups/), and the distance to the end state
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 exec python3 "$root/scripts/upstream.py" "$@"

@@ -16,6 +16,27 @@
 //!   it is false, except `cfg_attr(p, allow(dead_code))` with `p` true: the
 //!   item exists for features that are off, so it is removed.
 //!
+//! With `--strip NAME` (repeated), the crate-only seams named are removed
+//! too: code that only the crate's extras use, and that would be dead code
+//! where every extra is off (scripts/upstream.py lists them: the observer
+//! seam). For each NAME:
+//! - the module `mod NAME`, and every item, associated function, trait item,
+//!   struct field and struct-literal field named NAME, with its attributes,
+//!   docs and the plain comments right above;
+//! - an `impl` of a trait or for a type named NAME, and an `impl` block all
+//!   of whose items are stripped;
+//! - `use` leaves named NAME and `use` paths through a module named NAME (a
+//!   `use` left with nothing is removed);
+//! - every statement `f(...);` or `x.f(...);` that calls a function or
+//!   method named NAME (its value is dropped anyway), and every `if` without
+//!   `else` that holds nothing but such statements (its condition is then
+//!   evaluated for nothing: the seam's conditions only read).
+//!
+//! Each NAME stripped in FILE is printed on stderr as `upstream-gen:
+//! stripped NAME`, so that the caller can fail when a NAME is stripped
+//! nowhere (renamed in the crate); whatever else is left naming a stripped
+//! item fails the compile of the result.
+//!
 //! The text outside the removed ranges is copied byte for byte (comments and
 //! formatting kept); `rustfmt` tidies the result afterwards.
 
@@ -101,6 +122,10 @@ struct Gen<'a> {
     /// The byte offset of each line's start.
     lines: Vec<usize>,
     features: &'a BTreeSet<String>,
+    /// The names of the crate-only seams to strip (`--strip`).
+    strip: &'a BTreeSet<String>,
+    /// The names of `strip` found, and stripped, in this file.
+    stripped: BTreeSet<String>,
     edits: Vec<Edit>,
 }
 
@@ -216,6 +241,141 @@ impl Gen<'_> {
         false
     }
 
+    /// Whether `ident` names a seam to strip; if so, it counts as found.
+    fn strips(&mut self, ident: &syn::Ident) -> bool {
+        let name = ident.to_string();
+        let hit = self.strip.contains(&name);
+        if hit {
+            self.stripped.insert(name);
+        }
+        hit
+    }
+
+    /// Whether the item is a seam to strip (see the module's docs).
+    fn strips_item(&mut self, item: &syn::Item) -> bool {
+        use syn::Item;
+        let ident = match item {
+            Item::Const(i) => &i.ident,
+            Item::Enum(i) => &i.ident,
+            Item::Fn(i) => &i.sig.ident,
+            Item::Mod(i) => &i.ident,
+            Item::Static(i) => &i.ident,
+            Item::Struct(i) => &i.ident,
+            Item::Trait(i) => &i.ident,
+            Item::TraitAlias(i) => &i.ident,
+            Item::Type(i) => &i.ident,
+            Item::Union(i) => &i.ident,
+            Item::Impl(i) => return self.strips_impl(i),
+            _ => return false,
+        };
+        self.strips(ident)
+    }
+
+    /// An `impl` of a stripped trait or for a stripped type, or one whose
+    /// items are all stripped.
+    fn strips_impl(&mut self, i: &syn::ItemImpl) -> bool {
+        let trait_name = i.trait_.as_ref().and_then(|(_, path, _)| path.segments.last());
+        if let Some(last) = trait_name
+            && self.strips(&last.ident)
+        {
+            return true;
+        }
+        if let syn::Type::Path(ty) = &*i.self_ty
+            && let Some(last) = ty.path.segments.last()
+            && self.strips(&last.ident)
+        {
+            return true;
+        }
+        let names: Vec<&syn::Ident> = i
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                syn::ImplItem::Fn(f) => Some(&f.sig.ident),
+                syn::ImplItem::Const(c) => Some(&c.ident),
+                syn::ImplItem::Type(t) => Some(&t.ident),
+                _ => None,
+            })
+            .collect();
+        let all = !names.is_empty() && names.len() == i.items.len();
+        all && names.iter().all(|n| self.strip.contains(&n.to_string()))
+            && names.iter().all(|n| self.strips(n))
+    }
+
+    /// Whether the whole `use` tree is stripped; the stripped parts of one
+    /// that is not are removed.
+    fn strip_use(&mut self, tree: &syn::UseTree) -> bool {
+        match tree {
+            syn::UseTree::Path(p) if self.strips(&p.ident) => {
+                // Through a stripped module: the seam's names it imports are
+                // stripped with it.
+                self.note_use(&p.tree);
+                true
+            }
+            syn::UseTree::Path(p) => self.strip_use(&p.tree),
+            syn::UseTree::Name(n) => self.strips(&n.ident),
+            syn::UseTree::Rename(r) => self.strips(&r.ident),
+            syn::UseTree::Glob(_) => false,
+            syn::UseTree::Group(g) => {
+                let dead: Vec<&syn::UseTree> = g.items.iter().filter(|t| self.strip_use(t)).collect();
+                if dead.len() == g.items.len() {
+                    return true;
+                }
+                for t in dead {
+                    let (start, end) = self.range(t.span());
+                    self.remove(start, end);
+                }
+                false
+            }
+        }
+    }
+
+    /// Counts the seam's names that the `use` tree imports as found.
+    fn note_use(&mut self, tree: &syn::UseTree) {
+        match tree {
+            syn::UseTree::Path(p) => {
+                self.strips(&p.ident);
+                self.note_use(&p.tree);
+            }
+            syn::UseTree::Name(n) => _ = self.strips(&n.ident),
+            syn::UseTree::Rename(r) => _ = self.strips(&r.ident),
+            syn::UseTree::Glob(_) => {}
+            syn::UseTree::Group(g) => g.items.iter().for_each(|t| self.note_use(t)),
+        }
+    }
+
+    /// Whether the statement calls a stripped function or method, for
+    /// nothing but its effect (`f(...);`, `x.f(...);`), or is an `if`
+    /// without `else` that does nothing else; counts the names as found.
+    fn strips_call(&mut self, stmt: &syn::Stmt) -> bool {
+        self.seam_stmt(stmt, false) && self.seam_stmt(stmt, true)
+    }
+
+    /// See `strips_call`; counts the names as found only when `mark`.
+    fn seam_stmt(&mut self, stmt: &syn::Stmt, mark: bool) -> bool {
+        let name = match stmt {
+            syn::Stmt::Expr(syn::Expr::MethodCall(m), Some(_)) => &m.method,
+            syn::Stmt::Expr(syn::Expr::Call(c), Some(_)) => match &*c.func {
+                syn::Expr::Path(p) => match p.path.segments.last() {
+                    Some(last) => &last.ident,
+                    None => return false,
+                },
+                _ => return false,
+            },
+            syn::Stmt::Expr(syn::Expr::If(i), _) => {
+                let stmts = &i.then_branch.stmts;
+                return i.else_branch.is_none()
+                    && !stmts.is_empty()
+                    && stmts.iter().all(|s| self.seam_stmt(s, mark));
+            }
+            _ => return false,
+        };
+        if mark {
+            self.strips(name)
+        } else {
+            self.strip.contains(&name.to_string())
+        }
+    }
+
     fn remove_node(&mut self, attrs: &[Attribute], node: Span) -> bool {
         let (mut start, end) = self.range(node);
         for attr in attrs {
@@ -292,7 +452,17 @@ fn item_attrs(item: &syn::Item) -> &[Attribute] {
 
 impl<'ast> Visit<'ast> for Gen<'_> {
     fn visit_item(&mut self, i: &'ast syn::Item) {
-        if !self.decide(item_attrs(i), i.span()) {
+        let attrs = item_attrs(i);
+        if self.decide(attrs, i.span()) {
+            return;
+        }
+        let stripped = match i {
+            syn::Item::Use(u) => self.strip_use(&u.tree),
+            _ => self.strips_item(i),
+        };
+        if stripped {
+            self.remove_node(attrs, i.span());
+        } else {
             visit::visit_item(self, i);
         }
     }
@@ -305,7 +475,18 @@ impl<'ast> Visit<'ast> for Gen<'_> {
             syn::ImplItem::Macro(x) => &x.attrs,
             _ => &[],
         };
-        if !self.decide(attrs, i.span()) {
+        if self.decide(attrs, i.span()) {
+            return;
+        }
+        let stripped = match i {
+            syn::ImplItem::Const(x) => self.strips(&x.ident),
+            syn::ImplItem::Fn(x) => self.strips(&x.sig.ident),
+            syn::ImplItem::Type(x) => self.strips(&x.ident),
+            _ => false,
+        };
+        if stripped {
+            self.remove_node(attrs, i.span());
+        } else {
             visit::visit_impl_item(self, i);
         }
     }
@@ -318,13 +499,29 @@ impl<'ast> Visit<'ast> for Gen<'_> {
             syn::TraitItem::Macro(x) => &x.attrs,
             _ => &[],
         };
-        if !self.decide(attrs, i.span()) {
+        if self.decide(attrs, i.span()) {
+            return;
+        }
+        let stripped = match i {
+            syn::TraitItem::Const(x) => self.strips(&x.ident),
+            syn::TraitItem::Fn(x) => self.strips(&x.sig.ident),
+            syn::TraitItem::Type(x) => self.strips(&x.ident),
+            _ => false,
+        };
+        if stripped {
+            self.remove_node(attrs, i.span());
+        } else {
             visit::visit_trait_item(self, i);
         }
     }
 
     fn visit_field(&mut self, f: &'ast syn::Field) {
-        if !self.decide(&f.attrs, f.span()) {
+        if self.decide(&f.attrs, f.span()) {
+            return;
+        }
+        if f.ident.as_ref().is_some_and(|i| self.strips(i)) {
+            self.remove_node(&f.attrs, f.span());
+        } else {
             visit::visit_field(self, f);
         }
     }
@@ -342,7 +539,14 @@ impl<'ast> Visit<'ast> for Gen<'_> {
     }
 
     fn visit_field_value(&mut self, f: &'ast syn::FieldValue) {
-        if !self.decide(&f.attrs, f.span()) {
+        if self.decide(&f.attrs, f.span()) {
+            return;
+        }
+        if let syn::Member::Named(name) = &f.member
+            && self.strips(name)
+        {
+            self.remove_node(&f.attrs, f.span());
+        } else {
             visit::visit_field_value(self, f);
         }
     }
@@ -354,19 +558,37 @@ impl<'ast> Visit<'ast> for Gen<'_> {
             syn::Stmt::Expr(e, _) => expr_attrs(e),
             syn::Stmt::Item(_) => &[],
         };
-        if !self.decide(attrs, s.span()) {
+        if self.decide(attrs, s.span()) {
+            return;
+        }
+        if self.strips_call(s) {
+            self.remove_node(attrs, s.span());
+        } else {
             visit::visit_stmt(self, s);
         }
     }
 }
 
 fn main() -> ExitCode {
+    let usage = "usage: upstream-gen FILE [--strip NAME]... [FEATURE...]";
     let mut args = std::env::args().skip(1);
     let Some(path) = args.next() else {
-        eprintln!("usage: upstream-gen FILE [FEATURE...]");
+        eprintln!("{usage}");
         return ExitCode::from(2);
     };
-    let features: BTreeSet<String> = args.collect();
+    let mut features = BTreeSet::new();
+    let mut strip = BTreeSet::new();
+    while let Some(arg) = args.next() {
+        if arg == "--strip" {
+            let Some(name) = args.next() else {
+                eprintln!("{usage}");
+                return ExitCode::from(2);
+            };
+            strip.insert(name);
+        } else {
+            features.insert(arg);
+        }
+    }
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) => {
@@ -389,10 +611,15 @@ fn main() -> ExitCode {
         text: &text,
         lines,
         features: &features,
+        strip: &strip,
+        stripped: BTreeSet::new(),
         edits: Vec::new(),
     };
     for item in &file.items {
         g.visit_item(item);
+    }
+    for name in &g.stripped {
+        eprintln!("upstream-gen: stripped {name}");
     }
     let mut edits = g.edits;
     edits.sort_by_key(|e| std::cmp::Reverse(e.start));

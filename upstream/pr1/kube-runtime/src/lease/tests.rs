@@ -1,0 +1,182 @@
+use std::{pin::pin, time::Duration};
+
+use futures::{StreamExt, poll, stream};
+use http::{Method, Request, Response};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube_client::{Client, client::Body};
+use serde_json::json;
+use tokio::time::{Instant, sleep};
+use tower_test::mock::{self, Handle, SendResponse};
+
+use super::{Config, Error, LeaderElector, Lost, stream::acquire};
+use crate::WatchStreamExt;
+
+type ApiServer = Handle<Request<Body>, Response<Body>>;
+
+fn elector() -> (LeaderElector, ApiServer) {
+    let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
+    let elector = LeaderElector::new(Client::new(service, "ns"), Config::new("ns", "lock", "me"));
+    (elector.unwrap(), server)
+}
+
+/// The next request: its method, the Lease it carries, and its answer's sender.
+async fn next(server: &mut ApiServer) -> (Method, Lease, SendResponse<Response<Body>>) {
+    let (request, send) = server.next_request().await.expect("a request");
+    let method = request.method().clone();
+    let body = request.into_body().collect_bytes().await.unwrap();
+    (method, serde_json::from_slice(&body).unwrap_or_default(), send)
+}
+
+/// Answers `lease` with the resourceVersion `rv`, or an error status when `code` is not 2xx.
+fn answer(send: SendResponse<Response<Body>>, code: u16, mut lease: Lease, rv: &str) {
+    lease.metadata.resource_version = Some(rv.into());
+    let body = if code < 300 {
+        serde_json::to_vec(&lease)
+    } else {
+        let reason = match code {
+            404 => "NotFound",
+            409 => "Conflict",
+            _ => "InternalError",
+        };
+        serde_json::to_vec(&json!({"kind": "Status", "apiVersion": "v1", "code": code, "reason": reason}))
+    };
+    let response = Response::builder().status(code).body(Body::from(body.unwrap()));
+    send.send_response(response.unwrap());
+}
+
+fn held_by(holder: &str) -> Lease {
+    // renewTime far in the past: expiry is judged on the candidate's clock only.
+    let spec = json!({"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": 3,
+                      "renewTime": "2000-01-01T00:00:00.000000Z"});
+    serde_json::from_value(json!({"metadata": {"name": "lock"}, "spec": spec})).unwrap()
+}
+
+fn spec(lease: &Lease) -> (Option<&str>, Option<i32>) {
+    let spec = lease.spec.as_ref().unwrap();
+    (spec.holder_identity.as_deref(), spec.lease_transitions)
+}
+
+#[tokio::test(start_paused = true)]
+async fn creates_a_missing_lease_renews_it_and_releases_it_when_the_guard_is_dropped() {
+    let (elector, mut server) = elector();
+    let start = Instant::now();
+    let acquire = tokio::spawn(acquire(elector));
+    let (method, _, send) = next(&mut server).await;
+    assert_eq!(method, Method::GET);
+    answer(send, 404, Lease::default(), "");
+    let (method, lease, send) = next(&mut server).await;
+    assert_eq!((method, spec(&lease)), (Method::POST, (Some("me"), Some(0))));
+    answer(send, 201, lease, "1");
+    let guard = acquire.await.unwrap();
+    assert!(guard.is_valid() && guard.fencing_token() == 0);
+
+    // One replace per retry period, with the resourceVersion of the last write.
+    for (rv, next_rv) in [("1", "2"), ("2", "3")] {
+        let (method, lease, send) = next(&mut server).await;
+        assert_eq!(method, Method::PUT);
+        assert_eq!(lease.metadata.resource_version.as_deref(), Some(rv));
+        answer(send, 200, lease, next_rv);
+    }
+    assert_eq!(start.elapsed(), Duration::from_secs(4));
+
+    drop(guard);
+    let (method, lease, send) = next(&mut server).await;
+    assert_eq!((method, spec(&lease)), (Method::PUT, (Some(""), Some(0))));
+    assert_eq!(lease.metadata.resource_version.as_deref(), Some("3"));
+    answer(send, 200, lease, "4");
+}
+
+#[tokio::test(start_paused = true)]
+async fn takes_another_holders_lease_only_after_seeing_it_unchanged_for_its_duration() {
+    let (elector, mut server) = elector();
+    let start = Instant::now();
+    let acquire = tokio::spawn(acquire(elector));
+    loop {
+        let (method, lease, send) = next(&mut server).await;
+        if method == Method::PUT {
+            assert!(start.elapsed() >= Duration::from_secs(15));
+            assert_eq!(spec(&lease), (Some("me"), Some(4)));
+            answer(send, 200, lease, "6");
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(16));
+        answer(send, 200, held_by("other"), "5");
+    }
+    assert_eq!(acquire.await.unwrap().fencing_token(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_conflict_on_acquire_means_not_leader() {
+    let (elector, mut server) = elector();
+    let mut guarded = pin!(stream::iter([1]).with_leader_election(&elector));
+    assert!(poll!(guarded.next()).is_pending());
+    let (_, _, send) = next(&mut server).await;
+    answer(send, 200, held_by(""), "5");
+    let (method, lease, send) = next(&mut server).await;
+    assert_eq!(method, Method::PUT);
+    assert_eq!(lease.metadata.resource_version.as_deref(), Some("5"));
+    answer(send, 409, lease, "");
+
+    // The stream is not polled; the candidate reads the Lease again.
+    let (method, _, _send) = next(&mut server).await;
+    assert_eq!(method, Method::GET);
+    assert!(poll!(guarded.next()).is_pending());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_guarded_stream_is_dropped_at_the_renew_deadline_when_renewals_fail() {
+    let (elector, mut server) = elector();
+    let ticks = stream::unfold(0, |n| async move {
+        sleep(Duration::from_secs(1)).await;
+        Some((n, n + 1))
+    });
+    let mut guarded = pin!(ticks.with_leader_election(&elector));
+    tokio::spawn(async move {
+        let (_, _, send) = next(&mut server).await;
+        answer(send, 404, Lease::default(), "");
+        let (_, lease, send) = next(&mut server).await;
+        answer(send, 201, lease, "1");
+        // The first renewal fails, the others are never answered.
+        let (_, lease, send) = next(&mut server).await;
+        answer(send, 500, lease, "");
+        let mut stalled = Vec::new();
+        while let Some(request) = server.next_request().await {
+            stalled.push(request);
+        }
+    });
+    let start = Instant::now();
+    assert_eq!(guarded.next().await, Some(0));
+    while guarded.next().await.is_some() {}
+    assert_eq!(start.elapsed(), Duration::from_secs(10));
+    assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
+}
+
+#[tokio::test]
+async fn invalid_configs_are_rejected_before_any_request() {
+    let (secs, millis) = (Duration::from_secs, Duration::from_millis);
+    let broken = |config: Config| match config.validate() {
+        Err(Error::InvalidConfig(rule)) => rule,
+        _ => "valid",
+    };
+    let config = || Config::new("ns", "lock", "me");
+    assert_eq!(broken(config()), "valid");
+    assert_eq!(broken(Config::new("ns", "lock", "")), "Lock identity is empty");
+    let zero = config().retry_period(Duration::ZERO);
+    assert_eq!(broken(zero), "retryPeriod must be greater than zero");
+    let short = config().renew_deadline(secs(15));
+    assert_eq!(broken(short), "leaseDuration must be greater than renewDeadline");
+    let tight = config().retry_period(secs(9));
+    assert_eq!(
+        broken(tight),
+        "renewDeadline must be greater than retryPeriod*JitterFactor"
+    );
+    let subsecond = config().lease_duration(millis(900)).renew_deadline(millis(500));
+    assert_eq!(
+        broken(subsecond.retry_period(millis(100))),
+        "leaseDuration must be between 1 s and i32::MAX s"
+    );
+
+    let (service, _server) = mock::pair::<Request<Body>, Response<Body>>();
+    let elector = LeaderElector::new(Client::new(service, "ns"), Config::new("ns", "lock", ""));
+    assert!(matches!(elector, Err(Error::InvalidConfig(_))));
+}
