@@ -174,10 +174,17 @@ CRATE_ONLY_SEAMS = {
     "observer": [
         "observer",  # elector/observer.rs, the module (and its tests)
         "Observer", "Observers", "Transition",  # its trait, list and events
-        "add_observer",  # LeaderElector::add_observer
         "observers",  # Inner's field, and its initializer in LeaderElector::new
         "tell",  # Inner::tell; each `self.inner.tell(...)`, `self.observers.tell(...)`
         "renewal_told",  # Task::renewal_told (elector/task/renew.rs) and its calls
+    ],
+    # The extras' hooks: config/extras.rs and elector/extras.rs, where each
+    # extra attaches under its feature; the core calls them unconditionally,
+    # and without the features each does nothing.
+    "extras": [
+        "extras",  # the two modules; LeaseConfig's and State's fields; each
+        # statement that reads them (`self.extras.validate(..)?;`,
+        # `let (config, state) = extras::set_up(config, state);`, ...)
     ],
 }
 SEAM_NAMES = sorted({name for names in CRATE_ONLY_SEAMS.values() for name in names})

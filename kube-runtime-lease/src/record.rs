@@ -274,30 +274,10 @@ impl Observed {
             _ => after(1),
         }
     }
-
-    /// What a candidate in Coordinated Leader Election may do with this
-    /// record: never take a Lease the API server did not give it. It takes a
-    /// record naming it holder, with no `preferredHolder`, that is either its
-    /// own term's or the API server's assignment (which has no `acquireTime`:
-    /// the API server never writes one, and every term of ours does); a
-    /// record naming it that is neither (another process with its identity)
-    /// is waited out for one lease duration, as in the ordinary election.
-    /// Anything else is the API server's to change: wait (a watch event wakes
-    /// the candidate sooner).
-    #[cfg(feature = "coordinated")]
-    pub(crate) fn coordinated_verdict(&self, asker: Asker<'_>, now: Instant) -> Verdict {
-        let duration = lease_duration(&self.spec, asker.fallback);
-        let named = holder(&self.spec) == Some(asker.identity);
-        match preferred_holder(&self.spec) {
-            None if named && (asker.own_term || self.spec.acquire_time.is_none()) => Verdict::Take,
-            None if named => after_unchanged(self, duration, now),
-            _ => Verdict::WaitUntil(later(now, duration)),
-        }
-    }
 }
 
 /// Take once `observed` has stayed unchanged for `wait`, else wait until then.
-fn after_unchanged(observed: &Observed, wait: Duration, now: Instant) -> Verdict {
+pub(crate) fn after_unchanged(observed: &Observed, wait: Duration, now: Instant) -> Verdict {
     let until = later(observed.at, wait);
     if now >= until {
         Verdict::Take

@@ -1,5 +1,8 @@
 //! The extras' settings in a [`LeaseConfig`]: one field of it, with each
-//! extra's part under that extra's feature, validated and budgeted here.
+//! extra's part under that extra's feature, validated, budgeted and written
+//! here. The core calls the three hooks below unconditionally; without the
+//! extras' features the struct is empty and each hook does nothing, so the
+//! `cfg`s stand here, at the definitions, and not at the core's calls.
 //!
 //! - `coordinated`: Coordinated Leader Election ([`Coordinated`],
 //!   [`LeaseConfig::coordinated`]);
@@ -7,6 +10,8 @@
 //!   candidate writes on the Lease ([`LeaseConfig::label`] and the others).
 
 use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
 
 #[cfg(feature = "coordinated")]
 pub(crate) mod coordinated;
@@ -31,6 +36,11 @@ pub(crate) struct Extras {
 // Every field compares fully (`OwnerReference`'s `PartialEq` included).
 impl Eq for Extras {}
 
+#[allow(
+    clippy::unused_self,
+    clippy::unnecessary_wraps,
+    reason = "without the extras' features, each hook does nothing"
+)]
 impl Extras {
     /// The first rule the extras' settings break, for a candidate named
     /// `identity`.
@@ -41,13 +51,25 @@ impl Extras {
         }
         #[cfg(feature = "lease-metadata")]
         self.metadata.validate()?;
-        let _ = identity; // read by the coordinated check only
+        #[cfg(not(feature = "coordinated"))]
+        let _ = identity;
         Ok(())
+    }
+
+    /// The Lease a candidate writes to take it: `lease` with the configured
+    /// labels, annotations and owner (`lease-metadata`); the rest is kept.
+    pub(crate) fn prepare(&self, lease: Lease) -> Lease {
+        #[cfg(feature = "lease-metadata")]
+        let lease = {
+            let mut lease = lease;
+            self.metadata.apply(&mut lease.metadata);
+            lease
+        };
+        lease
     }
 
     /// What the extras add to the shutdown's worst case: the deletion of the
     /// `LeaseCandidate` with Coordinated Leader Election.
-    #[allow(clippy::unused_self, reason = "only the coordinated settings add to it")]
     pub(crate) fn shutdown_bound(&self) -> Duration {
         #[cfg(feature = "coordinated")]
         if self.coordinated.is_some() {

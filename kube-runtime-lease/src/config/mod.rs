@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 mod error;
-#[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
 pub(crate) mod extras;
 pub(crate) mod names;
 
@@ -59,8 +58,8 @@ pub struct LeaseConfig {
     pub(crate) watch: bool,
     pub(crate) enabled: bool,
     pub(crate) creation_hold: bool,
-    /// The extras' settings: Lease metadata, Coordinated Leader Election.
-    #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
+    /// The extras' settings: Lease metadata, Coordinated Leader Election
+    /// (empty without their features).
     pub(crate) extras: extras::Extras,
 }
 
@@ -87,7 +86,6 @@ impl LeaseConfig {
             watch: true,
             enabled: true,
             creation_hold: true,
-            #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
             extras: extras::Extras::default(),
         }
     }
@@ -231,7 +229,6 @@ impl LeaseConfig {
     pub fn shutdown_budget(&self, grace: Duration) -> Duration {
         // The extras' part, waited like the grace: the `LeaseCandidate`'s
         // deletion (coordinated).
-        #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
         let grace = grace.saturating_add(self.extras.shutdown_bound());
         let campaign = self.renew_deadline.saturating_mul(2);
         grace
@@ -337,7 +334,6 @@ impl LeaseConfig {
                 rule,
             });
         }
-        #[cfg(any(feature = "coordinated", feature = "lease-metadata"))]
         self.extras.validate(&self.identity)?;
         Ok(())
     }

@@ -27,8 +27,6 @@ use kube_runtime::{
 };
 use serde::de::DeserializeOwned;
 
-#[cfg(feature = "warm-standby")]
-use self::warm::WarmController;
 use crate::{LeaderElector, WithLeaderElection};
 
 /// The items of a guarded Controller's stream: [`Controller::run`]'s.
@@ -146,7 +144,7 @@ where
     /// # }
     /// ```
     #[cfg(feature = "warm-standby")]
-    fn with_leader_election_warm(self, elector: &LeaderElector) -> WarmController<K>;
+    fn with_leader_election_warm(self, elector: &LeaderElector) -> warm::WarmController<K>;
 }
 
 impl<K> LeaderElectionControllerExt<K> for Controller<K>
@@ -161,8 +159,8 @@ where
     }
 
     #[cfg(feature = "warm-standby")]
-    fn with_leader_election_warm(self, elector: &LeaderElector) -> WarmController<K> {
-        WarmController {
+    fn with_leader_election_warm(self, elector: &LeaderElector) -> warm::WarmController<K> {
+        warm::WarmController {
             controller: self,
             elector: elector.clone(),
         }

@@ -15,7 +15,7 @@ use crate::error::{ApiError, Result};
 
 /// The Lease named by the configuration, in its namespace.
 pub(super) struct LeaseApi {
-    api: Api<Lease>,
+    pub(super) api: Api<Lease>,
     name: String,
     contact: Arc<Contact>,
 }
@@ -67,15 +67,6 @@ impl LeaseApi {
             Err(_) => {}
         }
         result
-    }
-
-    /// The client the Lease API calls use.
-    #[cfg_attr(
-        not(any(feature = "events", feature = "coordinated")),
-        allow(dead_code, reason = "Events and the LeaseCandidate use the elector's client")
-    )]
-    pub(super) fn client(&self) -> Client {
-        self.api.clone().into_client()
     }
 
     /// Reads the Lease; `None` if it does not exist.

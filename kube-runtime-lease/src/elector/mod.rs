@@ -4,12 +4,7 @@
 mod acquire;
 mod api;
 mod disabled;
-#[cfg(feature = "events")]
-mod events;
-#[cfg(feature = "unstable-shards")]
-mod for_shards;
-#[cfg(feature = "coordinated")]
-mod lease_candidate;
+mod extras;
 mod memory;
 mod observer;
 mod status;
@@ -107,17 +102,11 @@ struct State {
     /// What the elector remembers of the Lease, between tasks (the running
     /// task owns it: [`Task`](task::Task)).
     memory: Memory,
-    /// Which election is in force (Coordinated Leader Election).
-    #[cfg(feature = "coordinated")]
-    election: lease_candidate::Election,
-    /// A record of the Lease seen elsewhere in this process, and since when
-    /// (see `LeaderElector::hand_over_record`, elected shards): the next task
-    /// starts from it.
-    #[cfg(feature = "unstable-shards")]
-    handed_record: Option<(
-        Box<k8s_openapi::api::coordination::v1::Lease>,
-        tokio::time::Instant,
-    )>,
+    /// The extras' part: which election is in force (Coordinated Leader
+    /// Election), a record handed over by elected shards (see
+    /// `LeaderElector::hand_over_record`); empty without their features.
+    #[allow(dead_code, reason = "only the extras read it (elector/extras.rs)")]
+    extras: extras::State,
 }
 
 impl std::fmt::Debug for LeaderElector {
@@ -142,8 +131,7 @@ impl LeaderElector {
         let state = State::default();
         // Coordinated: the identity is the LeaseCandidate's name, and the
         // election waits for the API server's first answer.
-        #[cfg(feature = "coordinated")]
-        let (config, state) = lease_candidate::set_up(config, state);
+        let (config, state) = extras::set_up(config, state);
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         Ok(LeaderElector {
@@ -159,15 +147,6 @@ impl LeaderElector {
                 shutdown_rx: shutdown_rx.shared(),
             }),
         })
-    }
-
-    /// Adds an observer of this elector's transitions; whether it was added (one of each type: see [`Observers`]).
-    #[cfg_attr(
-        not(any(feature = "events", feature = "metrics")),
-        expect(dead_code, reason = "the extras add observers: metrics, Events")
-    )]
-    pub(crate) fn add_observer(&self, observer: impl Observer) -> bool {
-        self.inner.observers.add(observer)
     }
 
     /// The configuration of this candidate.

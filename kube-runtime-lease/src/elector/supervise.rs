@@ -97,8 +97,7 @@ async fn run(mut task: Task) -> Result<()> {
         };
         // Coordinated Leader Election: the task campaigns and leads with its
         // LeaseCandidate published, and deletes it before it ends.
-        #[cfg(feature = "coordinated")]
-        let elect = super::lease_candidate::while_published(&inner, elect);
+        let elect = super::extras::while_published(&inner, elect);
         let result = Box::pin(elect).await.unwrap_or(Ok(()));
         // After the last request: the next task may start from here on,
         // unless someone wants leadership again.

@@ -343,9 +343,13 @@ impl Gen<'_> {
         }
     }
 
-    /// Whether the statement calls a stripped function or method, for
-    /// nothing but its effect (`f(...);`, `x.f(...);`), or is an `if`
-    /// without `else` that does nothing else; counts the names as found.
+    /// Whether the statement is the seam's alone, so that it goes with it:
+    /// a call of a stripped function or method for nothing but its effect
+    /// (`f(...);`, `x.f(...);`); a simple statement or a `let` that reads the
+    /// seam (a field `x.NAME` or a path through `NAME`, in a call, a `?`, an
+    /// `.await` or a `match`'s scrutinee: `x.NAME.check()?;`,
+    /// `let v = NAME::hook(v);`, which only rebind what the core had); or an
+    /// `if` without `else` that does nothing else. Counts the names as found.
     fn strips_call(&mut self, stmt: &syn::Stmt) -> bool {
         self.seam_stmt(stmt, false) && self.seam_stmt(stmt, true)
     }
@@ -353,27 +357,57 @@ impl Gen<'_> {
     /// See `strips_call`; counts the names as found only when `mark`.
     fn seam_stmt(&mut self, stmt: &syn::Stmt, mark: bool) -> bool {
         let name = match stmt {
-            syn::Stmt::Expr(syn::Expr::MethodCall(m), Some(_)) => &m.method,
-            syn::Stmt::Expr(syn::Expr::Call(c), Some(_)) => match &*c.func {
-                syn::Expr::Path(p) => match p.path.segments.last() {
-                    Some(last) => &last.ident,
-                    None => return false,
-                },
-                _ => return false,
-            },
             syn::Stmt::Expr(syn::Expr::If(i), _) => {
                 let stmts = &i.then_branch.stmts;
                 return i.else_branch.is_none()
                     && !stmts.is_empty()
                     && stmts.iter().all(|s| self.seam_stmt(s, mark));
             }
+            syn::Stmt::Expr(syn::Expr::MethodCall(m), Some(_)) if self.strip.contains(&m.method.to_string()) => {
+                m.method.clone()
+            }
+            syn::Stmt::Expr(syn::Expr::Call(c), Some(_)) if self.callee(c).is_some() => {
+                self.callee(c).cloned().expect("checked")
+            }
+            syn::Stmt::Expr(e, Some(_)) => match self.reads_seam(e) {
+                Some(name) => name,
+                None => return false,
+            },
+            syn::Stmt::Local(syn::Local {
+                init: Some(syn::LocalInit { expr, diverge: None, .. }),
+                ..
+            }) => match self.reads_seam(expr) {
+                Some(name) => name,
+                None => return false,
+            },
             _ => return false,
         };
-        if mark {
-            self.strips(name)
-        } else {
-            self.strip.contains(&name.to_string())
+        if mark { self.strips(&name) } else { true }
+    }
+
+    /// The called function's name, if it is stripped.
+    fn callee<'e>(&self, c: &'e syn::ExprCall) -> Option<&'e syn::Ident> {
+        match &*c.func {
+            syn::Expr::Path(p) => p.path.segments.last().map(|last| &last.ident),
+            _ => None,
         }
+        .filter(|name| self.strip.contains(&name.to_string()))
+    }
+
+    /// The stripped name a simple expression reads (see `strips_call`).
+    fn reads_seam(&self, expr: &syn::Expr) -> Option<syn::Ident> {
+        use syn::Expr;
+        let expr = match expr {
+            Expr::Match(m) => &*m.expr,
+            Expr::Call(_) | Expr::MethodCall(_) | Expr::Try(_) | Expr::Await(_) | Expr::Field(_) => expr,
+            _ => return None,
+        };
+        let mut reads = Reads {
+            strip: self.strip,
+            found: None,
+        };
+        reads.visit_expr(expr);
+        reads.found
     }
 
     fn remove_node(&mut self, attrs: &[Attribute], node: Span) -> bool {
@@ -567,6 +601,47 @@ impl<'ast> Visit<'ast> for Gen<'_> {
             visit::visit_stmt(self, s);
         }
     }
+}
+
+/// Finds a stripped name read in an expression: a field (`x.NAME`) or a
+/// module a path goes through (`NAME::f`); a plain name (`NAME`) is a local
+/// as often as not, and closures and blocks are code of their own: neither
+/// counts.
+struct Reads<'s> {
+    strip: &'s BTreeSet<String>,
+    found: Option<syn::Ident>,
+}
+
+impl Reads<'_> {
+    fn hit(&mut self, name: &syn::Ident) {
+        if self.strip.contains(&name.to_string()) {
+            self.found.get_or_insert_with(|| name.clone());
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Reads<'_> {
+    fn visit_member(&mut self, m: &'ast syn::Member) {
+        if let syn::Member::Named(name) = m {
+            self.hit(name);
+        }
+    }
+
+    fn visit_path(&mut self, path: &'ast syn::Path) {
+        let through = path.segments.len().saturating_sub(1);
+        path.segments.iter().take(through).for_each(|s| self.hit(&s.ident));
+        visit::visit_path(self, path);
+    }
+
+    fn visit_path_segment(&mut self, segment: &'ast syn::PathSegment) {
+        visit::visit_path_arguments(self, &segment.arguments);
+    }
+
+    fn visit_expr_closure(&mut self, _: &'ast syn::ExprClosure) {}
+
+    fn visit_expr_block(&mut self, _: &'ast syn::ExprBlock) {}
+
+    fn visit_expr_async(&mut self, _: &'ast syn::ExprAsync) {}
 }
 
 fn main() -> ExitCode {

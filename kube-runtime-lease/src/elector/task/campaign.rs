@@ -91,8 +91,7 @@ impl Task {
         // The rule for a record: the ordinary election's, unless Coordinated
         // Leader Election says to wait or is in force.
         let rule: Rule = Observed::verdict;
-        #[cfg(feature = "coordinated")]
-        let rule = match self.coordinated_rule(rule, now) {
+        let rule = match super::super::extras::rule(self, rule, now) {
             Ok(rule) => rule,
             Err(until) => return Ok(Attempt::WaitUntil(until)),
         };
@@ -175,12 +174,7 @@ impl Task {
     /// while reads succeed.
     async fn write_to_acquire(&mut self, lease: Lease, create: bool) -> Result<Attempt> {
         // The configured labels, annotations and owner; the rest is kept.
-        #[cfg(feature = "lease-metadata")]
-        let lease = {
-            let mut lease = lease;
-            self.config().extras.metadata.apply(&mut lease.metadata);
-            lease
-        };
+        let lease = self.config().extras.prepare(lease);
         let bound = self.config().renew_deadline;
         let sent = Instant::now();
         let result = if create {

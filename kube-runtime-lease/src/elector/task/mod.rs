@@ -132,8 +132,7 @@ impl Task {
         let memory = std::mem::take(&mut state.memory);
         let view = LeaseView::Unknown;
         // A record seen elsewhere in this process (elected shards).
-        #[cfg(feature = "unstable-shards")]
-        let view = super::for_shards::handed_view(&mut state).unwrap_or(view);
+        let view = super::extras::handed_view(&mut state).unwrap_or(view);
         drop(state);
         Task {
             inner,

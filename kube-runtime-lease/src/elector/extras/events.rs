@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube_runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{debug, warn};
 
-use super::{LeaderElector, Observer, Transition};
+use crate::elector::{LeaderElector, Observer, Transition};
 use crate::term::Lost;
 
 /// How long one publication may take before it is given up.

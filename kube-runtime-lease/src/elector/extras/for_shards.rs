@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 
-use super::{LeaderElector, State, task::LeaseView};
+use crate::elector::{LeaderElector, State, task::LeaseView};
 use crate::{record::Observed, term::Lost};
 
 impl LeaderElector {
@@ -19,7 +19,7 @@ impl LeaderElector {
     pub(crate) fn hand_over_record(&self, lease: Lease, since: tokio::time::Instant) {
         let mut state = self.inner.lock();
         if !state.running {
-            state.handed_record = Some((Box::new(lease), since));
+            state.extras.handed_record = Some((Box::new(lease), since));
         }
     }
 
@@ -42,8 +42,8 @@ impl LeaderElector {
 
 /// The view a new election task starts from: the record handed over, if any
 /// (still read before acting).
-pub(super) fn handed_view(state: &mut State) -> Option<LeaseView> {
-    let (lease, at) = state.handed_record.take()?;
+pub(in crate::elector) fn handed_view(state: &mut State) -> Option<LeaseView> {
+    let (lease, at) = state.extras.handed_record.take()?;
     Some(LeaseView::Known {
         observed: Observed {
             spec: lease.spec.clone().unwrap_or_default(),

@@ -19,19 +19,20 @@ use kube_client::{
 };
 use kube_runtime::{WatchStreamExt, watcher};
 use serde_json::json;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use super::{
-    Inner, Transition,
+use crate::elector::{
+    Inner, State, Transition,
     task::{
-        LeaseView, Rule,
+        LeaseView, Rule, Task,
         view::{WATCH_REOPEN_MAX, reopen_backoff},
     },
 };
 use crate::{
     config::{LeaseConfig, extras::coordinated::Coordinated},
     error::Chain,
-    record::{self, Observed},
+    record::{self, Asker, Observed, Verdict},
 };
 
 /// How often `renewTime` is refreshed without a ping (client-go's
@@ -91,7 +92,7 @@ impl std::fmt::Display for CallError {
 }
 
 async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result<T, CallError> {
-    super::api::bounded(BOUND, fut, CallError::Api, || CallError::Timeout).await
+    crate::elector::api::bounded(BOUND, fut, CallError::Api, || CallError::Timeout).await
 }
 
 /// Runs `elect` (a task campaigning and leading) with this elector's
@@ -102,7 +103,7 @@ async fn bounded<T>(fut: impl Future<Output = kube_client::Result<T>>) -> Result
 /// the `LeaseCandidate` is published again with backoff (10 s doubling to
 /// 5 min, across tasks), with one warning; once the API server serves it,
 /// Coordinated Leader Election is in force from the next campaign attempt.
-pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output = T>) -> T {
+pub(in crate::elector) async fn while_published<T>(inner: &Inner, elect: impl Future<Output = T>) -> T {
     let lease_candidate = inner
         .config
         .extras
@@ -121,7 +122,7 @@ pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output 
     };
     // Only a published LeaseCandidate is deleted (none is, after a fallback).
     if let Some(lease_candidate) = &lease_candidate
-        && inner.lock().election == Election::Coordinated
+        && inner.lock().extras.election == Election::Coordinated
     {
         lease_candidate.delete().await;
     }
@@ -130,7 +131,7 @@ pub(super) async fn while_published<T>(inner: &Inner, elect: impl Future<Output 
 
 /// Which election is in force.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) enum Election {
+pub(in crate::elector) enum Election {
     /// The ordinary election: the one configured, or the fallback where the
     /// API server does not serve `LeaseCandidate`.
     #[default]
@@ -152,35 +153,48 @@ pub(super) enum Election {
     },
 }
 
-impl super::task::Task {
-    /// Coordinated Leader Election's say in an attempt to acquire: wait
-    /// (`Err`: until when) while the API server has not answered the
-    /// `LeaseCandidate`'s creation, or while it is in force and the Lease is
-    /// missing (only the API server creates a coordinated Lease); once it is
-    /// in force, its rule for the record ([`Observed::coordinated_verdict`]),
-    /// else `ordinary`.
-    pub(super) fn coordinated_rule(
-        &self,
-        ordinary: Rule,
-        now: tokio::time::Instant,
-    ) -> Result<Rule, tokio::time::Instant> {
-        let wait = now + self.inner.config.retry_period;
-        match self.inner.lock().election {
-            Election::Pending => Err(wait),
-            Election::Coordinated if matches!(self.view, LeaseView::Missing) => Err(wait),
-            Election::Coordinated => Ok(Observed::coordinated_verdict),
-            Election::Ordinary | Election::FellBack { .. } => Ok(ordinary),
-        }
+/// Coordinated Leader Election's say in an attempt to acquire: wait
+/// (`Err`: until when) while the API server has not answered the
+/// `LeaseCandidate`'s creation, or while it is in force and the Lease is
+/// missing (only the API server creates a coordinated Lease); once it is
+/// in force, its rule for the record ([`coordinated_verdict`]),
+/// else `ordinary`.
+pub(in crate::elector) fn rule(task: &Task, ordinary: Rule, now: Instant) -> Result<Rule, Instant> {
+    let wait = now + task.inner.config.retry_period;
+    match task.inner.lock().extras.election {
+        Election::Pending => Err(wait),
+        Election::Coordinated if matches!(task.view, LeaseView::Missing) => Err(wait),
+        Election::Coordinated => Ok(coordinated_verdict),
+        Election::Ordinary | Election::FellBack { .. } => Ok(ordinary),
+    }
+}
+
+/// What a candidate in Coordinated Leader Election may do with `observed`:
+/// never take a Lease the API server did not give it. It takes a record
+/// naming it holder, with no `preferredHolder`, that is either its own term's
+/// or the API server's assignment (which has no `acquireTime`: the API server
+/// never writes one, and every term of ours does); a record naming it that is
+/// neither (another process with its identity) is waited out for one lease
+/// duration, as in the ordinary election. Anything else is the API server's
+/// to change: wait (a watch event wakes the candidate sooner).
+fn coordinated_verdict(observed: &Observed, asker: Asker<'_>, now: Instant) -> Verdict {
+    let spec = &observed.spec;
+    let duration = record::lease_duration(spec, asker.fallback);
+    let named = record::holder(spec) == Some(asker.identity);
+    match record::preferred_holder(spec) {
+        None if named && (asker.own_term || spec.acquire_time.is_none()) => Verdict::Take,
+        None if named => record::after_unchanged(observed, duration, now),
+        _ => Verdict::WaitUntil(record::later(now, duration)),
     }
 }
 
 /// Sets up Coordinated Leader Election for a new elector, if `config` asks for
 /// it: the identity is the `LeaseCandidate`'s name (one per Lease), and the
 /// election waits for the API server's first answer.
-pub(super) fn set_up(mut config: LeaseConfig, mut state: super::State) -> (LeaseConfig, super::State) {
+pub(in crate::elector) fn set_up(mut config: LeaseConfig, mut state: State) -> (LeaseConfig, State) {
     if config.extras.coordinated.is_some() {
         config.identity = candidate_name(&config.identity, &config.name);
-        state.election = Election::Pending;
+        state.extras.election = Election::Pending;
     }
     (config, state)
 }
@@ -194,7 +208,7 @@ impl Inner {
     /// wait for it.
     fn set_election(&self, election: Election) {
         let coordinated = election == Election::Coordinated;
-        let before = std::mem::replace(&mut self.lock().election, election);
+        let before = std::mem::replace(&mut self.lock().extras.election, election);
         self.update_status(|s| s.coordinated = coordinated);
         if (before == Election::Coordinated) != coordinated {
             self.observers.tell(Transition::Coordinated(coordinated));
@@ -259,7 +273,7 @@ impl LeaseCandidate {
         let mut backoff = None;
         loop {
             // After a fallback, the next try is at its time, whichever task.
-            let fell_back = match inner.lock().election {
+            let fell_back = match inner.lock().extras.election {
                 Election::FellBack { retry_at, fails } => Some((retry_at, fails)),
                 _ => None,
             };
