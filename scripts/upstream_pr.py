@@ -44,7 +44,7 @@ one is not, or when one does not apply on the step before, naming it.
 To edit follow-up N as a commit rather than as a patch:
 
     scripts/upstream.sh followup-tree N /tmp/fu    # kube 5.0.0, PR1, follow-ups 1..N
-    # edit /tmp/fu, then `git -C /tmp/fu commit --amend -a` (the message is PR.md's anyway)
+    # edit /tmp/fu, then `git add -A` and `git commit --amend` there (the message is PR.md's anyway)
     scripts/upstream.sh followup-save N /tmp/fu    # writes follow-up N's patch
 
 `followup-save N DIR` takes DIR's commit of step N (the N+2nd of its
@@ -232,7 +232,8 @@ def followup_tree(n, dest):
     build(dest)
     build_followups(dest, n, reject=True)
     print(git(dest, "log", "--oneline", capture=True).stdout, end="")
-    print(f"upstream followup-tree: {dest}: PR1 and follow-ups 1..{n}; after editing and committing "
+    steps = "follow-up 1" if n == 1 else f"follow-ups 1..{n}"
+    print(f"upstream followup-tree: {dest}: PR1 and {steps}; after editing and committing "
           f"follow-up {n}: scripts/upstream.sh followup-save {n} {dest}")
 
 
@@ -256,8 +257,11 @@ def followup_save(n, src):
             sys.exit(f"upstream followup-save: {src}'s {step_name(n - 1)} ({before[:12]}) is not the "
                      f"stored series' {step_name(n - 1)}: save the earlier follow-ups first")
         diff = Path(work) / "changes.diff"
-        diff.write_text(git(src, "diff", "--binary", before, after, capture=True).stdout)
-        if not diff.read_text():
+        # Whatever the user's diff settings: the a/ b/ prefixes `git apply` expects.
+        out = git(src, "diff", "--binary", "--no-ext-diff", "--no-color", "--src-prefix=a/", "--dst-prefix=b/",
+                  before, after, capture=True).stdout
+        diff.write_text(out)
+        if not out:
             sys.exit(f"upstream followup-save: {src}'s follow-up {n} ({after[:12]}) changes nothing")
         git(tree, "apply", "--index", str(diff))
         patch = write_followup(tree, commit_followup(tree, steps[n - 1], who), n, FOLLOWUPS)
