@@ -9,6 +9,7 @@
     scripts/upstream.sh check-docs # the website patch and the kube example (scripts/upstream_docs.py)
     scripts/upstream.sh generate-pr1 | check-pr1   # pull request 1 (scripts/upstream_pr.py)
     scripts/upstream.sh generate-followups | check-prs   # PR1 and its follow-ups (upstream/followups/)
+    scripts/upstream.sh followup-tree N DIR | followup-save N DIR   # edit follow-up N as a commit
 
 The series is made by a deterministic transformation of this crate's core
 (see STEPS): `upstream-gen` (upstream/gen) evaluates the cargo features with
@@ -755,9 +756,9 @@ if __name__ == "__main__":
         stats()
     elif command == "check-docs":
         __import__("upstream_docs").check_docs()
-    elif command in ("generate-pr1", "check-pr1", "generate-followups", "check-prs"):
+    elif command in ("generate-pr1", "check-pr1", "generate-followups", "check-prs", "followup-tree", "followup-save"):
         import upstream_pr
 
-        upstream_pr.main(command)
+        upstream_pr.main(command, sys.argv[2:])
     else:
         sys.exit(__doc__)

@@ -5,11 +5,15 @@
     scripts/upstream.sh check-pr1      # fails if the patch is stale, or does not apply,
                                        # lint, test, document and format on kube 5.0.0,
                                        # or is larger than PR1 may be
-    scripts/upstream.sh generate-followups   # writes upstream/followups/NN-*/NNNN-*.patch
     scripts/upstream.sh check-prs      # check-pr1, then each follow-up applied in turn and
                                        # checked the same way (at most ~450 added lines
                                        # each); prints the distance from the last
                                        # follow-up to the end state (upstream/patches/)
+    scripts/upstream.sh followup-tree N DIR   # PR1 and follow-ups 1..N in DIR, a new git
+                                       # repository: kube 5.0.0, then one commit per step
+    scripts/upstream.sh followup-save N DIR   # follow-up N's patch, from step N of DIR
+    scripts/upstream.sh generate-followups   # rewrites each follow-up's patch in its
+                                       # canonical form (message from PR.md, index lines)
 
 Its sources are plain files: the new module (upstream/pr1/kube-runtime/src/lease/)
 and the diff of kube's own files it changes (upstream/pr1/kube-runtime.diff:
@@ -19,14 +23,39 @@ the feature in kube-runtime's Cargo.toml, `pub mod lease` in lib.rs, the
 repository's `git config user.name` / `user.email` (`generate-pr1`); the
 check regenerates it as the author the committed patch records.
 
-A follow-up is a directory upstream/followups/NN-name/, maintained by hand:
-the files of the module it adds or changes, whole (kube-runtime/src/lease/...,
-copied over the step before), optionally a `kube-runtime.diff` of kube's own
-files, and its pull request text `PR.md`: the commit's subject (`# ...`), its
-body (up to the first `## ` heading), and its size row
+A follow-up is a directory upstream/followups/NN-name/ holding two files kept
+by hand: its change over the step before (PR1 for follow-up 1, follow-up
+N-1 for follow-up N) as one patch, `NNNN-*.patch`, and its pull request
+text `PR.md`: the commit's subject (`# ...`), its body (up to the first `## `
+heading), and its size row
 (`| follow-up N | code | docs | tests | manifests | total |`), which the cover
-letter's table of follow-ups repeats. Its patch is one commit on the step
-before, written next to it by `generate-followups`.
+letter's table of follow-ups repeats. The series is PR1's files, then each
+follow-up's patch applied in turn (`git apply`), one commit per step.
+
+The patch is the source, and the only copy of the follow-up's code: the
+mailbox patch, rather than a plain diff beside a patch made from it, so that
+what `check-prs` applies is the file kept by hand, nothing is stored twice,
+and staleness is one comparison. Its form is canonical: the commit message is
+`PR.md`'s, signed off, and the `index` lines are those of the step before.
+`generate-followups` rewrites every patch in that form (after `PR.md` or an
+earlier step changed, or a patch was edited by hand); `check-prs` fails when
+one is not, or when one does not apply on the step before, naming it.
+
+To edit follow-up N as a commit rather than as a patch:
+
+    scripts/upstream.sh followup-tree N /tmp/fu    # kube 5.0.0, PR1, follow-ups 1..N
+    # edit /tmp/fu, then `git add -A` and `git commit --amend` there (the message is PR.md's anyway)
+    scripts/upstream.sh followup-save N /tmp/fu    # writes follow-up N's patch
+
+`followup-save N DIR` takes DIR's commit of step N (the N+2nd of its
+history: kube, PR1, follow-up 1, ...) and its diff over the commit before,
+which must be the stored series' follow-up N-1 (save earlier steps first),
+and then rewrites the later follow-ups' patches over it, or names the first
+that no longer applies. To change an earlier step with the later ones on top,
+`followup-tree` the last one, `git rebase -i` in DIR, then `followup-save`
+each changed step in order. A follow-up that does not apply on the step
+before stops `followup-tree` at it, with what applies in DIR's work tree and
+the rest in `*.rej` files: fix, commit, and `followup-save` it.
 """
 
 import email
@@ -36,6 +65,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import upstream
@@ -109,40 +139,142 @@ def followup_message(step):
     return title[2:].strip(), body
 
 
-def build_followups(tree, who=None):
-    """The follow-ups committed in turn on `tree` (PR1 committed); their commits, in order."""
-    name, address = who or author()
+def followup_patch(step):
+    """A follow-up's one patch: its change over the step before, the source kept by hand."""
+    found = sorted(step.glob("*.patch"))
+    if len(found) != 1:
+        sys.exit(f"upstream: no single patch in {step.relative_to(ROOT)} (its change over the step before)")
+    return found[0]
+
+
+def step_name(n):
+    return "PR1" if n == 0 else f"follow-up {n}"
+
+
+@contextmanager
+def blame(label, what, patch):
+    """A failure inside names the step it broke at."""
+    try:
+        yield
+    except subprocess.CalledProcessError as e:
+        sys.exit(f"upstream {label}: {what} ({patch.name}) broke: {' '.join(map(str, e.cmd))} failed")
+    except SystemExit as e:
+        if e.code in (None, 0):
+            raise
+        sys.exit(f"{e.code}\nupstream {label}: {what} ({patch.name}) broke")
+
+
+def commit_followup(tree, step, who):
+    """The change staged in `tree`, committed with `step`'s PR text as its message; the commit."""
+    name, address = who
+    subject, body = followup_message(step)
+    message = f"{subject}\n\n{body}\n\nSigned-off-by: {name} <{address}>"
+    git(tree, "commit", "--quiet", "-m", message, "--author", f"{name} <{address}>")
+    return git(tree, "rev-parse", "HEAD", capture=True).stdout.strip()
+
+
+def build_followups(tree, upto=None, who=None, reject=False):
+    """Follow-ups 1..`upto` (default: all) applied and committed in turn on `tree` (PR1 committed);
+    their commits, in order. One that does not apply stops the build, naming it; with `reject`,
+    what applies of it is left in the work tree and the rest in `*.rej` files."""
+    who = who or author()
     commits = []
-    for step in followups():
-        src = step / "kube-runtime"
-        for f in sorted(p for p in src.rglob("*") if p.is_file()):
-            dest = tree / "kube-runtime" / f.relative_to(src)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(f, dest)
-        if (step / "kube-runtime.diff").exists():
-            git(tree, "apply", str(step / "kube-runtime.diff"))
-        git(tree, "add", "-A")
-        subject, body = followup_message(step)
-        message = f"{subject}\n\n{body}\n\nSigned-off-by: {name} <{address}>"
-        git(tree, "commit", "--quiet", "-m", message, "--author", f"{name} <{address}>")
-        commits.append(git(tree, "rev-parse", "HEAD", capture=True).stdout.strip())
+    for n, step in enumerate(followups()[:upto], 1):
+        patch = followup_patch(step)
+        try:
+            git(tree, "apply", "--index", str(patch))
+        except subprocess.CalledProcessError:
+            if reject:
+                run("git", "apply", "--reject", str(patch), cwd=tree, check=False)
+            sys.exit(f"upstream: {step_name(n)} ({patch.relative_to(ROOT)}) does not apply on {step_name(n - 1)}")
+        commits.append(commit_followup(tree, step, who))
     return commits
 
 
+def write_followup(tree, commit, n, dest):
+    """Follow-up n's patch from `commit` of `tree`, into `dest`/NN-name/ (replacing the one there)."""
+    out = dest / followups()[n - 1].name
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.patch"):
+        old.unlink()
+    git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "--start-number", str(n + 1),
+        "-o", str(out), "-1", commit)
+    return next(out.glob("*.patch"))
+
+
 def generate_followups(dest=FOLLOWUPS, who=None):
-    """Writes each follow-up's patch into its directory (under `dest`); returns them in order."""
-    patches = []
+    """Each follow-up's patch in its canonical form, into its directory under `dest` (in place
+    by default: every patch is applied before any is written); returns them in order."""
     with tempfile.TemporaryDirectory(prefix="upstream-followups-") as work:
         tree = build(Path(work) / "kube", who)
-        for n, (step, commit) in enumerate(zip(followups(), build_followups(tree, who)), 2):
-            out = dest / step.name
-            out.mkdir(parents=True, exist_ok=True)
-            for old in out.glob("*.patch"):
-                old.unlink()
-            git(tree, "format-patch", "--quiet", "--zero-commit", "--no-signature", "--start-number", str(n),
-                "-o", str(out), "-1", commit)
-            patches.append(next(out.glob("*.patch")))
-    return patches
+        commits = build_followups(tree, who=who)
+        return [write_followup(tree, commit, n, dest) for n, commit in enumerate(commits, 1)]
+
+
+def tree_of(repo, commit):
+    return git(repo, "rev-parse", f"{commit}^{{tree}}", capture=True).stdout.strip()
+
+
+def step_number(text, steps):
+    if not text.isdigit() or not 1 <= int(text) <= len(steps):
+        sys.exit(f"upstream: no follow-up {text}: there are {len(steps)} (upstream/followups/)")
+    return int(text)
+
+
+def followup_tree(n, dest):
+    """PR1 and follow-ups 1..n in `dest`, a new git repository: kube 5.0.0, then one commit per step."""
+    n = step_number(n, followups())
+    dest = Path(dest).resolve()
+    if dest.exists() and any(dest.iterdir()):
+        sys.exit(f"upstream followup-tree: {dest} exists and is not empty")
+    if dest.exists():
+        dest.rmdir()
+    build(dest)
+    build_followups(dest, n, reject=True)
+    print(git(dest, "log", "--oneline", capture=True).stdout, end="")
+    steps = "follow-up 1" if n == 1 else f"follow-ups 1..{n}"
+    print(f"upstream followup-tree: {dest}: PR1 and {steps}; after editing and committing "
+          f"follow-up {n}: scripts/upstream.sh followup-save {n} {dest}")
+
+
+def followup_save(n, src):
+    """Follow-up n's patch, written from `src` (a tree of `followup-tree`): the diff of its
+    step n over its step n-1, which must be the stored series' step n-1; then the later
+    follow-ups rewritten over it, or the first that no longer applies named."""
+    steps = followups()
+    n = step_number(n, steps)
+    src = Path(src).resolve()
+    history = git(src, "rev-list", "--first-parent", "--reverse", "HEAD", capture=True).stdout.split()
+    if len(history) < n + 2:
+        sys.exit(f"upstream followup-save: {src} has no follow-up {n}: its commits are kube 5.0.0, "
+                 f"PR1 and {len(history) - 2} follow-up(s)")
+    before, after = history[n], history[n + 1]
+    who = author()
+    with tempfile.TemporaryDirectory(prefix="upstream-followup-save-") as work:
+        tree = build(Path(work) / "kube", who)
+        build_followups(tree, n - 1, who)
+        if tree_of(src, before) != tree_of(tree, "HEAD"):
+            sys.exit(f"upstream followup-save: {src}'s {step_name(n - 1)} ({before[:12]}) is not the "
+                     f"stored series' {step_name(n - 1)}: save the earlier follow-ups first")
+        diff = Path(work) / "changes.diff"
+        # Whatever the user's diff settings: the a/ b/ prefixes `git apply` expects.
+        out = git(src, "diff", "--binary", "--no-ext-diff", "--no-color", "--src-prefix=a/", "--dst-prefix=b/",
+                  before, after, capture=True).stdout
+        diff.write_text(out)
+        if not out:
+            sys.exit(f"upstream followup-save: {src}'s follow-up {n} ({after[:12]}) changes nothing")
+        git(tree, "apply", "--index", str(diff))
+        patch = write_followup(tree, commit_followup(tree, steps[n - 1], who), n, FOLLOWUPS)
+        print(f"upstream: {patch.relative_to(ROOT)}")
+    if n < len(steps):
+        try:
+            patches = generate_followups(who=who)
+        except SystemExit as e:
+            sys.exit(f"{e.code}\nupstream followup-save: follow-up {n} is saved, the later ones are not rewritten: "
+                     "fix the one named in a `followup-tree` of it (which stops there, with `*.rej` files), "
+                     "or save it from DIR if DIR carries it")
+        for patch in patches:
+            print(f"upstream: {patch.relative_to(ROOT)}")
 
 
 def generate(dest=PR1, who=None):
@@ -192,18 +324,13 @@ def check_fresh(label):
             sys.exit(f"upstream {label}: upstream/pr1/*.patch is stale: run scripts/upstream.sh generate-pr1")
     if label == "check-pr1":
         return committed
-    steps = []
-    for step in followups():
-        found = sorted(step.glob("*.patch"))
-        if len(found) != 1:
-            sys.exit(f"upstream {label}: no single patch in {step.relative_to(ROOT)}: "
-                     "run scripts/upstream.sh generate-followups")
-        steps.append(found[0])
+    steps = [followup_patch(step) for step in followups()]
     with tempfile.TemporaryDirectory(prefix="upstream-followups-check-") as work:
         fresh = generate_followups(Path(work), who)
-        for patch, new in zip(steps, fresh):
+        for n, (patch, new) in enumerate(zip(steps, fresh), 1):
             if patch.name != new.name or patch.read_text() != new.read_text():
-                sys.exit(f"upstream {label}: {patch.relative_to(ROOT)} is stale: "
+                sys.exit(f"upstream {label}: {step_name(n)}: {patch.relative_to(ROOT)} is not in its canonical "
+                         "form (message from PR.md, index lines of the step before): "
                          "run scripts/upstream.sh generate-followups")
     return committed + steps
 
@@ -285,10 +412,11 @@ def check(label="check-pr1"):
     target = CACHE / "check-target"
     followup_counts = []
     for n, patch in enumerate(patches):
-        what = "PR1" if n == 0 else f"follow-up {n}"
+        what = step_name(n)
         print(f"upstream {label}: applying {patch.name} ({what})", flush=True)
-        git(tree, "am", "--quiet", str(patch))
-        check_step(tree, target, label, what)
+        with blame(label, what, patch):
+            git(tree, "am", "--quiet", str(patch))
+            check_step(tree, target, label, what)
         counts = sizes(patch)
         total = sum(counts.values())
         print(f"upstream {label}: {what}: {patch.name}: {total} added lines: "
@@ -310,7 +438,7 @@ def check(label="check-pr1"):
           "document and format, each within its size")
 
 
-def main(command):
+def main(command, args=()):
     try:
         if command == "generate-pr1":
             print(f"upstream: {generate().relative_to(ROOT)}")
@@ -321,10 +449,14 @@ def main(command):
                 print(f"upstream: {patch.relative_to(ROOT)}")
         elif command == "check-prs":
             check("check-prs")
+        elif command in ("followup-tree", "followup-save"):
+            if len(args) != 2:
+                sys.exit(f"usage: scripts/upstream.sh {command} N DIR")
+            (followup_tree if command == "followup-tree" else followup_save)(*args)
     except subprocess.CalledProcessError as e:
         sys.exit(f"upstream {command}: failed: {' '.join(map(str, e.cmd))}")
 
 
 if __name__ == "__main__":
     CACHE.mkdir(parents=True, exist_ok=True)
-    main(sys.argv[1] if len(sys.argv) > 1 else "")
+    main(sys.argv[1] if len(sys.argv) > 1 else "", sys.argv[2:])
