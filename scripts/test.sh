@@ -106,8 +106,9 @@ step "rustdoc of the core alone (-D warnings: no link into an extra)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p kube-runtime-lease --no-deps --no-default-features \
   --features k8s-openapi/latest --locked
 
-step "clippy of the series' generator (upstream/gen, -D warnings)"
-cargo clippy --manifest-path upstream/gen/Cargo.toml --locked -- -D warnings
+step "clippy and the tests of the series' generator (upstream/gen, -D warnings)"
+cargo clippy --manifest-path upstream/gen/Cargo.toml --locked --all-targets -- -D warnings
+cargo test --manifest-path upstream/gen/Cargo.toml --locked
 step "the upstream series: applies to kube-rs 5.0.0, builds, tests, lints, not stale (scripts/upstream.sh check)"
 scripts/upstream.sh check
 scripts/upstream.sh check-docs  # the kube-rs website patch applies; the kube example builds and lints

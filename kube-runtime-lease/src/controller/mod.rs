@@ -116,7 +116,7 @@ where
     /// it reconciles every object in its store at once, without a new LIST:
     /// a failover costs the lease duration, not the lease duration plus a full
     /// LIST and cache fill. A follower pays for its cache in memory and in one
-    /// watch per resource. See [`WarmController::run`].
+    /// watch per resource. See [`WarmController::run`](warm::WarmController::run).
     ///
     /// Built on kube-runtime's stable API: the reconciler is gated by the
     /// term, and [`Controller::reconcile_all_on`] fires when a term begins.

@@ -347,7 +347,7 @@ impl Gen<'_> {
     /// a call of a stripped function or method for nothing but its effect
     /// (`f(...);`, `x.f(...);`); a simple statement or a `let` that reads the
     /// seam (a field `x.NAME` or a path through `NAME`, in a call, a `?`, an
-    /// `.await` or a `match`'s scrutinee: `x.NAME.check()?;`,
+    /// `.await`, an operation or a `match`'s scrutinee: `x.NAME.check()?;`,
     /// `let v = NAME::hook(v);`, which only rebind what the core had); or an
     /// `if` without `else` that does nothing else. Counts the names as found.
     fn strips_call(&mut self, stmt: &syn::Stmt) -> bool {
@@ -363,7 +363,9 @@ impl Gen<'_> {
                     && !stmts.is_empty()
                     && stmts.iter().all(|s| self.seam_stmt(s, mark));
             }
-            syn::Stmt::Expr(syn::Expr::MethodCall(m), Some(_)) if self.strip.contains(&m.method.to_string()) => {
+            syn::Stmt::Expr(syn::Expr::MethodCall(m), Some(_))
+                if self.strip.contains(&m.method.to_string()) =>
+            {
                 m.method.clone()
             }
             syn::Stmt::Expr(syn::Expr::Call(c), Some(_)) if self.callee(c).is_some() => {
@@ -374,7 +376,9 @@ impl Gen<'_> {
                 None => return false,
             },
             syn::Stmt::Local(syn::Local {
-                init: Some(syn::LocalInit { expr, diverge: None, .. }),
+                init: Some(syn::LocalInit {
+                    expr, diverge: None, ..
+                }),
                 ..
             }) => match self.reads_seam(expr) {
                 Some(name) => name,
@@ -399,7 +403,12 @@ impl Gen<'_> {
         use syn::Expr;
         let expr = match expr {
             Expr::Match(m) => &*m.expr,
-            Expr::Call(_) | Expr::MethodCall(_) | Expr::Try(_) | Expr::Await(_) | Expr::Field(_) => expr,
+            Expr::Call(_)
+            | Expr::MethodCall(_)
+            | Expr::Try(_)
+            | Expr::Await(_)
+            | Expr::Field(_)
+            | Expr::Binary(_) => expr,
             _ => return None,
         };
         let mut reads = Reads {
@@ -629,7 +638,10 @@ impl<'ast> Visit<'ast> for Reads<'_> {
 
     fn visit_path(&mut self, path: &'ast syn::Path) {
         let through = path.segments.len().saturating_sub(1);
-        path.segments.iter().take(through).for_each(|s| self.hit(&s.ident));
+        path.segments
+            .iter()
+            .take(through)
+            .for_each(|s| self.hit(&s.ident));
         visit::visit_path(self, path);
     }
 
@@ -671,34 +683,46 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let file = match syn::parse_file(&text) {
-        Ok(f) => f,
+    let (out, stripped) = match generate(&text, &features, &strip) {
+        Ok(generated) => generated,
         Err(e) => {
             let at = e.span().start();
             eprintln!("upstream-gen: {path}:{}:{}: {e}", at.line, at.column + 1);
             return ExitCode::FAILURE;
         }
     };
+    for name in &stripped {
+        eprintln!("upstream-gen: stripped {name}");
+    }
+    print!("{out}");
+    ExitCode::SUCCESS
+}
+
+/// `text` as it reads with exactly `features` on and the seams `strip`
+/// stripped; with the names of `strip` found.
+fn generate(
+    text: &str,
+    features: &BTreeSet<String>,
+    strip: &BTreeSet<String>,
+) -> syn::Result<(String, BTreeSet<String>)> {
+    let file = syn::parse_file(text)?;
     let lines = std::iter::once(0)
         .chain(text.match_indices('\n').map(|(i, _)| i + 1))
         .collect();
     let mut g = Gen {
-        text: &text,
+        text,
         lines,
-        features: &features,
-        strip: &strip,
+        features,
+        strip,
         stripped: BTreeSet::new(),
         edits: Vec::new(),
     };
     for item in &file.items {
         g.visit_item(item);
     }
-    for name in &g.stripped {
-        eprintln!("upstream-gen: stripped {name}");
-    }
     let mut edits = g.edits;
     edits.sort_by_key(|e| std::cmp::Reverse(e.start));
-    let mut out = text.clone();
+    let mut out = text.to_owned();
     let mut floor = usize::MAX;
     for e in edits {
         // Nested or overlapping edits: the outer one was applied.
@@ -708,6 +732,77 @@ fn main() -> ExitCode {
         out.replace_range(e.start..e.end, &e.with);
         floor = e.start;
     }
-    print!("{out}");
-    ExitCode::SUCCESS
+    Ok((out, g.stripped))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::generate;
+
+    /// The lines of `text` generated with no feature on and `strip`
+    /// stripped, blank lines dropped, each trimmed.
+    fn stripped(text: &str, strip: &[&str]) -> Vec<String> {
+        let strip: BTreeSet<String> = strip.iter().map(ToString::to_string).collect();
+        let (out, _) = generate(text, &BTreeSet::new(), &strip).expect("parses");
+        out.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(ToOwned::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn a_statement_reading_a_seam_goes_with_it() {
+        let text = "fn f(&self, grace: u32) -> u32 {
+            self.extras.validate(&self.identity)?;
+            let grace = grace + self.extras.bound();
+            let (a, b) = extras::set_up(a, b);
+            let rule = match extras::rule(self, rule) {
+                Ok(rule) => rule,
+                Err(e) => return e,
+            };
+            grace
+        }";
+        assert_eq!(
+            stripped(text, &["extras"]),
+            ["fn f(&self, grace: u32) -> u32 {", "grace", "}"]
+        );
+    }
+
+    #[test]
+    fn a_local_of_a_seams_name_and_code_in_closures_stay() {
+        let text = "fn f() {
+            let observer = make();
+            observer.status();
+            run(|| extras::hook());
+            let kept = async { self.extras.x() };
+        }";
+        assert_eq!(
+            stripped(text, &["extras", "observer"]),
+            [
+                "fn f() {",
+                "let observer = make();",
+                "observer.status();",
+                "run(|| extras::hook());",
+                "let kept = async { self.extras.x() };",
+                "}",
+            ],
+        );
+    }
+
+    #[test]
+    fn a_false_cfg_removes_its_item_and_a_call_of_a_stripped_method_goes() {
+        let text = "#[cfg(feature = \"x\")]
+            fn gone() {}
+            fn kept(&self) {
+                self.tell(1);
+                self.keep(2);
+            }";
+        assert_eq!(
+            stripped(text, &["tell"]),
+            ["fn kept(&self) {", "self.keep(2);", "}"]
+        );
+    }
 }
