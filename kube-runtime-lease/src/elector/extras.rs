@@ -24,6 +24,10 @@ mod for_shards;
 #[cfg(feature = "coordinated")]
 mod lease_candidate;
 
+#[cfg(feature = "unstable-shards")]
+pub(super) use self::for_shards::handed_view;
+#[cfg(feature = "coordinated")]
+pub(super) use self::lease_candidate::{rule, set_up, while_published};
 #[cfg(not(feature = "unstable-shards"))]
 use super::task::LeaseView;
 #[cfg(not(feature = "coordinated"))]
@@ -33,11 +37,6 @@ use super::{
 };
 #[cfg(not(feature = "coordinated"))]
 use crate::config::LeaseConfig;
-
-#[cfg(feature = "unstable-shards")]
-pub(super) use self::for_shards::handed_view;
-#[cfg(feature = "coordinated")]
-pub(super) use self::lease_candidate::{rule, set_up, while_published};
 
 /// The extras' part of the elector's state (`elector/mod.rs`'s `State`).
 #[derive(Default)]

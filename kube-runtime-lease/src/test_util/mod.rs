@@ -119,6 +119,7 @@ mod wire;
 
 use std::{
     collections::{BTreeMap, VecDeque},
+    io::Write as _,
     sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
@@ -178,7 +179,10 @@ pub const REQUEST_BUDGET: usize = 20_000;
 fn check_budget(s: &Store) {
     let budget = s.budget.unwrap_or(REQUEST_BUDGET);
     if s.received.len() >= budget {
-        eprintln!(
+        // To stderr itself: a test harness captures `eprintln!`, and its
+        // capture is lost with the process.
+        let _ = writeln!(
+            std::io::stderr(),
             "test_util::FakeLeaseApi: more than {budget} requests on one double: a retry loop that \
              never waits (or a long test: see FakeLeaseApi::with_request_budget); aborting"
         );

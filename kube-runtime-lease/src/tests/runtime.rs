@@ -1,7 +1,7 @@
 //! The runtimes the unit tests run on: [`paused`], the paused-time runner
 //! that bounds every test, and the paused runtime a test builds itself.
 
-use std::{future::Future, time::Duration};
+use std::{future::Future, io::Write as _, time::Duration};
 
 /// How much paused time a unit test may take before it fails as hung. The
 /// longest test waits a few simulated minutes; a wait that never ends (a bug,
@@ -36,9 +36,12 @@ pub(crate) fn paused(test: impl Future<Output = ()>) {
     let (finished_tx, finished_rx) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         if finished_rx.recv_timeout(REAL_TEST_BOUND) == Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-            eprintln!(
+            // To stderr itself: the test harness captures `eprintln!`, and
+            // its capture is lost with the process.
+            let _ = writeln!(
+                std::io::stderr(),
                 "the test at {caller} still runs after {REAL_TEST_BOUND:?} of real time: \
-                 a loop that never yields to paused time; aborting"
+                 a loop that never yields to paused time (or a machine far too busy); aborting"
             );
             std::process::abort();
         }

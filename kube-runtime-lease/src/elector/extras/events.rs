@@ -16,8 +16,10 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube_runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{debug, warn};
 
-use crate::elector::{LeaderElector, Observer, Transition};
-use crate::term::Lost;
+use crate::{
+    elector::{LeaderElector, Observer, Transition},
+    term::Lost,
+};
 
 /// How long one publication may take before it is given up.
 const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);

@@ -4,8 +4,11 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 
-use crate::elector::{LeaderElector, State, task::LeaseView};
-use crate::{record::Observed, term::Lost};
+use crate::{
+    elector::{LeaderElector, State, task::LeaseView},
+    record::Observed,
+    term::Lost,
+};
 
 impl LeaderElector {
     /// Gives the next election task a record of the Lease that this process

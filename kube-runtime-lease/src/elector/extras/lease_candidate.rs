@@ -22,15 +22,15 @@ use serde_json::json;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::elector::{
-    Inner, State, Transition,
-    task::{
-        LeaseView, Rule, Task,
-        view::{WATCH_REOPEN_MAX, reopen_backoff},
-    },
-};
 use crate::{
     config::{LeaseConfig, extras::coordinated::Coordinated},
+    elector::{
+        Inner, State, Transition,
+        task::{
+            LeaseView, Rule, Task,
+            view::{WATCH_REOPEN_MAX, reopen_backoff},
+        },
+    },
     error::Chain,
     record::{self, Asker, Observed, Verdict},
 };
