@@ -192,18 +192,20 @@ impl Task {
         let api = &self.inner.api;
         self.watch.reopen_if_due(|| api.watch());
         let result = self.inner.api.get(bound).await;
-        match &result {
-            Ok(Some(lease)) => {
-                self.needs_read = false;
-                self.update_view(lease.clone(), Instant::now());
-            }
-            Ok(None) => {
-                self.needs_read = false;
-                self.view_missing();
-            }
-            Err(_) => {}
+        if let Ok(lease) = &result {
+            self.needs_read = false;
+            self.see(lease.clone());
         }
         result
+    }
+
+    /// Records the Lease as read or delivered now (`None`: it does not
+    /// exist); returns whether the record changed.
+    fn see(&mut self, lease: Option<Lease>) -> bool {
+        match lease {
+            Some(lease) => self.update_view(lease, Instant::now()),
+            None => self.view_missing(),
+        }
     }
 
     /// Records a Lease seen at `at`; returns whether the record changed.
@@ -252,13 +254,7 @@ impl Task {
     /// re-evaluated (the record changed, the watch came in sync, or failed).
     pub(in crate::elector) fn handle_watch(&mut self, item: Option<WatchItem>) -> bool {
         match self.watch.step(item, Instant::now()) {
-            Step::Delivered { lease, news } => {
-                let changed = match lease {
-                    Some(lease) => self.update_view(lease, Instant::now()),
-                    None => self.view_missing(),
-                };
-                changed || news
-            }
+            Step::Delivered { lease, news } => self.see(lease) || news,
             Step::Failed => true,
         }
     }
