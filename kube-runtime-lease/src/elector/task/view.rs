@@ -227,10 +227,7 @@ impl Task {
             self.inner.config.lease_duration,
             Instant::now(),
         );
-        self.inner.update_status(|s| {
-            s.holder = record::holder(&spec).map(str::to_owned);
-            s.transitions = spec.lease_transitions;
-        });
+        self.inner.update_status(|s| s.observe(Some(&spec)));
         let observed = Observed::update(previous, spec, rv, at);
         self.view = LeaseView::Known {
             observed,
@@ -243,10 +240,7 @@ impl Task {
         let changed = !matches!(self.view, LeaseView::Missing);
         self.view = LeaseView::Missing;
         self.memory.went_away(Instant::now());
-        self.inner.update_status(|s| {
-            s.holder = None;
-            s.transitions = None;
-        });
+        self.inner.update_status(|s| s.observe(None));
         changed
     }
 
