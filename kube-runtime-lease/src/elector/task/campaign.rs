@@ -245,7 +245,7 @@ impl Task {
             && *uid == lease.metadata.uid
             && *held > now
         {
-            until = Some(until.map_or(*held, |u| u.max(*held)));
+            until = until.max(Some(*held));
         }
         if let Some(until) = until {
             memory.hold = Some((lease.metadata.uid.clone(), until));

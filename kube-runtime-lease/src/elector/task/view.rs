@@ -202,10 +202,14 @@ impl Task {
     /// Records the Lease as read or delivered now (`None`: it does not
     /// exist); returns whether the record changed.
     fn see(&mut self, lease: Option<Lease>) -> bool {
-        match lease {
-            Some(lease) => self.update_view(lease, Instant::now()),
-            None => self.view_missing(),
-        }
+        let Some(lease) = lease else {
+            let changed = !matches!(self.view, LeaseView::Missing);
+            self.view = LeaseView::Missing;
+            self.memory.went_away(Instant::now());
+            self.inner.update_status(|s| s.observe(None));
+            return changed;
+        };
+        self.update_view(lease, Instant::now())
     }
 
     /// Records a Lease seen at `at`; returns whether the record changed.
@@ -233,14 +237,6 @@ impl Task {
             observed,
             object: Box::new(lease),
         };
-        changed
-    }
-
-    pub(in crate::elector) fn view_missing(&mut self) -> bool {
-        let changed = !matches!(self.view, LeaseView::Missing);
-        self.view = LeaseView::Missing;
-        self.memory.went_away(Instant::now());
-        self.inner.update_status(|s| s.observe(None));
         changed
     }
 
