@@ -94,8 +94,13 @@ impl ApiError {
     /// The HTTP status of the API's answer, if the API answered.
     #[must_use]
     pub fn status(&self) -> Option<u16> {
+        self.client_error().and_then(status_of)
+    }
+
+    /// The client's error, unless the request timed out.
+    fn client_error(&self) -> Option<&kube_client::Error> {
         match self {
-            ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => status_of(e),
+            ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => Some(e),
             ApiError::Timeout { .. } => None,
         }
     }
@@ -103,12 +108,7 @@ impl ApiError {
     /// Whether the API server answered that the Lease `name` does not exist
     /// (see `LeaseApi::get`): not merely any 404.
     pub(crate) fn is_gone(&self, name: &str) -> bool {
-        match self {
-            ApiError::Get(kube_client::Error::Api(s))
-            | ApiError::Create(kube_client::Error::Api(s))
-            | ApiError::Replace(kube_client::Error::Api(s)) => names_missing_lease(s, name),
-            _ => false,
-        }
+        matches!(self.client_error(), Some(kube_client::Error::Api(s)) if names_missing_lease(s, name))
     }
 
     /// Whether someone else wrote first: a `replace` whose resourceVersion was

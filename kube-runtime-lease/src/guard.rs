@@ -5,7 +5,7 @@ use std::{
     future::Future,
     pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
     time::Duration,
 };
 
@@ -82,10 +82,6 @@ impl LeaseGuard {
         self.term.over()
     }
 
-    fn deadline(&self) -> Instant {
-        self.term.deadline()
-    }
-
     /// Whether the term is over as far as can be told without reading the
     /// clock: it has ended, or this guard's timer fired at a deadline no
     /// earlier than the current one (the guarded stream's check before each
@@ -95,14 +91,14 @@ impl LeaseGuard {
             || self
                 .timer
                 .as_ref()
-                .is_some_and(|t| t.is_elapsed() && self.deadline() <= t.deadline())
+                .is_some_and(|t| t.is_elapsed() && self.term.deadline() <= t.deadline())
     }
 
     /// Whether this guard's timer is set for the current renew deadline.
     pub(crate) fn timer_armed(&self) -> bool {
         self.timer
             .as_ref()
-            .is_some_and(|t| t.deadline() == self.deadline())
+            .is_some_and(|t| t.deadline() == self.term.deadline())
     }
 
     /// The time left before the renew deadline (zero once the term ended):
@@ -181,17 +177,15 @@ impl Future for LeaseGuard {
             return Poll::Ready(lost.clone());
         }
         let lost = match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Pending => match self.poll_deadline(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(()) => {
-                    // Final (see `Term::renewed`): the term ends for every
-                    // guard, whether or not the elector task ever notices.
-                    self.term.lose(&Lost::RenewDeadlineExceeded);
-                    // The elector task ends the term its way (its status, its log line).
-                    self.wake.notify_one();
-                    self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded)
-                }
-            },
+            Poll::Pending => {
+                ready!(self.poll_deadline(cx));
+                // Final (see `Term::renewed`): the term ends for every
+                // guard, whether or not the elector task ever notices.
+                self.term.lose(&Lost::RenewDeadlineExceeded);
+                // The elector task ends the term its way (its status, its log line).
+                self.wake.notify_one();
+                self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded)
+            }
             Poll::Ready(Ok(lost)) => lost,
             // The term dropped its senders without a reason: only when the
             // elector task is gone.
@@ -210,7 +204,7 @@ impl LeaseGuard {
             return Poll::Pending;
         }
         loop {
-            let deadline = self.deadline();
+            let deadline = self.term.deadline();
             if Instant::now() >= deadline {
                 return Poll::Ready(());
             }
@@ -224,11 +218,8 @@ impl LeaseGuard {
             if timer.deadline() != deadline {
                 timer.as_mut().reset(deadline);
             }
-            match timer.as_mut().poll(cx) {
-                Poll::Pending => return Poll::Pending,
-                // Renewed since the timer was set: set it again.
-                Poll::Ready(()) => {}
-            }
+            ready!(timer.as_mut().poll(cx));
+            // Renewed since the timer was set: set it again.
         }
     }
 }

@@ -10,7 +10,6 @@ use tracing::debug;
 use crate::{
     ConfigError, LeaderStatus,
     config::names::{dns1123_label, dns1123_subdomain},
-    record,
 };
 
 /// Follows who holds a Lease without ever campaigning: a dashboard, a CLI,
@@ -97,8 +96,7 @@ impl LeaseObserver {
                 let spec = seen.and_then(|l| l.spec);
                 tx.send_if_modified(|s| {
                     let before = s.clone();
-                    s.holder = spec.as_ref().and_then(record::holder).map(str::to_owned);
-                    s.transitions = spec.as_ref().and_then(|s| s.lease_transitions);
+                    s.observe(spec.as_ref());
                     *s != before
                 });
             }

@@ -51,11 +51,17 @@ impl LeaderElector {
             AcquireError::Shutdown => Lost::Shutdown,
             AcquireError::ElectorStopped => Lost::ElectorStopped,
         })?;
-        // The guard first: once the term has ended, `work` is not polled again.
-        match select(guard, pin!(work)).await {
-            Either::Left((lost, _work)) => Err(lost),
-            Either::Right((output, _guard)) => Ok(output),
-        }
+        while_holds(guard, work).await
+    }
+}
+
+/// Polls `work` until it completes (`Ok` with its output) or the term of
+/// `guard` ends first (`Err` with why; `work` is dropped at once, unfinished).
+/// The guard first: once the term has ended, `work` is not polled again.
+async fn while_holds<F: Future>(guard: LeaseGuard, work: F) -> Result<F::Output, Lost> {
+    match select(guard, pin!(work)).await {
+        Either::Left((lost, _work)) => Err(lost),
+        Either::Right((output, _guard)) => Ok(output),
     }
 }
 
@@ -131,12 +137,7 @@ impl<T: Send + 'static> TermTasks<T> {
         let Some(guard) = LeaseGuard::of(&self.term, self.wake.clone()) else {
             return Err(self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded));
         };
-        Ok(self.set.spawn(async move {
-            match select(guard, pin!(task)).await {
-                Either::Left((lost, _task)) => Err(lost),
-                Either::Right((output, _guard)) => Ok(output),
-            }
-        }))
+        Ok(self.set.spawn(while_holds(guard, task)))
     }
 
     /// Waits for the next task to end: `None` once there are none left.

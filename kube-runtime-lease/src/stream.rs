@@ -247,13 +247,11 @@ fn poll_idle<S: Stream>(
 /// Ends the stream: the inner stream is dropped first, then the guard.
 #[cold]
 fn finish<S: Stream>(this: &mut WithLeaderElectionProj<'_, S>, lost: Option<Lost>) -> Poll<Option<S::Item>> {
-    if let Some(lost) = &lost {
+    if let Some(lost) = lost {
         debug!(reason = %lost, "leadership ended: dropping the guarded stream");
+        *this.lost = Some(lost);
     }
     this.inner.set(None);
-    if lost.is_some() {
-        *this.lost = lost;
-    }
     *this.state = State::Done;
     *this.registered = None;
     Poll::Ready(None)

@@ -9,7 +9,7 @@ use std::{
 };
 
 use futures::channel::oneshot;
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use tokio::{sync::Notify, time::Instant};
 
 /// Why leadership ended. The output of [`LeaseGuard`](crate::LeaseGuard).
@@ -94,20 +94,9 @@ struct TermInner {
 
 impl Term {
     pub(crate) fn new(token: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
-        Self::with_deadline(token, sent_at, renew_deadline, false)
-    }
-
-    /// A term with no renew deadline, that ends only when it is lost (the
-    /// election switched off): its guards set no timer, so paused time never
-    /// jumps to a deadline.
-    pub(crate) fn timeless(token: i64, begun: Instant) -> Self {
-        Self::with_deadline(token, begun, Duration::ZERO, true)
-    }
-
-    fn with_deadline(token: i64, sent_at: Instant, renew_deadline: Duration, timeless: bool) -> Self {
         Term {
             token,
-            timeless,
+            timeless: false,
             inner: Mutex::new(TermInner {
                 lost: None,
                 last_renewal: sent_at,
@@ -122,8 +111,14 @@ impl Term {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, TermInner> {
-        self.inner.lock()
+    /// A term with no renew deadline, that ends only when it is lost (the
+    /// election switched off): its guards set no timer, so paused time never
+    /// jumps to a deadline.
+    pub(crate) fn timeless(token: i64, begun: Instant) -> Self {
+        Term {
+            timeless: true,
+            ..Term::new(token, begun, Duration::ZERO)
+        }
     }
 
     /// A successful renewal, sent at `sent_at`. Returns `false`, changing
@@ -133,7 +128,7 @@ impl Term {
     /// the term come back to life.
     #[must_use]
     pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) -> bool {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         if !self.holds() {
             return false;
         }
@@ -193,14 +188,14 @@ impl Term {
     /// and [`lose`](Self::lose) by the lock: once it answers `false`, it
     /// never answers `true` again (for `is_leader`).
     pub(crate) fn holds_serialized(&self) -> bool {
-        let _inner = self.lock();
+        let _inner = self.inner.lock();
         self.holds()
     }
 
     /// Tests: the renew deadline passes now (as during a pause).
     #[cfg(test)]
     pub(crate) fn expire_for_test(&self) {
-        let _inner = self.lock();
+        let _inner = self.inner.lock();
         self.deadline_nanos.store(0, Ordering::Release);
     }
 
@@ -210,11 +205,11 @@ impl Term {
     }
 
     pub(crate) fn last_renewal(&self) -> Instant {
-        self.lock().last_renewal
+        self.inner.lock().last_renewal
     }
 
     pub(crate) fn lost(&self) -> Option<Lost> {
-        self.lock().lost.clone()
+        self.inner.lock().lost.clone()
     }
 
     pub(crate) fn live_guards(&self) -> usize {
@@ -237,7 +232,7 @@ impl Term {
     /// Ends the term: every guard resolves to `reason`. Idempotent: the first reason wins.
     pub(crate) fn lose(&self, reason: &Lost) {
         let senders = {
-            let mut inner = self.lock();
+            let mut inner = self.inner.lock();
             if inner.lost.is_some() {
                 return;
             }
@@ -260,7 +255,7 @@ impl Term {
     /// at once if it has ended already.
     pub(crate) fn subscribe(&self) -> oneshot::Receiver<Lost> {
         let (tx, rx) = oneshot::channel::<Lost>();
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         if inner.lost.is_none() {
             inner.senders.push(tx);
         }
@@ -290,7 +285,7 @@ impl Term {
     /// the term no longer holds.
     pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         if !self.holds() {
             return None;
         }

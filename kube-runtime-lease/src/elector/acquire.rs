@@ -4,7 +4,7 @@ use std::{
     future::Future,
     pin::Pin,
     sync::Arc,
-    task::{Context, Poll},
+    task::{Context, Poll, ready},
 };
 
 use futures::channel::oneshot;
@@ -81,23 +81,17 @@ impl Future for Acquire {
             this.inner.wake.notify_one();
             this.rx.insert(rx)
         };
-        match Pin::new(rx).poll(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(Ok(guard)) => {
-                this.rx = None;
-                Poll::Ready(Ok(guard))
+        let received = ready!(Pin::new(rx).poll(cx));
+        this.rx = None;
+        // Waiters are dropped by `shutdown`, or by the task when it is
+        // dropped without exiting (runtime shut down, panic).
+        Poll::Ready(received.map_err(|oneshot::Canceled| {
+            if this.inner.lock().shutdown {
+                AcquireError::Shutdown
+            } else {
+                AcquireError::ElectorStopped
             }
-            Poll::Ready(Err(oneshot::Canceled)) => {
-                this.rx = None;
-                // Waiters are dropped by `shutdown`, or by the task when it
-                // is dropped without exiting (runtime shut down, panic).
-                Poll::Ready(Err(if this.inner.lock().shutdown {
-                    AcquireError::Shutdown
-                } else {
-                    AcquireError::ElectorStopped
-                }))
-            }
-        }
+        }))
     }
 }
 

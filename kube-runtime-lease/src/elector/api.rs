@@ -57,10 +57,19 @@ impl LeaseApi {
         &self.contact
     }
 
-    /// Notes an answer of the API server's own: an object, or a `Status`
-    /// below 500 (a 5xx may come from a proxy in front of it, and a timeout
-    /// or a connection error is no answer).
-    fn note<T>(&self, result: Result<T>) -> Result<T> {
+    /// Sends one Lease request of `verb` (failing with [`ApiError::Timeout`]
+    /// once `bound` passed, and with `wrap(e)` when it fails), and notes an
+    /// answer of the API server's own: an object, or a `Status` below 500 (a
+    /// 5xx may come from a proxy in front of it, and a timeout or a
+    /// connection error is no answer).
+    async fn request<T>(
+        &self,
+        verb: &'static str,
+        bound: Duration,
+        fut: impl Future<Output = kube_client::Result<T>>,
+        wrap: fn(kube_client::Error) -> ApiError,
+    ) -> Result<T> {
+        let result = bounded(bound, fut, wrap, || ApiError::Timeout { verb, after: bound }).await;
         match &result {
             Ok(_) => self.contact.answered(),
             Err(e) if e.status().is_some_and(|s| s < 500) => self.contact.answered(),
@@ -79,14 +88,8 @@ impl LeaseApi {
     /// creation hold, on a Lease that was never deleted. (kube's `get_opt`
     /// takes any 404 for a missing object.)
     pub(super) async fn get(&self, bound: Duration) -> Result<Option<Lease>> {
-        let read = bounded(
-            bound,
-            self.api.get(&self.name),
-            ApiError::Get,
-            timeout("get", bound),
-        )
-        .await;
-        match self.note(read) {
+        let read = self.request("get", bound, self.api.get(&self.name), ApiError::Get);
+        match read.await {
             Err(e) if e.is_gone(&self.name) => Ok(None),
             read => read.map(Some),
         }
@@ -95,27 +98,17 @@ impl LeaseApi {
     /// Creates the Lease (`create` has no precondition: it fails with a
     /// conflict, 409, if the object exists).
     pub(super) async fn create(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
-        let created = bounded(
-            bound,
-            self.api.create(&PostParams::default(), lease),
-            ApiError::Create,
-            timeout("create", bound),
-        )
-        .await;
-        self.note(created)
+        let params = PostParams::default();
+        let create = self.api.create(&params, lease);
+        self.request("create", bound, create, ApiError::Create).await
     }
 
     /// Replaces the Lease, with the resourceVersion `lease` carries as the
     /// precondition: a lost race is a conflict, never a silent overwrite.
     pub(super) async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
-        let replaced = bounded(
-            bound,
-            self.api.replace(&self.name, &PostParams::default(), lease),
-            ApiError::Replace,
-            timeout("update", bound),
-        )
-        .await;
-        self.note(replaced)
+        let params = PostParams::default();
+        let replace = self.api.replace(&self.name, &params, lease);
+        self.request("update", bound, replace, ApiError::Replace).await
     }
 
     /// Watches the Lease (lazy: no request before it is first polled).
@@ -145,9 +138,4 @@ pub(super) async fn bounded<T, E>(
         Err(_) => Err(timed_out()),
         Ok(r) => r.map_err(wrap),
     }
-}
-
-/// The [`ApiError::Timeout`] of a Lease request of `verb` bounded by `after`.
-fn timeout(verb: &'static str, after: Duration) -> impl FnOnce() -> ApiError {
-    move || ApiError::Timeout { verb, after }
 }

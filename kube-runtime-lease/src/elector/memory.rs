@@ -72,7 +72,7 @@ impl Memory {
     pub(super) fn went_away(&mut self, now: Instant) {
         if self.seen_uid.take().is_some() && self.seen_held {
             let until = record::later(now, self.seen_longest);
-            self.risk_until = Some(self.risk_until.map_or(until, |u| u.max(until)));
+            self.risk_until = self.risk_until.max(Some(until));
         }
         self.seen_held = false;
         self.seen_longest = Duration::ZERO;

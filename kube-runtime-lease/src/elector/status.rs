@@ -3,10 +3,12 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::LeaseSpec;
 use tokio::sync::watch;
 use tracing::info;
 
 use super::{Inner, LeaderElector, Transition};
+use crate::record;
 
 /// What this candidate knows of the election, as of its last observation.
 ///
@@ -29,6 +31,15 @@ pub struct LeaderStatus {
     /// and after the fallback.
     #[cfg(feature = "coordinated")]
     pub coordinated: bool,
+}
+
+impl LeaderStatus {
+    /// What the record `spec` says of the election (`None`: the Lease does
+    /// not exist): its holder and transitions.
+    pub(crate) fn observe(&mut self, spec: Option<&LeaseSpec>) {
+        self.holder = spec.and_then(record::holder).map(str::to_owned);
+        self.transitions = spec.and_then(|s| s.lease_transitions);
+    }
 }
 
 /// Why a [`LeaderElector::health_check`] failed.
@@ -102,10 +113,9 @@ impl LeaderElector {
             return Ok(());
         }
         let term = self.inner.lock().term.clone();
-        let Some(term) = term else { return Ok(()) };
-        if term.lost().is_some() {
+        let Some(term) = term.filter(|t| t.lost().is_none()) else {
             return Ok(());
-        }
+        };
         let since = term.last_renewal().elapsed();
         let limit = self.inner.config.lease_duration.saturating_add(tolerance);
         if since > limit {
@@ -113,9 +123,7 @@ impl LeaderElector {
         }
         Ok(())
     }
-}
 
-impl LeaderElector {
     /// The standby's health check, for a liveness probe: fails when this
     /// candidate takes part in the election (it campaigns or leads) but the
     /// API server has not answered it for longer than `max_silence` (no read,

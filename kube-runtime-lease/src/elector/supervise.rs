@@ -144,17 +144,14 @@ impl Drop for Task {
 /// `ElectorStopped`), or panicked (a bug).
 pub(super) async fn join(task: Option<JoinHandle<Result<()>>>) -> Result<()> {
     let Some(task) = task else { return Ok(()) };
-    match task.await {
-        Ok(result) => result,
-        Err(e) if e.is_cancelled() => {
+    task.await.unwrap_or_else(|e| {
+        if e.is_cancelled() {
             debug!("the leader election task was cancelled (its runtime shut down)");
-            Ok(())
-        }
-        Err(e) => {
+        } else {
             error!(error = %e, "leader election task panicked");
-            Ok(())
         }
-    }
+        Ok(())
+    })
 }
 
 impl super::State {
@@ -164,16 +161,12 @@ impl super::State {
         let live = self
             .term
             .as_ref()
-            .filter(|t| t.lost().is_none())
-            .map_or(0, |t| t.live_guards());
-        if live > 0 {
-            Demand::Wanted
-        } else if self.shutdown {
-            Demand::Shutdown
-        } else if self.waiters.is_empty() {
-            Demand::Unwanted
-        } else {
-            Demand::Wanted
+            .is_some_and(|t| t.lost().is_none() && t.live_guards() > 0);
+        // A live guard wants it whatever else; then a shutdown, then waiters.
+        match (live, self.shutdown, self.waiters.is_empty()) {
+            (false, true, _) => Demand::Shutdown,
+            (false, false, true) => Demand::Unwanted,
+            _ => Demand::Wanted,
         }
     }
 }

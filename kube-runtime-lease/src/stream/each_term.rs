@@ -78,8 +78,7 @@ impl LeaderElector {
         let builder = config.retry_backoff();
         let mut backoff = builder.build();
         loop {
-            let guarded = make().with_leader_election(self);
-            let mut guarded = std::pin::pin!(guarded);
+            let mut guarded = std::pin::pin!(make().with_leader_election(self));
             let mut started = None;
             while guarded.next().await.is_some() {
                 started.get_or_insert_with(Instant::now);

@@ -46,15 +46,15 @@ impl Task {
                 }
                 Demand::Wanted => linger_until = None,
             }
-            let wait = match self.try_acquire().await {
+            let until = match self.try_acquire().await {
                 Ok(Attempt::Won(won)) => return Some(won),
                 Ok(Attempt::WaitUntil(until)) => {
                     backoff = None;
-                    Some(if self.watch.synced() {
+                    if self.watch.synced() {
                         until
                     } else {
                         until.min(Instant::now() + self.jittered_retry())
-                    })
+                    }
                 }
                 Err(e) => {
                     self.log_error("acquiring the lease", &e);
@@ -62,12 +62,10 @@ impl Task {
                         .get_or_insert_with(|| self.config().retry_backoff().build())
                         .next()
                         .unwrap_or(self.config().lease_duration);
-                    Some(Instant::now() + delay)
+                    Instant::now() + delay
                 }
             };
-            if let Some(until) = wait {
-                self.idle_until(until).await;
-            }
+            self.idle_until(until).await;
         }
     }
 
@@ -82,12 +80,11 @@ impl Task {
     }
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
-        let renew_deadline = self.config().renew_deadline;
+        let cfg = self.inner.config.clone();
         if !self.watch.synced() || self.needs_read || matches!(self.view, LeaseView::Unknown) {
-            self.get(renew_deadline).await?;
+            self.get(cfg.renew_deadline).await?;
         }
         let now = Instant::now();
-        let cfg = self.inner.config.clone();
         // The rule for a record: the ordinary election's, unless Coordinated
         // Leader Election says to wait or is in force.
         let rule: Rule = Observed::verdict;
@@ -142,16 +139,9 @@ impl Task {
     /// with transitions above any seen on the name, and a fencing token above
     /// any seen or handed out, stored on the Lease.
     fn begin_record(&self, lease: &mut Lease, prev: Option<&Lease>, seconds: i32) {
-        let (transitions, token) = {
-            let memory = &self.memory;
-            let prev_transitions =
-                prev.map(|p| p.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0));
-            let transitions = memory.next_transitions(prev_transitions);
-            (
-                transitions,
-                memory.token_for(prev.map(record::token_of), transitions),
-            )
-        };
+        let prev_transitions = prev.map(|p| p.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0));
+        let transitions = self.memory.next_transitions(prev_transitions);
+        let token = self.memory.token_for(prev.map(record::token_of), transitions);
         let spec = record::taken(
             lease.spec.as_ref(),
             &self.config().identity,
@@ -249,7 +239,7 @@ impl Task {
             && *uid == lease.metadata.uid
             && *held > now
         {
-            until = Some(until.map_or(*held, |u| u.max(*held)));
+            until = until.max(Some(*held));
         }
         if let Some(until) = until {
             memory.hold = Some((lease.metadata.uid.clone(), until));

@@ -22,12 +22,7 @@ impl Task {
         // Status first, so that subscribers see no leader once a guard resolves.
         self.inner.not_leading();
         term.lose(reason);
-        {
-            let mut state = self.inner.lock();
-            if state.term.as_ref().is_some_and(|t| Arc::ptr_eq(t, term)) {
-                state.term = None;
-            }
-        }
+        self.inner.lock().term.take_if(|t| Arc::ptr_eq(t, term));
         let begun = run.phase == super::lead::Phase::Leading;
         if begun {
             self.inner.tell(Transition::TermEnded {
@@ -42,17 +37,13 @@ impl Task {
                 Instant::now(),
                 cfg.lease_duration.saturating_sub(cfg.renew_deadline),
             );
-            memory.stopped_until = Some(memory.stopped_until.map_or(until, |u| u.max(until)));
+            memory.stopped_until = memory.stopped_until.max(Some(until));
         }
         let stopped_until = memory.stopped_until.filter(|u| *u > Instant::now());
         let wants_release = match reason {
-            Lost::Shutdown | Lost::GivenUp => {
+            Lost::Shutdown | Lost::GivenUp | Lost::SteppedDown { .. } => {
                 info!(%reason, "leadership ended");
-                self.config().release_on_drop
-            }
-            Lost::SteppedDown { .. } => {
-                info!(%reason, "leadership ended");
-                true
+                matches!(reason, Lost::SteppedDown { .. }) || self.config().release_on_drop
             }
             Lost::ElectorStopped => false,
             _ => {

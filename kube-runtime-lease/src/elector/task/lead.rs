@@ -18,19 +18,6 @@ use crate::{
     term::{Lost, Term},
 };
 
-/// What woke a leading term's loop.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "lives on the stack for one turn of the loop, like the event it carries"
-)]
-enum LeadWake {
-    /// A change of demand (a guard dropped, a shutdown) or the end of the hold
-    /// after creating the Lease: re-check at the top of the loop.
-    Demand,
-    /// A watch event (or the watch's end).
-    Watch(Option<WatchItem>),
-}
-
 /// The loss of a term whose Lease now holds `lease`, someone else's record
 /// (its holder is `""` when someone else wrote it free).
 fn taken_over(lease: &Lease) -> Lost {
@@ -86,13 +73,12 @@ impl Task {
     /// Leads one term, begun by `won`, to its end and release.
     pub(in crate::elector) async fn lead(&mut self, won: Won) -> Next {
         let Won { lease, sent, created } = won;
-        let cfg = self.inner.config.clone();
         let Some(id) = TermId::of(&lease) else {
             return Next::Campaign;
         };
         self.memory.last_term = Some(id.clone());
         let token = self.memory.next_token(record::token_of(&lease));
-        let term = Arc::new(Term::new(token, sent, cfg.renew_deadline));
+        let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.update_view((*lease).clone(), sent);
         // A Lease has no version once deleted and `create` has no
         // precondition, so the leader of a deleted incarnation may still
@@ -181,8 +167,8 @@ impl Task {
                     }
                 }
             }
-            if Instant::now() >= next_tick {
-                let now = Instant::now();
+            let now = Instant::now();
+            if now >= next_tick {
                 while next_tick <= now {
                     next_tick += cfg.retry_period;
                 }
@@ -191,22 +177,21 @@ impl Task {
                 }
                 continue;
             }
-            let hold = run.phase.hold();
-            let hold_elapsed = async {
-                match hold {
-                    Some(until) => sleep_until(until).await,
-                    None => futures::future::pending().await,
-                }
-            };
-            // The branches' futures borrow `self.watch`: act once they are dropped.
+            // The end of the creation hold, or the renew deadline if sooner.
+            let deadline = term.deadline();
+            let hold_or_deadline = run.phase.hold().map_or(deadline, |h| h.min(deadline));
+            // What woke the loop: a watch event (or the watch's end), or
+            // `None`: a change of demand (a guard dropped, a shutdown), the
+            // end of the hold, the deadline or the tick, re-checked at the
+            // top of the loop. The branches' futures borrow `self.watch`: act
+            // once they are dropped.
             let cause = futures::select_biased! {
-                () = wake.notified().fuse() => LeadWake::Demand,
-                () = hold_elapsed.fuse() => LeadWake::Demand,
-                () = sleep_until(term.deadline()).fuse() => LeadWake::Demand,
-                item = self.watch.next().fuse() => LeadWake::Watch(item),
-                () = sleep_until(next_tick).fuse() => LeadWake::Demand,
+                () = wake.notified().fuse() => None,
+                () = sleep_until(hold_or_deadline).fuse() => None,
+                item = self.watch.next().fuse() => Some(item),
+                () = sleep_until(next_tick).fuse() => None,
             };
-            if let LeadWake::Watch(event) = cause
+            if let Some(event) = cause
                 && let Err(lost) = self.on_watch_event(run, event).await
             {
                 return lost;
@@ -280,8 +265,9 @@ impl Task {
             // Written after our last write: the term is over, now.
             return Err(object.map_or(Lost::Deleted, |object| taken_over(&object)));
         }
-        // Possibly older than our last write: confirm with a read.
-        self.verify(run).await
+        // Possibly older than our last write: confirm with a read before
+        // stepping down (a read that fails leaves the term on).
+        self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
     }
 
     /// Publishes the term of `run`: hands guards to every waiter.
@@ -308,12 +294,6 @@ impl Task {
         self.inner.tell(Transition::TermBegan {
             uid: run.cached.metadata.uid.as_deref(),
         });
-    }
-
-    /// The watch showed a record not of our term, possibly older than our last
-    /// write: confirm with a read before stepping down.
-    pub(in crate::elector) async fn verify(&mut self, run: &mut TermRun) -> Result<(), Lost> {
-        self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
     }
 
     /// Reads the Lease (bounded by the renew deadline): whether it still holds

@@ -143,9 +143,7 @@ impl Task {
             ended: false,
         }
     }
-}
 
-impl Task {
     pub(in crate::elector) fn config(&self) -> &LeaseConfig {
         &self.inner.config
     }

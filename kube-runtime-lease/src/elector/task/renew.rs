@@ -13,7 +13,7 @@ impl Task {
     /// resourceVersion), falling to a read and a retry on conflict. The renew
     /// deadline moves to the instant before the successful request was sent.
     pub(in crate::elector) async fn renew(&mut self, run: &mut TermRun) -> Result<(), Lost> {
-        let cfg = self.inner.config.clone();
+        let renew_deadline = self.config().renew_deadline;
         let term = run.term.clone();
         for attempt in 0..2 {
             let sent = Instant::now();
@@ -29,7 +29,7 @@ impl Task {
             ));
             match self.inner.api.replace(&lease, deadline - sent).await {
                 Ok(lease) => {
-                    let in_time = term.renewed(sent, cfg.renew_deadline);
+                    let in_time = term.renewed(sent, renew_deadline);
                     self.update_view(lease.clone(), sent);
                     run.cached = lease;
                     run.caught_up = false;
@@ -57,10 +57,10 @@ impl Task {
                     // A 404 from something in front of the API server costs
                     // this renewal, not the term.
                     self.log_error("renewing the lease (answered 404: reading it to confirm)", &e);
-                    return match self.reread(run, "confirming the lease after a 404").await {
-                        Some(Err(lost)) => Err(lost),
-                        _ => Ok(()),
-                    };
+                    return self
+                        .reread(run, "confirming the lease after a 404")
+                        .await
+                        .unwrap_or(Ok(()));
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
                     self.renewal_told("conflict", sent);
@@ -79,9 +79,7 @@ impl Task {
         }
         Ok(())
     }
-}
 
-impl Task {
     /// Tells the observers of a renewal write sent at `sent`, and its outcome.
     fn renewal_told(&self, outcome: &'static str, sent: Instant) {
         self.inner.tell(Transition::Renewal {

@@ -192,18 +192,24 @@ impl Task {
         let api = &self.inner.api;
         self.watch.reopen_if_due(|| api.watch());
         let result = self.inner.api.get(bound).await;
-        match &result {
-            Ok(Some(lease)) => {
-                self.needs_read = false;
-                self.update_view(lease.clone(), Instant::now());
-            }
-            Ok(None) => {
-                self.needs_read = false;
-                self.view_missing();
-            }
-            Err(_) => {}
+        if let Ok(lease) = &result {
+            self.needs_read = false;
+            self.see(lease.clone());
         }
         result
+    }
+
+    /// Records the Lease as read or delivered now (`None`: it does not
+    /// exist); returns whether the record changed.
+    fn see(&mut self, lease: Option<Lease>) -> bool {
+        let Some(lease) = lease else {
+            let changed = !matches!(self.view, LeaseView::Missing);
+            self.view = LeaseView::Missing;
+            self.memory.went_away(Instant::now());
+            self.inner.update_status(|s| s.observe(None));
+            return changed;
+        };
+        self.update_view(lease, Instant::now())
     }
 
     /// Records a Lease seen at `at`; returns whether the record changed.
@@ -225,10 +231,7 @@ impl Task {
             self.inner.config.lease_duration,
             Instant::now(),
         );
-        self.inner.update_status(|s| {
-            s.holder = record::holder(&spec).map(str::to_owned);
-            s.transitions = spec.lease_transitions;
-        });
+        self.inner.update_status(|s| s.observe(Some(&spec)));
         let observed = Observed::update(previous, spec, rv, at);
         self.view = LeaseView::Known {
             observed,
@@ -237,28 +240,11 @@ impl Task {
         changed
     }
 
-    pub(in crate::elector) fn view_missing(&mut self) -> bool {
-        let changed = !matches!(self.view, LeaseView::Missing);
-        self.view = LeaseView::Missing;
-        self.memory.went_away(Instant::now());
-        self.inner.update_status(|s| {
-            s.holder = None;
-            s.transitions = None;
-        });
-        changed
-    }
-
     /// Handles one watch item; returns whether the election should be
     /// re-evaluated (the record changed, the watch came in sync, or failed).
     pub(in crate::elector) fn handle_watch(&mut self, item: Option<WatchItem>) -> bool {
         match self.watch.step(item, Instant::now()) {
-            Step::Delivered { lease, news } => {
-                let changed = match lease {
-                    Some(lease) => self.update_view(lease, Instant::now()),
-                    None => self.view_missing(),
-                };
-                changed || news
-            }
+            Step::Delivered { lease, news } => self.see(lease) || news,
             Step::Failed => true,
         }
     }
