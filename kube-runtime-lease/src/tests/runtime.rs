@@ -22,9 +22,9 @@ pub(crate) fn paused_runtime() -> tokio::runtime::Runtime {
 /// How much real time a unit test may take. Paused time advances only while
 /// the runtime is idle, so a loop that never yields to a timer (against the
 /// instant double) keeps a test from ever reaching [`PAUSED_TEST_BOUND`]; this
-/// bound catches that. Generous: the longest simulation takes about 70 s of
-/// real time alone on 2 cores, and near twice that beside the other long
-/// tests on a machine busy with builds (120 s was seen to abort it there).
+/// bound catches that. Generous: the longest test takes about 70 s of real
+/// time alone on 2 cores, and near twice that beside the other long tests on
+/// a machine busy with builds (120 s was seen to abort it there).
 pub(crate) const REAL_TEST_BOUND: Duration = Duration::from_secs(300);
 
 /// Runs a test body on a paused runtime and fails it if it has not finished
