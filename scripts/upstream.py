@@ -17,7 +17,8 @@ every extra off and strips the crate-only seams (CRATE_ONLY_SEAMS: the
 observer seam, which only the extras use, and which would be dead code
 upstream; generation fails when a listed name is found nowhere); then module
 paths are rewritten (`crate::` becomes `crate::lease::`, `kube_runtime::` becomes `crate::`; doc examples use
-`kube::runtime::lease`), `mod` lines of files a step does not carry yet are
+`kube::runtime::lease`), names take kube-runtime's idiom (RENAMES: `LeaseConfig` is
+`lease::Config`, as `watcher::Config` is), `mod` lines of files a step does not carry yet are
 dropped, lines between `<!-- upstream: omit -->` and `<!-- upstream: end -->`
 in docs are dropped, and rustfmt formats the result with kube-rs's options.
 
@@ -72,7 +73,7 @@ STEPS = [
         "body": (
             "The first part of leader election on coordination.k8s.io/v1 Leases\n"
             "(kube-rs/kube#485), behind the new feature `unstable-runtime-lease`,\n"
-            "which `unstable-runtime` includes and the kube facade forwards:\n"
+            "which `unstable-runtime` includes (kube reaches it through that):\n"
             "LeaseConfig with client-go's validation rules."
         ),
         "files": [
@@ -328,13 +329,25 @@ def child_file(rel, name, present):
     return None
 
 
+# Names the module takes in kube-runtime's idiom (`watcher::Config`, `controller::Config`):
+# inside `kube_runtime::lease`, the crate's `LeaseConfig` is `lease::Config`.
+RENAMES = {"LeaseConfig": "Config"}
+RENAME = re.compile(r"\b(" + "|".join(RENAMES) + r")\b")
+
+
+def rename(text):
+    return RENAME.sub(lambda m: RENAMES[m.group(1)], text)
+
+
 def rewrite_code(line):
+    line = rename(line)
     line = re.sub(r"\bcrate::", "crate::lease::", line)
     line = re.sub(r"\bkube_runtime::", "crate::", line)
     return line.replace("kube_runtime_lease::", "crate::lease::")
 
 
 def rewrite_doc(text, in_code):
+    text = rename(text)
     if in_code:
         text = text.replace("kube_runtime_lease::", "kube::runtime::lease::")
         text = re.sub(r"\bkube_client::", "kube::", text)
@@ -379,7 +392,7 @@ def transform(text, rel, present):
             out.append(d.group(1) + d.group(2) + d.group(3) + rewrite_doc(body, in_code and not fence))
             continue
         if line.lstrip().startswith("//"):
-            out.append(line)
+            out.append(rename(line))
             continue
         out.append(rewrite_code(line))
     text = "\n".join(out)
@@ -486,13 +499,6 @@ def apply_manifest_changes(tree, step):
             runtime,
             "unstable-runtime-reconcile-on = []\n",
             'unstable-runtime-reconcile-on = []\nunstable-runtime-lease = ["tokio/rt", "tokio/sync"]\n',
-        )
-        edit(
-            tree / "kube" / "Cargo.toml",
-            'unstable-runtime = ["kube-runtime/unstable-runtime", "runtime"]\n',
-            'unstable-runtime = ["kube-runtime/unstable-runtime", "runtime"]\n'
-            "## enable leader election with coordination.k8s.io Leases (kube::runtime::lease)\n"
-            'unstable-runtime-lease = ["kube-runtime/unstable-runtime-lease", "runtime"]\n',
         )
         edit(
             tree / "kube-runtime" / "src" / "lib.rs",
@@ -634,7 +640,8 @@ def check():
         cargo(tree, "clippy", *off, "--all-targets", "--", "-D", "warnings", target=target)
         cargo(tree, "test", *on, target=target)
         cargo(tree, "test", *off, target=target)
-        cargo(tree, "check", "-p", "kube", "--features", f"{FEATURE},k8s-openapi/latest", target=target)
+        # The facade reaches the module through `unstable-runtime` alone: no new `kube` feature.
+        cargo(tree, "check", "-p", "kube", "--features", "unstable-runtime,k8s-openapi/latest", target=target)
         rustdoc(tree, target)
         lease = sorted((tree / "kube-runtime" / "src" / "lease").rglob("*.rs"))
         fmt_check(tree, lease)
