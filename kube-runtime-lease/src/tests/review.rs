@@ -3,14 +3,18 @@
 
 use std::time::Duration;
 
-use tokio::time::timeout;
+use std::pin::pin;
+
+use tokio::time::{Instant, sleep, timeout};
 
 use crate::{
     record,
-    tests::support::{config, elector, free, paused},
+    test_util::FakeLeaseApi,
+    tests::support::{config, elector, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
+const MS: fn(u64) -> Duration = Duration::from_millis;
 
 /// A garbage fencing-token annotation (`i64::MAX`, written by an admin, a
 /// restore, or a buggy tool) on the Lease: the first term hands out
@@ -42,5 +46,53 @@ fn a_fencing_token_annotation_at_i64_max_does_not_stop_the_next_term() {
             .expect("leads again")
             .expect("the second term begins (the election task did not panic)");
         assert!(second.fencing_token() >= i64::MAX);
+    });
+}
+
+/// The creation hold when the Lease object that replaced a held one is
+/// *taken over* (created by someone else, here left free at once, as a
+/// client-go candidate that re-created it and then released it would),
+/// rather than created by us: `hold_for(.., created = false)` holds it until
+/// the deleted record's lease duration (40 s) has passed, but the takeover
+/// write itself (`try_acquire`, `LeaseView::Known` / `Verdict::Take`) carries
+/// only this candidate's own `lease_duration_seconds()` (15 s), not the rest
+/// of the hold. The crate docs promise that "every record it writes during
+/// the hold carries a `leaseDurationSeconds` that covers the rest of the
+/// hold, so that candidates that never saw the old record wait as long".
+/// If `a` is then cut off before its first renewal, a candidate `c` that never
+/// saw the deleted record takes the Lease 15 s later, while the deleted
+/// record's holder (`go`, 40 s) may still lead.
+#[test]
+fn a_takeover_during_the_creation_hold_writes_a_duration_covering_the_hold() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 40));
+        let (a, a_id) = elector(&fake, config("a"));
+        let mut a_acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut a_acquire).await.is_err(), "a saw go's record");
+        // The object is deleted, and a new one (a new uid) appears at once, free.
+        fake.delete();
+        let deleted = Instant::now();
+        let mut free = held_by("", 1);
+        free.spec.as_mut().unwrap().lease_transitions = Some(0);
+        fake.put(free);
+        // a takes the new object over (after one lost race: its watch showed
+        // the deletion first, its create met the new object).
+        while holder(&fake).as_deref() != Some("a") {
+            assert!(deleted.elapsed() < S(10), "a did not take the new object over");
+            sleep(MS(10)).await;
+        }
+        let written = spec(&fake).lease_duration_seconds.unwrap_or_default();
+        // a is cut off before its first renewal (a pause, a partition).
+        fake.partition(a_id, true);
+        let (c, _) = elector(&fake, config("c"));
+        let c_led = timeout(S(60), c.acquire()).await.expect("c leads").unwrap();
+        let _ = c_led;
+        assert!(
+            written >= 39 && deleted.elapsed() >= S(40),
+            "the takeover during the hold wrote leaseDurationSeconds {written}, and c (which never saw the \
+             deleted 40 s record) led {:?} after the deletion",
+            deleted.elapsed()
+        );
     });
 }
