@@ -96,3 +96,50 @@ fn a_takeover_during_the_creation_hold_writes_a_duration_covering_the_hold() {
         );
     });
 }
+
+/// Two processes with one identity, the second one client-go's: a client-go
+/// candidate whose identity is the holder's treats the record as its own
+/// (`IsLeader()`: the observed holder is its identity) and renews it at
+/// once, keeping `acquireTime` and `leaseTransitions` as client-go's renewal
+/// does. Its writes are then indistinguishable from our own term's by
+/// `TermId` (uid, holder, acquireTime, transitions): our leader's renewals
+/// meet a conflict, re-read the record, find "our" term (`reread`,
+/// `run.id.matches`) and renew on top of it, so both lead for ever. The
+/// crate docs promise that "a leader that finds such a record at a renewal
+/// has been taken over" (docs/regressions.md section 2: "two processes with
+/// one identity never both lead").
+#[test]
+fn a_client_go_process_with_our_identity_renewing_our_record_ends_our_term() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("x"));
+        let guard = a.acquire().await.unwrap();
+        let started = Instant::now();
+        // client-go's candidate "x": every retry period, a renewal of the
+        // record it reads, with its own renewTime.
+        let go = {
+            let fake = fake.clone();
+            tokio::spawn(async move {
+                loop {
+                    sleep(MS(1300)).await;
+                    let mut lease = fake.lease().unwrap();
+                    let spec = lease.spec.as_mut().unwrap();
+                    assert_eq!(spec.holder_identity.as_deref(), Some("x"));
+                    let now = k8s_openapi::jiff::Timestamp::now()
+                        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+                        .unwrap();
+                    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now));
+                    fake.put(lease);
+                }
+            })
+        };
+        let ended = timeout(S(60), guard).await;
+        go.abort();
+        assert!(
+            ended.is_ok(),
+            "our term still holds {:?} after a client-go process with our identity began renewing our \
+             record: both lead",
+            started.elapsed()
+        );
+    });
+}
