@@ -143,3 +143,47 @@ fn a_client_go_process_with_our_identity_renewing_our_record_ends_our_term() {
         );
     });
 }
+
+/// The same rule on the other path into a held term: a candidate that
+/// created the Lease after a 40 s record was deleted holds it, writing
+/// `leaseDurationSeconds` 40; its `acquire` is dropped during the hold (no
+/// release: the hold is never written free) and a new one campaigns again.
+/// The record is its own term's, so `try_acquire` takes it back at once
+/// (`Verdict::Take`), and `hold_for` keeps the hold (`Memory::hold`), but the
+/// write carries the configured 15 s, not the 30-odd seconds left of the
+/// hold: a candidate that never saw the deleted record then waits 15 s only.
+#[test]
+fn campaigning_again_during_the_creation_hold_writes_a_duration_covering_the_hold() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 40));
+        let (a, _) = elector(&fake, config("a"));
+        let mut acquire = Box::pin(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
+        fake.delete();
+        let deleted = Instant::now();
+        sleep(MS(10)).await;
+        assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created");
+        assert_eq!(spec(&fake).lease_duration_seconds, Some(40));
+        let acquired_at = spec(&fake).acquire_time;
+        // Given up during the hold (no release), then wanted again.
+        drop(acquire);
+        sleep(MS(500)).await;
+        let mut again = pin!(a.acquire());
+        while spec(&fake).acquire_time == acquired_at {
+            assert!(timeout(MS(10), &mut again).await.is_err(), "a does not lead during the hold");
+            assert!(
+                deleted.elapsed() < S(10),
+                "a did not campaign again: {:?}",
+                fake.requests().iter().map(|r| (r.at - deleted, r.verb)).collect::<Vec<_>>()
+            );
+        }
+        let written = spec(&fake).lease_duration_seconds.unwrap_or_default();
+        let left = S(40).saturating_sub(deleted.elapsed()).as_secs();
+        assert!(
+            u64::try_from(written).unwrap_or_default() >= left,
+            "a took its own record back during the hold with leaseDurationSeconds {written}; {left} s of the \
+             hold were left"
+        );
+    });
+}
