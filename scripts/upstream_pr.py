@@ -58,6 +58,7 @@ before stops `followup-tree` at it, with what applies in DIR's work tree and
 the rest in `*.rej` files: fix, commit, and `followup-save` it.
 """
 
+import collections
 import email
 import email.utils
 import re
@@ -400,6 +401,24 @@ def distance_to_end_state(tree):
               f"{added} lines to add ({tests} of them in test files), {removed} to remove in src/lease/ "
               f"({len(rows)} files differ)")
         print("\n".join(rows), flush=True)
+        # The same distance with lines that only moved (to another file or place) left out:
+        # what is new content, apart from the layout.
+        for kind, is_test in (("code and docs", False), ("tests", True)):
+            a, b = line_counts(ours, is_test), line_counts(theirs, is_test)
+            print(f"upstream check-prs: content still to go in {kind}, moved lines left out: "
+                  f"{sum((b - a).values())} to add, {sum((a - b).values())} to remove "
+                  f"(the last follow-up has {sum(a.values())} non-blank lines, the end state {sum(b.values())})",
+                  flush=True)
+
+
+def line_counts(root, tests):
+    """The non-blank lines (stripped) of the module's test files, or of its other files, as a
+    multiset: two trees compared this way differ only in what was written, not where."""
+    counts = collections.Counter()
+    for path in sorted(root.rglob("*.rs")):
+        if bool(upstream.TEST_FILES.search(str(path.relative_to(root)))) == tests:
+            counts.update(line.strip() for line in path.read_text().splitlines() if line.strip())
+    return counts
 
 
 def check(label="check-pr1"):
