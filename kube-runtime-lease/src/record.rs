@@ -105,14 +105,18 @@ pub(crate) const TOKEN_ANNOTATION: &str = "leases.kube.rs/fencing-token";
 /// `leaseTransitions` alone cannot carry the token: it stops at `i32::MAX`
 /// (where every fresh process would read the same number and hand out the
 /// same token), and an edit can move it down. The annotation goes on past
-/// both. A value that is not a number is ignored.
+/// both. A value that is not a number is ignored, and so is one from which
+/// tokens could not go on growing ([`MAX_TOKEN`] or more: no run of terms
+/// reaches it, so it was written by something else, and honouring it would
+/// make every later token the same).
 pub(crate) fn token_of(lease: &Lease) -> i64 {
     let stored = lease
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(TOKEN_ANNOTATION))
-        .and_then(|v| v.parse::<i64>().ok());
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|t| *t < MAX_TOKEN);
     let transitions = lease
         .spec
         .as_ref()
@@ -120,6 +124,9 @@ pub(crate) fn token_of(lease: &Lease) -> i64 {
         .map(i64::from);
     stored.max(transitions).unwrap_or(0)
 }
+
+/// The first fencing token [`token_of`] does not believe: 2^62.
+pub(crate) const MAX_TOKEN: i64 = 1 << 62;
 
 /// Stores `token` in `lease`'s [`TOKEN_ANNOTATION`].
 pub(crate) fn set_token(lease: &mut Lease, token: i64) {

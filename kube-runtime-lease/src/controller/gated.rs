@@ -93,9 +93,11 @@ where
             let Some((guard, work)) = work else {
                 return Err(Gated::Skipped(skipped));
             };
-            match future::select(pin!(work), guard).await {
-                Either::Left((result, _guard)) => result.map_err(Gated::Reconciler),
-                Either::Right((lost, _dropped)) => Err(Gated::Lost(lost)),
+            // The guard first: a term that ended (its timer fired at the
+            // renew deadline) stops the work before it runs another step.
+            match future::select(guard, pin!(work)).await {
+                Either::Left((lost, _dropped)) => Err(Gated::Lost(lost)),
+                Either::Right((result, _guard)) => result.map_err(Gated::Reconciler),
             }
         }
     };

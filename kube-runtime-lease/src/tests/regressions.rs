@@ -157,6 +157,101 @@ fn a_failed_read_at_the_end_of_the_creation_hold_keeps_holding() {
     });
 }
 
+/// 1: the creation hold on a Lease object that replaced a held one and is
+/// *taken over* (created by someone else, here left free at once, as a
+/// client-go candidate that re-created it and then released it would),
+/// rather than created by us: the write that takes it carries a
+/// `leaseDurationSeconds` covering the rest of the hold (the deleted
+/// record's 40 s), as every write of the hold does, so that a candidate that
+/// never saw the deleted record waits as long, even if we are cut off before
+/// our first renewal. (Before: the takeover wrote the configured 15 s, and
+/// `c` led about 19 s after the deletion, while the deleted record's holder
+/// `go` might still lead.)
+#[test]
+fn a_takeover_during_the_creation_hold_writes_a_duration_covering_the_hold() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 40));
+        let (a, a_id) = elector(&fake, config("a"));
+        let mut a_acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut a_acquire).await.is_err(), "a saw go's record");
+        // The object is deleted, and a new one (a new uid) appears at once, free.
+        fake.delete();
+        let deleted = Instant::now();
+        let mut free = held_by("", 1);
+        free.spec.as_mut().unwrap().lease_transitions = Some(0);
+        fake.put(free);
+        // a takes the new object over (after one lost race: its watch showed
+        // the deletion first, its create met the new object).
+        while holder(&fake).as_deref() != Some("a") {
+            assert!(deleted.elapsed() < S(10), "a did not take the new object over");
+            sleep(MS(10)).await;
+        }
+        let written = spec(&fake).lease_duration_seconds.unwrap_or_default();
+        let left = S(40).saturating_sub(deleted.elapsed()).as_secs();
+        // a is cut off before its first renewal (a pause, a partition).
+        fake.partition(a_id, true);
+        let (c, _) = elector(&fake, config("c"));
+        let c_led = timeout(S(60), c.acquire()).await.expect("c leads").unwrap();
+        assert!(c_led.is_valid());
+        assert!(
+            u64::try_from(written).unwrap_or_default() >= left && deleted.elapsed() >= S(40),
+            "the takeover during the hold wrote leaseDurationSeconds {written} ({left} s of the hold were left), and c (which never saw the \
+             deleted 40 s record) led {:?} after the deletion",
+            deleted.elapsed()
+        );
+    });
+}
+
+/// 1: the same rule on the other path into a held term: a candidate that
+/// created the Lease after a 40 s record was deleted holds it, writing
+/// `leaseDurationSeconds` 40; its `acquire` is dropped during the hold (no
+/// release: the hold is never written free) and a new one campaigns again.
+/// The record is its own term's, taken back at once, and the write that
+/// takes it covers the rest of the hold. (Before: it carried the configured
+/// 15 s, so a candidate that never saw the deleted record waited 15 s only.)
+#[test]
+fn campaigning_again_during_the_creation_hold_writes_a_duration_covering_the_hold() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 40));
+        let (a, _) = elector(&fake, config("a"));
+        let mut acquire = Box::pin(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
+        fake.delete();
+        let deleted = Instant::now();
+        sleep(MS(10)).await;
+        assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created");
+        assert_eq!(spec(&fake).lease_duration_seconds, Some(40));
+        let acquired_at = spec(&fake).acquire_time;
+        // Given up during the hold (no release), then wanted again.
+        drop(acquire);
+        sleep(MS(500)).await;
+        let mut again = pin!(a.acquire());
+        while spec(&fake).acquire_time == acquired_at {
+            assert!(
+                timeout(MS(10), &mut again).await.is_err(),
+                "a does not lead during the hold"
+            );
+            assert!(
+                deleted.elapsed() < S(10),
+                "a did not campaign again: {:?}",
+                fake.requests()
+                    .iter()
+                    .map(|r| (r.at - deleted, r.verb))
+                    .collect::<Vec<_>>()
+            );
+        }
+        let written = spec(&fake).lease_duration_seconds.unwrap_or_default();
+        let left = S(40).saturating_sub(deleted.elapsed()).as_secs();
+        assert!(
+            u64::try_from(written).unwrap_or_default() >= left,
+            "a took its own record back during the hold with leaseDurationSeconds {written}; {left} s of the \
+             hold were left"
+        );
+    });
+}
+
 // ---- 2. One identity, two processes -----------------------------------------
 
 /// 2: two processes with one identity; the leader stops (here: partitioned,
@@ -189,6 +284,51 @@ fn two_processes_with_one_identity_never_both_lead() {
         );
         assert!(b_guard.is_valid());
         assert!(b.is_leader() && !a.is_leader());
+    });
+}
+
+/// 2: two processes with one identity, the second one client-go's: a
+/// client-go candidate whose identity is the holder's treats the record as
+/// its own (`IsLeader()`: the observed holder is its identity) and renews
+/// it, keeping `acquireTime` and `leaseTransitions`, so that its writes
+/// carry our term's `TermId`. A record of our term is ours only if we
+/// renewed it last (`TermRun::renewed_by_us`: the `renewTime` we wrote, or
+/// one of a renewal sent since): this one ends our term. (Before: our
+/// renewals met a conflict, re-read "our" term and renewed on top of it, and
+/// both led for ever.)
+#[test]
+fn a_client_go_process_with_our_identity_renewing_our_record_ends_our_term() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("x"));
+        let guard = a.acquire().await.unwrap();
+        let started = Instant::now();
+        // client-go's candidate "x": every retry period, a renewal of the
+        // record it reads, with its own renewTime.
+        let go = {
+            let fake = fake.clone();
+            tokio::spawn(async move {
+                loop {
+                    sleep(MS(1300)).await;
+                    let mut lease = fake.lease().unwrap();
+                    let spec = lease.spec.as_mut().unwrap();
+                    assert_eq!(spec.holder_identity.as_deref(), Some("x"));
+                    let now = k8s_openapi::jiff::Timestamp::now()
+                        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+                        .unwrap();
+                    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now));
+                    fake.put(lease);
+                }
+            })
+        };
+        let ended = timeout(S(60), guard).await;
+        go.abort();
+        assert!(
+            ended.is_ok(),
+            "our term still holds {:?} after a client-go process with our identity began renewing our \
+             record: both lead",
+            started.elapsed()
+        );
     });
 }
 

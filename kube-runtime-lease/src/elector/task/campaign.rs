@@ -97,9 +97,7 @@ impl Task {
             // never retried without a wait.
             LeaseView::Unknown => Ok(Attempt::WaitUntil(now + self.jittered_retry())),
             LeaseView::Missing => {
-                let hold = cfg
-                    .creation_hold
-                    .then(|| self.memory.creation_hold(now, cfg.lease_duration));
+                let hold = self.hold_ahead(None, true);
                 let mut lease = Lease {
                     metadata: kube_client::core::ObjectMeta {
                         name: Some(cfg.name.clone()),
@@ -122,7 +120,10 @@ impl Task {
                     Verdict::Take => {
                         let mut lease = (**object).clone();
                         lease.spec = Some(observed.spec.clone());
-                        self.begin_record(&mut lease, Some(object), cfg.lease_duration_seconds());
+                        // During a hold, the duration covers its rest, as
+                        // every write of the hold does.
+                        let hold = self.hold_ahead(object.metadata.uid.as_ref(), false);
+                        self.begin_record(&mut lease, Some(object), self.seconds_to_write(hold));
                         lease
                             .metadata
                             .resource_version
@@ -224,27 +225,32 @@ impl Task {
     /// lease duration when we created it), and any hold a term of ours on the
     /// same object already had.
     pub(in crate::elector) fn hold_for(&mut self, lease: &Lease, created: bool) -> Option<Instant> {
+        let until = self.hold_ahead(lease.metadata.uid.as_ref(), created);
+        if let Some(until) = until {
+            self.memory.hold = Some((lease.metadata.uid.clone(), until));
+        }
+        until
+    }
+
+    /// The creation hold a term beginning now on the object `uid` would have
+    /// (see [`hold_for`](Self::hold_for)), remembering nothing: what the write
+    /// that begins it must cover.
+    fn hold_ahead(&self, uid: Option<&String>, created: bool) -> Option<Instant> {
         let cfg = &self.inner.config;
         if !cfg.creation_hold {
             return None;
         }
         let now = Instant::now();
-        let memory = &mut self.memory;
-        let mut until = if created {
+        let memory = &self.memory;
+        let until = if created {
             Some(memory.creation_hold(now, cfg.lease_duration))
         } else {
             memory.risk_until.filter(|t| *t > now)
         };
-        if let Some((uid, held)) = &memory.hold
-            && *uid == lease.metadata.uid
-            && *held > now
-        {
-            until = until.max(Some(*held));
+        match &memory.hold {
+            Some((held_uid, held)) if held_uid.as_ref() == uid && *held > now => until.max(Some(*held)),
+            _ => until,
         }
-        if let Some(until) = until {
-            memory.hold = Some((lease.metadata.uid.clone(), until));
-        }
-        until
     }
 
     /// The retry period with client-go's jitter (`JitterFactor` 1.2: up to

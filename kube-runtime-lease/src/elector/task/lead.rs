@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
 use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
@@ -81,6 +81,24 @@ pub(in crate::elector) struct TermRun {
     /// The watch has delivered our last write, so every later event is newer
     /// than it.
     pub(in crate::elector) caught_up: bool,
+    /// The `renewTime`s of the renewals sent since `cached` was written or
+    /// verified: one may have been applied though its answer was lost.
+    pub(in crate::elector) unconfirmed: Vec<MicroTime>,
+}
+
+impl TermRun {
+    /// Whether `lease` holds this term's record as we wrote it: our own
+    /// term's ([`TermId`]), renewed last by us (the `renewTime` of `cached`,
+    /// or of a renewal sent since). Our term's record renewed by someone
+    /// else was written by another process with our identity that takes the
+    /// term for its own (client-go renews a record naming its identity): it
+    /// ends this term.
+    pub(in crate::elector) fn renewed_by_us(&self, lease: &Lease) -> bool {
+        let renew_time = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+        let renewed = renew_time(lease);
+        self.id.matches(lease)
+            && (renewed == renew_time(&self.cached) || renewed.is_some_and(|t| self.unconfirmed.contains(&t)))
+    }
 }
 
 impl Task {
@@ -125,6 +143,7 @@ impl Task {
             tolerated,
             cached: *lease,
             caught_up: false,
+            unconfirmed: Vec::new(),
         };
         if run.phase == Phase::Leading {
             self.begin_term(&run);
@@ -263,9 +282,15 @@ impl Task {
             if run.caught_up
                 && let Some(object) = object
             {
+                if !run.renewed_by_us(&object) {
+                    // Written after our last write, by another process with
+                    // our identity renewing our term as its own.
+                    return Err(taken_over(&object));
+                }
                 // Our record, changed by someone else since our last write
                 // (a `preferredHolder` set, labels): the newest version.
                 run.cached = *object;
+                run.unconfirmed.clear();
             }
             return Ok(());
         }
@@ -308,9 +333,10 @@ impl Task {
     }
 
     /// Reads the Lease (bounded by the renew deadline): whether it still holds
-    /// a record of our term (the same identity is not enough: another process
-    /// may share it), which then becomes the cached object; `None` if the read
-    /// failed (logged as `what`).
+    /// a record of our term as we wrote it (the same identity is not enough:
+    /// another process may share it; see [`TermRun::renewed_by_us`]), which
+    /// then becomes the cached object; `None` if the read failed (logged as
+    /// `what`).
     pub(in crate::elector) async fn reread(
         &mut self,
         run: &mut TermRun,
@@ -319,8 +345,9 @@ impl Task {
         let left = run.term.deadline().saturating_duration_since(Instant::now());
         match self.get(left).await {
             Ok(None) => Some(Err(Lost::Deleted)),
-            Ok(Some(lease)) if run.id.matches(&lease) => {
+            Ok(Some(lease)) if run.renewed_by_us(&lease) => {
                 run.cached = lease;
+                run.unconfirmed.clear();
                 Some(Ok(()))
             }
             Ok(Some(lease)) => Some(Err(taken_over(&lease))),
