@@ -184,7 +184,8 @@
 //!   over. So has a leader that finds its own term's record renewed by
 //!   someone else (a `renewTime` it did not write): another process with its
 //!   identity takes the term for its own, as a client-go candidate does with
-//!   a record that names its identity.
+//!   a record that names its identity; that record is then waited out like
+//!   anyone else's.
 //! - A write answered 409 that was in fact applied (a request answered 504
 //!   and retried by the client) is recognised by one read: the record is
 //!   exactly the one sent (holder, times to the microsecond, transitions).

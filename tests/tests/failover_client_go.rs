@@ -21,7 +21,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 use kube_runtime_lease_harness::{
-    EventLog, Fixture, Flavor, Kind, Process, Runs, Sig, Timings, fmt_delta, fmt_ms, ns, serial, wait_seen_by,
+    EventLog, Fixture, Flavor, Kind, Process, Runs, Sig, Timings, fmt_delta, fmt_ms, go_candidate, ns,
+    serial, wait_seen_by,
 };
 
 /// Runs of each scenario.
@@ -240,4 +241,55 @@ async fn rust_and_client_go_race_after_kills() -> Result<()> {
         runs.record(i, result, &log);
     }
     runs.finish()
+}
+
+/// A client-go candidate started with the identity of the Rust leader (two
+/// replicas given one identity, a restarted pod whose predecessor still
+/// runs) does not take the Lease over: it sees its identity on the record
+/// and renews it as its own. The Rust leader's term ends at the first record
+/// of its term that it did not renew itself (a `renewTime` it did not
+/// write), and it does not lead again while the other renews: the two never
+/// go on leading together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_go_candidate_with_the_rust_leaders_identity_ends_its_term() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "one-identity").await?;
+    let _rust = ctx.spawn_rust(&log, &lease, "x", T, None)?;
+    let led = log
+        .wait_for("the Rust x leads", Duration::from_secs(30), |e| {
+            e.process == "x" && e.kind == Kind::StartedLeading
+        })
+        .await?;
+    let go = go_candidate(&ctx.goelect, ctx.env.kubeconfig_path(), &lease, "x", T);
+    let _go = Process::spawn("x-go", Flavor::Go, go, &log)?;
+    let go_led = log
+        .wait_for("client-go's x leads", Duration::from_secs(30), |e| {
+            e.process == "x-go" && e.kind == Kind::StartedLeading
+        })
+        .await?;
+    let stopped = log
+        .wait_for("the Rust x stops leading", T.retry_period * 4, |e| {
+            e.process == "x" && e.kind == Kind::StoppedLeading && e.seq > led.seq
+        })
+        .await?;
+    let overlap = stopped.at.saturating_sub(go_led.at);
+    ensure!(
+        overlap <= ns(T.retry_period * 2),
+        "the Rust x went on leading {} after client-go's x began renewing its record",
+        fmt_ms(overlap)
+    );
+    // It campaigns again, and waits the other's record out like anyone
+    // else's: it is renewed, so the Rust x does not lead again.
+    let again = log
+        .wait_for("the Rust x leads again", T.lease_duration * 3, |e| {
+            e.process == "x" && e.kind == Kind::StartedLeading && e.seq > stopped.seq
+        })
+        .await;
+    ensure!(
+        again.is_err(),
+        "the Rust x led again while client-go's x renewed the Lease"
+    );
+    Ok(())
 }

@@ -322,12 +322,19 @@ fn a_client_go_process_with_our_identity_renewing_our_record_ends_our_term() {
             })
         };
         let ended = timeout(S(60), guard).await;
-        go.abort();
         assert!(
             ended.is_ok(),
             "our term still holds {:?} after a client-go process with our identity began renewing our \
              record: both lead",
             started.elapsed()
+        );
+        // Nor does it lead again while the other renews: the record is no
+        // longer its own term's, and is waited out like anyone else's.
+        let again = timeout(S(30), a.acquire()).await;
+        go.abort();
+        assert!(
+            again.is_err(),
+            "led again while the other process renewed the record"
         );
     });
 }

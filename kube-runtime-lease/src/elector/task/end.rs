@@ -31,6 +31,13 @@ impl Task {
             });
         }
         let memory = &mut self.memory;
+        if matches!(reason, Lost::TakenOver { holder } if *holder == self.inner.config.identity) {
+            // Another process with our identity wrote the record (renewing
+            // our term as its own, or taking it): it is not our term's any
+            // more, whatever it still shares with it, and is waited out like
+            // anyone else's.
+            memory.last_term = None;
+        }
         if term.stopped_work() {
             let cfg = &self.inner.config;
             let until = record::later(
