@@ -347,3 +347,16 @@ fn every_renewal_moves_renew_time_forward_even_when_the_clock_does_not() {
     bare.renew_time = None;
     assert_eq!(renewed(&bare, 15, t(1)).renew_time, Some(MicroTime(t(1))));
 }
+
+#[test]
+fn a_token_annotation_no_run_of_terms_reaches_is_ignored() {
+    let with_token = |token: i64| {
+        let mut lease = object("u", spec(Some(ME), Some(3), Some(15)));
+        set_token(&mut lease, token);
+        token_of(&lease)
+    };
+    assert_eq!(with_token(MAX_TOKEN - 1), MAX_TOKEN - 1);
+    // From here on tokens could not go on growing: the transitions count.
+    assert_eq!(with_token(MAX_TOKEN), 3);
+    assert_eq!(with_token(i64::MAX), 3);
+}
