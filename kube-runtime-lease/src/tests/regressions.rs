@@ -252,6 +252,46 @@ fn campaigning_again_during_the_creation_hold_writes_a_duration_covering_the_hol
     });
 }
 
+/// 1: a remembered creation hold holds only while it lasts, and only its own
+/// object: a term begun on the Lease we created, once its hold is over,
+/// begins with the write that takes it, with no hold and no confirming read.
+/// (Liveness: a hold taken into account after it ended, or for another
+/// object, would delay every later term.)
+#[test]
+fn a_term_after_the_creation_hold_is_over_begins_without_a_hold() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, id) = elector(&fake, config("a"));
+        let created = Instant::now();
+        drop(a.acquire().await.unwrap());
+        assert!(created.elapsed() >= S(15), "the first term began after the hold");
+        sleep(S(60)).await;
+        assert_eq!(holder(&fake).as_deref(), Some(""), "released");
+        // Requests are stamped with paused time, which stands still here.
+        let start = Instant::now() - MS(1);
+        let guard = timeout(S(1), a.acquire())
+            .await
+            .expect("leads at once: the hold is long over")
+            .unwrap();
+        // In the order sent (paused time stands still between them).
+        let verbs: Vec<_> = fake
+            .requests()
+            .iter()
+            .filter(|r| r.client == id && r.at > start)
+            .map(|r| r.verb)
+            .collect();
+        let took = verbs
+            .iter()
+            .position(|v| *v == "update")
+            .expect("one write took the lease");
+        assert!(
+            !verbs[took..].contains(&"get"),
+            "a read after the write that took the lease (the term was held): {verbs:?}"
+        );
+        assert!(guard.is_valid());
+    });
+}
+
 // ---- 2. One identity, two processes -----------------------------------------
 
 /// 2: two processes with one identity; the leader stops (here: partitioned,
@@ -711,6 +751,52 @@ fn is_leader_is_false_once_shutdown_began() {
         assert!(!e.status().is_leader);
         drop(guard);
         shutting.await.unwrap().unwrap();
+    });
+}
+
+/// 9: a shutdown that begins while the write that wins the Lease is in flight:
+/// the term is never published (no guard, no leader status, observers hear
+/// of no term), and the Lease it won is released at once, since no work ran
+/// under it. (Before: the status turned to leader, and observers heard the
+/// term begin, after the shutdown began.)
+#[cfg(feature = "metrics")]
+#[test]
+fn a_shutdown_during_the_winning_write_publishes_no_term_and_releases() {
+    use crate::elector::{Observer, Transition};
+    struct Record(Arc<parking_lot::Mutex<Vec<String>>>);
+    impl Observer for Record {
+        fn observe(&self, transition: Transition<'_>) {
+            self.0.lock().push(format!("{transition:?}"));
+        }
+    }
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let told = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        assert!(e.add_observer(Record(told.clone())));
+        fake.fault(id, Some("update"), Fault::DelayResponse(S(1)));
+        let mut acquire = pin!(e.acquire());
+        assert!(
+            timeout(MS(100), &mut acquire).await.is_err(),
+            "the write is in flight"
+        );
+        assert_eq!(holder(&fake).as_deref(), Some("me"), "the write took effect");
+        let (shutdown, acquired) = tokio::join!(e.shutdown(S(10)), acquire);
+        shutdown.unwrap();
+        assert!(matches!(acquired, Err(AcquireError::Shutdown)));
+        assert!(!e.is_leader());
+        let told = told.lock().clone();
+        assert!(
+            !told
+                .iter()
+                .any(|t| t.starts_with("Leading(true)") || t.starts_with("TermBegan")),
+            "a term published after the shutdown began: {told:?}"
+        );
+        assert_eq!(
+            holder(&fake).as_deref(),
+            Some(""),
+            "released: no work ran under the term"
+        );
     });
 }
 

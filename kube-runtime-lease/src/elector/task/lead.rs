@@ -53,6 +53,9 @@ pub(in crate::elector) enum Phase {
     Holding { until: Instant },
     /// Published: guards are handed out.
     Leading,
+    /// Free of any hold but never published: the shutdown began before the
+    /// term could be handed out. No work ran under it, so it is released.
+    Withheld,
 }
 
 impl Phase {
@@ -60,7 +63,7 @@ impl Phase {
     pub(in crate::elector) fn hold(self) -> Option<Instant> {
         match self {
             Phase::Holding { until } => Some(until),
-            Phase::Leading => None,
+            Phase::Leading | Phase::Withheld => None,
         }
     }
 }
@@ -139,14 +142,14 @@ impl Task {
         let mut run = TermRun {
             term,
             id,
-            phase: hold.map_or(Phase::Leading, |until| Phase::Holding { until }),
+            phase: hold.map_or(Phase::Withheld, |until| Phase::Holding { until }),
             tolerated,
             cached: *lease,
             caught_up: false,
             unconfirmed: Vec::new(),
         };
-        if run.phase == Phase::Leading {
-            self.begin_term(&run);
+        if hold.is_none() {
+            self.begin_term(&mut run);
         }
         let reason = self.lead_until_lost(&mut run, sent).await;
         let result = self.end_term(&run, &reason).await;
@@ -189,10 +192,7 @@ impl Task {
                     .await
                 {
                     Some(Err(lost)) => return lost,
-                    Some(Ok(())) => {
-                        run.phase = Phase::Leading;
-                        self.begin_term(run);
-                    }
+                    Some(Ok(())) => self.begin_term(run),
                     None => {
                         run.phase = Phase::Holding {
                             until: Instant::now() + cfg.retry_period,
@@ -306,13 +306,22 @@ impl Task {
         self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
     }
 
-    /// Publishes the term of `run`: hands guards to every waiter.
-    pub(in crate::elector) fn begin_term(&mut self, run: &TermRun) {
+    /// Publishes the term of `run` (its phase becomes `Leading`): hands
+    /// guards to every waiter. Not once the shutdown began (its phase becomes
+    /// `Withheld`): no guard, status or observer may see a term then.
+    pub(in crate::elector) fn begin_term(&mut self, run: &mut TermRun) {
         let term = &run.term;
-        // Status first, so that subscribers agree with a guard as soon as it is handed out.
-        self.inner.update_status(|s| s.is_leader = true);
         {
             let mut state = self.inner.lock();
+            if state.shutdown {
+                run.phase = Phase::Withheld;
+                info!("won the lease as the shutdown began: not leading, releasing it");
+                return;
+            }
+            // Status first, so that subscribers agree with a guard as soon as
+            // it is handed out; under the lock, so that a shutdown beginning
+            // now sets it back after this.
+            self.inner.update_status(|s| s.is_leader = true);
             state.term = Some(term.clone());
             // A waiter that cannot get a guard (the renew deadline already
             // passed) keeps waiting, for the next term.
@@ -325,6 +334,7 @@ impl Task {
                 }
             }
         }
+        run.phase = Phase::Leading;
         self.inner.tell(Transition::Leading(true));
         info!(fencing_token = term.token, "acquired lease, now leading");
         self.inner.tell(Transition::TermBegan {
