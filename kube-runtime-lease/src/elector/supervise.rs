@@ -172,17 +172,24 @@ impl super::State {
 }
 
 impl Task {
-    /// Re-counts who wants leadership (under the lock). With `giving_up`, when
-    /// nobody does, the term is removed from the state in the same step: no
-    /// guard of it may be handed out from then on (`end_term` ends it), so a
-    /// later `acquire` waits for the next term instead of receiving a guard of
-    /// a term about to end.
-    pub(super) fn demand(&mut self, giving_up: bool) -> Demand {
+    /// Re-counts who wants leadership (under the lock), while campaigning.
+    pub(super) fn demand(&mut self) -> Demand {
+        #[cfg(test)]
+        super::test_hooks::reached(&self.inner, super::test_hooks::Point::Recount);
+        self.inner.lock().demand()
+    }
+
+    /// Re-counts who wants the term in force (under the lock); when nobody
+    /// does, the term is removed from the state in the same step: no guard of
+    /// it may be handed out from then on (`end_term` ends it), so a later
+    /// `acquire` waits for the next term instead of receiving a guard of a
+    /// term about to end.
+    pub(super) fn demand_for_term(&mut self) -> Demand {
         #[cfg(test)]
         super::test_hooks::reached(&self.inner, super::test_hooks::Point::Recount);
         let mut state = self.inner.lock();
         let demand = state.demand();
-        if giving_up && demand != Demand::Wanted {
+        if demand != Demand::Wanted {
             state.term = None;
         }
         demand

@@ -25,7 +25,7 @@ use crate::{
     test_util::{FakeLeaseApi, Fault},
     tests::{
         runtime::paused_runtime,
-        support::{config, count, elector, free, held_by, holder, paused, spec},
+        support::{a_saw_go_then_deleted, config, count, elector, free, held_by, holder, paused, spec},
     },
 };
 
@@ -114,12 +114,7 @@ fn campaigning_again_during_the_creation_hold_does_not_skip_it() {
 fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
     paused(async {
         let fake = FakeLeaseApi::default();
-        fake.put(held_by("go", 40));
-        let (a, _) = elector(&fake, config("a"));
-        let mut acquire = pin!(a.acquire());
-        assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
-        fake.delete();
-        let deleted = Instant::now();
+        let (_a, _, acquire, deleted) = a_saw_go_then_deleted(&fake).await;
         sleep(MS(10)).await;
         assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created");
         assert_eq!(spec(&fake).lease_duration_seconds, Some(40));
@@ -171,13 +166,8 @@ fn a_failed_read_at_the_end_of_the_creation_hold_keeps_holding() {
 fn a_takeover_during_the_creation_hold_writes_a_duration_covering_the_hold() {
     paused(async {
         let fake = FakeLeaseApi::default();
-        fake.put(held_by("go", 40));
-        let (a, a_id) = elector(&fake, config("a"));
-        let mut a_acquire = pin!(a.acquire());
-        assert!(timeout(S(1), &mut a_acquire).await.is_err(), "a saw go's record");
         // The object is deleted, and a new one (a new uid) appears at once, free.
-        fake.delete();
-        let deleted = Instant::now();
+        let (_a, a_id, _a_acquire, deleted) = a_saw_go_then_deleted(&fake).await;
         let mut free = held_by("", 1);
         free.spec.as_mut().unwrap().lease_transitions = Some(0);
         fake.put(free);
@@ -214,12 +204,7 @@ fn a_takeover_during_the_creation_hold_writes_a_duration_covering_the_hold() {
 fn campaigning_again_during_the_creation_hold_writes_a_duration_covering_the_hold() {
     paused(async {
         let fake = FakeLeaseApi::default();
-        fake.put(held_by("go", 40));
-        let (a, _) = elector(&fake, config("a"));
-        let mut acquire = Box::pin(a.acquire());
-        assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
-        fake.delete();
-        let deleted = Instant::now();
+        let (a, _, acquire, deleted) = a_saw_go_then_deleted(&fake).await;
         sleep(MS(10)).await;
         assert_eq!(holder(&fake).as_deref(), Some("a"), "re-created");
         assert_eq!(spec(&fake).lease_duration_seconds, Some(40));

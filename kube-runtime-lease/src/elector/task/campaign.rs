@@ -27,7 +27,7 @@ impl Task {
         let mut backoff = None;
         let mut linger_until = None;
         loop {
-            match self.demand(false) {
+            match self.demand() {
                 Demand::Shutdown => return None,
                 Demand::Unwanted => {
                     let until =

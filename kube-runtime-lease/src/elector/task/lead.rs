@@ -177,7 +177,7 @@ impl Task {
             if let Some(lost) = self.step_down(run) {
                 return lost;
             }
-            match self.demand(true) {
+            match self.demand_for_term() {
                 Demand::Wanted => {}
                 Demand::Unwanted => return Lost::GivenUp,
                 Demand::Shutdown => return Lost::Shutdown,

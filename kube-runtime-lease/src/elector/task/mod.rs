@@ -25,7 +25,7 @@
 //! 3. **A guard only while its term holds.** Guards are made only by
 //!    `LeaseGuard::of` (`Term::join`), under the term's lock, while it holds; a term is
 //!    published (`begin_term`) only after the creation hold, and removed from
-//!    the state in the same step that decides to give it up (`demand(true)`).
+//!    the state in the same step that decides to give it up (`demand_for_term`).
 //! 4. **Why a term ended is exact.** The first reason wins (`Term::lose`);
 //!    `Lost::Shutdown` follows only `shutdown()` (a term given up because
 //!    nobody wants it has no guard left to see its reason); a task dropped
