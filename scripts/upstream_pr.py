@@ -82,7 +82,8 @@ PR_ROW = re.compile(r"^\| PR 1 \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$"
 MAX_CODE = 750
 MAX_TOTAL = 1150
 FOLLOWUPS = UPSTREAM / "followups"
-FOLLOWUP_ROW = re.compile(r"^\| follow-up (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|$", re.M)
+# A follow-up's size row; the cover letter's rows end with a column saying what it adds.
+FOLLOWUP_ROW = re.compile(r"^\| follow-up (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) \|(?: [^|\n]+ \|)?$", re.M)
 MAX_FOLLOWUP = 450
 
 SUBJECT = "runtime: add lease-based leader election (`lease`, unstable)"

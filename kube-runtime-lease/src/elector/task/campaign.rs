@@ -99,9 +99,9 @@ impl Task {
             LeaseView::Missing => {
                 let hold = self.hold_ahead(None, true);
                 let mut lease = Lease {
+                    // The namespace is the request's (the API server sets it).
                     metadata: kube_client::core::ObjectMeta {
                         name: Some(cfg.name.clone()),
-                        namespace: Some(cfg.namespace.clone()),
                         ..Default::default()
                     },
                     spec: None,
