@@ -8,7 +8,7 @@
 //! <!-- upstream: end -->
 
 use std::{
-    pin::pin,
+    pin::{Pin, pin},
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
@@ -20,12 +20,12 @@ use futures::{FutureExt, StreamExt, poll, stream};
 use tokio::time::{Instant, advance, sleep, timeout};
 
 use crate::{
-    AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
+    Acquire, AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
     term::Term,
     test_util::{FakeLeaseApi, Fault},
     tests::{
         runtime::paused_runtime,
-        support::{a_saw_go_then_deleted, config, count, elector, free, held_by, holder, paused, spec},
+        support::{config, count, elector, free, held_by, holder, paused, spec},
     },
 };
 
@@ -33,6 +33,19 @@ const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
 
 // ---- 1. The creation hold ---------------------------------------------------
+
+/// The creation hold's opening: a candidate `a` campaigns while `go` holds
+/// a 40 s record, sees it, and then the record is deleted. The elector, its
+/// client, its pending `acquire` and the instant of the deletion.
+async fn a_saw_go_then_deleted(fake: &FakeLeaseApi) -> (LeaderElector, usize, Pin<Box<Acquire>>, Instant) {
+    fake.put(held_by("go", 40));
+    let (a, id) = elector(fake, config("a"));
+    let mut acquire = Box::pin(a.acquire());
+    let seen = timeout(S(1), &mut acquire).await;
+    assert!(seen.is_err(), "a saw go's record");
+    fake.delete();
+    (a, id, acquire, Instant::now())
+}
 
 /// 1: a `shutdown` during the creation hold finds no guard (the hold has
 /// none); it must not write the Lease free, or another candidate leads while

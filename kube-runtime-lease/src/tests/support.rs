@@ -15,7 +15,7 @@ use kube_client::core::ObjectMeta;
 use tokio::time::Instant;
 
 pub(crate) use super::runtime::paused;
-use crate::{Acquire, LeaderElector, LeaseConfig, test_util::FakeLeaseApi};
+use crate::{LeaderElector, LeaseConfig, test_util::FakeLeaseApi};
 
 /// The text exposition of `registry`, as a Prometheus scrape reads it.
 #[cfg(feature = "metrics")]
@@ -69,21 +69,6 @@ pub(crate) fn held_by(holder: &str, duration: i32) -> Lease {
             ..Default::default()
         }),
     }
-}
-
-/// The creation hold's opening: a candidate `a` campaigns while `go` holds
-/// a 40 s record, sees it, and then the record is deleted. The elector, its
-/// client, its pending `acquire` and the instant of the deletion.
-pub(crate) async fn a_saw_go_then_deleted(
-    fake: &FakeLeaseApi,
-) -> (LeaderElector, usize, std::pin::Pin<Box<Acquire>>, Instant) {
-    fake.put(held_by("go", 40));
-    let (a, id) = elector(fake, config("a"));
-    let mut acquire = Box::pin(a.acquire());
-    let seen = tokio::time::timeout(std::time::Duration::from_secs(1), &mut acquire).await;
-    assert!(seen.is_err(), "a saw go's record");
-    fake.delete();
-    (a, id, acquire, Instant::now())
 }
 
 pub(crate) fn spec(fake: &FakeLeaseApi) -> LeaseSpec {
