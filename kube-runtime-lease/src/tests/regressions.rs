@@ -271,21 +271,75 @@ fn a_term_after_the_creation_hold_is_over_begins_without_a_hold() {
             .await
             .expect("leads at once: the hold is long over")
             .unwrap();
-        // In the order sent (paused time stands still between them).
-        let verbs: Vec<_> = fake
-            .requests()
-            .iter()
-            .filter(|r| r.client == id && r.at > start)
-            .map(|r| r.verb)
-            .collect();
-        let took = verbs
-            .iter()
-            .position(|v| *v == "update")
-            .expect("one write took the lease");
+        let verbs = verbs_after(&fake, id, start);
         assert!(
-            !verbs[took..].contains(&"get"),
+            !held_after_write(&verbs),
             "a read after the write that took the lease (the term was held): {verbs:?}"
         );
+        assert!(guard.is_valid());
+    });
+}
+
+/// The verbs `client` sent after `since`, in order (paused time may stand
+/// still between them).
+fn verbs_after(fake: &FakeLeaseApi, client: usize, since: Instant) -> Vec<&'static str> {
+    fake.requests()
+        .iter()
+        .filter(|r| r.client == client && r.at > since)
+        .map(|r| r.verb)
+        .collect()
+}
+
+/// Whether a read followed the first write in `verbs`: the term that write
+/// began was held (a hold ends with a confirming read).
+fn held_after_write(verbs: &[&str]) -> bool {
+    verbs
+        .iter()
+        .position(|v| *v == "update")
+        .is_some_and(|w| verbs[w..].contains(&"get"))
+}
+
+/// 1: a remembered hold is over at its last instant: a term that begins on
+/// our own record exactly when the hold of its object ends is not held.
+#[test]
+fn a_term_begun_the_instant_the_remembered_hold_ends_is_not_held() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, id) = elector(&fake, config("a").release_on_drop(false));
+        let created = Instant::now();
+        // Created, held until `created` + 15 s; given up during the hold.
+        assert!(timeout(S(1), a.acquire()).await.is_err());
+        tokio::time::sleep_until(created + S(15)).await;
+        let guard = timeout(S(1), a.acquire())
+            .await
+            .expect("took its own record back")
+            .unwrap();
+        let verbs = verbs_after(&fake, id, created + S(15) - MS(1));
+        assert!(!held_after_write(&verbs), "held at the hold's end: {verbs:?}");
+        assert!(guard.is_valid());
+    });
+}
+
+/// 1: the risk a replaced object leaves is over at its last instant: the
+/// record of the object that replaced it, expiring exactly then, is taken
+/// and led at once.
+#[test]
+fn a_takeover_the_instant_the_replaced_objects_risk_ends_is_not_held() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 15));
+        let (a, id) = elector(&fake, config("a"));
+        let mut acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
+        // A new object (a new uid) replaces it, held by another candidate
+        // for as long: its holder may lead until it expires, and so may go.
+        fake.delete();
+        fake.put(held_by("go2", 15));
+        let replaced = Instant::now();
+        let guard = timeout(S(30), &mut acquire).await.expect("a leads").unwrap();
+        assert_eq!(replaced.elapsed(), S(15), "taken when go2's record expired");
+        let verbs = verbs_after(&fake, id, replaced);
+        assert!(!held_after_write(&verbs), "held after the risk ended: {verbs:?}");
         assert!(guard.is_valid());
     });
 }
