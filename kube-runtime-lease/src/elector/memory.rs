@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime};
 use tokio::time::Instant;
 
 use crate::record::{self, TermId};
@@ -16,6 +16,13 @@ pub(super) struct Memory {
     /// transitions) is our own write; any other record naming our identity is
     /// not (another process with the same identity, or a write we gave up on).
     pub(super) last_term: Option<TermId>,
+    /// The `renewTime`s of our last term's record that we may have written
+    /// last: the record as we last wrote or verified it, and the renewals
+    /// sent since (whose answers may have been lost). A record of our last
+    /// term with another `renewTime` was renewed by another process with
+    /// our identity (client-go renews a record naming its identity as its
+    /// own, keeping the `TermId`): it is not ours.
+    pub(super) last_renewed: Vec<MicroTime>,
     /// A term on this Lease object must not begin before this instant (the
     /// creation hold), whichever task campaigns.
     pub(super) hold: Option<(Option<String>, Instant)>,
@@ -43,9 +50,12 @@ pub(super) struct Memory {
 }
 
 impl Memory {
-    /// Whether `lease` holds the record of our last term (see [`TermId`]).
+    /// Whether `lease` holds the record of our last term (see [`TermId`]),
+    /// renewed last by us (see [`Memory::last_renewed`]).
     pub(super) fn is_last_term(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
+        let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
         self.last_term.as_ref().is_some_and(|t| t.matches(lease))
+            && renewed.is_some_and(|r| self.last_renewed.contains(r))
     }
 
     /// Remembers a record seen at `now` on the object `uid`, which carries

@@ -102,6 +102,17 @@ impl TermRun {
         self.id.matches(lease)
             && (renewed == renew_time(&self.cached) || renewed.is_some_and(|t| self.unconfirmed.contains(&t)))
     }
+
+    /// The `renewTime`s a record of this term renewed last by us may carry
+    /// (see [`renewed_by_us`](Self::renewed_by_us)): what the elector's
+    /// memory keeps of the term once it ended.
+    pub(in crate::elector) fn renew_times(&self) -> Vec<MicroTime> {
+        let cached = self.cached.spec.as_ref().and_then(|s| s.renew_time.clone());
+        cached
+            .into_iter()
+            .chain(self.unconfirmed.iter().cloned())
+            .collect()
+    }
 }
 
 impl Task {
@@ -112,6 +123,12 @@ impl Task {
             return Next::Campaign;
         };
         self.memory.last_term = Some(id.clone());
+        self.memory.last_renewed = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.clone())
+            .into_iter()
+            .collect();
         let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.update_view((*lease).clone(), sent);
