@@ -81,3 +81,43 @@ fn our_record_renewed_by_another_process_after_our_term_ended_is_not_taken_back_
         );
     });
 }
+
+/// A configured annotation ([`LeaseConfig::annotation`](crate::LeaseConfig::annotation))
+/// under the key where each term stores its fencing token
+/// (`record::TOKEN_ANNOTATION`) replaces the token written on the Lease, so
+/// that the next candidate reads the configured value: at the top of
+/// `leaseTransitions`' range (where the annotation alone carries the token),
+/// a's second term got the token b's term had. Such a configuration must be
+/// refused (or the tokens must still never repeat). (Before: accepted, and
+/// the tokens of a's, b's and a's terms were `[2147483647, 2147483648,
+/// 2147483648]`.)
+#[cfg(feature = "lease-metadata")]
+#[test]
+fn a_configured_annotation_does_not_replace_the_fencing_token() {
+    paused(async {
+        let config_a = config("a").annotation(crate::record::TOKEN_ANNOTATION, "1");
+        if let Err(e) = config_a.validate() {
+            assert!(
+                matches!(&e, crate::ConfigError::InvalidAnnotation { key, .. } if key == crate::record::TOKEN_ANNOTATION),
+                "{e}"
+            );
+            return;
+        }
+        let fake = FakeLeaseApi::default();
+        let mut lease = crate::tests::support::held_by("", 1);
+        lease.spec.as_mut().unwrap().lease_transitions = Some(i32::MAX);
+        fake.put(lease);
+        let (a, _) = elector(&fake, config_a);
+        let (b, _) = elector(&fake, config("b"));
+        // a, b, then a again, each term released to the next.
+        let mut tokens = Vec::new();
+        for candidate in [&a, &b, &a] {
+            let guard = timeout(S(10), candidate.acquire()).await.expect("leads").unwrap();
+            tokens.push(guard.fencing_token());
+        }
+        assert!(
+            tokens.windows(2).all(|w| w[0] < w[1]),
+            "the tokens of a's, b's and a's terms, in turn: {tokens:?}"
+        );
+    });
+}
