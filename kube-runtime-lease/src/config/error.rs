@@ -107,7 +107,8 @@ pub enum ConfigError {
     #[cfg(feature = "unstable-shards")]
     #[error("a sharded election needs at least one shard")]
     NoShards,
-    /// An annotation ([`LeaseConfig::annotation`]) the API server would refuse.
+    /// An annotation ([`LeaseConfig::annotation`]) the API server would refuse,
+    /// or one under the key reserved for the fencing token.
     #[cfg(feature = "lease-metadata")]
     #[error("annotation {key:?} is invalid: {rule}")]
     InvalidAnnotation {

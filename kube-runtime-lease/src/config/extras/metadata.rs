@@ -43,7 +43,9 @@ impl LeaseConfig {
     }
 
     /// An annotation the candidate sets on the Lease when it takes it, as
-    /// [`label`](Self::label) does.
+    /// [`label`](Self::label) does. The key `leases.kube.rs/fencing-token`
+    /// is reserved (each term stores its fencing token there):
+    /// [`validate`](Self::validate) refuses it.
     #[must_use]
     pub fn annotation(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.extras.metadata.annotations.insert(key.into(), value.into());
@@ -100,6 +102,14 @@ impl LeaseMetadata {
             }
         }
         for key in self.annotations.keys() {
+            if key == crate::record::TOKEN_ANNOTATION {
+                // Each term stores its fencing token there: a configured
+                // value would replace it, and tokens would repeat.
+                return Err(ConfigError::InvalidAnnotation {
+                    key: key.clone(),
+                    rule: "reserved: each term stores its fencing token under this key",
+                });
+            }
             if let Some(rule) = qualified_name(key) {
                 return Err(ConfigError::InvalidAnnotation {
                     key: key.clone(),
