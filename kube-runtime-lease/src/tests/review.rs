@@ -121,3 +121,58 @@ fn a_configured_annotation_does_not_replace_the_fencing_token() {
         );
     });
 }
+
+/// A `leaseDurationSeconds` of `i32::MAX` written on the leader's record by
+/// someone else (`kubectl edit`), then overwritten by the leader's next
+/// renewal, and later the Lease deleted: the creation hold lasts the
+/// deleted record's lease duration (what its last holder may still lead
+/// for), not the longest duration ever seen on the object. (Before: every
+/// candidate that had seen the edit held the re-created Lease for 68 years,
+/// writing `leaseDurationSeconds: 2147483647`, so that nobody led it.)
+#[test]
+fn a_huge_lease_duration_edited_in_and_renewed_over_does_not_make_the_creation_hold_huge() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let a_guard = timeout(S(5), a.acquire()).await.expect("a leads").unwrap();
+        let mut b_acquire = pin!(b.acquire());
+        assert!(timeout(S(1), &mut b_acquire).await.is_err(), "b waits");
+        let mut lease = fake.lease().unwrap();
+        lease.spec.as_mut().unwrap().lease_duration_seconds = Some(i32::MAX);
+        fake.put(lease);
+        // a's next renewals write its own 15 s again.
+        sleep(S(5)).await;
+        assert_eq!(
+            crate::tests::support::spec(&fake).lease_duration_seconds,
+            Some(15)
+        );
+        assert!(a_guard.is_valid());
+        fake.delete();
+        let deleted = Instant::now();
+        assert_eq!(
+            timeout(S(5), a_guard).await.expect("a's term ended"),
+            Lost::Deleted
+        );
+        let mut a_acquire = pin!(a.acquire());
+        let led = timeout(S(60), async {
+            tokio::select! {
+                g = &mut a_acquire => g.map(|_| "a"),
+                g = &mut b_acquire => g.map(|_| "b"),
+            }
+        })
+        .await;
+        assert!(
+            matches!(led, Ok(Ok(_))),
+            "nobody led the re-created Lease within 60 s of the deletion of a 15 s record (written: {:?})",
+            fake.lease()
+                .and_then(|l| l.spec)
+                .and_then(|s| s.lease_duration_seconds)
+        );
+        assert!(
+            deleted.elapsed() >= S(15),
+            "led {:?} after the deletion",
+            deleted.elapsed()
+        );
+    });
+}
