@@ -263,8 +263,9 @@
 //!   follower last saw the record change (it judges by its own clock, never
 //!   by `renewTime`), and at most one *RP* more when it polls.
 //! - **After the Lease was deleted**: the creation hold, one *LD* after the
-//!   new object was created (or the longest lease duration seen on the
-//!   deleted record, if longer).
+//!   new object was created (or the lease duration of the deleted record, if
+//!   longer: the longest seen since its holder last wrote it, so that a
+//!   value edited in by someone else counts only until the holder renews).
 //! - **After a step-down for a `preferredHolder`**: the preferred holder takes
 //!   the record when it expires (one *LD* after its last change); if it never
 //!   comes, the candidates take it one *LD* later.

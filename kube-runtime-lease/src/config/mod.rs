@@ -147,7 +147,8 @@ impl LeaseConfig {
     /// Whether a Lease object that is new to this candidate is held before
     /// anyone leads on it (default `true`): one lease duration after this
     /// candidate created it, or as long as the holder of a deleted Lease of
-    /// the same name may still lead (the longest lease duration seen on it).
+    /// the same name may still lead (the lease duration of its last record:
+    /// the longest seen since its holder last wrote it).
     ///
     /// What the hold protects against: a Lease deleted while it is held. Its
     /// leader may be partitioned from the API server, so that it sees neither

@@ -30,10 +30,12 @@ pub(super) struct Memory {
     /// or replaced by another object) may still believe it leads.
     pub(super) risk_until: Option<Instant>,
     /// The Lease object last seen, whether its last record named a holder,
-    /// and the longest lease duration seen on it.
+    /// and the longest lease duration seen on it since its holder last
+    /// wrote it (the `renewTime` of that write: `seen_renewed`).
     pub(super) seen_uid: Option<String>,
     pub(super) seen_held: bool,
     pub(super) seen_longest: Duration,
+    pub(super) seen_renewed: Option<MicroTime>,
     /// The largest `leaseTransitions` seen on this Lease name, any object.
     pub(super) max_transitions: Option<i32>,
     /// The largest fencing token seen on this Lease name, any object
@@ -73,7 +75,27 @@ impl Memory {
             self.went_away(now);
             self.seen_uid = uid.cloned();
         }
-        self.seen_longest = self.seen_longest.max(record::lease_duration(spec, fallback));
+        let duration = record::lease_duration(spec, fallback);
+        let newer = match (&spec.renew_time, &self.seen_renewed) {
+            (Some(MicroTime(t)), Some(MicroTime(seen))) => t > seen,
+            (renewed, None) => renewed.is_some(),
+            (None, Some(_)) => false,
+        };
+        if newer {
+            // A newer write of its holder (a renewal, or a new term:
+            // `renewTime` moved forward): the duration it writes is what it
+            // goes by from now on, whatever earlier records said (or an edit
+            // of them: a huge value written once by someone else would
+            // otherwise make the creation hold after a deletion as long, up
+            // to 68 years).
+            self.seen_longest = duration;
+            self.seen_renewed.clone_from(&spec.renew_time);
+        } else {
+            // The same write edited by someone else (`kubectl edit`), or an
+            // older one seen late (a lagging re-list): until its holder
+            // writes again, either duration may be what it goes by.
+            self.seen_longest = self.seen_longest.max(duration);
+        }
         self.seen_held = record::holder(spec).is_some();
         self.max_transitions = self.max_transitions.max(spec.lease_transitions);
     }
@@ -86,6 +108,7 @@ impl Memory {
         }
         self.seen_held = false;
         self.seen_longest = Duration::ZERO;
+        self.seen_renewed = None;
     }
 
     /// Until when a Lease created at `now` is held before a term begins on it:
