@@ -60,6 +60,13 @@ impl Memory {
             && renewed.is_some_and(|r| self.last_renewed.contains(r))
     }
 
+    /// `lease` is our last term's record as we wrote or verified it: its
+    /// `renewTime` is the one we wrote last, until we send another.
+    pub(super) fn confirmed(&mut self, lease: &k8s_openapi::api::coordination::v1::Lease) {
+        let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.clone());
+        self.last_renewed = renewed.into_iter().collect();
+    }
+
     /// Remembers a record seen at `now` on the object `uid`, which carries
     /// the fencing token `token`.
     pub(super) fn saw(

@@ -106,6 +106,14 @@ impl LeaderElector {
         (state.running, state.task.is_some())
     }
 
+    /// Aborts the election task: it is dropped at its next poll, as when its
+    /// runtime shuts down.
+    pub(crate) fn abort_task_for_test(&self) {
+        if let Some(task) = &self.inner.lock().task {
+            task.abort();
+        }
+    }
+
     /// Whether a wake-up comes between any two waits of the election task
     /// (a storm of wake-ups, the worst that guards and acquisitions created
     /// and dropped without pause can do).

@@ -31,9 +31,6 @@ impl Task {
             });
         }
         let memory = &mut self.memory;
-        // A record of this term is ours from now on only if we renewed it
-        // last (see `TermRun::renewed_by_us`).
-        memory.last_renewed = run.renew_times();
         if matches!(reason, Lost::TakenOver { holder } if *holder == self.inner.config.identity) {
             // Another process with our identity wrote the record (renewing
             // our term as its own, or taking it): it is not our term's any

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
-use k8s_openapi::{api::coordination::v1::Lease, apimachinery::pkg::apis::meta::v1::MicroTime};
+use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
@@ -84,35 +84,6 @@ pub(in crate::elector) struct TermRun {
     /// The watch has delivered our last write, so every later event is newer
     /// than it.
     pub(in crate::elector) caught_up: bool,
-    /// The `renewTime`s of the renewals sent since `cached` was written or
-    /// verified: one may have been applied though its answer was lost.
-    pub(in crate::elector) unconfirmed: Vec<MicroTime>,
-}
-
-impl TermRun {
-    /// Whether `lease` holds this term's record as we wrote it: our own
-    /// term's ([`TermId`]), renewed last by us (the `renewTime` of `cached`,
-    /// or of a renewal sent since). Our term's record renewed by someone
-    /// else was written by another process with our identity that takes the
-    /// term for its own (client-go renews a record naming its identity): it
-    /// ends this term.
-    pub(in crate::elector) fn renewed_by_us(&self, lease: &Lease) -> bool {
-        let renew_time = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
-        let renewed = renew_time(lease);
-        self.id.matches(lease)
-            && (renewed == renew_time(&self.cached) || renewed.is_some_and(|t| self.unconfirmed.contains(&t)))
-    }
-
-    /// The `renewTime`s a record of this term renewed last by us may carry
-    /// (see [`renewed_by_us`](Self::renewed_by_us)): what the elector's
-    /// memory keeps of the term once it ended.
-    pub(in crate::elector) fn renew_times(&self) -> Vec<MicroTime> {
-        let cached = self.cached.spec.as_ref().and_then(|s| s.renew_time.clone());
-        cached
-            .into_iter()
-            .chain(self.unconfirmed.iter().cloned())
-            .collect()
-    }
 }
 
 impl Task {
@@ -123,12 +94,7 @@ impl Task {
             return Next::Campaign;
         };
         self.memory.last_term = Some(id.clone());
-        self.memory.last_renewed = lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.renew_time.clone())
-            .into_iter()
-            .collect();
+        self.memory.confirmed(&lease);
         let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.update_view((*lease).clone(), sent);
@@ -163,7 +129,6 @@ impl Task {
             tolerated,
             cached: *lease,
             caught_up: false,
-            unconfirmed: Vec::new(),
         };
         if hold.is_none() {
             self.begin_term(&mut run);
@@ -299,15 +264,15 @@ impl Task {
             if run.caught_up
                 && let Some(object) = object
             {
-                if !run.renewed_by_us(&object) {
+                if !self.memory.is_last_term(&object) {
                     // Written after our last write, by another process with
                     // our identity renewing our term as its own.
                     return Err(taken_over(&object));
                 }
                 // Our record, changed by someone else since our last write
                 // (a `preferredHolder` set, labels): the newest version.
+                self.memory.confirmed(&object);
                 run.cached = *object;
-                run.unconfirmed.clear();
             }
             return Ok(());
         }
@@ -361,7 +326,7 @@ impl Task {
 
     /// Reads the Lease (bounded by the renew deadline): whether it still holds
     /// a record of our term as we wrote it (the same identity is not enough:
-    /// another process may share it; see [`TermRun::renewed_by_us`]), which
+    /// another process may share it; see `Memory::is_last_term`), which
     /// then becomes the cached object; `None` if the read failed (logged as
     /// `what`).
     pub(in crate::elector) async fn reread(
@@ -372,9 +337,9 @@ impl Task {
         let left = run.term.deadline().saturating_duration_since(Instant::now());
         match self.get(left).await {
             Ok(None) => Some(Err(Lost::Deleted)),
-            Ok(Some(lease)) if run.renewed_by_us(&lease) => {
+            Ok(Some(lease)) if self.memory.is_last_term(&lease) => {
+                self.memory.confirmed(&lease);
                 run.cached = lease;
-                run.unconfirmed.clear();
                 Some(Ok(()))
             }
             Ok(Some(lease)) => Some(Err(taken_over(&lease))),

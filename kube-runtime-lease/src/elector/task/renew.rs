@@ -28,15 +28,15 @@ impl Task {
                 record::now(),
             ));
             if let Some(t) = lease.spec.as_ref().and_then(|s| s.renew_time.clone()) {
-                run.unconfirmed.push(t);
+                self.memory.last_renewed.push(t);
             }
             match self.inner.api.replace(&lease, deadline - sent).await {
                 Ok(lease) => {
                     let in_time = term.renewed(sent, renew_deadline);
                     self.update_view(lease.clone(), sent);
+                    self.memory.confirmed(&lease);
                     run.cached = lease;
                     run.caught_up = false;
-                    run.unconfirmed.clear();
                     if !in_time {
                         if term.lost().is_some() {
                             // Ended from outside while the request was in
