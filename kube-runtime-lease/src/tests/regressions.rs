@@ -17,6 +17,7 @@ use std::{
 };
 
 use futures::{FutureExt, StreamExt, poll, stream};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use tokio::time::{Instant, advance, sleep, timeout};
 
 use crate::{
@@ -144,6 +145,36 @@ fn the_creation_hold_lasts_the_deleted_records_lease_duration() {
         drop(guard);
         let _b = b_acquire.await.unwrap();
         assert!(deleted.elapsed() >= S(40));
+    });
+}
+
+/// 1: an edit that shortens the duration of the holder's record (the same
+/// write: its `renewTime` unchanged) does not shorten the hold after a
+/// deletion: until its holder writes again, it may go by either duration.
+#[test]
+fn an_edit_shortening_the_deleted_records_duration_does_not_shorten_the_hold() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let mut go = held_by("go", 40);
+        let written = k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap();
+        go.spec.as_mut().unwrap().renew_time = Some(MicroTime(written));
+        fake.put(go);
+        let (a, _) = elector(&fake, config("a"));
+        let mut acquire = pin!(a.acquire());
+        assert!(timeout(S(1), &mut acquire).await.is_err(), "a saw go's record");
+        let mut edited = fake.lease().unwrap();
+        edited.spec.as_mut().unwrap().lease_duration_seconds = Some(15);
+        fake.put(edited);
+        sleep(MS(10)).await;
+        fake.delete();
+        let deleted = Instant::now();
+        let guard = timeout(S(120), acquire).await.expect("a leads").unwrap();
+        assert!(
+            deleted.elapsed() >= S(40),
+            "led {:?} after the deletion of a record that said 40 s before an edit",
+            deleted.elapsed()
+        );
+        assert!(guard.is_valid());
     });
 }
 
