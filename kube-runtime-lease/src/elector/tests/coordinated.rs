@@ -793,3 +793,40 @@ fn a_task_that_starts_after_the_shutdown_does_not_delete_the_lease_candidate_aga
         );
     });
 }
+
+/// Coordinated Leader Election in force, then the API server stops serving
+/// `LeaseCandidate` (the feature gate turned off again, a rollback): nobody
+/// elects any more. The candidate's next publication (its refresh, every
+/// five minutes; or its watch's reconnection) is answered 404, which must
+/// bring the ordinary election back as it does on the first publication,
+/// or a Lease whose holder is gone is never led again.
+#[test]
+fn when_lease_candidates_stop_being_served_the_ordinary_election_takes_over() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        // The API server's last election: `other`, which is gone (its record
+        // is never renewed).
+        fake.put(held_by("other", 5));
+        let (e, acquire) = published(&fake).await;
+        assert!(e.status().coordinated);
+        fake.set_lease_candidates_refused(Some(404));
+        let led = tokio::time::timeout(S(400), acquire).await;
+        let candidate_calls: Vec<_> = fake
+            .requests()
+            .iter()
+            .filter(|r| r.verb.starts_with("candidate"))
+            .map(|r| (r.verb, r.at))
+            .collect();
+        let guard = led
+            .unwrap_or_else(|_| {
+                panic!(
+                    "nobody led for 400 s once the API server stopped electing (coordinated: {}); \
+                     LeaseCandidate calls: {candidate_calls:?}",
+                    e.status().coordinated
+                )
+            })
+            .expect("leads");
+        assert!(guard.is_valid());
+        assert!(!e.status().coordinated, "the fallback is in force");
+    });
+}
