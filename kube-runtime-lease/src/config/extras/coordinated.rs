@@ -35,7 +35,11 @@ pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 ///   (10 s doubling to 5 min, across election tasks); once it is served,
 ///   the API server's election is in force from the next campaign, and a
 ///   term won by the ordinary election is renewed until the API server marks
-///   its end (`preferredHolder`) or it is otherwise lost;
+///   its end (`preferredHolder`) or it is otherwise lost; and where it stops
+///   serving it (the feature gate turned off again: nobody elects any more),
+///   a publication answered 404 (the object gone, or a read or its watch
+///   answered 404; at the latest its five-minute refresh) brings the
+///   ordinary election back the same way;
 /// - answers the API server's pings
 ///   (`spec.pingTime` newer than `spec.renewTime`) at once, from a watch of
 ///   that one object; it also refreshes `renewTime` every five minutes, as

@@ -268,8 +268,32 @@ impl LeaseCandidate {
 
     /// Publishes the `LeaseCandidate`, then keeps it: answers pings, refreshes it,
     /// re-creates it if it is deleted. Tells `inner` which election is in
-    /// force once the first creation is answered. Never returns.
+    /// force once the first creation is answered, and falls back to the
+    /// ordinary election when a later publication is answered 404 (the API
+    /// server no longer serves `LeaseCandidate`, so nobody elects any more),
+    /// to publish again with backoff as after a first 404. Never returns.
     pub(super) async fn run(&self, inner: &Inner) {
+        loop {
+            self.publish_until_answered(inner).await;
+            self.keep().await;
+            let delay = reopen_backoff().next().unwrap_or(WATCH_REOPEN_MAX);
+            warn!(
+                retry_in = ?delay,
+                "coordinated leader election: the API server no longer serves coordination.k8s.io/v1beta1 \
+                 LeaseCandidate (the CoordinatedLeaderElection feature gate was turned off): falling back to the \
+                 ordinary election, and publishing again with backoff"
+            );
+            inner.set_election(Election::FellBack {
+                retry_at: tokio::time::Instant::now() + delay,
+                fails: 0,
+            });
+        }
+    }
+
+    /// Publishes the `LeaseCandidate` until it is published (retrying with
+    /// backoff, and after a 404 at the fallback's times), telling `inner`
+    /// which election is in force.
+    async fn publish_until_answered(&self, inner: &Inner) {
         let mut backoff = None;
         loop {
             // After a fallback, the next try is at its time, whichever task.
@@ -333,39 +357,68 @@ impl LeaseCandidate {
                 }
             }
         }
+    }
+
+    /// Keeps the published `LeaseCandidate`: answers pings, refreshes it,
+    /// re-creates it if it is deleted. Returns when a publication is answered
+    /// 404 (tried when the object is gone, or a read or the watch is answered
+    /// 404): the API server no longer serves `LeaseCandidate`.
+    async fn keep(&self) {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
         let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
         loop {
-            futures::select_biased! {
+            let served = futures::select_biased! {
                 event = events.next().fuse() => match event {
                     Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
                         if pinged(&object) {
                             debug!("coordinated leader election: pinged by the API server");
                             self.renew(object).await;
                         }
+                        true
                     }
                     Some(Ok(watcher::Event::Delete(_))) => {
                         info!("coordinated leader election: the LeaseCandidate was deleted: publishing it again");
-                        if let Err(e) = self.publish().await {
-                            warn!(error = %e, "coordinated leader election: publishing the LeaseCandidate failed");
-                        }
+                        self.publish_again().await
                     }
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => debug!(error = %Chain(&e), "coordinated leader election: watch of the LeaseCandidate failed"),
+                    Some(Ok(_)) => true,
+                    Some(Err(e)) => {
+                        debug!(error = %Chain(&e), "coordinated leader election: watch of the LeaseCandidate failed");
+                        // The list or watch answered 404: is the API still served?
+                        !watch_not_found(&e) || self.publish_again().await
+                    }
                     None => pending().await,
                 },
                 _ = refresh.tick().fuse() => {
                     match bounded(self.api.get_opt(&self.name)).await {
-                        Ok(Some(object)) => self.renew(object).await,
-                        Ok(None) => {
-                            if let Err(e) = self.publish().await {
-                                warn!(error = %e, "coordinated leader election: publishing the LeaseCandidate failed");
-                            }
+                        Ok(Some(object)) => {
+                            self.renew(object).await;
+                            true
                         }
-                        Err(e) => warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed"),
+                        Ok(None) => self.publish_again().await,
+                        Err(e) if e.status() == Some(404) => self.publish_again().await,
+                        Err(e) => {
+                            warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed");
+                            true
+                        }
                     }
                 }
+            };
+            if !served {
+                return;
+            }
+        }
+    }
+
+    /// Publishes the `LeaseCandidate` again (it is gone, or may be): `false`
+    /// when its creation is answered 404 (the API server no longer serves it).
+    async fn publish_again(&self) -> bool {
+        match self.publish().await {
+            Ok(()) => true,
+            Err(CallError::NotServed(_)) => false,
+            Err(e) => {
+                warn!(error = %e, "coordinated leader election: publishing the LeaseCandidate failed");
+                true
             }
         }
     }
@@ -491,6 +544,18 @@ pub(crate) fn candidate_name(identity: &str, lease: &str) -> String {
         cut -= 1;
     }
     format!("{}-{hash:016x}", &name[..cut])
+}
+
+/// Whether the watch of the `LeaseCandidate` failed with a 404 (its list or
+/// watch request: the API server may no longer serve `LeaseCandidate`).
+fn watch_not_found(e: &watcher::Error) -> bool {
+    match e {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => crate::error::status_of(e) == Some(404),
+        watcher::Error::WatchError(s) => s.code == 404,
+        watcher::Error::NoResourceVersion => false,
+    }
 }
 
 /// Sets `spec.renewTime` to now.
