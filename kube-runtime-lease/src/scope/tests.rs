@@ -214,3 +214,43 @@ fn dropping_term_tasks_aborts_them() {
         assert!(guard.is_valid());
     });
 }
+
+/// Once `shutdown` began, a term's `TermTasks` spawns nothing more, as
+/// `acquire` and `current_guard` hand out no guard then: a task spawned
+/// during the shutdown's grace is new work begun after the shutdown began,
+/// keeps the shutdown waiting for its whole grace, and is stopped at its
+/// end, so the Lease is left to expire instead of released.
+#[test]
+fn term_tasks_spawn_nothing_once_the_shutdown_began() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        let mut tasks = guard.tasks::<()>();
+        // Work in flight when the shutdown begins: it finishes within the grace.
+        tasks.spawn(async { sleep(S(2)).await }).unwrap();
+        drop(guard);
+        let began = Instant::now();
+        let shutdown = tokio::spawn({
+            let e = e.clone();
+            async move { e.shutdown(S(10)).await }
+        });
+        sleep(Duration::from_millis(100)).await;
+        assert!(!e.is_leader(), "the shutdown began");
+        // More work arrives: it must not start under the term being shut down.
+        let late = tasks.spawn(async { sleep(S(60)).await });
+        let result = timeout(S(30), shutdown).await.expect("shutdown is bounded").unwrap();
+        let took = began.elapsed();
+        assert!(
+            late.is_err(),
+            "a task was spawned after the shutdown began (the shutdown took {took:?}, the holder is then {:?})",
+            holder(&fake)
+        );
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(
+            holder(&fake).as_deref(),
+            Some(""),
+            "released once the work in flight finished"
+        );
+    });
+}
