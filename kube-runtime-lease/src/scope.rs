@@ -125,8 +125,9 @@ impl<T: Send + 'static> TermTasks<T> {
     /// holds; it is stopped (dropped) when the term ends.
     ///
     /// # Errors
-    /// Why the term ended, if it already has (or its renew deadline passed):
-    /// nothing is spawned then.
+    /// Why the term ended, if it already has (or its renew deadline passed),
+    /// and [`Lost::Shutdown`] once [`LeaderElector::shutdown`] began (the
+    /// shutdown waits only for the work in flight): nothing is spawned then.
     ///
     /// # Panics
     /// Outside a Tokio runtime, as [`tokio::spawn`] does.
@@ -135,7 +136,7 @@ impl<T: Send + 'static> TermTasks<T> {
         F: Future<Output = T> + Send + 'static,
     {
         let Some(guard) = LeaseGuard::of(&self.term, self.wake.clone()) else {
-            return Err(self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded));
+            return Err(self.term.over().unwrap_or(Lost::Shutdown));
         };
         Ok(self.set.spawn(while_holds(guard, task)))
     }

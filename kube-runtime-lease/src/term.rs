@@ -73,6 +73,10 @@ pub(crate) struct Term {
     dropped: Notify,
     /// Set once the term ended: a cheap check for every poll of a guarded stream.
     ended: AtomicBool,
+    /// Set once the elector's shutdown began: no new guard joins the term
+    /// (no new work under it), so that the shutdown waits only for the work
+    /// in flight.
+    closed: AtomicBool,
     /// Whether guarded work was stopped rather than finished: a guard was
     /// still alive when the term ended, or was dropped only after the renew
     /// deadline had passed. Requests that work sent may still land.
@@ -105,6 +109,7 @@ impl Term {
             live: AtomicUsize::new(0),
             dropped: Notify::new(),
             ended: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
             stopped_work: AtomicBool::new(false),
             base: sent_at,
             deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
@@ -280,13 +285,21 @@ impl Term {
         self.dropped.notify_waiters();
     }
 
+    /// The elector's shutdown began: from now on no new guard joins the term
+    /// ([`join`](Self::join)), whoever asks (a [`TermTasks`](crate::TermTasks)
+    /// spawning), as the elector hands out none either.
+    pub(crate) fn close(&self) {
+        let _inner = self.inner.lock();
+        self.closed.store(true, Ordering::Release);
+    }
+
     /// A new guard joins the term (see [`LeaseGuard::of`](crate::LeaseGuard::of)):
     /// counted, and told why the term ends; `None`, under the term's lock, if
-    /// the term no longer holds.
+    /// the term no longer holds or its elector's shutdown began.
     pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.inner.lock();
-        if !self.holds() {
+        if !self.holds() || self.closed.load(Ordering::Acquire) {
             return None;
         }
         inner.senders.push(tx);

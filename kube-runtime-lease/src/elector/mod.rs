@@ -231,6 +231,10 @@ impl LeaderElector {
             let mut state = self.inner.lock();
             state.shutdown = true;
             state.waiters.clear();
+            // No new guard of the term in force either (a `TermTasks` spawning).
+            if let Some(term) = &state.term {
+                term.close();
+            }
             (state.task.take(), state.term.clone())
         };
         self.inner.update_status(|s| s.is_leader = false);

@@ -239,7 +239,10 @@ fn term_tasks_spawn_nothing_once_the_shutdown_began() {
         assert!(!e.is_leader(), "the shutdown began");
         // More work arrives: it must not start under the term being shut down.
         let late = tasks.spawn(async { sleep(S(60)).await });
-        let result = timeout(S(30), shutdown).await.expect("shutdown is bounded").unwrap();
+        let result = timeout(S(30), shutdown)
+            .await
+            .expect("shutdown is bounded")
+            .unwrap();
         let took = began.elapsed();
         assert!(
             late.is_err(),
