@@ -53,3 +53,50 @@ fn the_shutdown_budget_counts_the_lease_candidates_deletion() {
     );
     assert_eq!(REQUEST_BOUND, Duration::from_secs(10));
 }
+
+/// What the API server refuses in a `LeaseCandidate` (`ValidateLeaseCandidateSpec`:
+/// versions are strict semantic versions, pre-release and build included;
+/// `OldestEmulationVersion` needs an emulation version other than 0.0.0; a
+/// strategy with a `/` is a qualified name, `<DNS subdomain>/<name>`) is a
+/// configuration error before any API call: accepted, the candidate's every
+/// publication is answered 422, it is never elected and never falls back
+/// (the API is served), so replicas sharing the configuration never lead.
+#[test]
+fn what_the_api_server_refuses_in_a_lease_candidate_is_refused_by_validate() {
+    let broken = |c: Coordinated| c.check("a").map(|(field, value, _)| (field, value));
+    for strategy in [
+        "example.com/a/b",
+        "/mine",
+        "example.com/",
+        "Example.com/mine",
+        "example.com/-mine",
+        "example.com/my strategy",
+        "-example.com/mine",
+    ] {
+        assert_eq!(
+            broken(Coordinated::new("1.37.0").strategy(strategy)),
+            Some(("strategy", strategy.to_owned())),
+            "{strategy:?} accepted"
+        );
+    }
+    for version in ["1.37.0-", "1.37.0+", "1.37.0-01", "1.37.0-a..b", "1.37.0-a_b", "1.37.0+a_b"] {
+        assert_eq!(
+            broken(Coordinated::new(version)),
+            Some(("binaryVersion", version.to_owned())),
+            "{version:?} accepted"
+        );
+    }
+    assert_eq!(
+        broken(Coordinated::new("1.37.0").emulation_version("0.0.0")),
+        Some(("emulationVersion", "0.0.0".to_owned())),
+        "OldestEmulationVersion without an emulation version accepted"
+    );
+    // What the API server accepts stays accepted.
+    for fine in [
+        Coordinated::new("1.37.0-alpha.1+abc.2"),
+        Coordinated::new("1.37.0").strategy("example.com/Mine_1.x"),
+        Coordinated::new("0.0.0").strategy("example.com/mine"),
+    ] {
+        assert_eq!(broken(fine.clone()), None, "{fine:?} refused");
+    }
+}
