@@ -159,18 +159,33 @@ impl Coordinated {
                 "must be a semantic version MAJOR.MINOR.PATCH, such as 1.36.0",
             ));
         };
-        if emulation > binary {
+        // Semantic versioning's precedence, pre-release included, as the API
+        // server compares them.
+        let newer = match emulation.cmp(&binary) {
+            std::cmp::Ordering::Equal => pre_release_precedes(&self.binary_version, &self.emulation_version),
+            order => order.is_gt(),
+        };
+        if newer {
             return Some((
                 "emulationVersion",
                 self.emulation_version.clone(),
                 "must not be newer than the binary version",
             ));
         }
-        if self.strategy != OLDEST_EMULATION_VERSION && !self.strategy.contains('/') {
+        if self.strategy == OLDEST_EMULATION_VERSION {
+            if emulation == (0, 0, 0) && pre_release(&self.emulation_version).is_none() {
+                return Some((
+                    "emulationVersion",
+                    self.emulation_version.clone(),
+                    "must not be 0.0.0 with the strategy OldestEmulationVersion (the API server takes it for none)",
+                ));
+            }
+        } else if !prefixed_name(&self.strategy) {
             return Some((
                 "strategy",
                 self.strategy.clone(),
-                "must be OldestEmulationVersion or a qualified name (example.com/name)",
+                "must be OldestEmulationVersion or a qualified name with a prefix, <DNS subdomain>/<name> \
+                 (example.com/name)",
             ));
         }
         // The LeaseCandidate is named `<identity>.<lease>`: a ConfigMap key.
@@ -191,9 +206,73 @@ impl Coordinated {
     }
 }
 
-/// `MAJOR.MINOR.PATCH[-pre][+build]` as numbers, or `None`.
+/// Whether `s` is a qualified name with a prefix, `<prefix>/<name>`, as the
+/// API server checks a strategy that is not its own: the prefix a DNS-1123
+/// subdomain, the name at most 63 characters, alphanumeric at both ends,
+/// with `-`, `_` and `.` inside.
+fn prefixed_name(s: &str) -> bool {
+    let Some((prefix, name)) = s.split_once('/') else {
+        return false;
+    };
+    let b = name.as_bytes();
+    crate::config::dns1123_subdomain(prefix).is_none()
+        && !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// The pre-release of the version `v` (after the first `-` of what precedes
+/// any `+`), if it has one.
+fn pre_release(v: &str) -> Option<&str> {
+    v.split('+').next()?.split_once('-').map(|(_, pre)| pre)
+}
+
+/// Whether the version `a` precedes `b`, both valid with the same
+/// `MAJOR.MINOR.PATCH`: by their pre-releases, as semantic versioning orders
+/// them (none after any; identifiers in turn, numbers by value and before
+/// words; more identifiers after fewer).
+fn pre_release_precedes(a: &str, b: &str) -> bool {
+    match (pre_release(a), pre_release(b)) {
+        (None, _) => false,
+        (Some(_), None) => true,
+        (Some(a), Some(b)) => {
+            let key = |id: &str| match id.parse::<u64>() {
+                Ok(n) if id.bytes().all(|c| c.is_ascii_digit()) => (0, n, String::new()),
+                _ => (1, 0, id.to_owned()),
+            };
+            a.split('.').map(key).lt(b.split('.').map(key))
+        }
+    }
+}
+
+/// `MAJOR.MINOR.PATCH[-pre][+build]` as numbers, or `None` unless it is a
+/// strict semantic version, pre-release and build included (as the API
+/// server parses a `LeaseCandidate`'s versions).
 fn semver(v: &str) -> Option<(u64, u64, u64)> {
-    let core = v.split(['-', '+']).next()?;
+    let (rest, build) = match v.split_once('+') {
+        Some((rest, build)) => (rest, Some(build)),
+        None => (v, None),
+    };
+    let (core, pre) = match rest.split_once('-') {
+        Some((core, pre)) => (core, Some(pre)),
+        None => (rest, None),
+    };
+    let identifier = |id: &str| !id.is_empty() && id.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-');
+    if let Some(pre) = pre {
+        let numeric_ok = |id: &str| {
+            !id.bytes().all(|c| c.is_ascii_digit())
+                || ((id.len() == 1 || !id.starts_with('0')) && id.parse::<u64>().is_ok())
+        };
+        if !pre.split('.').all(|id| identifier(id) && numeric_ok(id)) {
+            return None;
+        }
+    }
+    if build.is_some_and(|build| !build.split('.').all(identifier)) {
+        return None;
+    }
     let mut parts = core.split('.');
     let mut num = || -> Option<u64> {
         let p = parts.next()?;

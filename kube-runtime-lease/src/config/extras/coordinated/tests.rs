@@ -79,7 +79,14 @@ fn what_the_api_server_refuses_in_a_lease_candidate_is_refused_by_validate() {
             "{strategy:?} accepted"
         );
     }
-    for version in ["1.37.0-", "1.37.0+", "1.37.0-01", "1.37.0-a..b", "1.37.0-a_b", "1.37.0+a_b"] {
+    for version in [
+        "1.37.0-",
+        "1.37.0+",
+        "1.37.0-01",
+        "1.37.0-a..b",
+        "1.37.0-a_b",
+        "1.37.0+a_b",
+    ] {
         assert_eq!(
             broken(Coordinated::new(version)),
             Some(("binaryVersion", version.to_owned())),
@@ -91,6 +98,31 @@ fn what_the_api_server_refuses_in_a_lease_candidate_is_refused_by_validate() {
         Some(("emulationVersion", "0.0.0".to_owned())),
         "OldestEmulationVersion without an emulation version accepted"
     );
+    // An emulation version newer than the binary's by its pre-release.
+    for (binary, emulation) in [
+        ("1.37.0-alpha", "1.37.0"),
+        ("1.37.0-alpha.1", "1.37.0-alpha.2"),
+        ("1.37.0-alpha", "1.37.0-alpha.1"),
+        ("1.37.0-2", "1.37.0-alpha"),
+    ] {
+        assert_eq!(
+            broken(Coordinated::new(binary).emulation_version(emulation)),
+            Some(("emulationVersion", emulation.to_owned())),
+            "{emulation} after {binary} accepted"
+        );
+    }
+    for (binary, emulation) in [
+        ("1.37.0", "1.37.0-alpha"),
+        ("1.37.0-alpha.10", "1.37.0-alpha.9"),
+        ("1.37.0-beta", "1.37.0-alpha"),
+        ("1.37.0-alpha+b", "1.37.0-alpha+a"),
+    ] {
+        assert_eq!(
+            broken(Coordinated::new(binary).emulation_version(emulation)),
+            None,
+            "{emulation} before {binary} refused"
+        );
+    }
     // What the API server accepts stays accepted.
     for fine in [
         Coordinated::new("1.37.0-alpha.1+abc.2"),
