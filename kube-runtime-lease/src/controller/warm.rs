@@ -110,3 +110,42 @@ where
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::{StreamExt, channel::mpsc};
+
+    use crate::{
+        elector::test_hooks::Point,
+        test_util::FakeLeaseApi,
+        tests::support::{config, elector, held_by, paused},
+    };
+
+    /// Warm standby campaigns for as long as its stream is polled: an
+    /// election task that stopped (it panicked, so its waiters fail with
+    /// `ElectorStopped`; the next `acquire` starts a new one) is followed by a
+    /// new campaign, as in `run_each_term`, not by a replica whose caches run
+    /// on but which never campaigns again.
+    #[test]
+    fn warm_standby_campaigns_again_after_the_election_task_stopped() {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            // Another candidate leads, then stops renewing: its record expires
+            // 5 s after it was first seen.
+            fake.put(held_by("other", 5));
+            let (e, _) = elector(&fake, config("me"));
+            e.interleave_for_test(Point::Recount, || panic!("injected: the election task panics"));
+            let (terms, mut began) = mpsc::unbounded();
+            let hold = tokio::spawn(super::hold_each_term(e.clone(), terms));
+            let led = tokio::time::timeout(Duration::from_secs(60), began.next()).await;
+            assert!(
+                matches!(led, Ok(Some(()))),
+                "never led within 60 s of a 5 s lease: {led:?}; the warm standby's campaign ended: {}",
+                hold.is_finished()
+            );
+            assert!(e.is_leader());
+        });
+    }
+}
