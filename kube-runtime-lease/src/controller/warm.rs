@@ -5,16 +5,17 @@
 
 use std::{pin::pin, sync::Arc};
 
+use backon::BackoffBuilder;
 use futures::{
     FutureExt, Stream, TryFuture,
     channel::mpsc,
     future::{self, Either},
 };
 use kube_runtime::{Controller, controller::Action};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::{
-    LeaderElector, Lost,
+    AcquireError, LeaderElector, Lost,
     controller::{ControllerResource, RunItem},
 };
 
@@ -78,12 +79,31 @@ where
 /// Holds a guard of every term this candidate wins (so that it always
 /// campaigns) and asks for every object to be reconciled when a term begins,
 /// until the elector shuts down. The guard is dropped as soon as shutdown is
-/// requested, so that shutdown waits only for reconciles in flight.
+/// requested, so that shutdown waits only for reconciles in flight. An
+/// election task that stopped (its waiters fail with `ElectorStopped`) is
+/// followed by a new campaign after a backoff, as in
+/// [`LeaderElector::run_each_term`].
 async fn hold_each_term(elector: LeaderElector, terms: mpsc::UnboundedSender<()>) {
     let shutdown = elector.shutdown_requested().shared();
+    let config = elector.config();
+    let mut backoff = config.retry_backoff().build();
     loop {
         let acquired = match future::select(pin!(elector.acquire()), shutdown.clone()).await {
-            Either::Left((Ok(guard), _)) => guard,
+            Either::Left((Ok(guard), _)) => {
+                backoff = config.retry_backoff().build();
+                guard
+            }
+            Either::Left((Err(AcquireError::ElectorStopped), _)) => {
+                let delay = backoff.next().unwrap_or(config.lease_duration);
+                warn!(
+                    ?delay,
+                    "the election task stopped: campaigning again after a backoff"
+                );
+                match future::select(pin!(tokio::time::sleep(delay)), shutdown.clone()).await {
+                    Either::Left(_) => continue,
+                    Either::Right(_) => return,
+                }
+            }
             Either::Left((Err(_), _)) | Either::Right(_) => return,
         };
         debug!(
