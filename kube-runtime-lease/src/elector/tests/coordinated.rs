@@ -830,3 +830,43 @@ fn when_lease_candidates_stop_being_served_the_ordinary_election_takes_over() {
         assert!(!e.status().coordinated, "the fallback is in force");
     });
 }
+
+/// The API server's ping carries its own clock (`pingTime`), and it counts a
+/// candidate as live only if its answer's `renewTime` is after it. A candidate
+/// whose clock is behind the API server's (by any amount: clocks are never
+/// exact) answers with a `renewTime` before the ping: not counted, and its
+/// own write, seen on its watch, still looks unanswered, so it writes again
+/// at once, in a loop without a delay for as long as its clock is behind.
+/// One answer per ping, after the ping, is what the API server needs.
+#[test]
+fn a_ping_from_an_api_server_whose_clock_is_ahead_is_answered_once_and_counted() {
+    paused(async {
+        let fake = FakeLeaseApi::default()
+            .serve_lease_candidates()
+            .lease_candidates_latency(Duration::from_millis(10));
+        let (_e, _acquire) = published(&fake).await;
+        let updates = || {
+            fake.requests()
+                .iter()
+                .filter(|r| r.verb == "candidate update")
+                .count()
+        };
+        let before = updates();
+        // The API server's clock is 2 s ahead of ours.
+        let ping = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(2);
+        let mut object = fake.lease_candidates()[CANDIDATE].clone();
+        object["spec"]["pingTime"] = serde_json::to_value(MicroTime(ping)).unwrap();
+        fake.put_lease_candidate(object);
+        sleep(S(1)).await;
+        let answers = updates() - before;
+        let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
+        assert!(
+            answers <= 2,
+            "{answers} writes in 1 s to answer one ping (a loop without a delay)"
+        );
+        assert!(
+            renew > ping,
+            "the answer does not count: renewTime {renew} is not after pingTime {ping}"
+        );
+    });
+}
