@@ -42,7 +42,9 @@ pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 ///   ordinary election back the same way;
 /// - answers the API server's pings
 ///   (`spec.pingTime` newer than `spec.renewTime`) at once, from a watch of
-///   that one object; it also refreshes `renewTime` every five minutes, as
+///   that one object, once per ping, with a `renewTime` just after the
+///   ping's when the API server's clock is ahead of ours by up to 5 s (its
+///   election duration), since it counts only an answer after its ping; it also refreshes `renewTime` every five minutes, as
 ///   client-go's candidate does;
 /// - never creates the Lease and never takes it over: it leads when the API
 ///   server's election names it holder (a record written by the API server,

@@ -12,7 +12,10 @@ use std::{future::pending, time::Duration};
 
 use backon::BackoffBuilder;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::{
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+    jiff::{SignedDuration, Timestamp},
+};
 use kube_client::{
     Api, Client,
     api::{ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams, Preconditions},
@@ -41,6 +44,12 @@ use crate::{
 const REFRESH: Duration = Duration::from_secs(300);
 /// The bound of each request.
 const BOUND: Duration = crate::config::extras::coordinated::REQUEST_BOUND;
+/// How far ahead of our clock an API server's ping may be for the answer to
+/// be stamped just after it: the API server's election duration (it waits
+/// that long for answers, and counts a candidate renewed within it as
+/// live), so that a candidate is never counted as live for longer than an
+/// election after its last answer.
+const PING_AHEAD_MAX: Duration = Duration::from_secs(5);
 
 /// How many times one publication goes round create, read, replace when the
 /// object keeps changing under it (created or deleted by someone else).
@@ -367,11 +376,19 @@ impl LeaseCandidate {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
         let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
+        // The last ping answered.
+        let mut answered: Option<Timestamp> = None;
         loop {
             let served = futures::select_biased! {
                 event = events.next().fuse() => match event {
                     Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
-                        if pinged(&object) {
+                        // Each ping is answered once: an answer that did not
+                        // land after it (a clock further behind the API
+                        // server's than `PING_AHEAD_MAX`) is not sent again
+                        // on every event of our own writes.
+                        if let Some(ping) = unanswered_ping(&object)
+                            && answered.replace(ping) != Some(ping)
+                        {
                             debug!("coordinated leader election: pinged by the API server");
                             self.renew(object).await;
                         }
@@ -475,11 +492,13 @@ impl LeaseCandidate {
         Err(CallError::Raced)
     }
 
-    /// Answers a ping (or refreshes): `renewTime` now, with the
-    /// resourceVersion read; a conflict is retried once after a fresh read.
+    /// Answers a ping (or refreshes): `renewTime` now (after the ping, see
+    /// [`set_renewed_after`]), with the resourceVersion read; a conflict is
+    /// retried once after a fresh read.
     async fn renew(&self, mut object: DynamicObject) {
+        let ping = unanswered_ping(&object);
         for attempt in 0..2 {
-            set_renewed(&mut object);
+            set_renewed_after(&mut object, ping);
             match bounded(self.api.replace(&self.name, &PostParams::default(), &object)).await {
                 Ok(_) => return,
                 Err(e) if e.status() == Some(409) && attempt == 0 => {
@@ -560,30 +579,54 @@ fn watch_not_found(e: &watcher::Error) -> bool {
 
 /// Sets `spec.renewTime` to now.
 fn set_renewed(object: &mut DynamicObject) {
+    set_renewed_after(object, None);
+}
+
+/// Sets `spec.renewTime` to now, or, answering the ping `ping` made on an
+/// API server's clock ahead of ours by at most [`PING_AHEAD_MAX`], just after
+/// it: the API server counts an answer only if its `renewTime` is after the
+/// ping.
+fn set_renewed_after(object: &mut DynamicObject, ping: Option<Timestamp>) {
+    let now = record::now();
+    let after_ping = ping
+        .filter(|ping| {
+            *ping >= now
+                && ping.duration_since(now) <= SignedDuration::try_from(PING_AHEAD_MAX).unwrap_or_default()
+        })
+        .and_then(|ping| ping.checked_add(SignedDuration::from_micros(1)).ok());
+    let renewed = after_ping.map_or(now, |t| t.max(now));
     if let Some(spec) = object.data.get_mut("spec").and_then(|s| s.as_object_mut()) {
         spec.insert(
             "renewTime".into(),
-            serde_json::to_value(MicroTime(record::now())).unwrap_or_default(),
+            serde_json::to_value(MicroTime(renewed)).unwrap_or_default(),
         );
     }
 }
 
+/// The `spec` time `field` of `object`.
+fn spec_time(object: &DynamicObject, field: &str) -> Option<Timestamp> {
+    object
+        .data
+        .get("spec")
+        .and_then(|s| s.get(field))
+        .and_then(|v| serde_json::from_value::<MicroTime>(v.clone()).ok())
+        .map(|t| t.0)
+}
+
 /// Whether the API server pinged the `LeaseCandidate`: `pingTime` after `renewTime`
 /// (or no `renewTime` at all).
+#[cfg(test)]
 fn pinged(object: &DynamicObject) -> bool {
-    let time = |field: &str| {
-        object
-            .data
-            .get("spec")
-            .and_then(|s| s.get(field))
-            .and_then(|v| serde_json::from_value::<MicroTime>(v.clone()).ok())
-            .map(|t| t.0)
-    };
-    match (time("pingTime"), time("renewTime")) {
-        (Some(ping), Some(renew)) => ping > renew,
-        (Some(_), None) => true,
-        (None, _) => false,
-    }
+    unanswered_ping(object).is_some()
+}
+
+/// The API server's ping of the `LeaseCandidate` not answered yet: its
+/// `pingTime`, if after `renewTime` (or with no `renewTime` at all).
+fn unanswered_ping(object: &DynamicObject) -> Option<Timestamp> {
+    let ping = spec_time(object, "pingTime")?;
+    spec_time(object, "renewTime")
+        .is_none_or(|renew| ping > renew)
+        .then_some(ping)
 }
 
 #[cfg(test)]
