@@ -132,3 +132,18 @@ fn what_the_api_server_refuses_in_a_lease_candidate_is_refused_by_validate() {
         assert_eq!(broken(fine.clone()), None, "{fine:?} refused");
     }
 }
+
+/// The `LeaseCandidate`'s name (`<identity>.<lease>`) is checked by the API
+/// server as a ConfigMap key, which must not start with `..`: an identity
+/// that does is refused by `validate`, or the candidate's every publication
+/// is answered 422 and it never leads.
+#[test]
+fn an_identity_that_makes_the_lease_candidate_name_start_with_two_dots_is_refused() {
+    let broken = |id: &str| Coordinated::new("1.37.0").check(id).map(|(field, _, _)| field);
+    for id in ["..pod", "...", "..a.b"] {
+        assert_eq!(broken(id), Some("identity"), "{id:?} accepted");
+    }
+    for id in [".pod", "pod..a", "a.."] {
+        assert_eq!(broken(id), None, "{id:?} refused");
+    }
+}
