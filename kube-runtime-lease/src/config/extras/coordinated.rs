@@ -190,10 +190,11 @@ impl Coordinated {
                  (example.com/name)",
             ));
         }
-        // The LeaseCandidate is named `<identity>.<lease>`: a ConfigMap key.
+        // The LeaseCandidate is named `<identity>.<lease>`: a ConfigMap key,
+        // which must not be `.` or `..` or start with `..`.
         if identity.len() > 253
             || identity == "."
-            || identity == ".."
+            || identity.starts_with("..")
             || !identity
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
@@ -201,7 +202,7 @@ impl Coordinated {
             return Some((
                 "identity",
                 identity.to_owned(),
-                "names the LeaseCandidate: at most 253 of [-._a-zA-Z0-9], not . or ..",
+                "names the LeaseCandidate: at most 253 of [-._a-zA-Z0-9], not . and not starting with ..",
             ));
         }
         None

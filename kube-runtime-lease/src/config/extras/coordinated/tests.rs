@@ -134,7 +134,7 @@ fn what_the_api_server_refuses_in_a_lease_candidate_is_refused_by_validate() {
 }
 
 /// The `LeaseCandidate`'s name (`<identity>.<lease>`) is checked by the API
-/// server as a ConfigMap key, which must not start with `..`: an identity
+/// server as a `ConfigMap` key, which must not start with `..`: an identity
 /// that does is refused by `validate`, or the candidate's every publication
 /// is answered 422 and it never leads.
 #[test]
