@@ -939,3 +939,33 @@ fn a_sharded_shutdown_on_a_slow_api_server_ends_within_its_budget() {
         assert!(held.is_empty(), "shards still held after {took:?}: {held:?}");
     });
 }
+
+/// The off switch (`LeaseConfig::enabled(false)`, a `--leader-elect=false`
+/// for a local run or a single-replica install) makes no API call and leads
+/// at once, so no Lease RBAC is needed: a sharded election with it off is
+/// that one replica, holding every shard, without the roster. (Before, it
+/// still joined the roster first, and with no RBAC for Leases, or no API
+/// server, it never held a shard: nothing was ever reconciled.)
+#[test]
+fn a_sharded_election_switched_off_holds_every_shard_without_an_api_call() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (client, id) = fake.client();
+        fake.partition(id, true);
+        let lease = LeaseConfig::new("default", "ctl", "a").enabled(false);
+        let a = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+        {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await });
+        }
+        sleep(S(10)).await;
+        assert_eq!(
+            a.held().borrow().len(),
+            12,
+            "holds {:?} of 12 shards; requests: {:?}",
+            a.held().borrow(),
+            fake.requests()
+        );
+        assert!(fake.requests().is_empty(), "API calls: {:?}", fake.requests());
+    });
+}
