@@ -15,6 +15,10 @@
 //!   replica; an object is reconciled only on the replica that holds its
 //!   shard (FNV-1a over its UID), racing that shard's guard.
 //!
+//! With the election switched off ([`LeaseConfig::enabled`]`(false)`: a
+//! local run, a single-replica install), a replica holds every shard, with
+//! no roster and no API call, until shutdown; never where several run.
+//!
 //! Watches, per replica: the roster, and the shard Leases it owns or would
 //! own if their owner left (its backups), selected by label and selected
 //! again when the roster changes; plus each shard elector's own while it
@@ -500,6 +504,10 @@ impl ShardedElector {
         // part: its guards go, so each shard is released once its work
         // stopped, and campaigns stop; and it leaves the roster.
         let _leave = Leave(self);
+        if !cfg.enabled {
+            self.run_unelected().await;
+            return;
+        }
         let api: Api<Lease> = Api::namespaced(inner.client.clone(), &cfg.namespace);
         if !self.join_until_done(&api).await {
             return;
@@ -592,6 +600,31 @@ impl ShardedElector {
             let collect = self.collect_departed(&api, &view, &members, &mut evictions, now);
             let overdue = self.stop_overdue(now);
             due = [due, collect, overdue].into_iter().flatten().min();
+        }
+    }
+
+    /// The election switched off ([`LeaseConfig::enabled`]`(false)`): this
+    /// replica is the only one, and holds every shard (each shard elector
+    /// leads without a Lease) until shutdown, with no roster and no API
+    /// call.
+    async fn run_unelected(&self) {
+        let inner = &self.inner;
+        info!(
+            "sharded election disabled: holding every shard, without leases or the roster (no API call is made)"
+        );
+        for (s, elector) in (0..inner.config.shards).zip(&inner.shards) {
+            let Ok(guard) = elector.acquire().await else {
+                return; // shut down
+            };
+            inner.state.lock().held.insert(s, (guard, Instant::now()));
+        }
+        self.publish();
+        loop {
+            let notified = inner.wake.notified();
+            if inner.state.lock().shutdown {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -954,9 +987,13 @@ impl ShardedElector {
         self.publish();
     }
 
-    /// Clears this replica's roster entry, if it still names it.
+    /// Clears this replica's roster entry, if it still names it (none when
+    /// the election is switched off: no roster).
     async fn leave(&self) {
         let cfg = &self.inner.member;
+        if !cfg.enabled {
+            return;
+        }
         let api: Api<Lease> = Api::namespaced(self.inner.client.clone(), &cfg.namespace);
         let left = async {
             let Some(lease) = api.get_opt(&cfg.name).await? else {

@@ -967,5 +967,12 @@ fn a_sharded_election_switched_off_holds_every_shard_without_an_api_call() {
             fake.requests()
         );
         assert!(fake.requests().is_empty(), "API calls: {:?}", fake.requests());
+        // Shut down: every shard given up, still without an API call.
+        tokio::time::timeout(S(5), a.shutdown(S(1)))
+            .await
+            .expect("the shutdown is bounded");
+        assert!(a.held().borrow().is_empty());
+        assert!(a.status().values().all(|s| !s.is_leader));
+        assert!(fake.requests().is_empty(), "API calls: {:?}", fake.requests());
     });
 }
