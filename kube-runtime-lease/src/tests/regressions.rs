@@ -1117,31 +1117,6 @@ fn a_task_dropped_before_it_started_fails_its_waiter_and_the_next_acquire_starts
 
 /// A current-thread runtime with a real clock, for a task that must run on a
 /// runtime of its own (and, once its `block_on` returns, is never polled again).
-/// 7: a task dropped in the middle of a term (its runtime shut down, or a
-/// panic), after renewals, leaves the next task an exact memory of its
-/// record: the record, renewed by us last, is taken back at once, not
-/// waited out as another process's. (Before: the memory kept the
-/// `renewTime` of the term's first write only, so the next task waited a
-/// lease duration.)
-#[test]
-fn a_task_dropped_mid_term_leaves_the_next_one_its_record() {
-    paused(async {
-        let fake = free();
-        let (e, _) = elector(&fake, config("me"));
-        let guard = e.acquire().await.unwrap();
-        sleep(S(5)).await;
-        assert!(guard.is_valid(), "renewed twice");
-        e.abort_task_for_test();
-        let lost = timeout(S(1), guard).await.expect("the term ends with its task");
-        assert_eq!(lost, Lost::ElectorStopped);
-        let again = timeout(S(1), e.acquire())
-            .await
-            .expect("its own record, taken back at once")
-            .unwrap();
-        assert!(again.is_valid());
-    });
-}
-
 fn helper_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_time()

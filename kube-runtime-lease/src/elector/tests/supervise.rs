@@ -104,3 +104,28 @@ fn shutdown_awaits_a_task_spawned_as_it_began() {
         );
     });
 }
+
+/// A task dropped in the middle of a term (its runtime shut down, or a
+/// panic), after renewals, leaves the next task an exact memory of its
+/// record: the record, renewed by us last, is taken back at once, not
+/// waited out as another process's. (Before: the memory kept the
+/// `renewTime` of the term's first write only, so the next task waited a
+/// lease duration.)
+#[test]
+fn a_task_dropped_mid_term_leaves_the_next_one_its_record() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        sleep(S(5)).await;
+        assert!(guard.is_valid(), "renewed twice");
+        e.abort_task_for_test();
+        let lost = timeout(S(1), guard).await.expect("the term ends with its task");
+        assert_eq!(lost, crate::Lost::ElectorStopped);
+        let again = timeout(S(1), e.acquire())
+            .await
+            .expect("its own record, taken back at once")
+            .unwrap();
+        assert!(again.is_valid());
+    });
+}
