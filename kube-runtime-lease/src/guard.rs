@@ -45,6 +45,9 @@ pub struct LeaseGuard {
     /// clock even if the elector task never runs again (its runtime no
     /// longer driven). Made at the first poll within a runtime.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The guard of work that has not finished ([`while_holds`](Self::while_holds)):
+    /// dropped so, the work was stopped, not finished.
+    unfinished: bool,
 }
 
 impl LeaseGuard {
@@ -61,6 +64,7 @@ impl LeaseGuard {
             rx,
             done: None,
             timer: None,
+            unfinished: false,
         })
     }
 
@@ -224,8 +228,36 @@ impl LeaseGuard {
     }
 }
 
+impl LeaseGuard {
+    /// Runs `work` while the term holds: its output, or why the term ended
+    /// first (the work is then dropped, unfinished). The guard is polled
+    /// first: once the term has ended, `work` is not polled again. If this future is
+    /// dropped before either (by its owner, or with the task running it), the
+    /// work was stopped, not finished: the term is told so before the guard
+    /// goes, so that the Lease is not released while requests the work sent
+    /// may still land.
+    pub(crate) async fn while_holds<F: Future>(mut self, work: F) -> Result<F::Output, Lost> {
+        self.unfinished = true;
+        let result = match futures::future::select(&mut self, std::pin::pin!(work)).await {
+            futures::future::Either::Left((lost, _work)) => Err(lost),
+            futures::future::Either::Right((output, _)) => Ok(output),
+        };
+        self.unfinished = false;
+        result
+    }
+
+    /// The guarded work is being stopped before it finished (see
+    /// [`while_holds`](Self::while_holds)).
+    pub(crate) fn work_stopped(&self) {
+        self.term.work_stopped();
+    }
+}
+
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
+        if self.unfinished {
+            self.term.work_stopped();
+        }
         self.term.guard_dropped();
         self.wake.notify_one();
     }

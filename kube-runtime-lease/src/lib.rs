@@ -193,7 +193,10 @@
 //!   (on [`LeaderElector::shutdown`], when the last guard is dropped, or on a
 //!   step-down) only if every guard of the term had been dropped before the
 //!   term ended. If guarded work had to be stopped (a grace that ran out, a
-//!   step-down, a loss), requests it sent may still land, so the Lease is left
+//!   step-down, a loss, or its owner dropping it unfinished: a guarded stream
+//!   dropped before its inner stream ended, a `with_lease` future or
+//!   `TermTasks` task dropped before it completed), requests it sent may
+//!   still land, so the Lease is left
 //!   to expire instead, and for lease duration − renew deadline after such a
 //!   stop no later term of this elector releases either. client-go's
 //!   `ReleaseOnCancel` asks its users for the same; here it is enforced.

@@ -2,9 +2,8 @@
 //! runs one future while leading, and [`TermTasks`] spawns tasks that belong
 //! to one term.
 
-use std::{future::Future, pin::pin, sync::Arc};
+use std::{future::Future, sync::Arc};
 
-use futures::future::{Either, select};
 use tokio::{
     sync::Notify,
     task::{AbortHandle, JoinError, JoinSet},
@@ -51,17 +50,7 @@ impl LeaderElector {
             AcquireError::Shutdown => Lost::Shutdown,
             AcquireError::ElectorStopped => Lost::ElectorStopped,
         })?;
-        while_holds(guard, work).await
-    }
-}
-
-/// Polls `work` until it completes (`Ok` with its output) or the term of
-/// `guard` ends first (`Err` with why; `work` is dropped at once, unfinished).
-/// The guard first: once the term has ended, `work` is not polled again.
-async fn while_holds<F: Future>(guard: LeaseGuard, work: F) -> Result<F::Output, Lost> {
-    match select(guard, pin!(work)).await {
-        Either::Left((lost, _work)) => Err(lost),
-        Either::Right((output, _guard)) => Ok(output),
+        guard.while_holds(work).await
     }
 }
 
@@ -138,7 +127,7 @@ impl<T: Send + 'static> TermTasks<T> {
         let Some(guard) = LeaseGuard::of(&self.term, self.wake.clone()) else {
             return Err(self.term.over().unwrap_or(Lost::Shutdown));
         };
-        Ok(self.set.spawn(while_holds(guard, task)))
+        Ok(self.set.spawn(guard.while_holds(task)))
     }
 
     /// Waits for the next task to end: `None` once there are none left.

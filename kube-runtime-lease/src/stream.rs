@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::{Stream, stream::FusedStream};
-use pin_project::pin_project;
+use pin_project::{pin_project, pinned_drop};
 use tracing::debug;
 
 pub use self::each_term::RunEnded;
@@ -39,6 +39,12 @@ enum State {
 /// - When the inner stream ends on its own, this stream ends with
 ///   [`lost`](Self::lost) returning `None`, and its guard is dropped: the
 ///   Lease is released once no other stream or guard shares the term.
+/// - When this stream is dropped while leading, before its inner stream
+///   ended (a `select!` on a signal), the guarded work was stopped, not
+///   finished: requests it sent may still land, so the Lease is left to
+///   expire instead of released. For a handover within milliseconds, let the
+///   inner stream end ([`LeaderElector::shutdown`] with
+///   [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on)).
 ///
 /// # Fairness
 /// Every poll checks whether the term ended (an atomic load, or the guard's
@@ -57,7 +63,7 @@ enum State {
 /// `for_each`) reacts within the same instant. A consumer that does not poll
 /// (a `for_each` body that blocks for long) delays the drop; work that must not
 /// outlive leadership should also check [`LeaseGuard::is_valid`].
-#[pin_project(project = WithLeaderElectionProj)]
+#[pin_project(PinnedDrop, project = WithLeaderElectionProj)]
 #[must_use = "streams do nothing unless polled"]
 pub struct WithLeaderElection<S> {
     #[pin]
@@ -128,9 +134,14 @@ impl<S> WithLeaderElection<S> {
     }
 
     /// The inner stream, unless it has been dropped. Leadership (if held) is
-    /// given up as the guard is dropped.
-    pub fn into_inner(self) -> Option<S> {
-        self.inner
+    /// given up as the guard is dropped; the inner stream goes on without
+    /// it, so its work counts as stopped, not finished: the Lease is left to
+    /// expire rather than released.
+    pub fn into_inner(mut self) -> Option<S> {
+        if let (Some(_), State::Leading(guard)) = (&self.inner, &self.state) {
+            guard.work_stopped();
+        }
+        self.inner.take()
     }
 }
 
@@ -255,6 +266,20 @@ fn finish<S: Stream>(this: &mut WithLeaderElectionProj<'_, S>, lost: Option<Lost
     *this.state = State::Done;
     *this.registered = None;
     Poll::Ready(None)
+}
+
+/// Dropped while leading, before the inner stream ended (by its consumer):
+/// the guarded work was stopped, not finished (a Controller's reconciles in
+/// flight are aborted), so the Lease is left to expire rather than released
+/// (see the crate's "Release only after the guarded work ended").
+#[pinned_drop]
+impl<S> PinnedDrop for WithLeaderElection<S> {
+    fn drop(self: Pin<&mut Self>) {
+        let this = self.project();
+        if let (Some(_), State::Leading(guard)) = (this.inner.as_pin_mut(), &*this.state) {
+            guard.work_stopped();
+        }
+    }
 }
 
 impl<S: Stream> FusedStream for WithLeaderElection<S> {

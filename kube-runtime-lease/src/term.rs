@@ -285,6 +285,13 @@ impl Term {
         self.dropped.notify_waiters();
     }
 
+    /// Guarded work was stopped before it finished (its future or stream
+    /// dropped while the term held): requests it sent may still land, so the
+    /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
+    pub(crate) fn work_stopped(&self) {
+        self.stopped_work.store(true, Ordering::Release);
+    }
+
     /// The elector's shutdown began: from now on no new guard joins the term
     /// ([`join`](Self::join)), whoever asks (a [`TermTasks`](crate::TermTasks)
     /// spawning), as the elector hands out none either.

@@ -4,14 +4,9 @@
 //! the gate is the election's term) and elected shards (the gate is the
 //! object's shard's term).
 
-use std::{fmt::Debug, pin::pin, sync::Arc};
+use std::{fmt::Debug, sync::Arc};
 
-use futures::{
-    Stream, StreamExt, TryFuture, TryFutureExt,
-    channel::mpsc,
-    future::{self, Either},
-    stream,
-};
+use futures::{Stream, StreamExt, TryFuture, TryFutureExt, channel::mpsc, future, stream};
 use kube_runtime::{
     Controller,
     controller::{Action, Error as ControllerError},
@@ -95,9 +90,9 @@ where
             };
             // The guard first: a term that ended (its timer fired at the
             // renew deadline) stops the work before it runs another step.
-            match future::select(guard, pin!(work)).await {
-                Either::Left((lost, _dropped)) => Err(Gated::Lost(lost)),
-                Either::Right((result, _guard)) => result.map_err(Gated::Reconciler),
+            match guard.while_holds(work).await {
+                Err(lost) => Err(Gated::Lost(lost)),
+                Ok(result) => result.map_err(Gated::Reconciler),
             }
         }
     };

@@ -522,6 +522,114 @@ fn a_step_down_with_work_in_flight_lets_the_lease_expire() {
     });
 }
 
+/// 3: guarded work dropped by its owner before it finished (a guarded
+/// Controller stream dropped in a `select!` on a signal, its reconciles
+/// aborted at their next `.await`; a `with_lease` future dropped; the inner
+/// stream taken out with `into_inner`; `TermTasks` dropped) was
+/// stopped, not finished: requests it sent may still land, so the Lease is
+/// left to expire, not released. (Before: dropping it dropped the last
+/// guard while the term held, which counted as work that ended, and the
+/// Lease was released at once: `b` led within milliseconds.)
+#[test]
+fn guarded_work_dropped_before_it_finished_lets_the_lease_expire() {
+    paused(async {
+        for how in ["stream", "with_lease", "into_inner", "term_tasks"] {
+            let fake = free();
+            let (a, _) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let mut b_acquire = pin!(b.acquire());
+            match how {
+                "stream" => {
+                    let mut guarded = Box::pin(stream::pending::<()>().with_leader_election(&a));
+                    assert!(timeout(S(1), guarded.next()).await.is_err(), "{how}: a leads");
+                    assert!(guarded.is_leading(), "{how}");
+                    drop(guarded);
+                }
+                "into_inner" => {
+                    let mut guarded = stream::pending::<()>().with_leader_election(&a);
+                    assert!(timeout(S(1), guarded.next()).await.is_err(), "{how}: a leads");
+                    assert!(guarded.is_leading(), "{how}");
+                    let inner = guarded.into_inner();
+                    assert!(inner.is_some(), "{how}: the inner stream goes on");
+                }
+                "term_tasks" => {
+                    let guard = a.acquire().await.unwrap();
+                    let mut tasks = guard.tasks::<()>();
+                    tasks.spawn(futures::future::pending()).unwrap();
+                    drop(guard);
+                    sleep(MS(10)).await;
+                    assert!(a.is_leader(), "{how}: the task's guard keeps the term");
+                    // Dropping the set aborts its tasks.
+                    drop(tasks);
+                }
+                _ => {
+                    let work = a.with_lease(futures::future::pending::<()>());
+                    assert!(timeout(S(1), work).await.is_err(), "{how}: dropped mid-work");
+                }
+            }
+            let dropped = Instant::now();
+            assert!(
+                timeout(S(1), &mut b_acquire).await.is_err(),
+                "{how}: b led {:?} after a's work was dropped unfinished (the Lease was released)",
+                dropped.elapsed()
+            );
+            assert_eq!(holder(&fake).as_deref(), Some("a"), "{how}: not written free");
+            let _b = timeout(S(30), &mut b_acquire)
+                .await
+                .expect("b leads once a's record expired")
+                .unwrap();
+            assert!(
+                dropped.elapsed() >= S(15),
+                "{how}: b led {:?} after",
+                dropped.elapsed()
+            );
+            a.shutdown(S(1)).await.unwrap();
+        }
+    });
+}
+
+/// 3: the counterpart: guarded work that ended on its own (the inner stream
+/// ended, the `with_lease` future completed) is released at once, so that a
+/// standby leads within one event and one write.
+#[test]
+fn guarded_work_that_ended_is_released_at_once() {
+    paused(async {
+        for how in ["stream", "with_lease"] {
+            let fake = free();
+            let (a, _) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let (done, finish) = futures::channel::oneshot::channel::<u8>();
+            let mut work: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> = if how == "stream" {
+                let guarded = stream::once(finish).with_leader_election(&a);
+                Box::pin(async move {
+                    let items: Vec<_> = guarded.collect().await;
+                    assert_eq!(items, [Ok(7)], "stream");
+                })
+            } else {
+                let a = a.clone();
+                Box::pin(async move {
+                    assert_eq!(a.with_lease(finish).await, Ok(Ok(7)), "with_lease");
+                })
+            };
+            assert!(
+                timeout(S(1), &mut work).await.is_err(),
+                "{how}: a leads, its work runs"
+            );
+            assert!(a.is_leader(), "{how}");
+            let mut b_acquire = pin!(b.acquire());
+            assert!(timeout(S(1), &mut b_acquire).await.is_err(), "{how}: b waits");
+            done.send(7).unwrap();
+            timeout(S(1), work).await.expect("the work ends");
+            let ended = Instant::now();
+            let _b = timeout(S(1), &mut b_acquire)
+                .await
+                .expect("b leads at once")
+                .unwrap();
+            assert!(ended.elapsed() < S(1), "{how}: b led {:?} after", ended.elapsed());
+        }
+    });
+}
+
 // ---- 4. A free record written by someone else -------------------------------
 
 /// 4: an admin (or client-go ≥ 0.34's release path) writes the record free
