@@ -45,9 +45,9 @@ pub struct LeaseGuard {
     /// clock even if the elector task never runs again (its runtime no
     /// longer driven). Made at the first poll within a runtime.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// The guard of work that has not finished ([`while_holds`](Self::while_holds)):
-    /// dropped so, the work was stopped, not finished.
-    unfinished: bool,
+    /// The guard of work that has not finished (`while_holds`): dropped
+    /// so, the work was stopped, not finished.
+    pub(crate) unfinished: bool,
 }
 
 impl LeaseGuard {
@@ -225,31 +225,6 @@ impl LeaseGuard {
             ready!(timer.as_mut().poll(cx));
             // Renewed since the timer was set: set it again.
         }
-    }
-}
-
-impl LeaseGuard {
-    /// Runs `work` while the term holds: its output, or why the term ended
-    /// first (the work is then dropped, unfinished). The guard is polled
-    /// first: once the term has ended, `work` is not polled again. If this future is
-    /// dropped before either (by its owner, or with the task running it), the
-    /// work was stopped, not finished: the term is told so before the guard
-    /// goes, so that the Lease is not released while requests the work sent
-    /// may still land.
-    pub(crate) async fn while_holds<F: Future>(mut self, work: F) -> Result<F::Output, Lost> {
-        self.unfinished = true;
-        let result = match futures::future::select(&mut self, std::pin::pin!(work)).await {
-            futures::future::Either::Left((lost, _work)) => Err(lost),
-            futures::future::Either::Right((output, _)) => Ok(output),
-        };
-        self.unfinished = false;
-        result
-    }
-
-    /// The guarded work is being stopped before it finished (see
-    /// [`while_holds`](Self::while_holds)).
-    pub(crate) fn work_stopped(&self) {
-        self.term.work_stopped();
     }
 }
 

@@ -97,6 +97,29 @@ impl<T> std::fmt::Debug for TermTasks<T> {
 }
 
 impl LeaseGuard {
+    /// Runs `work` while the term holds: its output, or why the term ended
+    /// first (the work is then dropped, unfinished). The guard is polled
+    /// first: once the term has ended, `work` is not polled again. If this future is
+    /// dropped before either (by its owner, or with the task running it), the
+    /// work was stopped, not finished: the term is told so before the guard
+    /// goes, so that the Lease is not released while requests the work sent
+    /// may still land.
+    pub(crate) async fn while_holds<F: Future>(mut self, work: F) -> Result<F::Output, Lost> {
+        self.unfinished = true;
+        let result = match futures::future::select(&mut self, std::pin::pin!(work)).await {
+            futures::future::Either::Left((lost, _work)) => Err(lost),
+            futures::future::Either::Right((output, _)) => Ok(output),
+        };
+        self.unfinished = false;
+        result
+    }
+
+    /// The guarded work is being stopped before it finished (see
+    /// [`while_holds`](Self::while_holds)).
+    pub(crate) fn work_stopped(&self) {
+        self.parts().0.work_stopped();
+    }
+
     /// A scope for tasks that belong to this guard's term ([`TermTasks`]).
     #[must_use]
     pub fn tasks<T: Send + 'static>(&self) -> TermTasks<T> {

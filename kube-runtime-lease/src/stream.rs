@@ -271,7 +271,7 @@ fn finish<S: Stream>(this: &mut WithLeaderElectionProj<'_, S>, lost: Option<Lost
 /// Dropped while leading, before the inner stream ended (by its consumer):
 /// the guarded work was stopped, not finished (a Controller's reconciles in
 /// flight are aborted), so the Lease is left to expire rather than released
-/// (see the crate's "Release only after the guarded work ended").
+/// (release only after the guarded work ended).
 #[pinned_drop]
 impl<S> PinnedDrop for WithLeaderElection<S> {
     fn drop(self: Pin<&mut Self>) {
