@@ -76,6 +76,17 @@ pub(crate) fn status_of(e: &kube_client::Error) -> Option<u16> {
     }
 }
 
+/// The HTTP status a watch failed with, if the API answered (its list, its
+/// start, or an error event).
+pub(crate) fn watch_status(e: &kube_runtime::watcher::Error) -> Option<u16> {
+    use kube_runtime::watcher::Error as E;
+    match e {
+        E::InitialListFailed(e) | E::WatchStartFailed(e) | E::WatchFailed(e) => status_of(e),
+        E::WatchError(s) => Some(s.code),
+        E::NoResourceVersion => None,
+    }
+}
+
 /// Whether `status` is the API server's answer that the Lease `name` does
 /// not exist: reason `NotFound`, with details naming that Lease (the API
 /// server always fills them in for an object it looked up).

@@ -12,7 +12,7 @@ use futures::{
     future::{self, Either},
 };
 use kube_runtime::{Controller, controller::Action};
-use tracing::{debug, warn};
+use tracing::debug;
 
 use crate::{
     AcquireError, LeaderElector, Lost,
@@ -93,16 +93,11 @@ async fn hold_each_term(elector: LeaderElector, terms: mpsc::UnboundedSender<()>
                 backoff = config.retry_backoff().build();
                 guard
             }
-            Either::Left((Err(AcquireError::ElectorStopped), _)) => {
-                let delay = backoff.next().unwrap_or(config.lease_duration);
-                warn!(
-                    ?delay,
-                    "the election task stopped: campaigning again after a backoff"
-                );
-                match future::select(pin!(tokio::time::sleep(delay)), shutdown.clone()).await {
-                    Either::Left(_) => continue,
-                    Either::Right(_) => return,
+            Either::Left((Err(e @ AcquireError::ElectorStopped), _)) => {
+                if elector.wait_to_rejoin(&mut backoff, &e).await {
+                    continue;
                 }
+                return;
             }
             Either::Left((Err(_), _)) | Either::Right(_) => return,
         };

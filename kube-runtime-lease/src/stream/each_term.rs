@@ -3,7 +3,9 @@
 //! lives beside the stream adapter it runs: the elector does not depend on
 //! the adapter.
 
-use backon::BackoffBuilder;
+use std::fmt::Display;
+
+use backon::{BackoffBuilder, ExponentialBackoff};
 use futures::{Stream, StreamExt, future::Either};
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -96,16 +98,26 @@ impl LeaderElector {
                     if started.is_some_and(|s| s.elapsed() > config.lease_duration) {
                         backoff = builder.build();
                     }
-                    let delay = backoff.next().unwrap_or(config.lease_duration);
-                    warn!(reason = %lost, ?delay, "leadership lost; rejoining the election after a backoff");
-                    // A shutdown ends the wait: nothing is left to rejoin.
-                    let wait = std::pin::pin!(tokio::time::sleep(delay));
-                    let shutdown = std::pin::pin!(self.shutdown_requested());
-                    if let Either::Right(_) = futures::future::select(wait, shutdown).await {
+                    if !self.wait_to_rejoin(&mut backoff, &lost).await {
                         return RunEnded::Shutdown;
                     }
                 }
             }
         }
+    }
+
+    /// Waits the next delay of `backoff` (the lease duration once it is
+    /// spent) before campaigning again after `why`: whether to campaign
+    /// (`false`: the shutdown began meanwhile, and nothing is left to rejoin).
+    pub(crate) async fn wait_to_rejoin(
+        &self,
+        backoff: &mut ExponentialBackoff,
+        why: &(dyn Display + Sync),
+    ) -> bool {
+        let delay = backoff.next().unwrap_or(self.config().lease_duration);
+        warn!(reason = %why, ?delay, "rejoining the election after a backoff");
+        let wait = std::pin::pin!(tokio::time::sleep(delay));
+        let shutdown = std::pin::pin!(self.shutdown_requested());
+        matches!(futures::future::select(wait, shutdown).await, Either::Left(_))
     }
 }

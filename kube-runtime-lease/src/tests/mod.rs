@@ -8,7 +8,6 @@
 
 mod never_none;
 mod regressions;
-mod review;
 pub(crate) mod runtime;
 mod simulation;
 pub(crate) mod support;

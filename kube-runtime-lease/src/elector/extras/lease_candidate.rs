@@ -402,7 +402,7 @@ impl LeaseCandidate {
                     Some(Err(e)) => {
                         debug!(error = %Chain(&e), "coordinated leader election: watch of the LeaseCandidate failed");
                         // The list or watch answered 404: is the API still served?
-                        !watch_not_found(&e) || self.publish_again().await
+                        crate::error::watch_status(&e) != Some(404) || self.publish_again().await
                     }
                     None => pending().await,
                 },
@@ -565,18 +565,6 @@ pub(crate) fn candidate_name(identity: &str, lease: &str) -> String {
     format!("{}-{hash:016x}", &name[..cut])
 }
 
-/// Whether the watch of the `LeaseCandidate` failed with a 404 (its list or
-/// watch request: the API server may no longer serve `LeaseCandidate`).
-fn watch_not_found(e: &watcher::Error) -> bool {
-    match e {
-        watcher::Error::InitialListFailed(e)
-        | watcher::Error::WatchStartFailed(e)
-        | watcher::Error::WatchFailed(e) => crate::error::status_of(e) == Some(404),
-        watcher::Error::WatchError(s) => s.code == 404,
-        watcher::Error::NoResourceVersion => false,
-    }
-}
-
 /// Sets `spec.renewTime` to now.
 fn set_renewed(object: &mut DynamicObject) {
     set_renewed_after(object, None);
@@ -594,7 +582,7 @@ fn set_renewed_after(object: &mut DynamicObject, ping: Option<Timestamp>) {
                 && ping.duration_since(now) <= SignedDuration::try_from(PING_AHEAD_MAX).unwrap_or_default()
         })
         .and_then(|ping| ping.checked_add(SignedDuration::from_micros(1)).ok());
-    let renewed = after_ping.map_or(now, |t| t.max(now));
+    let renewed = after_ping.unwrap_or(now);
     if let Some(spec) = object.data.get_mut("spec").and_then(|s| s.as_object_mut()) {
         spec.insert(
             "renewTime".into(),

@@ -122,17 +122,18 @@ impl Task {
             .as_ref()
             .and_then(record::preferred_holder)
             .map(str::to_owned);
+        let phase = match hold {
+            Some(until) => Phase::Holding { until },
+            None => self.begin_term(&term, lease.metadata.uid.as_deref()),
+        };
         let mut run = TermRun {
             term,
             id,
-            phase: hold.map_or(Phase::Withheld, |until| Phase::Holding { until }),
+            phase,
             tolerated,
             cached: *lease,
             caught_up: false,
         };
-        if hold.is_none() {
-            self.begin_term(&mut run);
-        }
         let reason = self.lead_until_lost(&mut run, sent).await;
         let result = self.end_term(&run, &reason).await;
         if self.inner.lock().shutdown {
@@ -169,18 +170,16 @@ impl Task {
                 // be ours (a watch, even one caught up with our last write,
                 // may have stalled or broken during the hold). A read that
                 // fails leaves the hold on for another retry period.
-                match self
+                run.phase = match self
                     .reread(run, "confirming the lease at the end of the creation hold")
                     .await
                 {
                     Some(Err(lost)) => return lost,
-                    Some(Ok(())) => self.begin_term(run),
-                    None => {
-                        run.phase = Phase::Holding {
-                            until: Instant::now() + cfg.retry_period,
-                        };
-                    }
-                }
+                    Some(Ok(())) => self.begin_term(&run.term, run.cached.metadata.uid.as_deref()),
+                    None => Phase::Holding {
+                        until: Instant::now() + cfg.retry_period,
+                    },
+                };
             }
             let now = Instant::now();
             if now >= next_tick {
@@ -288,17 +287,16 @@ impl Task {
         self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
     }
 
-    /// Publishes the term of `run` (its phase becomes `Leading`): hands
-    /// guards to every waiter. Not once the shutdown began (its phase becomes
-    /// `Withheld`): no guard, status or observer may see a term then.
-    pub(in crate::elector) fn begin_term(&mut self, run: &mut TermRun) {
-        let term = &run.term;
+    /// Publishes `term`, free of any hold, on the Lease object `uid`: hands
+    /// guards to every waiter; its phase is then `Leading`. Not once the
+    /// shutdown began (`Withheld`): no guard, status or observer may see a
+    /// term then.
+    fn begin_term(&mut self, term: &Arc<Term>, uid: Option<&str>) -> Phase {
         {
             let mut state = self.inner.lock();
             if state.shutdown {
-                run.phase = Phase::Withheld;
                 info!("won the lease as the shutdown began: not leading, releasing it");
-                return;
+                return Phase::Withheld;
             }
             // Status first, so that subscribers agree with a guard as soon as
             // it is handed out; under the lock, so that a shutdown beginning
@@ -316,12 +314,10 @@ impl Task {
                 }
             }
         }
-        run.phase = Phase::Leading;
         self.inner.tell(Transition::Leading(true));
         info!(fencing_token = term.token, "acquired lease, now leading");
-        self.inner.tell(Transition::TermBegan {
-            uid: run.cached.metadata.uid.as_deref(),
-        });
+        self.inner.tell(Transition::TermBegan { uid });
+        Phase::Leading
     }
 
     /// Reads the Lease (bounded by the renew deadline): whether it still holds

@@ -122,7 +122,8 @@ impl Watch {
                 self.close(now);
                 Step::Failed
             }
-            Some(Err(e)) if is_forbidden(&e) => {
+            Some(Err(e)) if matches!(crate::error::watch_status(&e), Some(401 | 403)) => {
+                // Refused rather than broken.
                 if reopens.is_none() {
                     warn!(
                         error = %e,
@@ -178,12 +179,6 @@ impl Watch {
             };
         }
     }
-}
-
-/// Whether the watch was refused (403, or 401) rather than broken.
-fn is_forbidden(e: &watcher::Error) -> bool {
-    matches!(e, watcher::Error::InitialListFailed(kube_client::Error::Api(s))
-        | watcher::Error::WatchStartFailed(kube_client::Error::Api(s)) if s.code == 403 || s.code == 401)
 }
 
 impl Task {
