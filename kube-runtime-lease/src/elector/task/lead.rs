@@ -287,7 +287,8 @@ impl Task {
         self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
     }
 
-    /// Publishes `term`, free of any hold, on the Lease object `uid`: hands
+    /// Publishes `term`, free of any hold, on the Lease object `uid` (logged
+    /// with it: which incarnation of the Lease, after a re-creation): hands
     /// guards to every waiter; its phase is then `Leading`. Not once the
     /// shutdown began (`Withheld`): no guard, status or observer may see a
     /// term then.
@@ -315,7 +316,7 @@ impl Task {
             }
         }
         self.inner.tell(Transition::Leading(true));
-        info!(fencing_token = term.token, "acquired lease, now leading");
+        info!(fencing_token = term.token, lease.uid = uid, "acquired lease, now leading");
         self.inner.tell(Transition::TermBegan { uid });
         Phase::Leading
     }
