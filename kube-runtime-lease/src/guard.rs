@@ -45,8 +45,9 @@ pub struct LeaseGuard {
     /// clock even if the elector task never runs again (its runtime no
     /// longer driven). Made at the first poll within a runtime.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// The guard of work that has not finished (`while_holds`): dropped
-    /// so, the work was stopped, not finished.
+    /// The guard of work that has not finished (`while_holds`, a guarded
+    /// stream whose inner stream has not ended): dropped so, the work was
+    /// stopped, not finished.
     pub(crate) unfinished: bool,
 }
 

@@ -114,12 +114,6 @@ impl LeaseGuard {
         result
     }
 
-    /// The guarded work is being stopped before it finished (see
-    /// [`while_holds`](Self::while_holds)).
-    pub(crate) fn work_stopped(&self) {
-        self.parts().0.work_stopped();
-    }
-
     /// A scope for tasks that belong to this guard's term ([`TermTasks`]).
     #[must_use]
     pub fn tasks<T: Send + 'static>(&self) -> TermTasks<T> {

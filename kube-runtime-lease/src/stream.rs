@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::{Stream, stream::FusedStream};
-use pin_project::{pin_project, pinned_drop};
+use pin_project::pin_project;
 use tracing::debug;
 
 pub use self::each_term::RunEnded;
@@ -63,7 +63,7 @@ enum State {
 /// `for_each`) reacts within the same instant. A consumer that does not poll
 /// (a `for_each` body that blocks for long) delays the drop; work that must not
 /// outlive leadership should also check [`LeaseGuard::is_valid`].
-#[pin_project(PinnedDrop, project = WithLeaderElectionProj)]
+#[pin_project(project = WithLeaderElectionProj)]
 #[must_use = "streams do nothing unless polled"]
 pub struct WithLeaderElection<S> {
     #[pin]
@@ -137,11 +137,8 @@ impl<S> WithLeaderElection<S> {
     /// given up as the guard is dropped; the inner stream goes on without
     /// it, so its work counts as stopped, not finished: the Lease is left to
     /// expire rather than released.
-    pub fn into_inner(mut self) -> Option<S> {
-        if let (Some(_), State::Leading(guard)) = (&self.inner, &self.state) {
-            guard.work_stopped();
-        }
-        self.inner.take()
+    pub fn into_inner(self) -> Option<S> {
+        self.inner
     }
 }
 
@@ -208,11 +205,17 @@ fn poll_not_leading<S: Stream>(
     match this.state {
         State::Acquiring(acquire) => match Pin::new(acquire).poll(cx) {
             Poll::Pending => Some(Poll::Pending),
-            Poll::Ready(Ok(guard)) => {
+            Poll::Ready(Ok(mut guard)) => {
                 debug!(
                     fencing_token = guard.fencing_token(),
                     "leading: starting the guarded stream"
                 );
+                // Until the inner stream ends, its work is unfinished: a
+                // guard dropped before that (this stream dropped by its
+                // consumer, or `into_inner`) leaves the Lease to expire
+                // rather than released (release only after the guarded work
+                // ended).
+                guard.unfinished = true;
                 *this.state = State::Leading(guard);
                 None
             }
@@ -261,25 +264,14 @@ fn finish<S: Stream>(this: &mut WithLeaderElectionProj<'_, S>, lost: Option<Lost
     if let Some(lost) = lost {
         debug!(reason = %lost, "leadership ended: dropping the guarded stream");
         *this.lost = Some(lost);
+    } else if let State::Leading(guard) = this.state {
+        // The inner stream ended: its work finished.
+        guard.unfinished = false;
     }
     this.inner.set(None);
     *this.state = State::Done;
     *this.registered = None;
     Poll::Ready(None)
-}
-
-/// Dropped while leading, before the inner stream ended (by its consumer):
-/// the guarded work was stopped, not finished (a Controller's reconciles in
-/// flight are aborted), so the Lease is left to expire rather than released
-/// (release only after the guarded work ended).
-#[pinned_drop]
-impl<S> PinnedDrop for WithLeaderElection<S> {
-    fn drop(self: Pin<&mut Self>) {
-        let this = self.project();
-        if let (Some(_), State::Leading(guard)) = (this.inner.as_pin_mut(), &*this.state) {
-            guard.work_stopped();
-        }
-    }
 }
 
 impl<S: Stream> FusedStream for WithLeaderElection<S> {

@@ -316,7 +316,11 @@ impl Task {
             }
         }
         self.inner.tell(Transition::Leading(true));
-        info!(fencing_token = term.token, lease.uid = uid, "acquired lease, now leading");
+        info!(
+            fencing_token = term.token,
+            lease.uid = uid,
+            "acquired lease, now leading"
+        );
         self.inner.tell(Transition::TermBegan { uid });
         Phase::Leading
     }
