@@ -223,8 +223,9 @@
 //!   leader among published `LeaseCandidate`s, is opt-in:
 //!   `LeaseConfig::coordinated` (see `coordinated::Coordinated`).
 //! <!-- upstream: end -->
-//! - Releasing re-reads the Lease and writes it free only if it still holds a
-//!   record of our term, with the resourceVersion just read; a conflict is
+//! - Releasing re-reads the Lease and writes it free only if it still holds
+//!   our term's record as we wrote it last (not renewed since by another
+//!   process with our identity), with the resourceVersion just read; a conflict is
 //!   retried once after a fresh read, as client-go does.
 //! - A passed renew deadline is final, as guards and guarded streams see it on
 //!   their own clock: a renewal answered after it does not bring the term

@@ -559,6 +559,39 @@ fn our_record_renewed_by_another_process_after_our_term_ended_is_not_taken_back_
     });
 }
 
+/// A release reads the Lease first, and writes it free only if it still
+/// holds our term's record as we wrote it last: renewed since by another
+/// process with our identity (client-go's candidate renewing it as its own,
+/// unseen yet without a watch), the record is that process's, and is left
+/// alone. (Before: the release compared only the `TermId`, and wrote free a
+/// record another process was renewing, so that a third candidate could
+/// lead beside it.)
+#[test]
+fn a_release_leaves_alone_our_record_renewed_by_another_process() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("x").watch(false));
+        let guard = a.acquire().await.unwrap();
+        // client-go's candidate "x" renews the record as its own.
+        let mut lease = fake.lease().unwrap();
+        let renewed = MicroTime(
+            k8s_openapi::jiff::Timestamp::now()
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+                .unwrap(),
+        );
+        lease.spec.as_mut().unwrap().renew_time = Some(renewed.clone());
+        fake.put(lease);
+        drop(guard);
+        sleep(S(1)).await;
+        let after = spec(&fake);
+        assert_eq!(
+            (after.holder_identity.as_deref(), after.renew_time),
+            (Some("x"), Some(renewed)),
+            "our release wrote free a record another process with our identity renews"
+        );
+    });
+}
+
 // ---- 3. Release only after the guarded work ended ---------------------------
 
 /// 3: `shutdown`'s grace runs out with guarded work in flight; the work is
