@@ -356,11 +356,16 @@ impl Duty {
 }
 
 /// Evictions: when each backed-up shard was first seen held by nobody
-/// (free, expired or absent), the members evicted lately, and the departed
-/// members' entries deleted lately.
+/// (free, expired or absent) while assigned to its owner, the members
+/// evicted lately, and the departed members' entries deleted lately.
 #[derive(Default)]
 struct Evictions {
-    unowned_since: BTreeMap<u16, Instant>,
+    /// Shard → (its owner then, since when it was seen held by nobody).
+    /// Kept across roster changes while the assignment gives the shard to
+    /// the same owner: only a new owner gets two lease durations anew, so
+    /// that members joining and leaving faster than that do not keep a dead
+    /// owner's shards free for ever.
+    unowned_since: BTreeMap<u16, (String, Instant)>,
     tried: BTreeMap<String, Instant>,
     /// Departed members' roster entries whose delete was sent lately.
     deleted: BTreeMap<String, Instant>,
@@ -572,7 +577,11 @@ impl ShardedElector {
                 members_since = now;
                 let assignment = Assignment::new(&members, inner.config.shards);
                 duty = Duty::of(&assignment, &members, &me);
-                evictions.unowned_since.clear();
+                // An unowned shard's clock runs on while its owner stays
+                // the same; a shard moved to another owner starts anew.
+                evictions
+                    .unowned_since
+                    .retain(|s, (owner, _)| assignment.owner(*s) == Some(owner.as_str()));
                 let watch: BTreeSet<u16> = duty
                     .assigned
                     .iter()
@@ -706,7 +715,13 @@ impl ShardedElector {
                 }
                 continue;
             }
-            let since = *evictions.unowned_since.entry(shard).or_insert(now);
+            let since = match evictions.unowned_since.get(&shard) {
+                Some((o, since)) if o == owner => *since,
+                _ => {
+                    evictions.unowned_since.insert(shard, (owner.clone(), now));
+                    now
+                }
+            };
             let expired = seen.is_some_and(|w| w.holder.as_deref() == Some(owner.as_str()));
             if !expired && now.saturating_duration_since(since) < unowned_for {
                 at(crate::record::later(since, unowned_for));

@@ -976,3 +976,94 @@ fn a_sharded_election_switched_off_holds_every_shard_without_an_api_call() {
         assert!(fake.requests().is_empty(), "API calls: {:?}", fake.requests());
     });
 }
+
+/// The identities the roster names now (the holders of the Leases of role
+/// `member`).
+fn roster_members(fake: &FakeLeaseApi) -> BTreeSet<String> {
+    fake.leases()
+        .iter()
+        .filter(|l| {
+            l.metadata
+                .labels
+                .as_ref()
+                .is_some_and(|m| m.get(super::ROLE_LABEL).map(String::as_str) == Some("member"))
+        })
+        .filter_map(|l| crate::record::holder(l.spec.as_ref()?).map(str::to_owned))
+        .collect()
+}
+
+/// Writes the roster entry of `identity`, as its `run` does when it joins,
+/// for a member that then never campaigns (it died before, or its entry
+/// lingers).
+async fn join_and_die(fake: &FakeLeaseApi, identity: &str) {
+    let (client, _) = fake.client();
+    let lease = LeaseConfig::new("default", "ctl", identity)
+        .lease_duration(S(4))
+        .renew_deadline(S(3))
+        .retry_period(S(1));
+    let member = ShardConfig::new(lease, 12).member_lease();
+    let api: kube_client::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube_client::Api::namespaced(client, "default");
+    super::roster::join(&api, &member).await.unwrap();
+}
+
+/// A member that joined the roster and died before campaigning leaves the
+/// shards assigned to it free; it is evicted once one of them has been held
+/// by nobody for two lease durations, and its shards get owners. Other
+/// members joining and leaving every 3 s meanwhile (less than those two
+/// lease durations: a rolling restart, a scaling loop; named after it, so
+/// that `b`, the member before it, watches over its shards throughout) do
+/// not reset that clock for the shards still assigned to it: it is evicted
+/// within 2 LD and a few seconds of its death. (Before, every roster change
+/// restarted every unowned shard's clock, and the churn kept its shards free
+/// for ever.)
+#[test]
+fn a_dead_members_shards_get_owners_though_the_roster_keeps_changing() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        for r in [&a, &b] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b], S(30)).await;
+        join_and_die(&fake, "z").await;
+        let died = tokio::time::Instant::now();
+        let mut previous: Option<ShardedElector> = None;
+        let mut i = 0;
+        while roster_members(&fake).contains("z") {
+            assert!(
+                died.elapsed() < S(20),
+                "z (dead since it joined) still on the roster {:?} after its death, \
+                 under churn every 3 s; shards held: {:?}",
+                died.elapsed(),
+                held(&[&a, &b])
+            );
+            let c = replica(&fake, &format!("zz{i:02}"));
+            i += 1;
+            {
+                let c = c.clone();
+                tokio::spawn(async move { c.run().await });
+            }
+            never_shared(&[&a, &b, &c], S(1)).await;
+            if let Some(p) = previous.replace(c.clone()) {
+                p.shutdown(S(1)).await;
+            }
+            never_shared(&[&a, &b, &c], S(2)).await;
+        }
+        // Evicted: once the churn stops, every shard has an owner.
+        if let Some(p) = previous.take() {
+            p.shutdown(S(1)).await;
+        }
+        let stopped = tokio::time::Instant::now();
+        while held(&[&a, &b]).iter().flatten().count() < 12 {
+            assert!(
+                stopped.elapsed() < S(10),
+                "not every shard owned 10 s after the churn stopped: {:?}, roster {:?}",
+                held(&[&a, &b]),
+                roster_members(&fake)
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+    });
+}
