@@ -941,15 +941,36 @@ impl ShardedElector {
                 let Ok(guard) = this.inner.shards[usize::from(s)].acquire().await else {
                     return;
                 };
-                info!(
-                    shard = s,
-                    fencing_token = guard.fencing_token(),
-                    "holds the shard"
-                );
+                #[cfg(test)]
+                tests::hooks::acquired(&this.inner, s);
                 // When the term ends (lost, or its deadline passed), the
                 // balancer says so at once, not at its next tick.
                 let ended = guard.lost_signal();
-                this.inner.state.lock().held.insert(s, (guard, Instant::now()));
+                {
+                    let mut state = this.inner.state.lock();
+                    // The campaign was called off since it won: the balancer
+                    // gave every shard up (shutdown, or dropped: on a
+                    // multi-threaded runtime this task may run on another
+                    // thread past its last `.await`, where the abort does not
+                    // stop it) or assigned the shard elsewhere. The guard is
+                    // not kept (nothing would ever drop it: the shard renewed
+                    // with no work for ever): the shard is released at once.
+                    if state.shutdown || !state.acquiring.contains_key(&s) {
+                        drop(state);
+                        debug!(
+                            shard = s,
+                            "won the shard after its campaign was called off: giving it up"
+                        );
+                        drop(guard);
+                        return;
+                    }
+                    info!(
+                        shard = s,
+                        fencing_token = guard.fencing_token(),
+                        "holds the shard"
+                    );
+                    state.held.insert(s, (guard, Instant::now()));
+                }
                 this.publish();
                 this.inner.wake.notify_one();
                 // (Weakly: the shard's guard lives in `held`, and this task

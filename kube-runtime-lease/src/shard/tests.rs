@@ -1067,3 +1067,119 @@ fn a_dead_members_shards_get_owners_though_the_roster_keeps_changing() {
         }
     });
 }
+
+/// Tests: actions run when a shard's campaign has won (its `acquire`
+/// returned) and has not yet taken the state's lock: between two statements
+/// with no `.await`, where on a multi-threaded runtime another thread may
+/// act (the balancer dropped, a shutdown). As the elector's `test_hooks`.
+pub(super) mod hooks {
+    use std::sync::{Arc, Weak};
+
+    use parking_lot::Mutex;
+
+    use super::super::{Inner, ShardedElector};
+
+    type Action = Box<dyn FnOnce(u16) + Send>;
+
+    static ACQUIRED: Mutex<Vec<(Weak<Inner>, Action)>> = Mutex::new(Vec::new());
+
+    /// Runs `action` (with the shard) when a campaign of `elector` next wins.
+    pub(crate) fn on_acquired(elector: &ShardedElector, action: Action) {
+        ACQUIRED.lock().push((Arc::downgrade(&elector.inner), action));
+    }
+
+    /// A campaign of `inner` won `shard`: runs what is registered, once,
+    /// with no lock held.
+    pub(crate) fn acquired(inner: &Inner, shard: u16) {
+        let taken = {
+            let mut hooks = ACQUIRED.lock();
+            hooks.retain(|(i, _)| i.strong_count() > 0);
+            let Some(i) = hooks.iter().position(|(i, _)| std::ptr::eq(i.as_ptr(), inner)) else {
+                return;
+            };
+            hooks.remove(i)
+        };
+        (taken.1)(shard);
+    }
+}
+
+/// The shard Leases held now, with their holder.
+fn shard_holders(fake: &FakeLeaseApi) -> Vec<(String, String)> {
+    fake.leases()
+        .into_iter()
+        .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-")))
+        .filter_map(|l| {
+            let holder = crate::record::holder(l.spec.as_ref()?)?.to_owned();
+            Some((l.metadata.name?, holder))
+        })
+        .collect()
+}
+
+/// A balancer dropped (its controller's stream dropped) just as one of its
+/// campaigns won a shard, after `give_up_all` but before the campaign's task
+/// stored its guard (on a multi-threaded runtime the task runs on another
+/// thread past its last `.await`, so the abort does not stop it): the guard
+/// is not kept, and every shard is released, none renewed with no work.
+/// (Before, the task stored the guard after the balancer had given every
+/// shard up, and nothing dropped it: the replica renewed that shard for
+/// ever, and no other replica could take it.)
+#[test]
+fn a_shard_won_as_the_balancer_is_dropped_is_given_up_too() {
+    use futures::{FutureExt, future::BoxFuture};
+    use parking_lot::Mutex;
+    use std::{sync::Arc, task::Poll};
+
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let a = replica(&fake, "a");
+        // The balancer, polled by a task, and dropped from inside the hook:
+        // exactly where another thread could drop it.
+        let balancer: Arc<Mutex<Option<BoxFuture<'static, ()>>>> = Arc::new(Mutex::new(Some({
+            let a = a.clone();
+            async move { a.run().await }.boxed()
+        })));
+        let won = Arc::new(Mutex::new(None));
+        hooks::on_acquired(&a, {
+            let (balancer, won) = (balancer.clone(), won.clone());
+            Box::new(move |s| {
+                *won.lock() = Some(s);
+                let dropped = balancer.lock().take();
+                drop(dropped);
+            })
+        });
+        tokio::spawn({
+            let balancer = balancer.clone();
+            futures::future::poll_fn(move |cx| match balancer.lock().as_mut() {
+                Some(run) => run.as_mut().poll(cx),
+                None => Poll::Ready(()),
+            })
+        });
+        tokio::time::timeout(S(30), async {
+            while won.lock().is_none() {
+                sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("a campaign won a shard within 30 s");
+        let s = won.lock().expect("set");
+        let dropped = tokio::time::Instant::now();
+        loop {
+            let holders = shard_holders(&fake);
+            let mine = a.held().borrow().clone();
+            if holders.is_empty() && mine.is_empty() {
+                break;
+            }
+            assert!(
+                dropped.elapsed() < S(2),
+                "{:?} after the balancer was dropped as it won shard {s}: Leases still held {holders:?}, \
+                 held() {mine:?}",
+                dropped.elapsed()
+            );
+            sleep(Duration::from_millis(100)).await;
+        }
+        // And none is taken again: nothing of the balancer runs.
+        sleep(S(10)).await;
+        assert!(shard_holders(&fake).is_empty(), "{:?}", shard_holders(&fake));
+        assert!(a.status().values().all(|st| !st.is_leader), "a leads a shard");
+    });
+}
