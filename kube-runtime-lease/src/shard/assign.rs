@@ -96,6 +96,7 @@ impl Assignment {
     }
 
     /// The owner of `shard`.
+    #[cfg(test)]
     pub(crate) fn owner(&self, shard: u16) -> Option<&str> {
         let m = *self.owner.get(usize::from(shard))?;
         self.members.get(m).map(String::as_str)

@@ -361,10 +361,10 @@ impl Duty {
 #[derive(Default)]
 struct Evictions {
     /// Shard → (its owner then, since when it was seen held by nobody).
-    /// Kept across roster changes while the assignment gives the shard to
-    /// the same owner: only a new owner gets two lease durations anew, so
-    /// that members joining and leaving faster than that do not keep a dead
-    /// owner's shards free for ever.
+    /// Kept across roster changes while this replica watches over the shard
+    /// for the same owner: only a new owner gets two lease durations anew,
+    /// so that members joining and leaving faster than that do not keep a
+    /// dead owner's shards free for ever.
     unowned_since: BTreeMap<u16, (String, Instant)>,
     tried: BTreeMap<String, Instant>,
     /// Departed members' roster entries whose delete was sent lately.
@@ -577,11 +577,12 @@ impl ShardedElector {
                 members_since = now;
                 let assignment = Assignment::new(&members, inner.config.shards);
                 duty = Duty::of(&assignment, &members, &me);
-                // An unowned shard's clock runs on while its owner stays
-                // the same; a shard moved to another owner starts anew.
+                // An unowned shard's clock runs on while this replica still
+                // watches over it for the same owner; a shard moved to
+                // another owner (or no longer watched here) starts anew.
                 evictions
                     .unowned_since
-                    .retain(|s, (owner, _)| assignment.owner(*s) == Some(owner.as_str()));
+                    .retain(|s, (owner, _)| duty.watch_over.get(s) == Some(&*owner));
                 let watch: BTreeSet<u16> = duty
                     .assigned
                     .iter()
