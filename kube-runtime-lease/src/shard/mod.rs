@@ -63,7 +63,12 @@
 //!   replicas' watches are back (kube-runtime's backoff: up to 30 s after a
 //!   long cut), `k` the dead members still on the roster that watched over
 //!   each other (evicted one after the other). The sharded simulation checks
-//!   it for every shard with its own timings (`W` = 6.4 s, `k` = 2).
+//!   it for every shard with its own timings (`W` = 6.4 s, `k` = 2). Other
+//!   members joining and leaving meanwhile do not delay an eviction: a
+//!   watcher's clock of a shard held by nobody runs on across roster changes
+//!   while it watches over that shard for the same owner (not across its own
+//!   restarts: a shard watched over only by members that each live less
+//!   than `2 LD` is not judged).
 
 mod assign;
 mod controller;
