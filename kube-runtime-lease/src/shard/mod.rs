@@ -293,8 +293,9 @@ struct State {
     /// Shards handed over whose work (guards still alive) may go on here
     /// until then: the reconcile grace after the handover.
     handing_over: BTreeMap<u16, Instant>,
-    /// A write of this replica's roster entry under way.
-    joining: bool,
+    /// The write of this replica's roster entry under way (joining again),
+    /// which `leave` waits for before it reads the entry.
+    joining: Option<JoinHandle<()>>,
     shutdown: bool,
 }
 
@@ -668,16 +669,18 @@ impl ShardedElector {
 
     /// Joins the roster again in the background (one write at a time).
     fn join_again(&self, api: &Api<Lease>) {
-        {
-            let mut state = self.inner.state.lock();
-            if state.joining || state.shutdown {
-                return;
-            }
-            state.joining = true;
+        let mut state = self.inner.state.lock();
+        let busy = state.joining.as_ref().is_some_and(|task| !task.is_finished());
+        if busy || state.shutdown {
+            return;
         }
         info!(lease = %self.inner.member.name, "this replica is not on the roster (evicted by a peer, or its entry was lost): joining again");
         let (this, api) = (self.clone(), api.clone());
-        tokio::spawn(async move {
+        // Stored under the same lock as the check: a `leave` from then on
+        // finds it and waits for it, so that the write cannot land after
+        // the leave's read (leaving behind an entry whose member no longer
+        // takes part).
+        state.joining = Some(tokio::spawn(async move {
             let cfg = &this.inner.member;
             match tokio::time::timeout(cfg.renew_deadline, roster::join(&api, cfg)).await {
                 Ok(Ok(())) => {}
@@ -686,8 +689,7 @@ impl ShardedElector {
                 }
                 Err(_) => warn!(lease = %cfg.name, "joining the sharded election again timed out"),
             }
-            this.inner.state.lock().joining = false;
-        });
+        }));
     }
 
     /// Evicts the members whose shards this replica watches over and shows
@@ -1037,7 +1039,13 @@ impl ShardedElector {
             return;
         }
         let api: Api<Lease> = Api::namespaced(self.inner.client.clone(), &cfg.namespace);
+        let joining = self.inner.state.lock().joining.take();
         let left = async {
+            // A join in flight first: read after it, the entry it wrote is
+            // cleared; read before, it would be left behind.
+            if let Some(join) = joining {
+                let _ = join.await;
+            }
             let Some(lease) = api.get_opt(&cfg.name).await? else {
                 return Ok(roster::Wrote::Changed);
             };

@@ -1183,3 +1183,64 @@ fn a_shard_won_as_the_balancer_is_dropped_is_given_up_too() {
         assert!(a.status().values().all(|st| !st.is_leader), "a leads a shard");
     });
 }
+
+/// A replica evicted by a peer joins the roster again in the background; if
+/// it leaves (shutdown, or its balancer dropped) while that write is in
+/// flight, it leaves after the write, not before it: no entry of a replica
+/// that no longer takes part is left on the roster, so its shards stay with
+/// the others, none handed over to it and left free until it is evicted
+/// again two lease durations later. (Before, `leave` read the entry while
+/// the join was in flight, found it not its own and left it; the join then
+/// wrote it: a member that never campaigns.)
+#[test]
+fn a_replica_that_leaves_while_joining_again_is_not_left_on_the_roster() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        let (client, id) = fake.client();
+        let lease = LeaseConfig::new("default", "ctl", "c")
+            .lease_duration(S(4))
+            .renew_deadline(S(3))
+            .retry_period(S(1));
+        let config = ShardConfig::new(lease, 12);
+        let entry = config.member_lease().name;
+        let c = ShardedElector::new(client, config).unwrap();
+        for r in [&a, &b, &c] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b, &c], S(30)).await;
+        assert_eq!(sizes(&held(&[&a, &b, &c])), [4, 4, 4]);
+        // c's requests take a second each; a peer evicts it.
+        fake.set_latency(id, S(1));
+        let (peer, _) = fake.client();
+        let api: kube_client::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube_client::Api::namespaced(peer, "default");
+        let seen = fake.lease_in("default", &entry).expect("c's entry");
+        super::roster::clear(&api, &seen).await.unwrap();
+        // c sees it and joins again (a read, then a write: 2 s); it shuts
+        // down meanwhile.
+        never_shared(&[&a, &b, &c], Duration::from_millis(300)).await;
+        c.shutdown(S(1)).await;
+        let stopped = tokio::time::Instant::now();
+        while stopped.elapsed() < S(30) {
+            let roster = roster_members(&fake);
+            assert!(
+                !roster.contains("c"),
+                "c on the roster {:?} after its shutdown returned: {roster:?}; shards held {:?}",
+                stopped.elapsed(),
+                held(&[&a, &b])
+            );
+            if stopped.elapsed() >= S(3) {
+                let h = held(&[&a, &b]);
+                assert_eq!(
+                    h.iter().flatten().count(),
+                    12,
+                    "{:?} after c's shutdown: {h:?}, roster {roster:?}",
+                    stopped.elapsed()
+                );
+            }
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+    });
+}
