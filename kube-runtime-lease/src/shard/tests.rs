@@ -1125,9 +1125,10 @@ fn shard_holders(fake: &FakeLeaseApi) -> Vec<(String, String)> {
 /// ever, and no other replica could take it.)
 #[test]
 fn a_shard_won_as_the_balancer_is_dropped_is_given_up_too() {
+    use std::{sync::Arc, task::Poll};
+
     use futures::{FutureExt, future::BoxFuture};
     use parking_lot::Mutex;
-    use std::{sync::Arc, task::Poll};
 
     paused(async {
         let fake = FakeLeaseApi::default();
