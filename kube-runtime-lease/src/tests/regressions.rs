@@ -705,6 +705,44 @@ fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
     });
 }
 
+/// 5: a takeover applied but whose answer never came (the connection reset,
+/// a 5xx from a proxy or an etcd timeout after the write went through, or
+/// no answer within the bound) is our own write too: the next read shows
+/// the record we sent, and we lead within a retry period or two, as
+/// client-go does (it takes any record naming its identity), instead of
+/// leaving the Lease without a leader for a lease duration while nobody
+/// renews it.
+#[test]
+fn a_takeover_applied_but_never_answered_is_recognised_as_ours() {
+    for watch in [false, true] {
+        for (fault, bound) in [
+            (Fault::AppliedThenLost, S(5)),
+            (Fault::AppliedThenStatus(500), S(5)),
+            (Fault::AppliedThenStatus(504), S(5)),
+            // Answered after the 10 s bound: a timeout.
+            (Fault::DelayResponse(S(11)), S(15)),
+        ] {
+            paused(async move {
+                let fake = free();
+                let (a, id) = elector(&fake, config("a").watch(watch));
+                fake.fault(id, Some("update"), fault);
+                let guard = timeout(bound, a.acquire())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "watch {watch}, {fault:?}: nobody led {bound:?} after our takeover was applied \
+                             (holder {:?})",
+                            holder(&fake)
+                        )
+                    })
+                    .unwrap();
+                assert!(guard.is_valid());
+                assert_eq!(holder(&fake).as_deref(), Some("a"));
+            });
+        }
+    }
+}
+
 // ---- 6. A preferred holder that never comes ---------------------------------
 
 /// Campaigns in a loop, as `run_each_term` does; counts step-downs.
