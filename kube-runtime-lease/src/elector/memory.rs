@@ -23,6 +23,12 @@ pub(super) struct Memory {
     /// our identity (client-go renews a record naming its identity as its
     /// own, keeping the `TermId`): it is not ours.
     pub(super) last_renewed: Vec<MicroTime>,
+    /// The record of the last takeover we sent: one whose answer never came
+    /// (a reset, a 5xx, a timeout) may have been applied, and a record that
+    /// is exactly it is our own write, taken again at once (as client-go
+    /// takes a record naming its identity), not waited out for a lease
+    /// duration with nobody renewing it.
+    pub(super) sent_takeover: Option<LeaseSpec>,
     /// A term on this Lease object must not begin before this instant (the
     /// creation hold), whichever task campaigns.
     pub(super) hold: Option<(Option<String>, Instant)>,
@@ -58,6 +64,13 @@ impl Memory {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
         self.last_term.as_ref().is_some_and(|t| t.matches(lease))
             && renewed.is_some_and(|r| self.last_renewed.contains(r))
+    }
+
+    /// Whether `lease` is our own: our last term's record, or exactly our
+    /// last takeover sent (see [`Memory::sent_takeover`]).
+    pub(super) fn is_ours(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
+        let sent = |s: &LeaseSpec| lease.spec.as_ref().is_some_and(|l| record::same_write(l, s));
+        self.is_last_term(lease) || self.sent_takeover.as_ref().is_some_and(sent)
     }
 
     /// `lease` is our last term's record as we wrote or verified it: its

@@ -112,7 +112,7 @@ impl Task {
             LeaseView::Known { observed, object } => {
                 let asker = Asker {
                     identity: &cfg.identity,
-                    own_term: self.memory.is_last_term(object),
+                    own_term: self.memory.is_ours(object),
                     fallback: cfg.lease_duration,
                 };
                 match rule(observed, asker, now) {
@@ -167,6 +167,9 @@ impl Task {
         // The configured labels, annotations and owner; the rest is kept.
         let lease = self.config().extras.prepare(lease);
         let bound = self.config().renew_deadline;
+        if !create {
+            self.memory.sent_takeover.clone_from(&lease.spec);
+        }
         let sent = Instant::now();
         let result = if create {
             self.inner.api.create(&lease, bound).await
