@@ -169,8 +169,8 @@ fn a_replace_that_keeps_answering_404_is_retried_with_backoff() {
                 assert!(w[1] - w[0] >= S(2), "{fault:?}: retried after {:?}", w[1] - w[0]);
             }
             fake.clear_faults();
-            // The backoff is at most twice the lease duration (jitter).
-            let guard = timeout(S(35), acquire)
+            // The next attempt is at most 2.2 retry periods away.
+            let guard = timeout(S(5), acquire)
                 .await
                 .unwrap_or_else(|_| panic!("{fault:?}: never led after the faults"))
                 .unwrap();
@@ -428,4 +428,40 @@ fn shutdown_waits_for_a_campaign_in_flight_within_the_budget() {
         assert!(acquire.await.unwrap().is_err(), "no guard after the shutdown");
         assert_eq!(holder(&fake).as_deref(), Some(""), "released");
     });
+}
+
+// ---- 8. Retries at client-go's pace ------------------------------------------
+
+/// A candidate cut off from the API server for a minute, campaigning for a
+/// free Lease, leads within a jittered retry period (2.2 *RP*) of the
+/// API server answering again, as a client-go candidate does (it retries
+/// every retry period whatever failed). (Before: its retries had backed off
+/// to up to twice the lease duration, so the Lease stayed without a leader
+/// for up to 30 s after the outage.)
+#[test]
+fn a_candidate_leads_within_a_jittered_retry_period_once_an_outage_ends() {
+    // The backoff's jitter is random: several outages, each must end well.
+    for round in 0..6 {
+        paused(async move {
+            let fake = free();
+            let (e, id) = elector(&fake, config("me").watch(round % 2 == 0));
+            fake.partition(id, true);
+            let mut acquire = pin!(e.acquire());
+            assert!(timeout(S(60), &mut acquire).await.is_err(), "led while cut off");
+            fake.partition(id, false);
+            let healed = Instant::now();
+            let guard = timeout(MS(4_500), acquire)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "round {round}: not leading 4.5 s after the outage ended (holder {:?}, \
+                         first read after it at {:?})",
+                        holder(&fake),
+                        crate::tests::support::first_after(&fake, id, "get", healed).map(|t| t - healed),
+                    )
+                })
+                .unwrap();
+            assert!(guard.is_valid());
+        });
+    }
 }
