@@ -273,10 +273,10 @@
 //!   the record when it expires (one *LD* after its last change); if it never
 //!   comes, the candidates take it one *LD* later.
 //! - **Once faults heal** (every request answered again): a leader within
-//!   4 *LD* + 2 *RP*: a failed request is retried with backoff, from *RP*
-//!   doubling to at most *LD* plus as much jitter (so at most 2 *LD*), and
-//!   the record then seen may need up to two *LD* (a `preferredHolder` that
-//!   never comes) or one (the creation hold).
+//!   2 *LD* + 2.2 *RP*: a failed request is retried every 1 to 2.2 *RP*
+//!   (client-go's jittered retry period, whatever failed), and the record
+//!   then seen may need up to two *LD* (a `preferredHolder` that never
+//!   comes) or one (the creation hold).
 //!   <!-- upstream: omit -->
 //!   The repository's simulation checks this bound after thousands of random
 //!   fault schedules.
@@ -292,7 +292,7 @@
 //!   Lease (which would begin a creation hold on a Lease that exists).
 //! - **No request loop runs without a delay**: every retry waits at least
 //!   *RP*, so a `replace` that keeps failing while reads succeed costs one
-//!   request per backoff step, not a loop.
+//!   request per retry period, not a loop.
 //! - **Each renewal changes the record**: `renewTime` moves forward by at
 //!   least a microsecond even when the wall clock stands still or went back,
 //!   so that followers, which judge by observed change, see every renewal.

@@ -1,11 +1,10 @@
 //! Campaigning: one attempt to acquire (create a missing Lease, or take a
-//! free, expired or own record), the backoff between failed attempts, and the
+//! free, expired or own record), the jittered retry period between attempts, and the
 //! creation hold that delays leadership on a Lease whose last holder may still
 //! lead.
 
 use std::time::Duration;
 
-use backon::BackoffBuilder;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -24,7 +23,6 @@ impl Task {
     /// keeping its watch, before it exits: demand that flaps (an `acquire`
     /// created and dropped repeatedly) costs no new LIST, WATCH and GET.
     pub(in crate::elector) async fn campaign(&mut self) -> Option<Won> {
-        let mut backoff = None;
         let mut linger_until = None;
         loop {
             match self.demand() {
@@ -49,20 +47,18 @@ impl Task {
             let until = match self.try_acquire().await {
                 Ok(Attempt::Won(won)) => return Some(won),
                 Ok(Attempt::WaitUntil(until)) => {
-                    backoff = None;
                     if self.watch.synced() {
                         until
                     } else {
                         until.min(Instant::now() + self.jittered_retry())
                     }
                 }
+                // Retried at client-go's pace, whatever failed: a backoff
+                // would leave the Lease without a leader long after the API
+                // server answers again.
                 Err(e) => {
                     self.log_error("acquiring the lease", &e);
-                    let delay = backoff
-                        .get_or_insert_with(|| self.config().retry_backoff().build())
-                        .next()
-                        .unwrap_or(self.config().lease_duration);
-                    Instant::now() + delay
+                    Instant::now() + self.jittered_retry()
                 }
             };
             self.idle_until(until).await;
@@ -158,8 +154,8 @@ impl Task {
     /// `replace` with the resourceVersion read, with the configured Lease
     /// metadata. A lost race (409) is checked
     /// with a read ([`after_conflict`](Self::after_conflict)). A `replace`
-    /// answered 404 is an error like any other, retried with backoff after a
-    /// fresh read: the API server answers a replace of a deleted Lease with
+    /// answered 404 is an error like any other, retried after a jittered retry
+    /// period and a fresh read: the API server answers a replace of a deleted Lease with
     /// 409 (its uid is the precondition), so a 404 here comes from something
     /// in front of it, and retrying at once would be a loop without a delay
     /// while reads succeed.

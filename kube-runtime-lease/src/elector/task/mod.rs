@@ -3,7 +3,7 @@
 //!
 //! - [`view`]: the task's view of the Lease (reads, the watch, the polling
 //!   fallback, records written by others);
-//! - [`campaign`]: one attempt to acquire, the backoff, the creation hold;
+//! - [`campaign`]: one attempt to acquire, the retries, the creation hold;
 //! - [`lead`]: leading one term (publish, the loop, verify, step down);
 //! - [`renew`]: one renewal, and what each answer means for the term;
 //! - [`end`]: ending a term, and the release;
