@@ -465,3 +465,35 @@ fn a_candidate_leads_within_a_jittered_retry_period_once_an_outage_ends() {
         });
     }
 }
+
+// ---- 9. Malformed records ----------------------------------------------------
+
+/// A record whose `leaseTransitions` is negative (the API server refuses
+/// to store one, but an older or patched one, or an etcd restore, may hold
+/// it) is taken like any other: the takeover writes a valid count (0 or
+/// more), not one more than the negative value, which the API server
+/// refuses with 422 at every attempt, for ever.
+#[test]
+fn a_record_with_negative_transitions_is_taken_with_a_valid_count() {
+    for holder_before in ["", "other"] {
+        paused(async move {
+            let fake = FakeLeaseApi::default();
+            let mut lease = held_by(holder_before, 5);
+            lease.spec.as_mut().unwrap().lease_transitions = Some(-5);
+            fake.put(lease);
+            let (e, _) = elector(&fake, config("me"));
+            let guard = timeout(S(10), e.acquire())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{holder_before:?}: never led on a record with leaseTransitions -5 (holder {:?}, transitions {:?})",
+                        holder(&fake),
+                        spec(&fake).lease_transitions
+                    )
+                })
+                .unwrap();
+            assert!(guard.is_valid());
+            assert!(spec(&fake).lease_transitions.is_some_and(|t| t >= 0));
+        });
+    }
+}
