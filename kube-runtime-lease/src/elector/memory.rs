@@ -140,9 +140,12 @@ impl Memory {
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with
-    /// `prev`: more than anything seen on this name.
+    /// `prev`: more than anything seen on this name, and never negative (the
+    /// API server refuses a negative count, so one more than a negative
+    /// value seen would be refused at every attempt).
     pub(super) fn next_transitions(&self, prev: Option<i32>) -> i32 {
-        prev.max(self.max_transitions).map_or(0, |t| t.saturating_add(1))
+        prev.max(self.max_transitions)
+            .map_or(0, |t| t.saturating_add(1).max(0))
     }
 
     /// The fencing token for a term beginning on a record whose token is
