@@ -462,6 +462,43 @@ fn a_client_go_process_with_our_identity_renewing_our_record_ends_our_term() {
     });
 }
 
+/// 2: a leader about to release (its last guard dropped, or a shutdown)
+/// whose record was just renewed by a client-go process with its identity
+/// (which keeps `acquireTime` and `leaseTransitions`) must not write it
+/// free: that process leads on it now, and a third candidate would lead at
+/// once beside it. The release checks the record as the term does (renewed
+/// last by us), not only the term's `TermId`.
+#[test]
+fn a_record_renewed_by_another_process_with_our_identity_is_not_released() {
+    for shutdown in [false, true] {
+        paused(async move {
+            let fake = free();
+            let (a, _) = elector(&fake, config("x"));
+            let guard = a.acquire().await.unwrap();
+            sleep(S(1)).await;
+            // client-go's candidate "x" renews the record naming it.
+            let mut lease = fake.lease().unwrap();
+            let now = k8s_openapi::jiff::Timestamp::now()
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+                .unwrap();
+            lease.spec.as_mut().unwrap().renew_time = Some(MicroTime(now));
+            fake.put(lease);
+            drop(guard);
+            if shutdown {
+                a.shutdown(S(1)).await.unwrap();
+            }
+            sleep(S(1)).await;
+            assert_eq!(
+                spec(&fake).renew_time,
+                Some(MicroTime(now)),
+                "shutdown {shutdown}: the record another process with our identity renewed last was \
+                 written over (holder {:?})",
+                holder(&fake)
+            );
+        });
+    }
+}
+
 // ---- 3. Release only after the guarded work ended ---------------------------
 
 /// 3: `shutdown`'s grace runs out with guarded work in flight; the work is
