@@ -7,12 +7,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::{Task, lead::TermRun};
-use crate::{
-    elector::Transition,
-    error::Result,
-    record::{self, TermId},
-    term::Lost,
-};
+use crate::{elector::Transition, error::Result, record, term::Lost};
 
 impl Task {
     /// Ends the term for `reason`, releasing the Lease only when leadership
@@ -78,7 +73,7 @@ impl Task {
             Ok(())
         } else {
             let until = record::later(Instant::now(), self.config().release_timeout);
-            let result = self.release(&run.id, until).await;
+            let result = self.release(until).await;
             if let Err(e) = &result {
                 self.log_error("releasing the lease", e);
             }
@@ -88,17 +83,19 @@ impl Task {
         result
     }
 
-    /// Fetches the Lease and, if it still holds a record of our term, writes
-    /// it free; a conflict (the Lease modified between the read and the
-    /// write) is retried once after a fresh read, as client-go does.
-    pub(in crate::elector) async fn release(&mut self, own: &TermId, until: Instant) -> Result<()> {
+    /// Fetches the Lease and, if it still holds a record of our term renewed
+    /// last by us (`Memory::is_last_term`: not one another process with our
+    /// identity renewed since, which leads on it now), writes it free; a
+    /// conflict (the Lease modified between the read and the write) is
+    /// retried once after a fresh read, as client-go does.
+    pub(in crate::elector) async fn release(&mut self, until: Instant) -> Result<()> {
         let mut attempt = 0;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             let Some(lease) = self.get(left).await? else {
                 return Ok(());
             };
-            if !own.matches(&lease) {
+            if !self.memory.is_last_term(&lease) {
                 info!(
                     holder = lease.spec.as_ref().and_then(record::holder).unwrap_or(""),
                     "not releasing: the lease is no longer ours"

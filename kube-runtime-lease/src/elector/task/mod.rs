@@ -34,7 +34,8 @@
 //!    (`end_term`, `release`) only if no guard of the term was alive when it
 //!    ended, never during a creation hold, never within lease duration −
 //!    renew deadline of stopped work (`Memory::stopped_until`), and only if a
-//!    fresh read still shows our own term's record (`TermId`).
+//!    fresh read still shows our own term's record, renewed last by us
+//!    (`Memory::is_last_term`).
 //! 6. **"Ours" is our own term's record**: the same object, holder,
 //!    `acquireTime` and transitions as the write that began the term
 //!    (`TermId`); every term begins with a new acquisition.
