@@ -497,3 +497,43 @@ fn a_record_with_negative_transitions_is_taken_with_a_valid_count() {
         });
     }
 }
+
+/// A third party edits the leader's record (its holder and `renewTime`
+/// untouched): `leaseTransitions` set to another count, or `acquireTime`
+/// cleared (a `kubectl edit`, an apply of a partial spec). The record is
+/// still the leader's own write, which nobody else may take before a lease
+/// duration: the Lease must not stay without a leader for that lease
+/// duration (client-go's leader renews a record naming it and leads on).
+#[test]
+fn an_edit_of_the_leaders_transitions_or_acquire_time_does_not_leave_the_lease_without_a_leader() {
+    for edit in ["transitions", "acquire_time"] {
+        paused(async move {
+            let fake = free();
+            let (a, _) = elector(&fake, config("a"));
+            let b_fake = fake.clone();
+            let (b, _) = elector(&b_fake, config("b"));
+            let guard = a.acquire().await.unwrap();
+            let mut b_acquire = Box::pin(b.acquire());
+            assert!(timeout(S(3), &mut b_acquire).await.is_err());
+            let mut lease = fake.lease().unwrap();
+            let spec = lease.spec.as_mut().unwrap();
+            match edit {
+                "transitions" => spec.lease_transitions = Some(100),
+                _ => spec.acquire_time = None,
+            }
+            fake.put(lease);
+            let edited = Instant::now();
+            // Someone leads throughout: a on, or b within a retry period or two.
+            sleep(S(5)).await;
+            let a_leads = guard.lost().is_none() && a.is_leader();
+            let b_leads = futures::FutureExt::now_or_never(&mut b_acquire).is_some();
+            assert!(
+                a_leads || b_leads,
+                "{edit}: nobody leads {:?} after the edit (holder {:?}, a's term: {:?})",
+                edited.elapsed(),
+                holder(&fake),
+                guard.lost(),
+            );
+        });
+    }
+}
