@@ -173,14 +173,16 @@
 //!   [`LeaseConfig::creation_hold`]`(false)` turns it off (client-go's
 //!   behaviour), for installs where nothing deletes a held Lease; its docs
 //!   say what is then given up.
-//! - **"Ours" means our own term's record**: the same Lease object (`uid`),
-//!   holder, `acquireTime` and `leaseTransitions` as the write that began our
-//!   term. Every term begins with a new acquisition (`acquireTime = now`,
+//! - **"Ours" means our own term's record**: the same Lease object (`uid`)
+//!   and holder as the write that began our term, with the `renewTime` of our
+//!   last write (an edit by someone else that keeps it, such as a changed
+//!   `leaseTransitions`, leaves the record ours). Every term begins with a new acquisition (`acquireTime = now`,
 //!   `leaseTransitions` above every value seen on the Lease's name), also when
 //!   the record it takes names our identity. So a record written by another
 //!   process with the same identity (a duplicate, a paused leader's successor)
-//!   or by a write of ours that we gave up on is waited out like anyone
-//!   else's, and a leader that finds such a record at a renewal has been taken
+//!   or by a write of ours that we gave up on (unless it is exactly the
+//!   takeover we sent last, applied though its answer was lost) is waited
+//!   out like anyone else's, and a leader that finds such a record at a renewal has been taken
 //!   over. So has a leader that finds its own term's record renewed by
 //!   someone else (a `renewTime` it did not write): another process with its
 //!   identity takes the term for its own, as a client-go candidate does with

@@ -12,9 +12,10 @@ use crate::record::{self, TermId};
 /// What this elector remembers of the Lease across terms and tasks.
 #[derive(Default)]
 pub(super) struct Memory {
-    /// Our last term: a record of it (same object, holder, acquireTime and
-    /// transitions) is our own write; any other record naming our identity is
-    /// not (another process with the same identity, or a write we gave up on).
+    /// Our last term: a record of it (same object and holder) carrying one
+    /// of `last_renewed` is our own write; any other record naming our
+    /// identity is not (another process with the same identity, or a write
+    /// we gave up on).
     pub(super) last_term: Option<TermId>,
     /// The `renewTime`s of our last term's record that we may have written
     /// last: the record as we last wrote or verified it, and the renewals

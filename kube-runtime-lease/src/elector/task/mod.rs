@@ -36,9 +36,10 @@
 //!    renew deadline of stopped work (`Memory::stopped_until`), and only if a
 //!    fresh read still shows our own term's record, renewed last by us
 //!    (`Memory::is_last_term`).
-//! 6. **"Ours" is our own term's record**: the same object, holder,
-//!    `acquireTime` and transitions as the write that began the term
-//!    (`TermId`); every term begins with a new acquisition.
+//! 6. **"Ours" is our own term's record**: the same object and holder as
+//!    the write that began the term (`TermId`), with the `renewTime` of our
+//!    last write (`Memory::is_last_term`), whatever else an edit changed;
+//!    every term begins with a new acquisition.
 //! 7. **No leader on a re-created Lease before its old holder gave up.** A
 //!    term on a Lease object that replaced a held one (or that we created)
 //!    begins only when the creation hold ends (`Memory::hold`, kept across
