@@ -498,15 +498,17 @@ fn a_record_with_negative_transitions_is_taken_with_a_valid_count() {
     }
 }
 
-/// A third party edits the leader's record (its holder and `renewTime`
-/// untouched): `leaseTransitions` set to another count, or `acquireTime`
+/// A third party edits the leader's record (its holder untouched):
+/// `leaseTransitions` set to another count, or `acquireTime` or `renewTime`
 /// cleared (a `kubectl edit`, an apply of a partial spec). The record is
-/// still the leader's own write, which nobody else may take before a lease
-/// duration: the Lease must not stay without a leader for that lease
-/// duration (client-go's leader renews a record naming it and leads on).
+/// still the leader's own write (another process with its identity would
+/// have written a `renewTime` of its own), which nobody else may take
+/// before a lease duration: the Lease must not stay without a leader for
+/// that lease duration (client-go's leader renews a record naming it and
+/// leads on).
 #[test]
-fn an_edit_of_the_leaders_transitions_or_acquire_time_does_not_leave_the_lease_without_a_leader() {
-    for edit in ["transitions", "acquire_time"] {
+fn an_edit_of_the_leaders_record_keeping_its_holder_does_not_leave_the_lease_without_a_leader() {
+    for edit in ["transitions", "acquire_time", "renew_time"] {
         paused(async move {
             let fake = free();
             let (a, _) = elector(&fake, config("a"));
@@ -519,7 +521,8 @@ fn an_edit_of_the_leaders_transitions_or_acquire_time_does_not_leave_the_lease_w
             let spec = lease.spec.as_mut().unwrap();
             match edit {
                 "transitions" => spec.lease_transitions = Some(100),
-                _ => spec.acquire_time = None,
+                "acquire_time" => spec.acquire_time = None,
+                _ => spec.renew_time = None,
             }
             fake.put(lease);
             let edited = Instant::now();
