@@ -60,11 +60,12 @@ pub(super) struct Memory {
 
 impl Memory {
     /// Whether `lease` holds the record of our last term (see [`TermId`]),
-    /// renewed last by us (see [`Memory::last_renewed`]).
+    /// renewed last by us (see [`Memory::last_renewed`]; a record with no
+    /// `renewTime` is an edit of ours: every other process writes its own).
     pub(super) fn is_last_term(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
         self.last_term.as_ref().is_some_and(|t| t.matches(lease))
-            && renewed.is_some_and(|r| self.last_renewed.contains(r))
+            && renewed.is_none_or(|r| self.last_renewed.contains(r))
     }
 
     /// Whether `lease` is our own: our last term's record, or exactly our
