@@ -540,3 +540,42 @@ fn an_edit_of_the_leaders_record_keeping_its_holder_does_not_leave_the_lease_wit
         });
     }
 }
+
+// ---- 10. Rejoining after a loss ----------------------------------------------
+
+/// `run_each_term` over work that yields no item (a Controller with nothing
+/// to reconcile), on a single replica whose term is lost now and then (a
+/// 12 s cut past its renew deadline, five minutes apart): after each cut it
+/// leads again within a jittered retry period or two of the API server
+/// answering. Long terms between the cuts start the rejoin's backoff over,
+/// whether or not their work yielded. (Before: a term whose work yielded
+/// nothing never started it over, so after a few incidents, however far
+/// apart, each rejoin waited up to twice the lease duration.)
+#[test]
+fn run_each_term_rejoins_promptly_after_losses_far_apart() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let mut status = e.subscribe();
+        let run = tokio::spawn({
+            let e = e.clone();
+            async move { e.run_each_term(futures::stream::pending::<()>).await }
+        });
+        timeout(S(5), status.wait_for(|s| s.is_leader))
+            .await
+            .expect("led")
+            .unwrap();
+        for round in 0..6 {
+            sleep(S(300)).await;
+            fake.partition(id, true);
+            sleep(S(12)).await;
+            assert!(!e.is_leader(), "round {round}: still leading after the cut");
+            fake.partition(id, false);
+            timeout(S(5), status.wait_for(|s| s.is_leader))
+                .await
+                .unwrap_or_else(|_| panic!("round {round}: not leading 5 s after the cut healed"))
+                .unwrap();
+        }
+        run.abort();
+    });
+}
