@@ -72,7 +72,16 @@ impl Memory {
     /// last takeover sent (see [`Memory::sent_takeover`]).
     pub(super) fn is_ours(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
         let sent = |s: &LeaseSpec| lease.spec.as_ref().is_some_and(|l| record::same_write(l, s));
-        self.is_last_term(lease) || self.sent_takeover.as_ref().is_some_and(sent)
+        if self.is_last_term(lease) {
+            return true;
+        }
+        let ours = self.sent_takeover.as_ref().is_some_and(sent);
+        if ours {
+            tracing::info!(
+                "the lease holds our last takeover, applied though its answer was lost: taking it again"
+            );
+        }
+        ours
     }
 
     /// `lease` is our last term's record as we wrote or verified it: its
