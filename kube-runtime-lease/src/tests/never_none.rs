@@ -579,3 +579,53 @@ fn run_each_term_rejoins_promptly_after_losses_far_apart() {
         run.abort();
     });
 }
+
+// ---- 11. A watch that stalls -------------------------------------------------
+
+/// A candidate's watch stalls (open, but silent: a proxy that stopped
+/// forwarding) while another candidate leads and renews; the leader then
+/// crashes. The candidate leads within a lease duration and a jittered
+/// retry period or two of the leader's last renewal, as a polling client-go
+/// candidate does: a held record whose watch went silent for longer than
+/// its holder's renewals take is checked with a read. (Before: the stalled
+/// watch counted as in sync, so the candidate saw the last renewals only at
+/// the conflict of its takeover, one lease duration after the record it
+/// last saw, and waited another lease duration from then: up to twice the
+/// lease duration.)
+#[test]
+fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last_renewal() {
+    for stalled_for in [S(1), S(7), S(13)] {
+        paused(async move {
+            let fake = free();
+            let (a, a_id) = elector(&fake, config("a"));
+            let (b, b_id) = elector(&fake, config("b"));
+            let guard = a.acquire().await.unwrap();
+            let mut b_acquire = Box::pin(b.acquire());
+            assert!(timeout(S(3), &mut b_acquire).await.is_err());
+            fake.stall_watches(b_id);
+            sleep(stalled_for).await;
+            // a crashes: cut off for good (its guard ends at its deadline).
+            fake.partition(a_id, true);
+            let last_renewal = fake
+                .requests()
+                .iter()
+                .filter(|r| r.client == a_id && r.verb == "update")
+                .map(|r| r.at)
+                .last()
+                .unwrap();
+            let bound = S(15) + MS(4_400) + S(1);
+            let b_guard = timeout(bound, &mut b_acquire)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "stalled {stalled_for:?}: b did not lead within {bound:?} of a's last renewal \
+                         ({:?} ago)",
+                        last_renewal.elapsed()
+                    )
+                })
+                .unwrap();
+            assert!(b_guard.is_valid());
+            drop(guard);
+        });
+    }
+}
