@@ -266,7 +266,10 @@
 //!   with one write; a polling one within one to 2.2 *RP*.
 //! - **After a crash, or work that had to be stopped**: one *LD* after a
 //!   follower last saw the record change (it judges by its own clock, never
-//!   by `renewTime`), and at most one *RP* more when it polls.
+//!   by `renewTime`), and at most 2.2 *RP* more when it polls. A watching
+//!   follower whose watch has been silent for two *RP* (a dead holder, or a
+//!   watch that stalled) reads the Lease every jittered *RP*, as a polling
+//!   one does, so that a stalled watch costs no more than polling.
 //! - **After the Lease was deleted**: the creation hold, one *LD* after the
 //!   new object was created (or the lease duration of the deleted record, if
 //!   longer: the longest seen since its holder last wrote it, so that a

@@ -46,13 +46,8 @@ impl Task {
             }
             let until = match self.try_acquire().await {
                 Ok(Attempt::Won(won)) => return Some(won),
-                Ok(Attempt::WaitUntil(until)) => {
-                    if self.watch.synced() {
-                        until
-                    } else {
-                        until.min(Instant::now() + self.jittered_retry())
-                    }
-                }
+                // Also with a watch: a silent one is checked (`try_acquire`).
+                Ok(Attempt::WaitUntil(until)) => until.min(Instant::now() + self.jittered_retry()),
                 // Retried at client-go's pace, whatever failed: a backoff
                 // would leave the Lease without a leader long after the API
                 // server answers again.
@@ -77,7 +72,11 @@ impl Task {
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
         let cfg = self.inner.config.clone();
-        if !self.watch.synced() || self.needs_read || matches!(self.view, LeaseView::Unknown) {
+        // A watch in sync is trusted while it is heard from: a held record's
+        // renewals arrive every retry period, so a longer silence is a dead
+        // holder or a stalled watch, which only a read tells apart.
+        let heard = self.heard.elapsed() < self.config().retry_period * 2;
+        if !(self.watch.synced() && heard) || self.needs_read || matches!(self.view, LeaseView::Unknown) {
             self.get(cfg.renew_deadline).await?;
         }
         let now = Instant::now();

@@ -112,6 +112,8 @@ pub(in crate::elector) struct Task {
     /// from an earlier task): read before acting on it.
     pub(in crate::elector) needs_read: bool,
     pub(in crate::elector) watch: Watch,
+    /// When the watch last delivered the Lease's state.
+    pub(in crate::elector) heard: Instant,
     /// What the elector remembers of the Lease across terms and tasks: the
     /// running task owns it, and hands it back when it ends (or is dropped).
     pub(in crate::elector) memory: Memory,
@@ -141,6 +143,7 @@ impl Task {
             view,
             needs_read: true,
             watch,
+            heard: Instant::now(),
             memory,
             ended: false,
         }
