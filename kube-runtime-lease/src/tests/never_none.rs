@@ -629,3 +629,51 @@ fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last
         });
     }
 }
+
+// ---- 12. A shutdown during a renewal -----------------------------------------
+
+/// A leader shuts down (its work already ended) while a renewal is in
+/// flight on a slow API server: the handover does not wait for that
+/// renewal's answer. The renewal is abandoned, the Lease released at once,
+/// and a watching standby leads within a second, as a client-go leader's
+/// `ReleaseOnCancel` hands over (its cancelled context ends the request in
+/// flight). The abandoned write may still land: it carries the old
+/// resourceVersion, so it cannot overwrite the release. (Before: the
+/// release waited for the renewal's answer, up to the renew deadline, with
+/// nobody leading.)
+#[test]
+fn a_shutdown_during_a_slow_renewal_hands_over_at_once() {
+    for slow in [
+        Fault::DelayResponse(S(5)),
+        Fault::DelayRequest(S(5)),
+        Fault::DelayResponse(S(9)),
+    ] {
+        paused(async move {
+            let fake = free();
+            let (a, a_id) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let guard = a.acquire().await.unwrap();
+            let b_led = tokio::spawn(async move {
+                let g = b.acquire().await.unwrap();
+                (Instant::now(), g)
+            });
+            sleep(S(3)).await;
+            assert!(!b_led.is_finished());
+            fake.fault(a_id, Some("update"), slow);
+            sleep(MS(1500)).await;
+            drop(guard);
+            let began = Instant::now();
+            a.shutdown(S(1)).await.unwrap();
+            let (at, b_guard) = timeout(S(30), b_led).await.expect("b never led").unwrap();
+            assert!(
+                at - began <= S(1),
+                "{slow:?}: b led {:?} after a's shutdown began",
+                at - began
+            );
+            // The abandoned renewal lands, or is refused, and changes nothing.
+            sleep(S(10)).await;
+            assert!(b_guard.is_valid(), "{slow:?}");
+            assert_eq!(holder(&fake).as_deref(), Some("b"), "{slow:?}");
+        });
+    }
+}
