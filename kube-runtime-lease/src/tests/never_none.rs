@@ -611,7 +611,7 @@ fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last
                 .iter()
                 .filter(|r| r.client == a_id && r.verb == "update")
                 .map(|r| r.at)
-                .last()
+                .next_back()
                 .unwrap();
             let bound = S(15) + MS(4_400) + S(1);
             let b_guard = timeout(bound, &mut b_acquire)
