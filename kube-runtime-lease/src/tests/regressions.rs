@@ -499,6 +499,39 @@ fn a_record_renewed_by_another_process_with_our_identity_is_not_released() {
     }
 }
 
+/// 2: a record on our last term's object that names our identity with no
+/// `renewTime`, written after another candidate took the Lease over (an
+/// edit by a third party), is not our own write: a campaign waits it out
+/// instead of taking it at once while the other's term may still hold. (A
+/// record with no `renewTime` is ours only while our own term holds, when
+/// nobody else can have taken the Lease in between.)
+#[test]
+fn a_record_naming_us_with_no_renew_time_after_a_takeover_is_waited_out() {
+    paused(async {
+        let fake = free();
+        let (a, a_id) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let a_guard = a.acquire().await.unwrap();
+        fake.partition(a_id, true);
+        let _b_guard = timeout(S(60), b.acquire()).await.expect("b took over").unwrap();
+        drop(a_guard);
+        fake.partition(a_id, false);
+        let mut again = pin!(a.acquire());
+        assert!(timeout(S(3), &mut again).await.is_err(), "b leads");
+        let mut lease = fake.lease().unwrap();
+        let spec = lease.spec.as_mut().unwrap();
+        spec.holder_identity = Some("a".into());
+        spec.renew_time = None;
+        fake.put(lease);
+        let edited = Instant::now();
+        assert!(
+            timeout(S(10), &mut again).await.is_err(),
+            "a took the edited record {:?} after the edit, as its own",
+            edited.elapsed()
+        );
+    });
+}
+
 // ---- 3. Release only after the guarded work ended ---------------------------
 
 /// 3: `shutdown`'s grace runs out with guarded work in flight; the work is
