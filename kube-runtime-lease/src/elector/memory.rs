@@ -60,19 +60,23 @@ pub(super) struct Memory {
 
 impl Memory {
     /// Whether `lease` holds the record of our last term (see [`TermId`]),
-    /// renewed last by us (see [`Memory::last_renewed`]; a record with no
-    /// `renewTime` is an edit of ours: every other process writes its own).
+    /// renewed last by us (see [`Memory::last_renewed`]; while our term
+    /// holds, a record with no `renewTime` is an edit of ours: every other
+    /// process writes its own, and nobody else can have taken the Lease).
     pub(super) fn is_last_term(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
         self.last_term.as_ref().is_some_and(|t| t.matches(lease))
             && renewed.is_none_or(|r| self.last_renewed.contains(r))
     }
 
-    /// Whether `lease` is our own: our last term's record, or exactly our
-    /// last takeover sent (see [`Memory::sent_takeover`]).
+    /// Whether `lease` is our own to a campaign: our last term's record
+    /// with a `renewTime` of ours (with none, it is an edit that may have
+    /// followed another holder's term since ours ended), or exactly our last
+    /// takeover sent (see [`Memory::sent_takeover`]).
     pub(super) fn is_ours(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
         let sent = |s: &LeaseSpec| lease.spec.as_ref().is_some_and(|l| record::same_write(l, s));
-        if self.is_last_term(lease) {
+        let renewed = lease.spec.as_ref().is_some_and(|s| s.renew_time.is_some());
+        if renewed && self.is_last_term(lease) {
             return true;
         }
         let ours = self.sent_takeover.as_ref().is_some_and(sent);
