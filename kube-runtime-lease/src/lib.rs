@@ -173,14 +173,16 @@
 //!   [`LeaseConfig::creation_hold`]`(false)` turns it off (client-go's
 //!   behaviour), for installs where nothing deletes a held Lease; its docs
 //!   say what is then given up.
-//! - **"Ours" means our own term's record**: the same Lease object (`uid`),
-//!   holder, `acquireTime` and `leaseTransitions` as the write that began our
-//!   term. Every term begins with a new acquisition (`acquireTime = now`,
+//! - **"Ours" means our own term's record**: the same Lease object (`uid`)
+//!   and holder as the write that began our term, with the `renewTime` of our
+//!   last write (an edit by someone else that keeps it, such as a changed
+//!   `leaseTransitions`, leaves the record ours). Every term begins with a new acquisition (`acquireTime = now`,
 //!   `leaseTransitions` above every value seen on the Lease's name), also when
 //!   the record it takes names our identity. So a record written by another
 //!   process with the same identity (a duplicate, a paused leader's successor)
-//!   or by a write of ours that we gave up on is waited out like anyone
-//!   else's, and a leader that finds such a record at a renewal has been taken
+//!   or by a write of ours that we gave up on (unless it is exactly the
+//!   takeover we sent last, applied though its answer was lost) is waited
+//!   out like anyone else's, and a leader that finds such a record at a renewal has been taken
 //!   over. So has a leader that finds its own term's record renewed by
 //!   someone else (a `renewTime` it did not write): another process with its
 //!   identity takes the term for its own, as a client-go candidate does with
@@ -265,7 +267,10 @@
 //!   with one write; a polling one within one to 2.2 *RP*.
 //! - **After a crash, or work that had to be stopped**: one *LD* after a
 //!   follower last saw the record change (it judges by its own clock, never
-//!   by `renewTime`), and at most one *RP* more when it polls.
+//!   by `renewTime`), and at most 2.2 *RP* more when it polls. A watching
+//!   follower whose watch has been silent for two *RP* (a dead holder, or a
+//!   watch that stalled) reads the Lease every jittered *RP*, as a polling
+//!   one does, so that a stalled watch costs no more than polling.
 //! - **After the Lease was deleted**: the creation hold, one *LD* after the
 //!   new object was created (or the lease duration of the deleted record, if
 //!   longer: the longest seen since its holder last wrote it, so that a
@@ -274,10 +279,10 @@
 //!   the record when it expires (one *LD* after its last change); if it never
 //!   comes, the candidates take it one *LD* later.
 //! - **Once faults heal** (every request answered again): a leader within
-//!   4 *LD* + 2 *RP*: a failed request is retried with backoff, from *RP*
-//!   doubling to at most *LD* plus as much jitter (so at most 2 *LD*), and
-//!   the record then seen may need up to two *LD* (a `preferredHolder` that
-//!   never comes) or one (the creation hold).
+//!   2 *LD* + 2.2 *RP*: a failed request is retried every 1 to 2.2 *RP*
+//!   (client-go's jittered retry period, whatever failed), and the record
+//!   then seen may need up to two *LD* (a `preferredHolder` that never
+//!   comes) or one (the creation hold).
 //!   <!-- upstream: omit -->
 //!   The repository's simulation checks this bound after thousands of random
 //!   fault schedules.
@@ -293,7 +298,7 @@
 //!   Lease (which would begin a creation hold on a Lease that exists).
 //! - **No request loop runs without a delay**: every retry waits at least
 //!   *RP*, so a `replace` that keeps failing while reads succeed costs one
-//!   request per backoff step, not a loop.
+//!   request per retry period, not a loop.
 //! - **Each renewal changes the record**: `renewTime` moves forward by at
 //!   least a microsecond even when the wall clock stands still or went back,
 //!   so that followers, which judge by observed change, see every renewal.

@@ -137,19 +137,20 @@ pub(crate) fn set_token(lease: &mut Lease, token: i64) {
         .insert(TOKEN_ANNOTATION.to_owned(), token.to_string());
 }
 
-/// What tells one term of a holder apart from every other: the Lease object,
-/// the holder, and the `acquireTime` and `leaseTransitions` written when the
-/// term began (renewals keep both).
+/// Where a term of a holder is: the Lease object and the holder.
 ///
-/// A record is "ours" only if it is the record of our own term: the same
-/// identity on the same object is not enough, since another process with the
-/// same identity (a duplicate, or our own earlier process) may have written it.
+/// The same identity on the same object is not enough for a record to be
+/// "ours": another process with the same identity (a duplicate, or our own
+/// earlier process) may have written it. What tells our writes apart is
+/// their `renewTime` (`Memory::is_last_term`): every write of another
+/// process carries its own. `acquireTime` and `leaseTransitions` do not: a
+/// client-go process with our identity renews our record keeping both, and
+/// an edit by a third party (`kubectl edit`) may change them on a record
+/// that is still our own write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TermId {
     uid: Option<String>,
     holder: String,
-    acquire_time: Option<MicroTime>,
-    transitions: Option<i32>,
 }
 
 impl TermId {
@@ -159,8 +160,6 @@ impl TermId {
         Some(TermId {
             uid: lease.metadata.uid.clone(),
             holder: holder(spec)?.to_owned(),
-            acquire_time: spec.acquire_time.clone(),
-            transitions: spec.lease_transitions,
         })
     }
 

@@ -268,10 +268,11 @@ impl LeaseConfig {
         i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
     }
 
-    /// The backoff between failed attempts (API errors while campaigning, and
-    /// campaigns of [`run_each_term`](crate::LeaderElector::run_each_term)
-    /// after a loss): exponential with jitter from the retry period up to the
-    /// lease duration, never giving up.
+    /// The backoff before campaigning again after a loss
+    /// ([`run_each_term`](crate::LeaderElector::run_each_term), warm
+    /// standby, a `LeaseCandidate`'s publication): exponential with jitter
+    /// from the retry period up to the lease duration, never giving up. (The
+    /// election's own attempts retry every jittered retry period instead.)
     pub(crate) fn retry_backoff(&self) -> backon::ExponentialBuilder {
         backon::ExponentialBuilder::new()
             .with_min_delay(self.retry_period)

@@ -12,9 +12,10 @@ use crate::record::{self, TermId};
 /// What this elector remembers of the Lease across terms and tasks.
 #[derive(Default)]
 pub(super) struct Memory {
-    /// Our last term: a record of it (same object, holder, acquireTime and
-    /// transitions) is our own write; any other record naming our identity is
-    /// not (another process with the same identity, or a write we gave up on).
+    /// Our last term: a record of it (same object and holder) carrying one
+    /// of `last_renewed` is our own write; any other record naming our
+    /// identity is not (another process with the same identity, or a write
+    /// we gave up on).
     pub(super) last_term: Option<TermId>,
     /// The `renewTime`s of our last term's record that we may have written
     /// last: the record as we last wrote or verified it, and the renewals
@@ -23,6 +24,12 @@ pub(super) struct Memory {
     /// our identity (client-go renews a record naming its identity as its
     /// own, keeping the `TermId`): it is not ours.
     pub(super) last_renewed: Vec<MicroTime>,
+    /// The record of the last takeover we sent: one whose answer never came
+    /// (a reset, a 5xx, a timeout) may have been applied, and a record that
+    /// is exactly it is our own write, taken again at once (as client-go
+    /// takes a record naming its identity), not waited out for a lease
+    /// duration with nobody renewing it.
+    pub(super) sent_takeover: Option<LeaseSpec>,
     /// A term on this Lease object must not begin before this instant (the
     /// creation hold), whichever task campaigns.
     pub(super) hold: Option<(Option<String>, Instant)>,
@@ -53,11 +60,32 @@ pub(super) struct Memory {
 
 impl Memory {
     /// Whether `lease` holds the record of our last term (see [`TermId`]),
-    /// renewed last by us (see [`Memory::last_renewed`]).
+    /// renewed last by us (see [`Memory::last_renewed`]; while our term
+    /// holds, a record with no `renewTime` is an edit of ours: every other
+    /// process writes its own, and nobody else can have taken the Lease).
     pub(super) fn is_last_term(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
         self.last_term.as_ref().is_some_and(|t| t.matches(lease))
-            && renewed.is_some_and(|r| self.last_renewed.contains(r))
+            && renewed.is_none_or(|r| self.last_renewed.contains(r))
+    }
+
+    /// Whether `lease` is our own to a campaign: our last term's record
+    /// with a `renewTime` of ours (with none, it is an edit that may have
+    /// followed another holder's term since ours ended), or exactly our last
+    /// takeover sent (see [`Memory::sent_takeover`]).
+    pub(super) fn is_ours(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
+        let sent = |s: &LeaseSpec| lease.spec.as_ref().is_some_and(|l| record::same_write(l, s));
+        let renewed = lease.spec.as_ref().is_some_and(|s| s.renew_time.is_some());
+        if renewed && self.is_last_term(lease) {
+            return true;
+        }
+        let ours = self.sent_takeover.as_ref().is_some_and(sent);
+        if ours {
+            tracing::info!(
+                "the lease holds our last takeover, applied though its answer was lost: taking it again"
+            );
+        }
+        ours
     }
 
     /// `lease` is our last term's record as we wrote or verified it: its
@@ -127,9 +155,12 @@ impl Memory {
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with
-    /// `prev`: more than anything seen on this name.
+    /// `prev`: more than anything seen on this name, and never negative (the
+    /// API server refuses a negative count, so one more than a negative
+    /// value seen would be refused at every attempt).
     pub(super) fn next_transitions(&self, prev: Option<i32>) -> i32 {
-        prev.max(self.max_transitions).map_or(0, |t| t.saturating_add(1))
+        prev.max(self.max_transitions)
+            .map_or(0, |t| t.saturating_add(1).max(0))
     }
 
     /// The fencing token for a term beginning on a record whose token is

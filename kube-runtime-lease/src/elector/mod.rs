@@ -167,8 +167,9 @@ impl LeaderElector {
     /// [`AcquireError::Shutdown`](crate::AcquireError::Shutdown) once [`shutdown`](Self::shutdown) has been called;
     /// [`AcquireError::ElectorStopped`](crate::AcquireError::ElectorStopped) if the background task stopped while this
     /// waited (the runtime it was spawned on shut down, or it panicked).
-    /// API failures are never returned: they are logged and retried with
-    /// backoff (an unreachable API server means waiting, never leading).
+    /// API failures are never returned: they are logged and retried
+    /// every jittered retry period, as client-go does (an unreachable API server
+    /// means waiting, never leading).
     ///
     /// # Cancellation safety
     /// Dropping the future withdraws the request; if it was the only one, the

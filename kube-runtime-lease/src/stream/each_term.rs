@@ -38,9 +38,10 @@ impl LeaderElector {
     /// discarded: log them inside the stream (`.inspect(...)`, `.map(...)`).
     /// Between terms, the candidate waits with an exponential backoff from
     /// the retry period up to the lease duration, so that a flapping candidate
-    /// does not hammer the API server; the backoff starts over after a term
-    /// whose stream yielded its first item more than a lease duration before
-    /// the term ended (a term whose stream yielded nothing does not count).
+    /// does not hammer the API server; the backoff starts over after a loss
+    /// more than a lease duration after the candidate rejoined (a long term,
+    /// or a long wait for one, is no flapping), whether or not the work
+    /// yielded (a Controller with nothing to reconcile yields nothing).
     ///
     /// A [`Controller`](kube_runtime::Controller) given here is best wrapped
     /// once more, with
@@ -80,11 +81,9 @@ impl LeaderElector {
         let builder = config.retry_backoff();
         let mut backoff = builder.build();
         loop {
+            let rejoined = Instant::now();
             let mut guarded = std::pin::pin!(make().with_leader_election(self));
-            let mut started = None;
-            while guarded.next().await.is_some() {
-                started.get_or_insert_with(Instant::now);
-            }
+            while guarded.next().await.is_some() {}
             match guarded.as_mut().take_lost() {
                 // Work wired to `shutdown_requested` (`graceful_shutdown_on`)
                 // ends on its own when the elector is shut down: still a shutdown.
@@ -95,7 +94,7 @@ impl LeaderElector {
                 }
                 Some(Lost::Shutdown) => return RunEnded::Shutdown,
                 Some(lost) => {
-                    if started.is_some_and(|s| s.elapsed() > config.lease_duration) {
+                    if rejoined.elapsed() > config.lease_duration {
                         backoff = builder.build();
                     }
                     if !self.wait_to_rejoin(&mut backoff, &lost).await {

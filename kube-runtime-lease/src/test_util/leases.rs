@@ -293,6 +293,17 @@ impl Store {
     }
 
     /// Ends every watch of `client` (a partition).
+    /// Keeps `client`'s Lease watches open but silent from now on (a
+    /// connection that stalled, as behind a proxy that stopped forwarding).
+    pub(super) fn stall_watches(&mut self, client: usize) {
+        let (stalled, kept) = std::mem::take(&mut self.watchers)
+            .into_iter()
+            .partition(|w| w.client == client);
+        self.watchers = kept;
+        let stalled: Vec<Watcher> = stalled;
+        self.idle_watches.extend(stalled.into_iter().map(|w| w.tx));
+    }
+
     pub(super) fn cut_watches(&mut self, client: usize) {
         self.watchers.retain(|w| w.client != client);
     }

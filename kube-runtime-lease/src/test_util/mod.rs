@@ -308,6 +308,12 @@ impl FakeLeaseApi {
         }
     }
 
+    /// Keeps `client`'s open Lease watches open but silent from now on, as a
+    /// connection that stalled (no event, no error, no end).
+    pub fn stall_watches(&self, client: usize) {
+        self.lock().stall_watches(client);
+    }
+
     /// Ends every Lease watch with a `410 Gone` error event, as an API server does
     /// when etcd compacted past a watch's resourceVersion: watchers re-list.
     pub fn expire_watches(&self) {

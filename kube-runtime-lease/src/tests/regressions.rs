@@ -592,6 +592,76 @@ fn a_release_leaves_alone_our_record_renewed_by_another_process() {
     });
 }
 
+/// 2: a leader about to release (its last guard dropped, or a shutdown)
+/// whose record was just renewed by a client-go process with its identity
+/// (which keeps `acquireTime` and `leaseTransitions`) must not write it
+/// free: that process leads on it now, and a third candidate would lead at
+/// once beside it. The release checks the record as the term does (renewed
+/// last by us), not only the term's `TermId`.
+#[test]
+fn a_record_renewed_by_another_process_with_our_identity_is_not_released() {
+    for shutdown in [false, true] {
+        paused(async move {
+            let fake = free();
+            let (a, _) = elector(&fake, config("x"));
+            let guard = a.acquire().await.unwrap();
+            sleep(S(1)).await;
+            // client-go's candidate "x" renews the record naming it.
+            let mut lease = fake.lease().unwrap();
+            let now = k8s_openapi::jiff::Timestamp::now()
+                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+                .unwrap();
+            lease.spec.as_mut().unwrap().renew_time = Some(MicroTime(now));
+            fake.put(lease);
+            drop(guard);
+            if shutdown {
+                a.shutdown(S(1)).await.unwrap();
+            }
+            sleep(S(1)).await;
+            assert_eq!(
+                spec(&fake).renew_time,
+                Some(MicroTime(now)),
+                "shutdown {shutdown}: the record another process with our identity renewed last was \
+                 written over (holder {:?})",
+                holder(&fake)
+            );
+        });
+    }
+}
+
+/// 2: a record on our last term's object that names our identity with no
+/// `renewTime`, written after another candidate took the Lease over (an
+/// edit by a third party), is not our own write: a campaign waits it out
+/// instead of taking it at once while the other's term may still hold. (A
+/// record with no `renewTime` is ours only while our own term holds, when
+/// nobody else can have taken the Lease in between.)
+#[test]
+fn a_record_naming_us_with_no_renew_time_after_a_takeover_is_waited_out() {
+    paused(async {
+        let fake = free();
+        let (a, a_id) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let a_guard = a.acquire().await.unwrap();
+        fake.partition(a_id, true);
+        let _b_guard = timeout(S(60), b.acquire()).await.expect("b took over").unwrap();
+        drop(a_guard);
+        fake.partition(a_id, false);
+        let mut again = pin!(a.acquire());
+        assert!(timeout(S(3), &mut again).await.is_err(), "b leads");
+        let mut lease = fake.lease().unwrap();
+        let spec = lease.spec.as_mut().unwrap();
+        spec.holder_identity = Some("a".into());
+        spec.renew_time = None;
+        fake.put(lease);
+        let edited = Instant::now();
+        assert!(
+            timeout(S(10), &mut again).await.is_err(),
+            "a took the edited record {:?} after the edit, as its own",
+            edited.elapsed()
+        );
+    });
+}
+
 // ---- 3. Release only after the guarded work ended ---------------------------
 
 /// 3: `shutdown`'s grace runs out with guarded work in flight; the work is
@@ -833,6 +903,44 @@ fn a_creation_applied_but_answered_409_is_recognised_as_ours() {
             .count();
         assert_eq!(renewals, 7, "renewed every retry period during the hold");
     });
+}
+
+/// 5: a takeover applied but whose answer never came (the connection reset,
+/// a 5xx from a proxy or an etcd timeout after the write went through, or
+/// no answer within the bound) is our own write too: the next read shows
+/// the record we sent, and we lead within a retry period or two, as
+/// client-go does (it takes any record naming its identity), instead of
+/// leaving the Lease without a leader for a lease duration while nobody
+/// renews it.
+#[test]
+fn a_takeover_applied_but_never_answered_is_recognised_as_ours() {
+    for watch in [false, true] {
+        for (fault, bound) in [
+            (Fault::AppliedThenLost, S(5)),
+            (Fault::AppliedThenStatus(500), S(5)),
+            (Fault::AppliedThenStatus(504), S(5)),
+            // Answered after the 10 s bound: a timeout.
+            (Fault::DelayResponse(S(11)), S(15)),
+        ] {
+            paused(async move {
+                let fake = free();
+                let (a, id) = elector(&fake, config("a").watch(watch));
+                fake.fault(id, Some("update"), fault);
+                let guard = timeout(bound, a.acquire())
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!(
+                            "watch {watch}, {fault:?}: nobody led {bound:?} after our takeover was applied \
+                             (holder {:?})",
+                            holder(&fake)
+                        )
+                    })
+                    .unwrap();
+                assert!(guard.is_valid());
+                assert_eq!(holder(&fake).as_deref(), Some("a"));
+            });
+        }
+    }
 }
 
 // ---- 6. A preferred holder that never comes ---------------------------------

@@ -1,11 +1,10 @@
 //! Campaigning: one attempt to acquire (create a missing Lease, or take a
-//! free, expired or own record), the backoff between failed attempts, and the
+//! free, expired or own record), the jittered retry period between attempts, and the
 //! creation hold that delays leadership on a Lease whose last holder may still
 //! lead.
 
 use std::time::Duration;
 
-use backon::BackoffBuilder;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
@@ -24,7 +23,6 @@ impl Task {
     /// keeping its watch, before it exits: demand that flaps (an `acquire`
     /// created and dropped repeatedly) costs no new LIST, WATCH and GET.
     pub(in crate::elector) async fn campaign(&mut self) -> Option<Won> {
-        let mut backoff = None;
         let mut linger_until = None;
         loop {
             match self.demand() {
@@ -48,21 +46,14 @@ impl Task {
             }
             let until = match self.try_acquire().await {
                 Ok(Attempt::Won(won)) => return Some(won),
-                Ok(Attempt::WaitUntil(until)) => {
-                    backoff = None;
-                    if self.watch.synced() {
-                        until
-                    } else {
-                        until.min(Instant::now() + self.jittered_retry())
-                    }
-                }
+                // Also with a watch: a silent one is checked (`try_acquire`).
+                Ok(Attempt::WaitUntil(until)) => until.min(Instant::now() + self.jittered_retry()),
+                // Retried at client-go's pace, whatever failed: a backoff
+                // would leave the Lease without a leader long after the API
+                // server answers again.
                 Err(e) => {
                     self.log_error("acquiring the lease", &e);
-                    let delay = backoff
-                        .get_or_insert_with(|| self.config().retry_backoff().build())
-                        .next()
-                        .unwrap_or(self.config().lease_duration);
-                    Instant::now() + delay
+                    Instant::now() + self.jittered_retry()
                 }
             };
             self.idle_until(until).await;
@@ -81,7 +72,11 @@ impl Task {
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
         let cfg = self.inner.config.clone();
-        if !self.watch.synced() || self.needs_read || matches!(self.view, LeaseView::Unknown) {
+        // A watch in sync is trusted while it is heard from: a held record's
+        // renewals arrive every retry period, so a longer silence is a dead
+        // holder or a stalled watch, which only a read tells apart.
+        let heard = self.heard.elapsed() < self.config().retry_period * 2;
+        if !(self.watch.synced() && heard) || self.needs_read || matches!(self.view, LeaseView::Unknown) {
             self.get(cfg.renew_deadline).await?;
         }
         let now = Instant::now();
@@ -112,7 +107,7 @@ impl Task {
             LeaseView::Known { observed, object } => {
                 let asker = Asker {
                     identity: &cfg.identity,
-                    own_term: self.memory.is_last_term(object),
+                    own_term: self.memory.is_ours(object),
                     fallback: cfg.lease_duration,
                 };
                 match rule(observed, asker, now) {
@@ -158,8 +153,8 @@ impl Task {
     /// `replace` with the resourceVersion read, with the configured Lease
     /// metadata. A lost race (409) is checked
     /// with a read ([`after_conflict`](Self::after_conflict)). A `replace`
-    /// answered 404 is an error like any other, retried with backoff after a
-    /// fresh read: the API server answers a replace of a deleted Lease with
+    /// answered 404 is an error like any other, retried after a jittered retry
+    /// period and a fresh read: the API server answers a replace of a deleted Lease with
     /// 409 (its uid is the precondition), so a 404 here comes from something
     /// in front of it, and retrying at once would be a loop without a delay
     /// while reads succeed.
@@ -167,6 +162,9 @@ impl Task {
         // The configured labels, annotations and owner; the rest is kept.
         let lease = self.config().extras.prepare(lease);
         let bound = self.config().renew_deadline;
+        if !create {
+            self.memory.sent_takeover.clone_from(&lease.spec);
+        }
         let sent = Instant::now();
         let result = if create {
             self.inner.api.create(&lease, bound).await

@@ -83,11 +83,11 @@ impl Task {
         result
     }
 
-    /// Fetches the Lease and, if it still holds our term's record as we
-    /// wrote it last (`Memory::is_last_term`: not renewed since by another
-    /// process with our identity), writes it free; a conflict (the Lease
-    /// modified between the read and the write) is retried once after a
-    /// fresh read, as client-go does.
+    /// Fetches the Lease and, if it still holds a record of our term renewed
+    /// last by us (`Memory::is_last_term`: not one another process with our
+    /// identity renewed since, which leads on it now), writes it free; a
+    /// conflict (the Lease modified between the read and the write) is
+    /// retried once after a fresh read, as client-go does.
     pub(in crate::elector) async fn release(&mut self, until: Instant) -> Result<()> {
         let mut attempt = 0;
         loop {

@@ -3,7 +3,7 @@
 //!
 //! - [`view`]: the task's view of the Lease (reads, the watch, the polling
 //!   fallback, records written by others);
-//! - [`campaign`]: one attempt to acquire, the backoff, the creation hold;
+//! - [`campaign`]: one attempt to acquire, the retries, the creation hold;
 //! - [`lead`]: leading one term (publish, the loop, verify, step down);
 //! - [`renew`]: one renewal, and what each answer means for the term;
 //! - [`end`]: ending a term, and the release;
@@ -34,11 +34,12 @@
 //!    (`end_term`, `release`) only if no guard of the term was alive when it
 //!    ended, never during a creation hold, never within lease duration −
 //!    renew deadline of stopped work (`Memory::stopped_until`), and only if a
-//!    fresh read still shows our own term's record as we wrote it last
+//!    fresh read still shows our own term's record, renewed last by us
 //!    (`Memory::is_last_term`).
-//! 6. **"Ours" is our own term's record**: the same object, holder,
-//!    `acquireTime` and transitions as the write that began the term
-//!    (`TermId`); every term begins with a new acquisition.
+//! 6. **"Ours" is our own term's record**: the same object and holder as
+//!    the write that began the term (`TermId`), with the `renewTime` of our
+//!    last write (`Memory::is_last_term`), whatever else an edit changed;
+//!    every term begins with a new acquisition.
 //! 7. **No leader on a re-created Lease before its old holder gave up.** A
 //!    term on a Lease object that replaced a held one (or that we created)
 //!    begins only when the creation hold ends (`Memory::hold`, kept across
@@ -111,6 +112,8 @@ pub(in crate::elector) struct Task {
     /// from an earlier task): read before acting on it.
     pub(in crate::elector) needs_read: bool,
     pub(in crate::elector) watch: Watch,
+    /// When the watch last delivered the Lease's state.
+    pub(in crate::elector) heard: Instant,
     /// What the elector remembers of the Lease across terms and tasks: the
     /// running task owns it, and hands it back when it ends (or is dropped).
     pub(in crate::elector) memory: Memory,
@@ -140,6 +143,7 @@ impl Task {
             view,
             needs_read: true,
             watch,
+            heard: Instant::now(),
             memory,
             ended: false,
         }

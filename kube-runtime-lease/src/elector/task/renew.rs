@@ -2,6 +2,7 @@
 //! cached resourceVersion), a read and one retry on conflict, and what each
 //! answer means for the term.
 
+use futures::FutureExt;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -30,7 +31,24 @@ impl Task {
             if let Some(t) = lease.spec.as_ref().and_then(|s| s.renew_time.clone()) {
                 self.memory.last_renewed.push(t);
             }
-            match self.inner.api.replace(&lease, deadline - sent).await {
+            // A term ended from outside meanwhile (a shutdown) abandons the
+            // renewal, so that the release need not wait for its answer: the
+            // write, if it lands, carries the old resourceVersion and cannot
+            // overwrite the release (which reads first).
+            let inner = self.inner.clone();
+            let written = {
+                let mut write = std::pin::pin!(inner.api.replace(&lease, deadline - sent).fuse());
+                loop {
+                    futures::select_biased! {
+                        written = write => break written,
+                        () = inner.wake.notified().fuse() => if term.lost().is_some() {
+                            debug!("the term ended during a renewal: not waiting for its answer");
+                            return Ok(());
+                        },
+                    }
+                }
+            };
+            match written {
                 Ok(lease) => {
                     let in_time = term.renewed(sent, renew_deadline);
                     self.update_view(lease.clone(), sent);

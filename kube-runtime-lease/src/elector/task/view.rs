@@ -239,7 +239,10 @@ impl Task {
     /// re-evaluated (the record changed, the watch came in sync, or failed).
     pub(in crate::elector) fn handle_watch(&mut self, item: Option<WatchItem>) -> bool {
         match self.watch.step(item, Instant::now()) {
-            Step::Delivered { lease, news } => self.see(lease) || news,
+            Step::Delivered { lease, news } => {
+                self.heard = Instant::now();
+                self.see(lease) || news
+            }
             Step::Failed => true,
         }
     }

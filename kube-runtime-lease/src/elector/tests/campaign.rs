@@ -141,7 +141,7 @@ fn a_polling_candidate_reads_before_every_attempt_and_takes_a_release_at_its_nex
 
 /// A write to acquire answered 404 is not taken for a deletion (the API
 /// server answers a replace of a deleted Lease with 409): the candidate reads
-/// the Lease again and tries again after the backoff's first step (one to two
+/// the Lease again and tries again after a jittered retry period (one to 2.2
 /// retry periods), never at once, so that a `replace` that keeps answering
 /// 404 while reads succeed is no loop without a delay. (The write is the
 /// takeover of an expired record, the watch in sync; the retry was once at
@@ -168,8 +168,8 @@ fn an_acquire_that_meets_404_on_update_reads_again_and_retries_after_a_retry_per
         assert_eq!(writes[0], expired, "the first write at the expiry");
         let gap = writes[1] - writes[0];
         assert!(
-            (S(2)..=S(4)).contains(&gap),
-            "retried {gap:?} after the 404: one to two retry periods"
+            (S(2)..=MS(4_400)).contains(&gap),
+            "retried {gap:?} after the 404: one to 2.2 retry periods"
         );
         let reads_between = times(&fake, id, "get")
             .into_iter()
@@ -185,7 +185,7 @@ fn an_acquire_that_meets_404_on_update_reads_again_and_retries_after_a_retry_per
 }
 
 /// A write to acquire that fails (a 500, here three times) is retried after
-/// the backoff (at least one retry period), never at once: a candidate never
+/// a jittered retry period (at least one retry period), never at once: a candidate never
 /// hammers a failing API server. (The first write is the takeover of an
 /// expired record, once the watch is in sync.)
 #[test]

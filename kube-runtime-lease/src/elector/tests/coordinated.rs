@@ -693,10 +693,10 @@ fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
 }
 
 /// `shutdown` waits for the `LeaseCandidate`'s deletion too (each of its
-/// requests bounded by 10 s), after a renewal in flight and the release:
-/// 9.5 s + 4.5 s + 9 s exceed the renew deadline + release timeout + retry
-/// period that `shutdown` once waited (17 s), which reported `TaskDidNotEnd`
-/// for a task about to end; it fits
+/// requests bounded by 10 s), after the release (a renewal in flight is
+/// abandoned): it once reported `TaskDidNotEnd` for a task about to end
+/// (it waited renew deadline + release timeout + retry period, 17 s, while
+/// a renewal in flight, the release and the deletion took 23 s); it fits
 /// [`LeaseConfig::shutdown_budget`](crate::LeaseConfig::shutdown_budget).
 #[test]
 fn a_shutdown_waits_for_a_slow_lease_candidate_deletion() {
@@ -712,7 +712,8 @@ fn a_shutdown_waits_for_a_slow_lease_candidate_deletion() {
         let guard = acquire.await.expect("leads");
         // From now on: every LeaseCandidate request takes 9 s (the builder
         // acts on the store the clone shares), the next renewal is answered
-        // after 9.5 s, and the release's read after 4.5 s.
+        // after 9.5 s (abandoned at the shutdown), and the release's read
+        // after 4.5 s.
         let _ = fake.clone().lease_candidates_latency(S(9));
         fake.fault(
             id,
@@ -733,7 +734,10 @@ fn a_shutdown_waits_for_a_slow_lease_candidate_deletion() {
             .expect("shutdown is bounded");
         let took = started.elapsed();
         assert!(result.is_ok(), "{result:?} after {took:?}");
-        assert!(took > S(20), "the slow steps were taken: {took:?}");
+        assert!(
+            took > S(13),
+            "the release's read and the deletion were waited for: {took:?}"
+        );
         assert!(took <= budget, "took {took:?}, more than its budget {budget:?}");
         assert!(
             fake.lease_candidates().is_empty(),

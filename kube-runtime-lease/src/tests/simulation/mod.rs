@@ -480,11 +480,11 @@ fn inject(
 /// How long after the last fault healed (`HEALED` after the chaos ends:
 /// partitions, latency and requests delayed in flight are over by then) a
 /// Lease may be without a leader: the crate docs' bound (*Liveness*),
-/// 4 × lease duration + 2 × retry period: a candidate's backoff (at most
-/// twice the lease duration, with jitter) and then a record whose end was
-/// marked for a preferred holder that never comes (two lease durations), or
-/// a creation hold (one), plus the reads and retries that confirm it.
-const LEADERLESS_BOUND: Duration = Duration::from_millis(4 * 3000 + 2 * 800);
+/// 2 × lease duration + 4 × retry period: a candidate's retry (at most 2.2
+/// retry periods, as client-go's) and then a record whose end was marked
+/// for a preferred holder that never comes (two lease durations), or a
+/// creation hold (one), plus the reads and retries that confirm it.
+const LEADERLESS_BOUND: Duration = Duration::from_millis(2 * 3000 + 4 * 800);
 /// When every fault injected during the chaos has ended: partitions (6 s),
 /// latency spikes (5 s) and requests delayed past the margin (5 s).
 const HEALED: Duration = Duration::from_secs(6);
