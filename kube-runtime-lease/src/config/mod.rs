@@ -268,19 +268,6 @@ impl LeaseConfig {
         i32::try_from(self.lease_duration.as_secs()).unwrap_or(i32::MAX)
     }
 
-    /// The backoff before campaigning again after a loss
-    /// ([`run_each_term`](crate::LeaderElector::run_each_term), warm
-    /// standby, a `LeaseCandidate`'s publication): exponential with jitter
-    /// from the retry period up to the lease duration, never giving up. (The
-    /// election's own attempts retry every jittered retry period instead.)
-    pub(crate) fn retry_backoff(&self) -> backon::ExponentialBuilder {
-        backon::ExponentialBuilder::new()
-            .with_min_delay(self.retry_period)
-            .with_max_delay(self.lease_duration)
-            .with_jitter()
-            .without_max_times()
-    }
-
     /// Checks every rule, in client-go's order, then the API server's.
     ///
     /// # Errors

@@ -10,7 +10,7 @@ use futures::{Stream, StreamExt, future::Either};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::{LeaderElectionStreamExt, LeaderElector, Lost};
+use crate::{LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost};
 
 /// Why [`LeaderElector::run_each_term`] returned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,5 +118,20 @@ impl LeaderElector {
         let wait = std::pin::pin!(tokio::time::sleep(delay));
         let shutdown = std::pin::pin!(self.shutdown_requested());
         matches!(futures::future::select(wait, shutdown).await, Either::Left(_))
+    }
+}
+
+impl LeaseConfig {
+    /// The backoff before campaigning again after a loss
+    /// ([`run_each_term`](crate::LeaderElector::run_each_term), warm
+    /// standby, a `LeaseCandidate`'s publication): exponential with jitter
+    /// from the retry period up to the lease duration, never giving up. (The
+    /// election's own attempts retry every jittered retry period instead.)
+    pub(crate) fn retry_backoff(&self) -> backon::ExponentialBuilder {
+        backon::ExponentialBuilder::new()
+            .with_min_delay(self.retry_period)
+            .with_max_delay(self.lease_duration)
+            .with_jitter()
+            .without_max_times()
     }
 }
