@@ -362,6 +362,53 @@ fn run_each_term_rejoins_after_a_loss_and_returns_on_shutdown() {
     });
 }
 
+/// After a loss, `run_each_term` waits its backoff (at least the retry
+/// period, its first delay) before it builds the work again and campaigns,
+/// so that a candidate losing again and again does not hammer the API
+/// server (mutation testing: kills `wait_to_rejoin -> true`).
+#[test]
+fn run_each_term_waits_its_backoff_before_rejoining() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let terms = Arc::new(AtomicUsize::new(0));
+        let runner = {
+            let (e, terms) = (e.clone(), terms.clone());
+            tokio::spawn(async move {
+                e.run_each_term(|| {
+                    terms.fetch_add(1, Ordering::SeqCst);
+                    stream::pending::<()>()
+                })
+                .await
+            })
+        };
+        let mut status = e.subscribe();
+        tokio::time::timeout(S(5), status.wait_for(|s| s.is_leader))
+            .await
+            .expect("led")
+            .unwrap();
+        fake.partition(id, true);
+        tokio::time::timeout(S(15), status.wait_for(|s| !s.is_leader))
+            .await
+            .expect("lost at the renew deadline")
+            .unwrap();
+        fake.partition(id, false);
+        // Less than the retry period (2 s), the backoff's shortest delay.
+        sleep(Duration::from_millis(1900)).await;
+        assert_eq!(
+            terms.load(Ordering::SeqCst),
+            1,
+            "built the work again within 1.9 s of the loss, before the backoff's first delay"
+        );
+        tokio::time::timeout(S(30), status.wait_for(|s| s.is_leader))
+            .await
+            .expect("rejoined after its backoff")
+            .unwrap();
+        assert_eq!(terms.load(Ordering::SeqCst), 2, "the work was built again");
+        runner.abort();
+    });
+}
+
 /// A shutdown while `run_each_term` waits to rejoin after a loss ends the
 /// wait: it returns at once, not after the backoff.
 #[test]
