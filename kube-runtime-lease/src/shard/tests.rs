@@ -229,24 +229,15 @@ fn the_shards_of_a_replica_cut_off_are_taken_over_after_their_lease_duration() {
             cut.elapsed()
         );
         // c was evicted from the roster by a peer watching over its shards.
-        let roster = |fake: &FakeLeaseApi| -> BTreeSet<String> {
-            fake.leases()
-                .iter()
-                .filter(|l| {
-                    l.metadata
-                        .labels
-                        .as_ref()
-                        .is_some_and(|m| m.get(super::ROLE_LABEL).map(String::as_str) == Some("member"))
-                })
-                .filter_map(|l| crate::record::holder(l.spec.as_ref()?).map(str::to_owned))
-                .collect()
-        };
-        assert_eq!(roster(&fake), BTreeSet::from(["a".to_owned(), "b".to_owned()]));
+        assert_eq!(
+            roster_members(&fake),
+            BTreeSet::from(["a".to_owned(), "b".to_owned()])
+        );
         // Healed: c joins the roster again, and the shards are shared by three.
         fake.partition(ids[2], false);
         never_shared(&[a, b, c], S(60)).await;
         assert_eq!(sizes(&held(&[a, b, c])), [4, 4, 4], "{:?}", held(&[a, b, c]));
-        assert_eq!(roster(&fake).len(), 3);
+        assert_eq!(roster_members(&fake).len(), 3);
     });
 }
 
@@ -643,16 +634,21 @@ fn a_restarting_replica_campaigns_only_for_its_share_once_the_roster_is_listed()
 }
 
 /// The roster's entries now (the Leases of role `member`).
-fn roster_entries(fake: &FakeLeaseApi) -> usize {
+fn roster_leases(fake: &FakeLeaseApi) -> Vec<k8s_openapi::api::coordination::v1::Lease> {
     fake.leases()
-        .iter()
+        .into_iter()
         .filter(|l| {
             l.metadata
                 .labels
                 .as_ref()
                 .is_some_and(|m| m.get(super::ROLE_LABEL).map(String::as_str) == Some("member"))
         })
-        .count()
+        .collect()
+}
+
+/// How many entries the roster has now, free ones included.
+fn roster_entries(fake: &FakeLeaseApi) -> usize {
+    roster_leases(fake).len()
 }
 
 /// Every process has its own identity, so every start adds a roster entry:
@@ -980,14 +976,8 @@ fn a_sharded_election_switched_off_holds_every_shard_without_an_api_call() {
 /// The identities the roster names now (the holders of the Leases of role
 /// `member`).
 fn roster_members(fake: &FakeLeaseApi) -> BTreeSet<String> {
-    fake.leases()
+    roster_leases(fake)
         .iter()
-        .filter(|l| {
-            l.metadata
-                .labels
-                .as_ref()
-                .is_some_and(|m| m.get(super::ROLE_LABEL).map(String::as_str) == Some("member"))
-        })
         .filter_map(|l| crate::record::holder(l.spec.as_ref()?).map(str::to_owned))
         .collect()
 }

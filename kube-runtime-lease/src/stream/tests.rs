@@ -325,22 +325,34 @@ fn the_inner_stream_ending_releases_the_lease() {
     });
 }
 
+/// `run_each_term` of the work `make` builds, spawned: how many times the
+/// work was built (once per campaign), and the task.
+fn run_counting_terms<S: Stream + Send + 'static>(
+    e: &crate::LeaderElector,
+    make: impl Fn() -> S + Send + Sync + 'static,
+) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<crate::RunEnded>) {
+    let terms = Arc::new(AtomicUsize::new(0));
+    let runner = tokio::spawn({
+        let (e, terms) = (e.clone(), terms.clone());
+        async move {
+            e.run_each_term(|| {
+                terms.fetch_add(1, Ordering::SeqCst);
+                make()
+            })
+            .await
+        }
+    });
+    (terms, runner)
+}
+
 #[test]
 fn run_each_term_rejoins_after_a_loss_and_returns_on_shutdown() {
     paused(async {
         let fake = free();
         let (e, id) = elector(&fake, config("me"));
-        let terms = Arc::new(AtomicUsize::new(0));
-        let runner = {
-            let (e, terms) = (e.clone(), terms.clone());
-            tokio::spawn(async move {
-                e.run_each_term(|| {
-                    terms.fetch_add(1, Ordering::SeqCst);
-                    stream::repeat(()).then(|()| sleep(Duration::from_millis(100)))
-                })
-                .await
-            })
-        };
+        let (terms, runner) = run_counting_terms(&e, || {
+            stream::repeat(()).then(|()| sleep(Duration::from_millis(100)))
+        });
         sleep(S(1)).await;
         assert!(e.is_leader());
         assert_eq!(terms.load(Ordering::SeqCst), 1);
@@ -371,17 +383,7 @@ fn run_each_term_waits_its_backoff_before_rejoining() {
     paused(async {
         let fake = free();
         let (e, id) = elector(&fake, config("me"));
-        let terms = Arc::new(AtomicUsize::new(0));
-        let runner = {
-            let (e, terms) = (e.clone(), terms.clone());
-            tokio::spawn(async move {
-                e.run_each_term(|| {
-                    terms.fetch_add(1, Ordering::SeqCst);
-                    stream::pending::<()>()
-                })
-                .await
-            })
-        };
+        let (terms, runner) = run_counting_terms(&e, stream::pending::<()>);
         let mut status = e.subscribe();
         tokio::time::timeout(S(5), status.wait_for(|s| s.is_leader))
             .await

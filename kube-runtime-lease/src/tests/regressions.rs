@@ -510,18 +510,30 @@ fn client_go_renewing(
     tokio::spawn(async move {
         loop {
             sleep(every).await;
-            let Some(mut lease) = fake.lease() else { continue };
-            let spec = lease.spec.as_mut().unwrap();
-            if spec.holder_identity.as_deref() != Some(identity) {
-                continue;
+            if fake
+                .lease()
+                .is_some_and(|l| l.spec.and_then(|s| s.holder_identity).as_deref() == Some(identity))
+            {
+                renew_as_another_process(&fake);
             }
-            let now = k8s_openapi::jiff::Timestamp::now()
-                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
-                .unwrap();
-            spec.renew_time = Some(MicroTime(now));
-            fake.put(lease);
         }
     })
+}
+
+/// One renewal of the record on `fake` by another process (its own
+/// `renewTime`, an hour ahead, everything else kept, as client-go's
+/// renewal of a record naming its identity keeps `acquireTime` and
+/// `leaseTransitions`): the `renewTime` written.
+fn renew_as_another_process(fake: &FakeLeaseApi) -> MicroTime {
+    let mut lease = fake.lease().expect("a Lease to renew");
+    let renewed = MicroTime(
+        k8s_openapi::jiff::Timestamp::now()
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+            .unwrap(),
+    );
+    lease.spec.as_mut().unwrap().renew_time = Some(renewed.clone());
+    fake.put(lease);
+    renewed
 }
 
 /// Our term ends (the leader is cut off from the API server past its renew
@@ -573,14 +585,7 @@ fn a_release_leaves_alone_our_record_renewed_by_another_process() {
         let (a, _) = elector(&fake, config("x").watch(false));
         let guard = a.acquire().await.unwrap();
         // client-go's candidate "x" renews the record as its own.
-        let mut lease = fake.lease().unwrap();
-        let renewed = MicroTime(
-            k8s_openapi::jiff::Timestamp::now()
-                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
-                .unwrap(),
-        );
-        lease.spec.as_mut().unwrap().renew_time = Some(renewed.clone());
-        fake.put(lease);
+        let renewed = renew_as_another_process(&fake);
         drop(guard);
         sleep(S(1)).await;
         let after = spec(&fake);
@@ -607,12 +612,7 @@ fn a_record_renewed_by_another_process_with_our_identity_is_not_released() {
             let guard = a.acquire().await.unwrap();
             sleep(S(1)).await;
             // client-go's candidate "x" renews the record naming it.
-            let mut lease = fake.lease().unwrap();
-            let now = k8s_openapi::jiff::Timestamp::now()
-                .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
-                .unwrap();
-            lease.spec.as_mut().unwrap().renew_time = Some(MicroTime(now));
-            fake.put(lease);
+            let renewed = renew_as_another_process(&fake);
             drop(guard);
             if shutdown {
                 a.shutdown(S(1)).await.unwrap();
@@ -620,7 +620,7 @@ fn a_record_renewed_by_another_process_with_our_identity_is_not_released() {
             sleep(S(1)).await;
             assert_eq!(
                 spec(&fake).renew_time,
-                Some(MicroTime(now)),
+                Some(renewed),
                 "shutdown {shutdown}: the record another process with our identity renewed last was \
                  written over (holder {:?})",
                 holder(&fake)
