@@ -18,20 +18,6 @@ use crate::{
     term::{Lost, Term},
 };
 
-/// What woke a leading term's loop.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "lives on the stack for one turn of the loop, like the event it carries"
-)]
-enum LeadWake {
-    /// A change of demand (a guard dropped, a shutdown), the end of the hold
-    /// after creating the Lease, the renew deadline or the tick: re-check at
-    /// the top of the loop.
-    Recheck,
-    /// A watch event (or the watch's end).
-    Watch(Option<WatchItem>),
-}
-
 /// The loss of a term whose Lease now holds `lease`, someone else's record
 /// (its holder is `""` when someone else wrote it free).
 fn taken_over(lease: &Lease) -> Lost {
@@ -194,15 +180,18 @@ impl Task {
             // The end of the creation hold, or the renew deadline if sooner.
             let deadline = term.deadline();
             let hold_or_deadline = run.phase.hold().map_or(deadline, |h| h.min(deadline));
+            // A watch event (or the watch's end), else `None`: a change of
+            // demand (a guard dropped, a shutdown), the end of the hold, the
+            // renew deadline or the tick, re-checked at the top of the loop.
             // The branches' futures borrow `self.watch`: act once they are
             // dropped.
-            let cause = futures::select_biased! {
-                () = wake.notified().fuse() => LeadWake::Recheck,
-                () = sleep_until(hold_or_deadline).fuse() => LeadWake::Recheck,
-                item = self.watch.next().fuse() => LeadWake::Watch(item),
-                () = sleep_until(next_tick).fuse() => LeadWake::Recheck,
+            let event = futures::select_biased! {
+                () = wake.notified().fuse() => None,
+                () = sleep_until(hold_or_deadline).fuse() => None,
+                item = self.watch.next().fuse() => Some(item),
+                () = sleep_until(next_tick).fuse() => None,
             };
-            if let LeadWake::Watch(event) = cause
+            if let Some(event) = event
                 && let Err(lost) = self.on_watch_event(run, event).await
             {
                 return lost;
@@ -255,10 +244,8 @@ impl Task {
             run.caught_up = true;
             return Ok(());
         }
-        let foreign = match &object {
-            None => matches!(self.view, LeaseView::Missing),
-            Some(object) => !run.id.matches(object),
-        };
+        // An item that shows the Lease leaves the view `Missing` or `Known`.
+        let foreign = object.as_ref().is_none_or(|object| !run.id.matches(object));
         if !foreign {
             if run.caught_up
                 && let Some(object) = object
@@ -315,13 +302,13 @@ impl Task {
                 }
             }
         }
-        self.inner.tell(Transition::Leading(true));
+        self.inner.observers.tell(Transition::Leading(true));
         info!(
             fencing_token = term.token,
             lease.uid = uid,
             "acquired lease, now leading"
         );
-        self.inner.tell(Transition::TermBegan { uid });
+        self.inner.observers.tell(Transition::TermBegan { uid });
         Phase::Leading
     }
 
