@@ -7,7 +7,7 @@ pub(crate) mod extras;
 pub(crate) mod names;
 
 pub use self::error::{ConfigError, Field};
-pub(crate) use self::names::{dns1123_label, dns1123_subdomain};
+pub(crate) use self::names::check_lease;
 
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
@@ -311,20 +311,8 @@ impl LeaseConfig {
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
             return Err(ConfigError::LeaseDurationTooLong(self.lease_duration));
         }
-        if let Some(rule) = dns1123_label(&self.namespace) {
-            return Err(ConfigError::InvalidNamespace {
-                value: self.namespace.clone(),
-                rule,
-            });
-        }
-        if let Some(rule) = dns1123_subdomain(&self.name) {
-            return Err(ConfigError::InvalidName {
-                value: self.name.clone(),
-                rule,
-            });
-        }
-        self.extras.validate(&self.identity)?;
-        Ok(())
+        check_lease(&self.namespace, &self.name)?;
+        self.extras.validate(&self.identity)
     }
 }
 
