@@ -17,7 +17,7 @@ use crate::error::{ApiError, Result};
 pub(super) struct LeaseApi {
     pub(super) api: Api<Lease>,
     name: String,
-    contact: Arc<Contact>,
+    pub(super) contact: Arc<Contact>,
 }
 
 /// When the API server last answered (see [`LeaderElector::contact_check`](crate::LeaderElector::contact_check)),
@@ -51,10 +51,6 @@ impl LeaseApi {
             name: name.to_owned(),
             contact: Arc::default(),
         }
-    }
-
-    pub(super) fn contact(&self) -> &Contact {
-        &self.contact
     }
 
     /// Sends one Lease request of `verb` (failing with [`ApiError::Timeout`]

@@ -146,7 +146,7 @@ impl LeaderElector {
         if !self.inner.config.enabled || !self.inner.lock().running {
             return Ok(());
         }
-        let since = self.inner.api.contact().silence();
+        let since = self.inner.api.contact.silence();
         if since > max_silence {
             return Err(HealthError::ApiSilent {
                 since,
@@ -163,11 +163,6 @@ impl Inner {
         self.update_status(|s| s.is_leader = false);
         // And the observers (metrics, Events) are told.
         self.observers.tell(Transition::Leading(false));
-    }
-
-    /// Tells the observers of `transition`.
-    pub(super) fn tell(&self, transition: Transition<'_>) {
-        self.observers.tell(transition);
     }
 
     /// Changes the published status; a change of holder is logged.

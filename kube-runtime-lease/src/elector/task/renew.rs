@@ -104,7 +104,7 @@ impl Task {
 
     /// Tells the observers of a renewal write sent at `sent`, and its outcome.
     fn renewal_told(&self, outcome: &'static str, sent: Instant) {
-        self.inner.tell(Transition::Renewal {
+        self.inner.observers.tell(Transition::Renewal {
             outcome,
             latency: sent.elapsed(),
             sent,
