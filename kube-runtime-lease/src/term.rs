@@ -73,10 +73,6 @@ pub(crate) struct Term {
     dropped: Notify,
     /// Set once the term ended: a cheap check for every poll of a guarded stream.
     ended: AtomicBool,
-    /// Set once the elector's shutdown began: no new guard joins the term
-    /// (no new work under it), so that the shutdown waits only for the work
-    /// in flight.
-    closed: AtomicBool,
     /// Whether guarded work was stopped rather than finished: a guard was
     /// still alive when the term ended, or was dropped only after the renew
     /// deadline had passed. Requests that work sent may still land.
@@ -94,6 +90,10 @@ struct TermInner {
     lost: Option<Lost>,
     last_renewal: Instant,
     senders: Vec<oneshot::Sender<Lost>>,
+    /// Set once the elector's shutdown began: no new guard joins the term
+    /// (no new work under it), so that the shutdown waits only for the work
+    /// in flight.
+    closed: bool,
 }
 
 impl Term {
@@ -105,11 +105,11 @@ impl Term {
                 lost: None,
                 last_renewal: sent_at,
                 senders: Vec::new(),
+                closed: false,
             }),
             live: AtomicUsize::new(0),
             dropped: Notify::new(),
             ended: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
             stopped_work: AtomicBool::new(false),
             base: sent_at,
             deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
@@ -296,8 +296,7 @@ impl Term {
     /// ([`join`](Self::join)), whoever asks (a [`TermTasks`](crate::TermTasks)
     /// spawning), as the elector hands out none either.
     pub(crate) fn close(&self) {
-        let _inner = self.inner.lock();
-        self.closed.store(true, Ordering::Release);
+        self.inner.lock().closed = true;
     }
 
     /// A new guard joins the term (see [`LeaseGuard::of`](crate::LeaseGuard::of)):
@@ -306,7 +305,7 @@ impl Term {
     pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.inner.lock();
-        if !self.holds() || self.closed.load(Ordering::Acquire) {
+        if !self.holds() || inner.closed {
             return None;
         }
         inner.senders.push(tx);
