@@ -254,15 +254,11 @@ impl Task {
     /// The retry period with client-go's jitter (`JitterFactor` 1.2: up to
     /// 120 % longer, so each wait is 1 to 2.2 retry periods).
     pub(in crate::elector) fn jittered_retry(&self) -> Duration {
-        self.inner
-            .config
+        // A random number in `[0, 1]`.
+        let bits = u32::try_from(crate::config::random_u64() >> 32).unwrap_or(u32::MAX);
+        let unit_random = f64::from(bits) / f64::from(u32::MAX);
+        self.config()
             .retry_period
-            .mul_f64(1.0 + unit_random() * JITTER_FACTOR)
+            .mul_f64(1.0 + unit_random * JITTER_FACTOR)
     }
-}
-
-/// A random number in `[0, 1]`.
-fn unit_random() -> f64 {
-    let bits = u32::try_from(crate::config::random_u64() >> 32).unwrap_or(u32::MAX);
-    f64::from(bits) / f64::from(u32::MAX)
 }

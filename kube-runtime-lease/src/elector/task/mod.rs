@@ -134,9 +134,8 @@ impl Task {
         };
         let mut state = inner.lock();
         let memory = std::mem::take(&mut state.memory);
-        let view = LeaseView::Unknown;
         // A record seen elsewhere in this process (elected shards).
-        let view = super::extras::handed_view(&mut state).unwrap_or(view);
+        let view = super::extras::handed_view(&mut state).unwrap_or(LeaseView::Unknown);
         drop(state);
         Task {
             inner,
