@@ -273,23 +273,18 @@ impl Term {
         self.timeless
     }
 
-    /// A guard of this term was dropped: counted, its waiters woken, and, if
-    /// it was kept past the renew deadline, the guarded work marked as
-    /// stopped by it.
-    pub(crate) fn guard_dropped(&self) {
+    /// A guard of this term was dropped: counted, its waiters woken, and the
+    /// guarded work marked as stopped by it if it was kept past the renew
+    /// deadline, or if its work was `unfinished` (its future or stream
+    /// dropped before it finished): requests it sent may still land, so the
+    /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
+    pub(crate) fn guard_dropped(&self, unfinished: bool) {
         // (A guard alive when the term ended was counted by `lose`.)
-        if !self.holds() {
+        if unfinished || !self.holds() {
             self.stopped_work.store(true, Ordering::Release);
         }
         self.live.fetch_sub(1, Ordering::AcqRel);
         self.dropped.notify_waiters();
-    }
-
-    /// Guarded work was stopped before it finished (its future or stream
-    /// dropped while the term held): requests it sent may still land, so the
-    /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
-    pub(crate) fn work_stopped(&self) {
-        self.stopped_work.store(true, Ordering::Release);
     }
 
     /// The elector's shutdown began: from now on no new guard joins the term
