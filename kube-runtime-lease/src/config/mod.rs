@@ -279,21 +279,19 @@ impl LeaseConfig {
         if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
             return Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod);
         }
-        for (field, value) in [
+        let durations = [
             (Field::LeaseDuration, self.lease_duration),
             (Field::RenewDeadline, self.renew_deadline),
             (Field::RetryPeriod, self.retry_period),
             (Field::ReleaseTimeout, self.release_timeout),
-        ] {
+        ];
+        for (field, value) in durations {
             if value.is_zero() {
                 return Err(ConfigError::NotPositive(field));
             }
         }
-        for (field, value) in [
-            (Field::RenewDeadline, self.renew_deadline),
-            (Field::RetryPeriod, self.retry_period),
-            (Field::ReleaseTimeout, self.release_timeout),
-        ] {
+        // The lease duration has rules of its own (whole `int32` seconds).
+        for (field, value) in durations.into_iter().skip(1) {
             if value > MAX_DURATION {
                 return Err(ConfigError::TooLong {
                     field,

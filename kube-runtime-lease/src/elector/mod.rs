@@ -293,13 +293,8 @@ impl LeaderElector {
     #[must_use]
     pub fn current_guard(&self) -> Option<LeaseGuard> {
         let state = self.inner.lock();
-        if state.shutdown {
-            return None;
-        }
-        state
-            .term
-            .as_ref()
-            .and_then(|t| LeaseGuard::of(t, self.inner.wake.clone()))
+        let term = state.term.as_ref().filter(|_| !state.shutdown)?;
+        LeaseGuard::of(term, self.inner.wake.clone())
     }
 }
 

@@ -23,14 +23,13 @@ impl Task {
             }
             let deadline = term.deadline();
             let mut lease = run.cached.clone();
-            lease.spec = Some(record::renewed(
-                &lease.spec.clone().unwrap_or_default(),
+            let spec = record::renewed(
+                &lease.spec.take().unwrap_or_default(),
                 self.seconds_to_write(run.phase.hold()),
                 record::now(),
-            ));
-            if let Some(t) = lease.spec.as_ref().and_then(|s| s.renew_time.clone()) {
-                self.memory.last_renewed.push(t);
-            }
+            );
+            self.memory.last_renewed.extend(spec.renew_time.clone());
+            lease.spec = Some(spec);
             // A term ended from outside meanwhile (a shutdown) abandons the
             // renewal, so that the release need not wait for its answer: the
             // write, if it lands, carries the old resourceVersion and cannot
