@@ -161,14 +161,12 @@ pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut text = self.0.to_string();
-        let mut source = self.0.source();
-        while let Some(e) = source {
+        for e in std::iter::successors(self.0.source(), |e| e.source()) {
             let message = e.to_string();
             if !text.contains(&message) {
                 text.push_str(": ");
                 text.push_str(&message);
             }
-            source = e.source();
         }
         f.write_str(&text)
     }

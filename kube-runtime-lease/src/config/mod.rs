@@ -329,10 +329,9 @@ pub(crate) const MAX_DURATION: Duration = Duration::from_secs(i32::MAX as u64);
 /// both believe they lead.
 #[must_use]
 pub fn unique_identity() -> String {
-    let pod = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+    let pod = ["POD_NAME", "HOSTNAME"]
+        .into_iter()
+        .find_map(|var| std::env::var(var).ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned());
     let mut bits = random_u64();
     let suffix: String = (0..8)

@@ -211,14 +211,14 @@ impl Task {
     pub(in crate::elector) fn update_view(&mut self, lease: Lease, at: Instant) -> bool {
         let spec = lease.spec.clone().unwrap_or_default();
         let rv = lease.metadata.resource_version.clone();
-        let (previous, changed) = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
-            LeaseView::Known { observed, object } => {
-                let same_object = object.metadata.uid == lease.metadata.uid;
-                let changed = observed.spec != spec || !same_object;
-                (same_object.then_some(observed), changed)
+        // The record seen before on the same object, if any.
+        let previous = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
+            LeaseView::Known { observed, object } if object.metadata.uid == lease.metadata.uid => {
+                Some(observed)
             }
-            _ => (None, true),
+            _ => None,
         };
+        let changed = previous.as_ref().is_none_or(|p| p.spec != spec);
         self.memory.saw(
             lease.metadata.uid.as_ref(),
             &spec,
