@@ -23,10 +23,7 @@ use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error};
 
-use super::{
-    Inner,
-    task::{Next, Task},
-};
+use super::{Inner, task::Task};
 use crate::{error::Result, term::Lost};
 
 impl Inner {
@@ -87,7 +84,7 @@ async fn run(mut task: Task) -> Result<()> {
         let elect = async {
             loop {
                 let won = task.campaign().await?;
-                if let Next::End(result) = task.lead(won).await {
+                if let Some(result) = task.lead(won).await {
                     return Some(result);
                 }
             }
