@@ -77,40 +77,38 @@ impl Task {
     /// shutdown began, the task ends with the release's result (what
     /// `shutdown` returns); `None`: it campaigns again (or ends, if nobody
     /// wants leadership).
-    pub(in crate::elector) async fn lead(&mut self, won: Won) -> Option<Result<()>> {
-        let Won { lease, sent, created } = won;
+    pub(in crate::elector) async fn lead(&mut self, Won { lease, sent, created }: Won) -> Option<Result<()>> {
         let id = TermId::of(&lease)?;
         self.memory.last_term = Some(id.clone());
         self.memory.confirmed(&lease);
         let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.update_view((*lease).clone(), sent);
-        // A Lease has no version once deleted and `create` has no
-        // precondition, so the leader of a deleted incarnation may still
-        // believe it leads: its last renewal was sent before the deletion.
-        // Hold the Lease (renewing it) until that leader has given up.
-        let hold = self.hold_for(&lease, created);
-        if let Some(until) = hold {
-            let left = until.saturating_duration_since(Instant::now());
-            if created {
-                info!(
-                    ?left,
-                    "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
-                );
-            } else {
-                info!(
-                    ?left,
-                    "holding the lease before leading: the holder of the object it replaced may still lead"
-                );
-            }
-        }
         let tolerated = lease
             .spec
             .as_ref()
             .and_then(record::preferred_holder)
             .map(str::to_owned);
-        let phase = match hold {
-            Some(until) => Phase::Holding { until },
+        // A Lease has no version once deleted and `create` has no
+        // precondition, so the leader of a deleted incarnation may still
+        // believe it leads: its last renewal was sent before the deletion.
+        // Hold the Lease (renewing it) until that leader has given up.
+        let phase = match self.hold_for(&lease, created) {
+            Some(until) => {
+                let left = until.saturating_duration_since(Instant::now());
+                if created {
+                    info!(
+                        ?left,
+                        "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
+                    );
+                } else {
+                    info!(
+                        ?left,
+                        "holding the lease before leading: the holder of the object it replaced may still lead"
+                    );
+                }
+                Phase::Holding { until }
+            }
             None => self.begin_term(&term, lease.metadata.uid.as_deref()),
         };
         let mut run = TermRun {
