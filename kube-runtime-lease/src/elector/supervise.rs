@@ -76,7 +76,7 @@ async fn run(mut task: Task) -> Result<()> {
         return Ok(());
     }
     debug!("election task started");
-    inner.api.contact.task_started();
+    inner.api.contact.reset();
     // The wake-up stored by the `acquire` that spawned this task: the loops
     // re-count demand before they wait anyway.
     let _ = inner.wake.notified().now_or_never();
