@@ -108,12 +108,10 @@ impl LeaderElector {
     /// # Errors
     /// [`HealthError::RenewalOverdue`] as above.
     pub fn health_check(&self, tolerance: Duration) -> Result<(), HealthError> {
-        if !self.inner.config.enabled {
-            // No election, nothing to renew: never stuck.
-            return Ok(());
-        }
+        // The term in force, unless it ended; the one term of a disabled
+        // election (the only timeless one) renews nothing: never stuck.
         let term = self.inner.lock().term.clone();
-        let Some(term) = term.filter(|t| t.lost().is_none()) else {
+        let Some(term) = term.filter(|t| !t.is_timeless() && t.lost().is_none()) else {
             return Ok(());
         };
         let since = term.last_renewal().elapsed();
