@@ -134,11 +134,8 @@ impl Task {
             // Ended from outside (by `shutdown` once its grace ran out, by a
             // guard that saw the renew deadline pass first), or past the renew
             // deadline. Checked before waiting, so that no storm of wake-ups
-            // can starve the deadline or the renewals.
-            if let Some(lost) = term.over() {
-                return lost;
-            }
-            if let Some(lost) = self.step_down(run) {
+            // can starve the deadline or the renewals. Then a step-down.
+            if let Some(lost) = term.over().or_else(|| self.step_down(run)) {
                 return lost;
             }
             match self.demand_for_term() {
