@@ -210,7 +210,6 @@ impl Task {
     /// Records a Lease seen at `at`; returns whether the record changed.
     pub(in crate::elector) fn update_view(&mut self, lease: Lease, at: Instant) -> bool {
         let spec = lease.spec.clone().unwrap_or_default();
-        let rv = lease.metadata.resource_version.clone();
         // The record seen before on the same object, if any.
         let previous = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
             LeaseView::Known { observed, object } if object.metadata.uid == lease.metadata.uid => {
@@ -227,9 +226,8 @@ impl Task {
             Instant::now(),
         );
         self.inner.update_status(|s| s.observe(Some(&spec)));
-        let observed = Observed::update(previous, spec, rv, at);
         self.view = LeaseView::Known {
-            observed,
+            observed: Observed::update(previous, spec, lease.metadata.resource_version.clone(), at),
             object: Box::new(lease),
         };
         changed
