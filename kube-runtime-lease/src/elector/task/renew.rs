@@ -14,14 +14,12 @@ impl Task {
     /// resourceVersion), falling to a read and a retry on conflict. The renew
     /// deadline moves to the instant before the successful request was sent.
     pub(in crate::elector) async fn renew(&mut self, run: &mut TermRun) -> Result<(), Lost> {
-        let renew_deadline = self.config().renew_deadline;
         let term = run.term.clone();
         for attempt in 0..2 {
             let sent = Instant::now();
             if let Some(lost) = term.over_at(sent) {
                 return Err(lost);
             }
-            let deadline = term.deadline();
             let mut lease = run.cached.clone();
             let spec = record::renewed(
                 &lease.spec.take().unwrap_or_default(),
@@ -36,7 +34,7 @@ impl Task {
             // overwrite the release (which reads first).
             let inner = self.inner.clone();
             let written = {
-                let mut write = std::pin::pin!(inner.api.replace(&lease, deadline - sent).fuse());
+                let mut write = std::pin::pin!(inner.api.replace(&lease, term.deadline() - sent).fuse());
                 loop {
                     futures::select_biased! {
                         written = write => break written,
@@ -49,7 +47,7 @@ impl Task {
             };
             match written {
                 Ok(lease) => {
-                    let in_time = term.renewed(sent, renew_deadline);
+                    let in_time = term.renewed(sent, self.config().renew_deadline);
                     self.update_view(lease.clone(), sent);
                     self.memory.confirmed(&lease);
                     run.cached = lease;
