@@ -24,6 +24,17 @@ pub enum AcquireError {
     ElectorStopped,
 }
 
+impl AcquireError {
+    /// Why work that waited for leadership ended without leading: the
+    /// [`Lost`] of a term it never had.
+    pub(crate) fn lost(self) -> crate::Lost {
+        match self {
+            AcquireError::Shutdown => crate::Lost::Shutdown,
+            AcquireError::ElectorStopped => crate::Lost::ElectorStopped,
+        }
+    }
+}
+
 /// Why [`LeaderElector::shutdown`](crate::LeaderElector::shutdown) did not hand
 /// leadership over cleanly. Leadership has ended either way; an unreleased
 /// Lease expires after its lease duration, as after a crash.
@@ -87,17 +98,6 @@ pub(crate) fn watch_status(e: &kube_runtime::watcher::Error) -> Option<u16> {
     }
 }
 
-/// Whether `status` is the API server's answer that the Lease `name` does
-/// not exist: reason `NotFound`, with details naming that Lease (the API
-/// server always fills them in for an object it looked up).
-fn names_missing_lease(status: &kube_client::core::Status, name: &str) -> bool {
-    status.reason == "NotFound"
-        && status
-            .details
-            .as_ref()
-            .is_some_and(|d| d.name == name && d.kind == "leases")
-}
-
 /// `Result` of the election's API calls.
 pub(crate) type Result<T, E = ApiError> = std::result::Result<T, E>;
 
@@ -117,9 +117,18 @@ impl ApiError {
     }
 
     /// Whether the API server answered that the Lease `name` does not exist
-    /// (see `LeaseApi::get`): not merely any 404.
+    /// (see `LeaseApi::get`): not merely any 404, but reason `NotFound`, with
+    /// details naming that Lease (the API server always fills them in for an
+    /// object it looked up).
     pub(crate) fn is_gone(&self, name: &str) -> bool {
-        matches!(self.client_error(), Some(kube_client::Error::Api(s)) if names_missing_lease(s, name))
+        let Some(kube_client::Error::Api(status)) = self.client_error() else {
+            return false;
+        };
+        status.reason == "NotFound"
+            && status
+                .details
+                .as_ref()
+                .is_some_and(|d| d.name == name && d.kind == "leases")
     }
 
     /// Whether someone else wrote first: a `replace` whose resourceVersion was
@@ -152,14 +161,12 @@ pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut text = self.0.to_string();
-        let mut source = self.0.source();
-        while let Some(e) = source {
+        for e in std::iter::successors(self.0.source(), |e| e.source()) {
             let message = e.to_string();
             if !text.contains(&message) {
                 text.push_str(": ");
                 text.push_str(&message);
             }
-            source = e.source();
         }
         f.write_str(&text)
     }

@@ -40,7 +40,6 @@ pub struct LeaseGuard {
     term: Arc<Term>,
     wake: Arc<Notify>,
     rx: oneshot::Receiver<Lost>,
-    done: Option<Lost>,
     /// Fires at the renew deadline, so that the guard resolves on its own
     /// clock even if the elector task never runs again (its runtime no
     /// longer driven). Made at the first poll within a runtime.
@@ -63,7 +62,6 @@ impl LeaseGuard {
             term: term.clone(),
             wake,
             rx,
-            done: None,
             timer: None,
             unfinished: false,
         })
@@ -178,10 +176,12 @@ impl Future for LeaseGuard {
     type Output = Lost;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Lost> {
-        if let Some(lost) = &self.done {
-            return Poll::Ready(lost.clone());
+        // Once the term ended (its reason set first), every poll answers that
+        // reason: the one the term sent, or the one this guard ended it with.
+        if self.term.has_ended() {
+            return Poll::Ready(self.term.lost().unwrap_or(Lost::ElectorStopped));
         }
-        let lost = match Pin::new(&mut self.rx).poll(cx) {
+        Poll::Ready(match Pin::new(&mut self.rx).poll(cx) {
             Poll::Pending => {
                 ready!(self.poll_deadline(cx));
                 // Final (see `Term::renewed`): the term ends for every
@@ -195,9 +195,7 @@ impl Future for LeaseGuard {
             // The term dropped its senders without a reason: only when the
             // elector task is gone.
             Poll::Ready(Err(oneshot::Canceled)) => self.term.lost().unwrap_or(Lost::ElectorStopped),
-        };
-        self.done = Some(lost.clone());
-        Poll::Ready(lost)
+        })
     }
 }
 
@@ -231,10 +229,7 @@ impl LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        if self.unfinished {
-            self.term.work_stopped();
-        }
-        self.term.guard_dropped();
+        self.term.guard_dropped(self.unfinished);
         self.wake.notify_one();
     }
 }

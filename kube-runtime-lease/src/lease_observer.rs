@@ -7,10 +7,7 @@ use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::debug;
 
-use crate::{
-    ConfigError, LeaderStatus,
-    config::names::{dns1123_label, dns1123_subdomain},
-};
+use crate::{ConfigError, LeaderStatus, config::check_lease};
 
 /// Follows who holds a Lease without ever campaigning: a dashboard, a CLI,
 /// or the webhook-only pods of an operator that want to know the leader.
@@ -54,18 +51,7 @@ impl LeaseObserver {
     /// # Panics
     /// Outside a Tokio runtime, as [`tokio::spawn`] does.
     pub fn new(client: Client, namespace: &str, name: &str) -> Result<Self, ConfigError> {
-        if let Some(rule) = dns1123_label(namespace) {
-            return Err(ConfigError::InvalidNamespace {
-                value: namespace.to_owned(),
-                rule,
-            });
-        }
-        if let Some(rule) = dns1123_subdomain(name) {
-            return Err(ConfigError::InvalidName {
-                value: name.to_owned(),
-                rule,
-            });
-        }
+        check_lease(namespace, name)?;
         let (tx, status) = watch::channel(LeaderStatus::default());
         let api: Api<Lease> = Api::namespaced(client, namespace);
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));

@@ -46,10 +46,7 @@ impl LeaderElector {
     /// # Errors
     /// Why the work did not complete under the Lease ([`Lost`]).
     pub async fn with_lease<F: Future>(&self, work: F) -> Result<F::Output, Lost> {
-        let guard = self.acquire().await.map_err(|e| match e {
-            AcquireError::Shutdown => Lost::Shutdown,
-            AcquireError::ElectorStopped => Lost::ElectorStopped,
-        })?;
+        let guard = self.acquire().await.map_err(AcquireError::lost)?;
         guard.while_holds(work).await
     }
 }

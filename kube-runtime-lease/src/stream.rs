@@ -8,7 +8,7 @@ mod tests;
 use std::{
     future::Future,
     pin::Pin,
-    task::{Context, Poll, Waker},
+    task::{Context, Poll, Waker, ready},
 };
 
 use futures::{Stream, stream::FusedStream};
@@ -16,7 +16,7 @@ use pin_project::pin_project;
 use tracing::debug;
 
 pub use self::each_term::RunEnded;
-use crate::{Acquire, AcquireError, LeaderElector, LeaseGuard, Lost};
+use crate::{Acquire, LeaderElector, LeaseGuard, Lost};
 
 enum State {
     /// Waiting for leadership; the inner stream is not polled.
@@ -147,21 +147,29 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<S::Item>> {
         let mut this = self.project();
-        if !matches!(this.state, State::Leading(_))
-            && let Some(early) = poll_not_leading(&mut this, cx)
-        {
-            return early;
+        if let State::Acquiring(acquire) = this.state {
+            match ready!(Pin::new(acquire).poll(cx)) {
+                Ok(guard) => start_leading(this.state, guard),
+                Err(e) => {
+                    debug!(error = %e, "no leadership to wait for: dropping the guarded stream");
+                    return finish(&mut this, Some(e.lost()));
+                }
+            }
         }
         let State::Leading(guard) = &mut *this.state else {
-            unreachable!("poll_not_leading returns unless leading");
+            // Done.
+            return Poll::Ready(None);
         };
         // The hot path, on every poll, without reading the clock: the term's
         // end flag (an atomic load), and whether the guard's own timer has
         // fired at the renew deadline (set while the inner stream was idle),
         // since after a pause (SIGSTOP, a frozen VM) this poll may run before
-        // the elector task has noticed that the term is over.
+        // the elector task has noticed that the term is over. A term that
+        // has ended always has its reason (both are set together, under the
+        // term's lock); else its renew deadline passed on the clock, before
+        // the elector noticed.
         if guard.ended_without_clock() {
-            let lost = ended(guard);
+            let lost = guard.lost().unwrap_or(Lost::RenewDeadlineExceeded);
             return finish(&mut this, Some(lost));
         }
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
@@ -181,81 +189,42 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                 debug!("guarded stream ended: giving up leadership");
                 finish(&mut this, None)
             }
-            Poll::Pending => poll_idle(&mut this, cx),
-        }
-    }
-}
-
-/// Why the term of `guard` is over: the reason it was ended with, or (past
-/// its renew deadline on the clock, before the elector noticed) the
-/// deadline. A term that has ended always has its reason: both are set
-/// together, under the term's lock.
-#[cold]
-fn ended(guard: &LeaseGuard) -> Lost {
-    guard.lost().unwrap_or(Lost::RenewDeadlineExceeded)
-}
-
-/// Polls the acquisition: `None` once leading (the caller goes on with the
-/// leading path), else what `poll_next` returns.
-#[cold]
-fn poll_not_leading<S: Stream>(
-    this: &mut WithLeaderElectionProj<'_, S>,
-    cx: &mut Context<'_>,
-) -> Option<Poll<Option<S::Item>>> {
-    match this.state {
-        State::Acquiring(acquire) => match Pin::new(acquire).poll(cx) {
-            Poll::Pending => Some(Poll::Pending),
-            Poll::Ready(Ok(mut guard)) => {
-                debug!(
-                    fencing_token = guard.fencing_token(),
-                    "leading: starting the guarded stream"
-                );
-                // Until the inner stream ends, its work is unfinished: a
-                // guard dropped before that (this stream dropped by its
-                // consumer, or `into_inner`) leaves the Lease to expire
-                // rather than released (release only after the guarded work
-                // ended).
-                guard.unfinished = true;
-                *this.state = State::Leading(guard);
-                None
-            }
-            Poll::Ready(Err(e)) => {
-                debug!(error = %e, "no leadership to wait for: dropping the guarded stream");
-                let lost = match e {
-                    AcquireError::ElectorStopped => Lost::ElectorStopped,
-                    AcquireError::Shutdown => Lost::Shutdown,
-                };
-                Some(finish(this, Some(lost)))
-            }
-        },
-        State::Leading(_) => None,
-        State::Done => Some(Poll::Ready(None)),
-    }
-}
-
-/// The inner stream is idle: be woken when the term ends (the guard's own
-/// timer wakes it at the renew deadline).
-fn poll_idle<S: Stream>(
-    this: &mut WithLeaderElectionProj<'_, S>,
-    cx: &mut Context<'_>,
-) -> Poll<Option<S::Item>> {
-    let State::Leading(guard) = &mut *this.state else {
-        unreachable!("poll_idle is only called while leading");
-    };
-    // The guard keeps the last waker it was polled with until the term ends,
-    // and its timer keeps it until the renew deadline: polling it again with
-    // the same one would only re-register it, unless a renewal moved the
-    // deadline since (the timer is then set again).
-    if this.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) && guard.timer_armed() {
-        return Poll::Pending;
-    }
-    match Pin::new(guard).poll(cx) {
-        Poll::Ready(lost) => finish(this, Some(lost)),
-        Poll::Pending => {
-            *this.registered = Some(cx.waker().clone());
+            // The inner stream is idle: be woken when the term ends (the
+            // guard's own timer wakes it at the renew deadline). The guard
+            // keeps the last waker it was polled with until the term ends,
+            // and its timer keeps it until the renew deadline: polling it
+            // again with the same one would only re-register it, unless a
+            // renewal moved the deadline since (the timer is then set again).
             Poll::Pending
+                if this.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
+                    && guard.timer_armed() =>
+            {
+                Poll::Pending
+            }
+            Poll::Pending => match Pin::new(guard).poll(cx) {
+                Poll::Ready(lost) => finish(&mut this, Some(lost)),
+                Poll::Pending => {
+                    *this.registered = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            },
         }
     }
+}
+
+/// Leadership was won: the inner stream starts.
+#[cold]
+fn start_leading(state: &mut State, mut guard: LeaseGuard) {
+    debug!(
+        fencing_token = guard.fencing_token(),
+        "leading: starting the guarded stream"
+    );
+    // Until the inner stream ends, its work is unfinished: a guard dropped
+    // before that (this stream dropped by its consumer, or `into_inner`)
+    // leaves the Lease to expire rather than released (release only after
+    // the guarded work ended).
+    guard.unfinished = true;
+    *state = State::Leading(guard);
 }
 
 /// Ends the stream: the inner stream is dropped first, then the guard.

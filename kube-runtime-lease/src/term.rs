@@ -73,10 +73,6 @@ pub(crate) struct Term {
     dropped: Notify,
     /// Set once the term ended: a cheap check for every poll of a guarded stream.
     ended: AtomicBool,
-    /// Set once the elector's shutdown began: no new guard joins the term
-    /// (no new work under it), so that the shutdown waits only for the work
-    /// in flight.
-    closed: AtomicBool,
     /// Whether guarded work was stopped rather than finished: a guard was
     /// still alive when the term ended, or was dropped only after the renew
     /// deadline had passed. Requests that work sent may still land.
@@ -94,6 +90,10 @@ struct TermInner {
     lost: Option<Lost>,
     last_renewal: Instant,
     senders: Vec<oneshot::Sender<Lost>>,
+    /// Set once the elector's shutdown began: no new guard joins the term
+    /// (no new work under it), so that the shutdown waits only for the work
+    /// in flight.
+    closed: bool,
 }
 
 impl Term {
@@ -105,11 +105,11 @@ impl Term {
                 lost: None,
                 last_renewal: sent_at,
                 senders: Vec::new(),
+                closed: false,
             }),
             live: AtomicUsize::new(0),
             dropped: Notify::new(),
             ended: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
             stopped_work: AtomicBool::new(false),
             base: sent_at,
             deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
@@ -273,31 +273,25 @@ impl Term {
         self.timeless
     }
 
-    /// A guard of this term was dropped: counted, its waiters woken, and, if
-    /// it was kept past the renew deadline, the guarded work marked as
-    /// stopped by it.
-    pub(crate) fn guard_dropped(&self) {
+    /// A guard of this term was dropped: counted, its waiters woken, and the
+    /// guarded work marked as stopped by it if it was kept past the renew
+    /// deadline, or if its work was `unfinished` (its future or stream
+    /// dropped before it finished): requests it sent may still land, so the
+    /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
+    pub(crate) fn guard_dropped(&self, unfinished: bool) {
         // (A guard alive when the term ended was counted by `lose`.)
-        if !self.holds() {
+        if unfinished || !self.holds() {
             self.stopped_work.store(true, Ordering::Release);
         }
         self.live.fetch_sub(1, Ordering::AcqRel);
         self.dropped.notify_waiters();
     }
 
-    /// Guarded work was stopped before it finished (its future or stream
-    /// dropped while the term held): requests it sent may still land, so the
-    /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
-    pub(crate) fn work_stopped(&self) {
-        self.stopped_work.store(true, Ordering::Release);
-    }
-
     /// The elector's shutdown began: from now on no new guard joins the term
     /// ([`join`](Self::join)), whoever asks (a [`TermTasks`](crate::TermTasks)
     /// spawning), as the elector hands out none either.
     pub(crate) fn close(&self) {
-        let _inner = self.inner.lock();
-        self.closed.store(true, Ordering::Release);
+        self.inner.lock().closed = true;
     }
 
     /// A new guard joins the term (see [`LeaseGuard::of`](crate::LeaseGuard::of)):
@@ -306,7 +300,7 @@ impl Term {
     pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.inner.lock();
-        if !self.holds() || self.closed.load(Ordering::Acquire) {
+        if !self.holds() || inner.closed {
             return None;
         }
         inner.senders.push(tx);

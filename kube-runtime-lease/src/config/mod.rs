@@ -7,7 +7,7 @@ pub(crate) mod extras;
 pub(crate) mod names;
 
 pub use self::error::{ConfigError, Field};
-pub(crate) use self::names::{dns1123_label, dns1123_subdomain};
+pub(crate) use self::names::check_lease;
 
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
@@ -279,21 +279,19 @@ impl LeaseConfig {
         if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
             return Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod);
         }
-        for (field, value) in [
+        let durations = [
             (Field::LeaseDuration, self.lease_duration),
             (Field::RenewDeadline, self.renew_deadline),
             (Field::RetryPeriod, self.retry_period),
             (Field::ReleaseTimeout, self.release_timeout),
-        ] {
+        ];
+        for (field, value) in durations {
             if value.is_zero() {
                 return Err(ConfigError::NotPositive(field));
             }
         }
-        for (field, value) in [
-            (Field::RenewDeadline, self.renew_deadline),
-            (Field::RetryPeriod, self.retry_period),
-            (Field::ReleaseTimeout, self.release_timeout),
-        ] {
+        // The lease duration has rules of its own (whole `int32` seconds).
+        for (field, value) in durations.into_iter().skip(1) {
             if value > MAX_DURATION {
                 return Err(ConfigError::TooLong {
                     field,
@@ -311,20 +309,8 @@ impl LeaseConfig {
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
             return Err(ConfigError::LeaseDurationTooLong(self.lease_duration));
         }
-        if let Some(rule) = dns1123_label(&self.namespace) {
-            return Err(ConfigError::InvalidNamespace {
-                value: self.namespace.clone(),
-                rule,
-            });
-        }
-        if let Some(rule) = dns1123_subdomain(&self.name) {
-            return Err(ConfigError::InvalidName {
-                value: self.name.clone(),
-                rule,
-            });
-        }
-        self.extras.validate(&self.identity)?;
-        Ok(())
+        check_lease(&self.namespace, &self.name)?;
+        self.extras.validate(&self.identity)
     }
 }
 
@@ -343,10 +329,9 @@ pub(crate) const MAX_DURATION: Duration = Duration::from_secs(i32::MAX as u64);
 /// both believe they lead.
 #[must_use]
 pub fn unique_identity() -> String {
-    let pod = std::env::var("POD_NAME")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+    let pod = ["POD_NAME", "HOSTNAME"]
+        .into_iter()
+        .find_map(|var| std::env::var(var).ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned());
     let mut bits = random_u64();
     let suffix: String = (0..8)

@@ -1,11 +1,31 @@
 //! Kubernetes name rules (DNS-1123), as the API server checks them.
 
+use super::ConfigError;
+
+/// Checks the Lease `namespace/name` as the API server would: the namespace
+/// a DNS-1123 label, the name a DNS-1123 subdomain.
+pub(crate) fn check_lease(namespace: &str, name: &str) -> Result<(), ConfigError> {
+    if let Some(rule) = dns1123_label(namespace) {
+        return Err(ConfigError::InvalidNamespace {
+            value: namespace.to_owned(),
+            rule,
+        });
+    }
+    if let Some(rule) = dns1123_subdomain(name) {
+        return Err(ConfigError::InvalidName {
+            value: name.to_owned(),
+            rule,
+        });
+    }
+    Ok(())
+}
+
 fn is_label_char(c: u8) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
 }
 
 /// `None` when `s` is a DNS-1123 label (RFC 1123, as Kubernetes checks namespaces).
-pub(crate) fn dns1123_label(s: &str) -> Option<&'static str> {
+fn dns1123_label(s: &str) -> Option<&'static str> {
     if s.is_empty() {
         return Some("must not be empty");
     }

@@ -17,30 +17,27 @@ use crate::error::{ApiError, Result};
 pub(super) struct LeaseApi {
     pub(super) api: Api<Lease>,
     name: String,
-    contact: Arc<Contact>,
+    pub(super) contact: Arc<Contact>,
 }
 
 /// When the API server last answered (see [`LeaderElector::contact_check`](crate::LeaderElector::contact_check)),
-/// and when the running election task started.
+/// or the running election task started, if later: the silence is counted
+/// from the start of the running task at the earliest.
 #[derive(Default)]
-pub(super) struct Contact(Mutex<(Option<Instant>, Option<Instant>)>);
+pub(super) struct Contact(Mutex<Option<Instant>>);
 
 impl Contact {
-    /// The API server answered now.
-    fn answered(&self) {
-        self.0.lock().0 = Some(Instant::now());
+    /// The silence starts over now: the API server answered, or an election
+    /// task starts talking to it (both happen in the one running task, in
+    /// order).
+    pub(super) fn reset(&self) {
+        *self.0.lock() = Some(Instant::now());
     }
 
-    /// An election task starts talking to the API server now.
-    pub(super) fn task_started(&self) {
-        self.0.lock().1 = Some(Instant::now());
-    }
-
-    /// How long since the API server last answered, counted from the start
-    /// of the running task at the earliest.
+    /// How long since the API server last answered (or the running task
+    /// started).
     pub(super) fn silence(&self) -> Duration {
-        let (answered, started) = *self.0.lock();
-        answered.max(started).map_or(Duration::ZERO, |t| t.elapsed())
+        self.0.lock().map_or(Duration::ZERO, |t| t.elapsed())
     }
 }
 
@@ -51,10 +48,6 @@ impl LeaseApi {
             name: name.to_owned(),
             contact: Arc::default(),
         }
-    }
-
-    pub(super) fn contact(&self) -> &Contact {
-        &self.contact
     }
 
     /// Sends one Lease request of `verb` (failing with [`ApiError::Timeout`]
@@ -71,8 +64,8 @@ impl LeaseApi {
     ) -> Result<T> {
         let result = bounded(bound, fut, wrap, || ApiError::Timeout { verb, after: bound }).await;
         match &result {
-            Ok(_) => self.contact.answered(),
-            Err(e) if e.status().is_some_and(|s| s < 500) => self.contact.answered(),
+            Ok(_) => self.contact.reset(),
+            Err(e) if e.status().is_some_and(|s| s < 500) => self.contact.reset(),
             Err(_) => {}
         }
         result
@@ -118,7 +111,7 @@ impl LeaseApi {
             .default_backoff()
             .inspect(move |item| {
                 if item.is_ok() {
-                    contact.answered();
+                    contact.reset();
                 }
             })
             .boxed()

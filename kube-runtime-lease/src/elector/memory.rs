@@ -111,12 +111,8 @@ impl Memory {
             self.seen_uid = uid.cloned();
         }
         let duration = record::lease_duration(spec, fallback);
-        let newer = match (&spec.renew_time, &self.seen_renewed) {
-            (Some(MicroTime(t)), Some(MicroTime(seen))) => t > seen,
-            (renewed, None) => renewed.is_some(),
-            (None, Some(_)) => false,
-        };
-        if newer {
+        // (`None` orders before any `renewTime`.)
+        if spec.renew_time > self.seen_renewed {
             // A newer write of its holder (a renewal, or a new term:
             // `renewTime` moved forward): the duration it writes is what it
             // goes by from now on, whatever earlier records said (or an edit

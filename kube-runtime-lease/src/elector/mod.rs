@@ -128,10 +128,9 @@ impl LeaderElector {
     /// The first rule `config` breaks (see [`LeaseConfig::validate`]).
     pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        let state = State::default();
         // Coordinated: the identity is the LeaseCandidate's name, and the
         // election waits for the API server's first answer.
-        let (config, state) = extras::set_up(config, state);
+        let (config, state) = extras::set_up(config, State::default());
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         Ok(LeaderElector {
@@ -293,13 +292,8 @@ impl LeaderElector {
     #[must_use]
     pub fn current_guard(&self) -> Option<LeaseGuard> {
         let state = self.inner.lock();
-        if state.shutdown {
-            return None;
-        }
-        state
-            .term
-            .as_ref()
-            .and_then(|t| LeaseGuard::of(t, self.inner.wake.clone()))
+        let term = state.term.as_ref().filter(|_| !state.shutdown)?;
+        LeaseGuard::of(term, self.inner.wake.clone())
     }
 }
 

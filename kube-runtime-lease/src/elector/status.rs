@@ -108,12 +108,10 @@ impl LeaderElector {
     /// # Errors
     /// [`HealthError::RenewalOverdue`] as above.
     pub fn health_check(&self, tolerance: Duration) -> Result<(), HealthError> {
-        if !self.inner.config.enabled {
-            // No election, nothing to renew: never stuck.
-            return Ok(());
-        }
+        // The term in force, unless it ended; the one term of a disabled
+        // election (the only timeless one) renews nothing: never stuck.
         let term = self.inner.lock().term.clone();
-        let Some(term) = term.filter(|t| t.lost().is_none()) else {
+        let Some(term) = term.filter(|t| !t.is_timeless() && t.lost().is_none()) else {
             return Ok(());
         };
         let since = term.last_renewal().elapsed();
@@ -146,7 +144,7 @@ impl LeaderElector {
         if !self.inner.config.enabled || !self.inner.lock().running {
             return Ok(());
         }
-        let since = self.inner.api.contact().silence();
+        let since = self.inner.api.contact.silence();
         if since > max_silence {
             return Err(HealthError::ApiSilent {
                 since,
@@ -163,11 +161,6 @@ impl Inner {
         self.update_status(|s| s.is_leader = false);
         // And the observers (metrics, Events) are told.
         self.observers.tell(Transition::Leading(false));
-    }
-
-    /// Tells the observers of `transition`.
-    pub(super) fn tell(&self, transition: Transition<'_>) {
-        self.observers.tell(transition);
     }
 
     /// Changes the published status; a change of holder is logged.

@@ -23,23 +23,10 @@ use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error};
 
-use super::{
-    Inner,
-    task::{Next, Task},
-};
+use super::{Inner, task::Task};
 use crate::{error::Result, term::Lost};
 
 impl Inner {
-    pub(super) fn span(&self) -> tracing::Span {
-        tracing::info_span!(
-            parent: None,
-            "leader_election",
-            lease.namespace = %self.config.namespace,
-            lease.name = %self.config.name,
-            identity = %self.config.identity,
-        )
-    }
-
     /// Spawns the task numbered `n` (the caller marked it running, under the
     /// lock) on `runtime`, with the state unlocked: a runtime that is shutting
     /// down drops the future at once, and `Task`'s drop takes the lock. The
@@ -47,7 +34,14 @@ impl Inner {
     /// even if the future is never polled.
     pub(super) fn spawn(self: &Arc<Self>, runtime: &tokio::runtime::Handle, n: u64) {
         let task = Task::new(self.clone());
-        let handle = runtime.spawn(run(task).instrument(self.span()));
+        let span = tracing::info_span!(
+            parent: None,
+            "leader_election",
+            lease.namespace = %self.config.namespace,
+            lease.name = %self.config.name,
+            identity = %self.config.identity,
+        );
+        let handle = runtime.spawn(run(task).instrument(span));
         #[cfg(test)]
         super::test_hooks::reached(self, super::test_hooks::Point::Spawned);
         let mut state = self.lock();
@@ -82,7 +76,7 @@ async fn run(mut task: Task) -> Result<()> {
         return Ok(());
     }
     debug!("election task started");
-    inner.api.contact().task_started();
+    inner.api.contact.reset();
     // The wake-up stored by the `acquire` that spawned this task: the loops
     // re-count demand before they wait anyway.
     let _ = inner.wake.notified().now_or_never();
@@ -90,7 +84,7 @@ async fn run(mut task: Task) -> Result<()> {
         let elect = async {
             loop {
                 let won = task.campaign().await?;
-                if let Next::End(result) = task.lead(won).await {
+                if let Some(result) = task.lead(won).await {
                     return Some(result);
                 }
             }

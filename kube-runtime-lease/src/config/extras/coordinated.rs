@@ -218,7 +218,7 @@ fn prefixed_name(s: &str) -> bool {
         return false;
     };
     let b = name.as_bytes();
-    crate::config::dns1123_subdomain(prefix).is_none()
+    crate::config::names::dns1123_subdomain(prefix).is_none()
         && !b.is_empty()
         && b.len() <= 63
         && b.iter()

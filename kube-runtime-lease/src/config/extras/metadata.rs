@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::config::{ConfigError, LeaseConfig, dns1123_subdomain};
+use crate::config::{ConfigError, LeaseConfig, names::dns1123_subdomain};
 
 /// What the candidate writes into the Lease's metadata when it takes the
 /// Lease (creating it, or beginning a term on it). Only these keys are

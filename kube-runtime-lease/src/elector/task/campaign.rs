@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Attempt, LeaseView, Rule, Task, Won};
+use super::{Attempt, LeaseView, Task, Won};
 use crate::{
     config::JITTER_FACTOR,
     elector::supervise::Demand,
@@ -82,8 +82,7 @@ impl Task {
         let now = Instant::now();
         // The rule for a record: the ordinary election's, unless Coordinated
         // Leader Election says to wait or is in force.
-        let rule: Rule = Observed::verdict;
-        let rule = match super::super::extras::rule(self, rule, now) {
+        let rule = match super::super::extras::rule(self, Observed::verdict, now) {
             Ok(rule) => rule,
             Err(until) => return Ok(Attempt::WaitUntil(until)),
         };
@@ -93,14 +92,9 @@ impl Task {
             LeaseView::Unknown => Ok(Attempt::WaitUntil(now + self.jittered_retry())),
             LeaseView::Missing => {
                 let hold = self.hold_ahead(None, true);
-                let mut lease = Lease {
-                    // The namespace is the request's (the API server sets it).
-                    metadata: kube_client::core::ObjectMeta {
-                        name: Some(cfg.name.clone()),
-                        ..Default::default()
-                    },
-                    spec: None,
-                };
+                // The namespace is the request's (the API server sets it).
+                let mut lease = Lease::default();
+                lease.metadata.name = Some(cfg.name.clone());
                 self.begin_record(&mut lease, None, self.seconds_to_write(hold));
                 self.write_to_acquire(lease, true).await
             }
@@ -254,15 +248,11 @@ impl Task {
     /// The retry period with client-go's jitter (`JitterFactor` 1.2: up to
     /// 120 % longer, so each wait is 1 to 2.2 retry periods).
     pub(in crate::elector) fn jittered_retry(&self) -> Duration {
-        self.inner
-            .config
+        // A random number in `[0, 1]`.
+        let bits = u32::try_from(crate::config::random_u64() >> 32).unwrap_or(u32::MAX);
+        let unit_random = f64::from(bits) / f64::from(u32::MAX);
+        self.config()
             .retry_period
-            .mul_f64(1.0 + unit_random() * JITTER_FACTOR)
+            .mul_f64(1.0 + unit_random * JITTER_FACTOR)
     }
-}
-
-/// A random number in `[0, 1]`.
-fn unit_random() -> f64 {
-    let bits = u32::try_from(crate::config::random_u64() >> 32).unwrap_or(u32::MAX);
-    f64::from(bits) / f64::from(u32::MAX)
 }

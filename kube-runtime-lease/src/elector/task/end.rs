@@ -18,9 +18,8 @@ impl Task {
         self.inner.not_leading();
         term.lose(reason);
         self.inner.lock().term.take_if(|t| Arc::ptr_eq(t, term));
-        let holding = run.phase.hold().is_some();
         if run.phase == super::lead::Phase::Leading {
-            self.inner.tell(Transition::TermEnded {
+            self.inner.observers.tell(Transition::TermEnded {
                 reason,
                 uid: run.cached.metadata.uid.as_deref(),
             });
@@ -55,7 +54,7 @@ impl Task {
         };
         let result = if !wants_release {
             Ok(())
-        } else if holding {
+        } else if run.phase.hold().is_some() {
             info!("not releasing during the creation hold: the lease will expire instead");
             Ok(())
         } else if term.stopped_work() {

@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
-use super::{LeaseView, Next, Task, Won, view::WatchItem};
+use super::{LeaseView, Task, Won, view::WatchItem};
 use crate::{
     elector::{Transition, supervise::Demand},
     error::Result,
@@ -17,20 +17,6 @@ use crate::{
     record::{self, TermId},
     term::{Lost, Term},
 };
-
-/// What woke a leading term's loop.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "lives on the stack for one turn of the loop, like the event it carries"
-)]
-enum LeadWake {
-    /// A change of demand (a guard dropped, a shutdown), the end of the hold
-    /// after creating the Lease, the renew deadline or the tick: re-check at
-    /// the top of the loop.
-    Recheck,
-    /// A watch event (or the watch's end).
-    Watch(Option<WatchItem>),
-}
 
 /// The loss of a term whose Lease now holds `lease`, someone else's record
 /// (its holder is `""` when someone else wrote it free).
@@ -87,43 +73,42 @@ pub(in crate::elector) struct TermRun {
 }
 
 impl Task {
-    /// Leads one term, begun by `won`, to its end and release.
-    pub(in crate::elector) async fn lead(&mut self, won: Won) -> Next {
-        let Won { lease, sent, created } = won;
-        let Some(id) = TermId::of(&lease) else {
-            return Next::Campaign;
-        };
+    /// Leads one term, begun by `won`, to its end and release. Then, once the
+    /// shutdown began, the task ends with the release's result (what
+    /// `shutdown` returns); `None`: it campaigns again (or ends, if nobody
+    /// wants leadership).
+    pub(in crate::elector) async fn lead(&mut self, Won { lease, sent, created }: Won) -> Option<Result<()>> {
+        let id = TermId::of(&lease)?;
         self.memory.last_term = Some(id.clone());
         self.memory.confirmed(&lease);
         let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.update_view((*lease).clone(), sent);
-        // A Lease has no version once deleted and `create` has no
-        // precondition, so the leader of a deleted incarnation may still
-        // believe it leads: its last renewal was sent before the deletion.
-        // Hold the Lease (renewing it) until that leader has given up.
-        let hold = self.hold_for(&lease, created);
-        if let Some(until) = hold {
-            let left = until.saturating_duration_since(Instant::now());
-            if created {
-                info!(
-                    ?left,
-                    "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
-                );
-            } else {
-                info!(
-                    ?left,
-                    "holding the lease before leading: the holder of the object it replaced may still lead"
-                );
-            }
-        }
         let tolerated = lease
             .spec
             .as_ref()
             .and_then(record::preferred_holder)
             .map(str::to_owned);
-        let phase = match hold {
-            Some(until) => Phase::Holding { until },
+        // A Lease has no version once deleted and `create` has no
+        // precondition, so the leader of a deleted incarnation may still
+        // believe it leads: its last renewal was sent before the deletion.
+        // Hold the Lease (renewing it) until that leader has given up.
+        let phase = match self.hold_for(&lease, created) {
+            Some(until) => {
+                let left = until.saturating_duration_since(Instant::now());
+                if created {
+                    info!(
+                        ?left,
+                        "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
+                    );
+                } else {
+                    info!(
+                        ?left,
+                        "holding the lease before leading: the holder of the object it replaced may still lead"
+                    );
+                }
+                Phase::Holding { until }
+            }
             None => self.begin_term(&term, lease.metadata.uid.as_deref()),
         };
         let mut run = TermRun {
@@ -136,11 +121,7 @@ impl Task {
         };
         let reason = self.lead_until_lost(&mut run, sent).await;
         let result = self.end_term(&run, &reason).await;
-        if self.inner.lock().shutdown {
-            Next::End(result)
-        } else {
-            Next::Campaign
-        }
+        self.inner.lock().shutdown.then_some(result)
     }
 
     /// The loop of one term: why it ended.
@@ -153,11 +134,8 @@ impl Task {
             // Ended from outside (by `shutdown` once its grace ran out, by a
             // guard that saw the renew deadline pass first), or past the renew
             // deadline. Checked before waiting, so that no storm of wake-ups
-            // can starve the deadline or the renewals.
-            if let Some(lost) = term.over() {
-                return lost;
-            }
-            if let Some(lost) = self.step_down(run) {
+            // can starve the deadline or the renewals. Then a step-down.
+            if let Some(lost) = term.over().or_else(|| self.step_down(run)) {
                 return lost;
             }
             match self.demand_for_term() {
@@ -194,15 +172,18 @@ impl Task {
             // The end of the creation hold, or the renew deadline if sooner.
             let deadline = term.deadline();
             let hold_or_deadline = run.phase.hold().map_or(deadline, |h| h.min(deadline));
+            // A watch event (or the watch's end), else `None`: a change of
+            // demand (a guard dropped, a shutdown), the end of the hold, the
+            // renew deadline or the tick, re-checked at the top of the loop.
             // The branches' futures borrow `self.watch`: act once they are
             // dropped.
-            let cause = futures::select_biased! {
-                () = wake.notified().fuse() => LeadWake::Recheck,
-                () = sleep_until(hold_or_deadline).fuse() => LeadWake::Recheck,
-                item = self.watch.next().fuse() => LeadWake::Watch(item),
-                () = sleep_until(next_tick).fuse() => LeadWake::Recheck,
+            let event = futures::select_biased! {
+                () = wake.notified().fuse() => None,
+                () = sleep_until(hold_or_deadline).fuse() => None,
+                item = self.watch.next().fuse() => Some(item),
+                () = sleep_until(next_tick).fuse() => None,
             };
-            if let LeadWake::Watch(event) = cause
+            if let Some(event) = event
                 && let Err(lost) = self.on_watch_event(run, event).await
             {
                 return lost;
@@ -255,10 +236,8 @@ impl Task {
             run.caught_up = true;
             return Ok(());
         }
-        let foreign = match &object {
-            None => matches!(self.view, LeaseView::Missing),
-            Some(object) => !run.id.matches(object),
-        };
+        // An item that shows the Lease leaves the view `Missing` or `Known`.
+        let foreign = object.as_ref().is_none_or(|object| !run.id.matches(object));
         if !foreign {
             if run.caught_up
                 && let Some(object) = object
@@ -315,13 +294,13 @@ impl Task {
                 }
             }
         }
-        self.inner.tell(Transition::Leading(true));
+        self.inner.observers.tell(Transition::Leading(true));
         info!(
             fencing_token = term.token,
             lease.uid = uid,
             "acquired lease, now leading"
         );
-        self.inner.tell(Transition::TermBegan { uid });
+        self.inner.observers.tell(Transition::TermBegan { uid });
         Phase::Leading
     }
 

@@ -62,7 +62,7 @@ pub(in crate::elector) use self::view::{Watch, WatchStream};
 use super::{Inner, memory::Memory};
 use crate::{
     config::LeaseConfig,
-    error::{ApiError, Result},
+    error::ApiError,
     record::{Asker, Observed, Verdict},
 };
 
@@ -97,14 +97,6 @@ pub(in crate::elector) struct Won {
     pub(in crate::elector) created: bool,
 }
 
-/// What the task does once a term ended.
-pub(in crate::elector) enum Next {
-    /// Campaign again (or end, if nobody wants leadership).
-    Campaign,
-    /// End: the shutdown began. The release's result is what `shutdown` returns.
-    End(Result<()>),
-}
-
 pub(in crate::elector) struct Task {
     pub(in crate::elector) inner: Arc<Inner>,
     pub(in crate::elector) view: LeaseView,
@@ -134,9 +126,8 @@ impl Task {
         };
         let mut state = inner.lock();
         let memory = std::mem::take(&mut state.memory);
-        let view = LeaseView::Unknown;
         // A record seen elsewhere in this process (elected shards).
-        let view = super::extras::handed_view(&mut state).unwrap_or(view);
+        let view = super::extras::handed_view(&mut state).unwrap_or(LeaseView::Unknown);
         drop(state);
         Task {
             inner,

@@ -14,30 +14,27 @@ impl Task {
     /// resourceVersion), falling to a read and a retry on conflict. The renew
     /// deadline moves to the instant before the successful request was sent.
     pub(in crate::elector) async fn renew(&mut self, run: &mut TermRun) -> Result<(), Lost> {
-        let renew_deadline = self.config().renew_deadline;
         let term = run.term.clone();
         for attempt in 0..2 {
             let sent = Instant::now();
             if let Some(lost) = term.over_at(sent) {
                 return Err(lost);
             }
-            let deadline = term.deadline();
             let mut lease = run.cached.clone();
-            lease.spec = Some(record::renewed(
-                &lease.spec.clone().unwrap_or_default(),
+            let spec = record::renewed(
+                &lease.spec.take().unwrap_or_default(),
                 self.seconds_to_write(run.phase.hold()),
                 record::now(),
-            ));
-            if let Some(t) = lease.spec.as_ref().and_then(|s| s.renew_time.clone()) {
-                self.memory.last_renewed.push(t);
-            }
+            );
+            self.memory.last_renewed.extend(spec.renew_time.clone());
+            lease.spec = Some(spec);
             // A term ended from outside meanwhile (a shutdown) abandons the
             // renewal, so that the release need not wait for its answer: the
             // write, if it lands, carries the old resourceVersion and cannot
             // overwrite the release (which reads first).
             let inner = self.inner.clone();
             let written = {
-                let mut write = std::pin::pin!(inner.api.replace(&lease, deadline - sent).fuse());
+                let mut write = std::pin::pin!(inner.api.replace(&lease, term.deadline() - sent).fuse());
                 loop {
                     futures::select_biased! {
                         written = write => break written,
@@ -50,7 +47,7 @@ impl Task {
             };
             match written {
                 Ok(lease) => {
-                    let in_time = term.renewed(sent, renew_deadline);
+                    let in_time = term.renewed(sent, self.config().renew_deadline);
                     self.update_view(lease.clone(), sent);
                     self.memory.confirmed(&lease);
                     run.cached = lease;
@@ -104,7 +101,7 @@ impl Task {
 
     /// Tells the observers of a renewal write sent at `sent`, and its outcome.
     fn renewal_told(&self, outcome: &'static str, sent: Instant) {
-        self.inner.tell(Transition::Renewal {
+        self.inner.observers.tell(Transition::Renewal {
             outcome,
             latency: sent.elapsed(),
             sent,

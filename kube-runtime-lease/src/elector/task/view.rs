@@ -210,15 +210,14 @@ impl Task {
     /// Records a Lease seen at `at`; returns whether the record changed.
     pub(in crate::elector) fn update_view(&mut self, lease: Lease, at: Instant) -> bool {
         let spec = lease.spec.clone().unwrap_or_default();
-        let rv = lease.metadata.resource_version.clone();
-        let (previous, changed) = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
-            LeaseView::Known { observed, object } => {
-                let same_object = object.metadata.uid == lease.metadata.uid;
-                let changed = observed.spec != spec || !same_object;
-                (same_object.then_some(observed), changed)
+        // The record seen before on the same object, if any.
+        let previous = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
+            LeaseView::Known { observed, object } if object.metadata.uid == lease.metadata.uid => {
+                Some(observed)
             }
-            _ => (None, true),
+            _ => None,
         };
+        let changed = previous.as_ref().is_none_or(|p| p.spec != spec);
         self.memory.saw(
             lease.metadata.uid.as_ref(),
             &spec,
@@ -227,9 +226,8 @@ impl Task {
             Instant::now(),
         );
         self.inner.update_status(|s| s.observe(Some(&spec)));
-        let observed = Observed::update(previous, spec, rv, at);
         self.view = LeaseView::Known {
-            observed,
+            observed: Observed::update(previous, spec, lease.metadata.resource_version.clone(), at),
             object: Box::new(lease),
         };
         changed
