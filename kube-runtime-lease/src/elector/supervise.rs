@@ -23,7 +23,10 @@ use futures::FutureExt;
 use tokio::task::JoinHandle;
 use tracing::{Instrument, debug, error};
 
-use super::{Inner, task::Task};
+use super::{
+    Inner,
+    task::{Next, Task},
+};
 use crate::{error::Result, term::Lost};
 
 impl Inner {
@@ -84,7 +87,7 @@ async fn run(mut task: Task) -> Result<()> {
         let elect = async {
             loop {
                 let won = task.campaign().await?;
-                if let Some(result) = task.lead(won).await {
+                if let Next::End(result) = task.lead(won).await {
                     return Some(result);
                 }
             }

@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
-use super::{LeaseView, Task, Won, view::WatchItem};
+use super::{LeaseView, Next, Task, Won, view::WatchItem};
 use crate::{
     elector::{Transition, supervise::Demand},
     error::Result,
@@ -73,12 +73,11 @@ pub(in crate::elector) struct TermRun {
 }
 
 impl Task {
-    /// Leads one term, begun by `won`, to its end and release. Then, once the
-    /// shutdown began, the task ends with the release's result (what
-    /// `shutdown` returns); `None`: it campaigns again (or ends, if nobody
-    /// wants leadership).
-    pub(in crate::elector) async fn lead(&mut self, Won { lease, sent, created }: Won) -> Option<Result<()>> {
-        let id = TermId::of(&lease)?;
+    /// Leads one term, begun by `won`, to its end and release.
+    pub(in crate::elector) async fn lead(&mut self, Won { lease, sent, created }: Won) -> Next {
+        let Some(id) = TermId::of(&lease) else {
+            return Next::Campaign;
+        };
         self.memory.last_term = Some(id.clone());
         self.memory.confirmed(&lease);
         let token = self.memory.next_token(record::token_of(&lease));
@@ -121,7 +120,11 @@ impl Task {
         };
         let reason = self.lead_until_lost(&mut run, sent).await;
         let result = self.end_term(&run, &reason).await;
-        self.inner.lock().shutdown.then_some(result)
+        if self.inner.lock().shutdown {
+            Next::End(result)
+        } else {
+            Next::Campaign
+        }
     }
 
     /// The loop of one term: why it ended.

@@ -62,7 +62,7 @@ pub(in crate::elector) use self::view::{Watch, WatchStream};
 use super::{Inner, memory::Memory};
 use crate::{
     config::LeaseConfig,
-    error::ApiError,
+    error::{ApiError, Result},
     record::{Asker, Observed, Verdict},
 };
 
@@ -95,6 +95,14 @@ pub(in crate::elector) struct Won {
     pub(in crate::elector) sent: Instant,
     /// Whether the write created the Lease.
     pub(in crate::elector) created: bool,
+}
+
+/// What the task does once a term ended.
+pub(in crate::elector) enum Next {
+    /// Campaign again (or end, if nobody wants leadership).
+    Campaign,
+    /// End: the shutdown began. The release's result is what `shutdown` returns.
+    End(Result<()>),
 }
 
 pub(in crate::elector) struct Task {
