@@ -192,8 +192,9 @@ impl Future for LeaseGuard {
                 self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded)
             }
             Poll::Ready(Ok(lost)) => lost,
-            // The term dropped its senders without a reason: only when the
-            // elector task is gone.
+            // Not reached while this guard holds the term (its senders are
+            // taken only by `lose`, which sends to each); answered rather
+            // than a panic.
             Poll::Ready(Err(oneshot::Canceled)) => self.term.lost().unwrap_or(Lost::ElectorStopped),
         })
     }
