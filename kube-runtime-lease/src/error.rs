@@ -24,17 +24,6 @@ pub enum AcquireError {
     ElectorStopped,
 }
 
-impl AcquireError {
-    /// Why work that waited for leadership ended without leading: the
-    /// [`Lost`] of a term it never had.
-    pub(crate) fn lost(self) -> crate::Lost {
-        match self {
-            AcquireError::Shutdown => crate::Lost::Shutdown,
-            AcquireError::ElectorStopped => crate::Lost::ElectorStopped,
-        }
-    }
-}
-
 /// Why [`LeaderElector::shutdown`](crate::LeaderElector::shutdown) did not hand
 /// leadership over cleanly. Leadership has ended either way; an unreleased
 /// Lease expires after its lease duration, as after a crash.

@@ -16,7 +16,7 @@ use pin_project::pin_project;
 use tracing::debug;
 
 pub use self::each_term::RunEnded;
-use crate::{Acquire, LeaderElector, LeaseGuard, Lost};
+use crate::{Acquire, AcquireError, LeaderElector, LeaseGuard, Lost};
 
 enum State {
     /// Waiting for leadership; the inner stream is not polled.
@@ -208,6 +208,18 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                     Poll::Pending
                 }
             },
+        }
+    }
+}
+
+// With its users, the guarded stream and `with_lease`.
+impl AcquireError {
+    /// Why work that waited for leadership ended without leading: the
+    /// [`Lost`] of a term it never had.
+    pub(crate) fn lost(self) -> Lost {
+        match self {
+            AcquireError::Shutdown => Lost::Shutdown,
+            AcquireError::ElectorStopped => Lost::ElectorStopped,
         }
     }
 }

@@ -130,7 +130,9 @@ impl LeaderElector {
         config.validate()?;
         // Coordinated: the identity is the LeaseCandidate's name, and the
         // election waits for the API server's first answer.
-        let (config, state) = extras::set_up(config, State::default());
+        // Two bindings: the upstream generator drops the extras' line.
+        let state = State::default();
+        let (config, state) = extras::set_up(config, state);
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         Ok(LeaderElector {

@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use tokio::time::Instant;
 use tracing::{debug, info};
 
-use super::{Attempt, LeaseView, Task, Won};
+use super::{Attempt, LeaseView, Rule, Task, Won};
 use crate::{
     config::JITTER_FACTOR,
     elector::supervise::Demand,
@@ -82,7 +82,9 @@ impl Task {
         let now = Instant::now();
         // The rule for a record: the ordinary election's, unless Coordinated
         // Leader Election says to wait or is in force.
-        let rule = match super::super::extras::rule(self, Observed::verdict, now) {
+        // Two bindings: the upstream generator drops the extras' line.
+        let rule: Rule = Observed::verdict;
+        let rule = match super::super::extras::rule(self, rule, now) {
             Ok(rule) => rule,
             Err(until) => return Ok(Attempt::WaitUntil(until)),
         };

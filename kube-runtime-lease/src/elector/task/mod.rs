@@ -135,7 +135,9 @@ impl Task {
         let mut state = inner.lock();
         let memory = std::mem::take(&mut state.memory);
         // A record seen elsewhere in this process (elected shards).
-        let view = super::extras::handed_view(&mut state).unwrap_or(LeaseView::Unknown);
+        // Two bindings: the upstream generator drops the extras' line.
+        let view = LeaseView::Unknown;
+        let view = super::extras::handed_view(&mut state).unwrap_or(view);
         drop(state);
         Task {
             inner,
