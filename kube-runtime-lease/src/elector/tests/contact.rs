@@ -7,7 +7,7 @@ use tokio::time::{sleep, timeout};
 
 use crate::{
     HealthError,
-    test_util::FakeLeaseApi,
+    test_util::{FakeLeaseApi, Fault},
     tests::support::{config, elector, free, paused},
 };
 
@@ -82,5 +82,26 @@ fn the_contact_check_counts_only_while_the_election_runs() {
             "never answered, 11 s since its task started: {check:?}, {:?}",
             cut.status()
         );
+    });
+}
+
+/// An answer of the API server's own counts as contact, an error `Status`
+/// too (a 403 from missing RBAC: the API server is there, and restarting the
+/// candidate would not help); a 5xx does not (it may come from a proxy in
+/// front of an API server that is gone).
+#[test]
+fn a_refusal_from_the_api_server_is_contact_and_a_5xx_is_not() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        for (status, heard) in [(403, true), (500, false)] {
+            let (candidate, id) = elector(&fake, config(&format!("c{status}")));
+            for _ in 0..200 {
+                fake.fault(id, None, Fault::Status(status));
+            }
+            let mut acquire = pin!(candidate.acquire());
+            assert!(timeout(S(30), &mut acquire).await.is_err(), "{status}: led");
+            let check = candidate.contact_check(LIMIT);
+            assert_eq!(check.is_ok(), heard, "{status} for 30 s: {check:?}");
+        }
     });
 }
