@@ -414,6 +414,14 @@ fn forbidden_and_unreachable_api_servers_are_retried_every_jittered_retry_period
         let seen = fake.requests();
         let gaps: Vec<_> = seen.windows(2).map(|w| w[1].at - w[0].at).collect();
         assert!(gaps.iter().all(|g| (S(2)..=MS(4_400)).contains(g)), "{gaps:?}");
+        // Jittered: spread over that range, not one fixed period (candidates
+        // that failed together would retry together).
+        let spread = gaps
+            .iter()
+            .max()
+            .zip(gaps.iter().min())
+            .map(|(max, min)| *max - *min);
+        assert!(spread > Some(S(1)), "{gaps:?}");
         // The API server comes back (or RBAC is fixed): it leads.
         let (e2, id2) = elector(&fake, config("other").watch(false));
         drop(e2);
