@@ -420,7 +420,7 @@ fn forbidden_and_unreachable_api_servers_are_retried_every_jittered_retry_period
             .iter()
             .max()
             .zip(gaps.iter().min())
-            .map(|(max, min)| *max - *min);
+            .map(|(max, min)| max.saturating_sub(*min));
         assert!(spread > Some(S(1)), "{gaps:?}");
         // The API server comes back (or RBAC is fixed): it leads.
         let (e2, id2) = elector(&fake, config("other").watch(false));
