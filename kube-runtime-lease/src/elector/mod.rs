@@ -128,10 +128,10 @@ impl LeaderElector {
     /// The first rule `config` breaks (see [`LeaseConfig::validate`]).
     pub fn new(client: Client, config: LeaseConfig) -> Result<Self, ConfigError> {
         config.validate()?;
-        // Coordinated: the identity is the LeaseCandidate's name, and the
-        // election waits for the API server's first answer.
-        // Two bindings: the upstream generator drops the extras' line.
         let state = State::default();
+        // Coordinated: the identity is the LeaseCandidate's name, and the
+        // election waits for the API server's first answer. (A line of its
+        // own, with this comment: the upstream generator drops both.)
         let (config, state) = extras::set_up(config, state);
         let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();

@@ -82,8 +82,9 @@ impl Task {
         let now = Instant::now();
         // The rule for a record: the ordinary election's, unless Coordinated
         // Leader Election says to wait or is in force.
-        // Two bindings: the upstream generator drops the extras' line.
         let rule: Rule = Observed::verdict;
+        // (A binding of its own, with this comment: the upstream generator
+        // drops both.)
         let rule = match super::super::extras::rule(self, rule, now) {
             Ok(rule) => rule,
             Err(until) => return Ok(Attempt::WaitUntil(until)),

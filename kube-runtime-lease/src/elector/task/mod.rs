@@ -134,9 +134,10 @@ impl Task {
         };
         let mut state = inner.lock();
         let memory = std::mem::take(&mut state.memory);
-        // A record seen elsewhere in this process (elected shards).
-        // Two bindings: the upstream generator drops the extras' line.
         let view = LeaseView::Unknown;
+        // A record seen elsewhere in this process (elected shards). (A
+        // binding of its own, with this comment: the upstream generator
+        // drops both.)
         let view = super::extras::handed_view(&mut state).unwrap_or(view);
         drop(state);
         Task {
