@@ -72,11 +72,7 @@ impl Task {
             Ok(())
         } else {
             let until = record::later(Instant::now(), self.config().release_timeout);
-            let result = self.release(until).await;
-            if let Err(e) = &result {
-                self.log_error("releasing the lease", e);
-            }
-            result
+            (self.release(until).await).inspect_err(|e| self.log_error("releasing the lease", e))
         };
         self.needs_read = true;
         result
@@ -91,7 +87,7 @@ impl Task {
         let mut attempt = 0;
         loop {
             let left = until.saturating_duration_since(Instant::now());
-            let Some(lease) = self.get(left).await? else {
+            let Some(mut lease) = self.get(left).await? else {
                 return Ok(());
             };
             if !self.memory.is_last_term(&lease) {
@@ -101,11 +97,10 @@ impl Task {
                 );
                 return Ok(());
             }
-            let spec = lease.spec.clone().unwrap_or_default();
-            let mut next = lease;
-            next.spec = Some(record::released(&spec, record::now()));
+            let spec = lease.spec.take().unwrap_or_default();
+            lease.spec = Some(record::released(&spec, record::now()));
             let left = until.saturating_duration_since(Instant::now());
-            match self.inner.api.replace(&next, left).await {
+            match self.inner.api.replace(&lease, left).await {
                 Ok(released) => {
                     self.update_view(released, Instant::now());
                     info!("released lease");

@@ -21,14 +21,9 @@ use crate::{
 /// The loss of a term whose Lease now holds `lease`, someone else's record
 /// (its holder is `""` when someone else wrote it free).
 fn taken_over(lease: &Lease) -> Lost {
-    Lost::TakenOver {
-        holder: lease
-            .spec
-            .as_ref()
-            .and_then(record::holder)
-            .unwrap_or_default()
-            .to_owned(),
-    }
+    let holder = lease.spec.as_ref().and_then(record::holder).unwrap_or_default();
+    let holder = holder.to_owned();
+    Lost::TakenOver { holder }
 }
 
 /// Where a term is.
@@ -95,17 +90,12 @@ impl Task {
         let phase = match self.hold_for(&lease, created) {
             Some(until) => {
                 let left = until.saturating_duration_since(Instant::now());
-                if created {
-                    info!(
-                        ?left,
-                        "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
-                    );
+                let why = if created {
+                    "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
                 } else {
-                    info!(
-                        ?left,
-                        "holding the lease before leading: the holder of the object it replaced may still lead"
-                    );
-                }
+                    "holding the lease before leading: the holder of the object it replaced may still lead"
+                };
+                info!(?left, "{why}");
                 Phase::Holding { until }
             }
             None => self.begin_term(&term, lease.metadata.uid.as_deref()),
@@ -212,11 +202,7 @@ impl Task {
     }
 
     /// A watch event while leading.
-    pub(in crate::elector) async fn on_watch_event(
-        &mut self,
-        run: &mut TermRun,
-        item: Option<WatchItem>,
-    ) -> Result<(), Lost> {
+    async fn on_watch_event(&mut self, run: &mut TermRun, item: Option<WatchItem>) -> Result<(), Lost> {
         // Only an item that shows the Lease (or its absence) says what the
         // watch delivered; after a failure or the end of the watch the last
         // object observed may be our own write's answer, which the watch has
@@ -312,11 +298,7 @@ impl Task {
     /// another process may share it; see `Memory::is_last_term`), which
     /// then becomes the cached object; `None` if the read failed (logged as
     /// `what`).
-    pub(in crate::elector) async fn reread(
-        &mut self,
-        run: &mut TermRun,
-        what: &str,
-    ) -> Option<Result<(), Lost>> {
+    pub(super) async fn reread(&mut self, run: &mut TermRun, what: &str) -> Option<Result<(), Lost>> {
         let left = run.term.deadline().saturating_duration_since(Instant::now());
         match self.get(left).await {
             Ok(None) => Some(Err(Lost::Deleted)),

@@ -85,13 +85,16 @@ pub(in crate::elector) enum Step {
 impl Watch {
     /// Whether the watch delivered the Lease's state and has not failed since.
     pub(in crate::elector) fn synced(&self) -> bool {
-        matches!(
-            self,
-            Watch::Open {
-                sync: Sync::Synced,
-                ..
-            }
-        )
+        matches!(self, Watch::Open { sync, .. } if *sync == Sync::Synced)
+    }
+
+    /// An open watch on `stream`, nothing delivered yet; `reopens`: see [`Watch::Open`].
+    pub(in crate::elector) fn open(stream: WatchStream, reopens: Option<ExponentialBackoff>) -> Self {
+        Watch::Open {
+            stream,
+            sync: Sync::Listing,
+            reopens,
+        }
     }
 
     /// The next item of an open watch; never, without one.
@@ -172,11 +175,7 @@ impl Watch {
             && let Watch::Closed { reopens, .. } = std::mem::replace(self, Watch::Off)
         {
             debug!("opening the lease watch again");
-            *self = Watch::Open {
-                stream: open(),
-                sync: Sync::Listing,
-                reopens: Some(reopens),
-            };
+            *self = Watch::open(open(), Some(reopens));
         }
     }
 }
@@ -184,8 +183,7 @@ impl Watch {
 impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         // Every poll: a watch that was forbidden or ended may be back.
-        let api = &self.inner.api;
-        self.watch.reopen_if_due(|| api.watch());
+        self.watch.reopen_if_due(|| self.inner.api.watch());
         let result = self.inner.api.get(bound).await;
         if let Ok(lease) = &result {
             self.needs_read = false;
