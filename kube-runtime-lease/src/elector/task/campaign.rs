@@ -202,11 +202,9 @@ impl Task {
     /// lease duration when we created it), and any hold a term of ours on the
     /// same object already had.
     pub(in crate::elector) fn hold_for(&mut self, lease: &Lease, created: bool) -> Option<Instant> {
-        let until = self.hold_ahead(lease.metadata.uid.as_ref(), created);
-        if let Some(until) = until {
-            self.memory.hold = Some((lease.metadata.uid.clone(), until));
-        }
-        until
+        let until = self.hold_ahead(lease.metadata.uid.as_ref(), created)?;
+        self.memory.hold = Some((lease.metadata.uid.clone(), until));
+        Some(until)
     }
 
     /// The creation hold a term beginning now on the object `uid` would have
@@ -235,8 +233,7 @@ impl Task {
         // A random number in `[0, 1]`.
         let bits = u32::try_from(crate::config::random_u64() >> 32).unwrap_or(u32::MAX);
         let unit_random = f64::from(bits) / f64::from(u32::MAX);
-        self.config()
-            .retry_period
-            .mul_f64(1.0 + unit_random * JITTER_FACTOR)
+        let period = self.config().retry_period;
+        period.mul_f64(1.0 + unit_random * JITTER_FACTOR)
     }
 }

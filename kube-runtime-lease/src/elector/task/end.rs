@@ -34,10 +34,8 @@ impl Task {
         }
         if term.stopped_work() {
             let cfg = &self.inner.config;
-            let until = record::later(
-                Instant::now(),
-                cfg.lease_duration.saturating_sub(cfg.renew_deadline),
-            );
+            let margin = cfg.lease_duration.saturating_sub(cfg.renew_deadline);
+            let until = record::later(Instant::now(), margin);
             memory.stopped_until = memory.stopped_until.max(Some(until));
         }
         let stopped_until = memory.stopped_until.filter(|u| *u > Instant::now());
@@ -84,8 +82,7 @@ impl Task {
     /// conflict (the Lease modified between the read and the write) is
     /// retried once after a fresh read, as client-go does.
     pub(in crate::elector) async fn release(&mut self, until: Instant) -> Result<()> {
-        let mut attempt = 0;
-        loop {
+        for attempt in 0..2 {
             let left = until.saturating_duration_since(Instant::now());
             let Some(mut lease) = self.get(left).await? else {
                 return Ok(());
@@ -108,10 +105,11 @@ impl Task {
                 }
                 Err(e) if e.is_conflict() && attempt == 0 => {
                     debug!("the release conflicted; re-reading the lease");
-                    attempt += 1;
                 }
                 Err(e) => return Err(e),
             }
         }
+        // Not reached: the second attempt returns, whatever the answer.
+        Ok(())
     }
 }

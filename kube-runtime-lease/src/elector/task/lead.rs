@@ -78,11 +78,7 @@ impl Task {
         let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.update_view((*lease).clone(), sent);
-        let tolerated = lease
-            .spec
-            .as_ref()
-            .and_then(record::preferred_holder)
-            .map(str::to_owned);
+        let tolerated = lease.spec.as_ref().and_then(record::preferred_holder);
         // A Lease has no version once deleted and `create` has no
         // precondition, so the leader of a deleted incarnation may still
         // believe it leads: its last renewal was sent before the deletion.
@@ -104,7 +100,7 @@ impl Task {
             term,
             id,
             phase,
-            tolerated,
+            tolerated: tolerated.map(str::to_owned),
             cached: *lease,
             caught_up: false,
         };
@@ -226,8 +222,7 @@ impl Task {
             return Ok(());
         }
         // An item that shows the Lease leaves the view `Missing` or `Known`.
-        let foreign = object.as_ref().is_none_or(|object| !run.id.matches(object));
-        if !foreign {
+        if object.as_ref().is_some_and(|object| run.id.matches(object)) {
             if run.caught_up
                 && let Some(object) = object
             {
@@ -276,9 +271,7 @@ impl Task {
             // passed) keeps waiting, for the next term.
             for tx in std::mem::take(&mut state.waiters) {
                 match LeaseGuard::of(term, self.inner.wake.clone()) {
-                    Some(guard) => {
-                        let _ = tx.send(guard);
-                    }
+                    Some(guard) => drop(tx.send(guard)),
                     None => state.waiters.push(tx),
                 }
             }
