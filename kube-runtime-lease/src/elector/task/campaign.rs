@@ -64,10 +64,9 @@ impl Task {
     /// much as is left of the hold, so that a candidate that only ever sees
     /// our record does not take it before the hold ends.
     pub(in crate::elector) fn seconds_to_write(&self, hold: Option<Instant>) -> i32 {
-        let ours = self.config().lease_duration_seconds();
         let left = hold.map_or(Duration::ZERO, |h| h.saturating_duration_since(Instant::now()));
         let left = i32::try_from(left.as_secs() + u64::from(left.subsec_nanos() > 0)).unwrap_or(i32::MAX);
-        ours.max(left)
+        self.config().lease_duration_seconds().max(left)
     }
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
@@ -130,14 +129,13 @@ impl Task {
         let prev_transitions = prev.map(|p| p.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0));
         let transitions = self.memory.next_transitions(prev_transitions);
         let token = self.memory.token_for(prev.map(record::token_of), transitions);
-        let spec = record::taken(
+        lease.spec = Some(record::taken(
             lease.spec.as_ref(),
             &self.config().identity,
             self.seconds_to_write(hold),
             transitions,
             record::now(),
-        );
-        lease.spec = Some(spec);
+        ));
         record::set_token(lease, token);
     }
 
@@ -163,7 +161,7 @@ impl Task {
         } else {
             self.inner.api.replace(&lease, bound).await
         };
-        let lease = match result {
+        let lease = Box::new(match result {
             Ok(written) => written,
             // Someone else won the race, unless the write was ours after all
             // (applied, answered 504 and retried by the client, whose retry
@@ -189,12 +187,8 @@ impl Task {
                 self.needs_read |= e.status() == Some(404);
                 return Err(e);
             }
-        };
-        Ok(Attempt::Won(Won {
-            lease: Box::new(lease),
-            sent,
-            created,
-        }))
+        });
+        Ok(Attempt::Won(Won { lease, sent, created }))
     }
 
     /// The creation hold for a term beginning on `lease`: until the previous

@@ -155,18 +155,11 @@ impl Watch {
     /// ended may be served again.
     fn close(&mut self, now: Instant) {
         let mut reopens = match std::mem::replace(self, Watch::Off) {
-            Watch::Open {
-                reopens: Some(reopens),
-                ..
-            }
-            | Watch::Closed { reopens, .. } => reopens,
+            Watch::Open { reopens: Some(r), .. } | Watch::Closed { reopens: r, .. } => r,
             _ => reopen_backoff(),
         };
-        let wait = reopens.next().unwrap_or(WATCH_REOPEN_MAX);
-        *self = Watch::Closed {
-            reopen_at: now + wait,
-            reopens,
-        };
+        let reopen_at = now + reopens.next().unwrap_or(WATCH_REOPEN_MAX);
+        *self = Watch::Closed { reopen_at, reopens };
     }
 
     /// Opens the watch again once its backoff has passed.
