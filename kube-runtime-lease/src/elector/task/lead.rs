@@ -256,26 +256,25 @@ impl Task {
     /// shutdown began (`Withheld`): no guard, status or observer may see a
     /// term then.
     fn begin_term(&mut self, term: &Arc<Term>, uid: Option<&str>) -> Phase {
-        {
-            let mut state = self.inner.lock();
-            if state.shutdown {
-                info!("won the lease as the shutdown began: not leading, releasing it");
-                return Phase::Withheld;
-            }
-            // Status first, so that subscribers agree with a guard as soon as
-            // it is handed out; under the lock, so that a shutdown beginning
-            // now sets it back after this.
-            self.inner.update_status(|s| s.is_leader = true);
-            state.term = Some(term.clone());
-            // A waiter that cannot get a guard (the renew deadline already
-            // passed) keeps waiting, for the next term.
-            for tx in std::mem::take(&mut state.waiters) {
-                match LeaseGuard::of(term, self.inner.wake.clone()) {
-                    Some(guard) => drop(tx.send(guard)),
-                    None => state.waiters.push(tx),
-                }
+        let mut state = self.inner.lock();
+        if state.shutdown {
+            info!("won the lease as the shutdown began: not leading, releasing it");
+            return Phase::Withheld;
+        }
+        // Status first, so that subscribers agree with a guard as soon as
+        // it is handed out; under the lock, so that a shutdown beginning
+        // now sets it back after this.
+        self.inner.update_status(|s| s.is_leader = true);
+        state.term = Some(term.clone());
+        // A waiter that cannot get a guard (the renew deadline already
+        // passed) keeps waiting, for the next term.
+        for tx in std::mem::take(&mut state.waiters) {
+            match LeaseGuard::of(term, self.inner.wake.clone()) {
+                Some(guard) => drop(tx.send(guard)),
+                None => state.waiters.push(tx),
             }
         }
+        drop(state);
         self.inner.observers.tell(Transition::Leading(true));
         info!(
             fencing_token = term.token,
