@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{debug, info};
 
@@ -64,10 +64,9 @@ impl Task {
     /// much as is left of the hold, so that a candidate that only ever sees
     /// our record does not take it before the hold ends.
     pub(in crate::elector) fn seconds_to_write(&self, hold: Option<Instant>) -> i32 {
-        let ours = self.config().lease_duration_seconds();
         let left = hold.map_or(Duration::ZERO, |h| h.saturating_duration_since(Instant::now()));
         let left = i32::try_from(left.as_secs() + u64::from(left.subsec_nanos() > 0)).unwrap_or(i32::MAX);
-        ours.max(left)
+        self.config().lease_duration_seconds().max(left)
     }
 
     pub(in crate::elector) async fn try_acquire(&mut self) -> Result<Attempt> {
@@ -94,11 +93,10 @@ impl Task {
             // never retried without a wait.
             LeaseView::Unknown => Ok(Attempt::WaitUntil(now + self.jittered_retry())),
             LeaseView::Missing => {
-                let hold = self.hold_ahead(None, true);
                 // The namespace is the request's (the API server sets it).
                 let mut lease = Lease::default();
                 lease.metadata.name = Some(cfg.name.clone());
-                self.begin_record(&mut lease, None, self.seconds_to_write(hold));
+                self.begin_record(&mut lease, None);
                 self.write_to_acquire(lease, true).await
             }
             LeaseView::Known { observed, object } => {
@@ -107,22 +105,15 @@ impl Task {
                     own_term: self.memory.is_ours(object),
                     fallback: cfg.lease_duration,
                 };
-                match rule(observed, asker, now) {
-                    Verdict::WaitUntil(until) => Ok(Attempt::WaitUntil(until)),
-                    Verdict::Take => {
-                        let mut lease = (**object).clone();
-                        lease.spec = Some(observed.spec.clone());
-                        // During a hold, the duration covers its rest, as
-                        // every write of the hold does.
-                        let hold = self.hold_ahead(object.metadata.uid.as_ref(), false);
-                        self.begin_record(&mut lease, Some(object), self.seconds_to_write(hold));
-                        lease
-                            .metadata
-                            .resource_version
-                            .clone_from(&observed.resource_version);
-                        self.write_to_acquire(lease, false).await
-                    }
+                if let Verdict::WaitUntil(until) = rule(observed, asker, now) {
+                    return Ok(Attempt::WaitUntil(until));
                 }
+                let mut lease = (**object).clone();
+                lease.spec = Some(observed.spec.clone());
+                self.begin_record(&mut lease, Some(object));
+                let version = &mut lease.metadata.resource_version;
+                version.clone_from(&observed.resource_version);
+                self.write_to_acquire(lease, false).await
             }
         }
     }
@@ -131,88 +122,73 @@ impl Task {
     /// creating the Lease): a new acquisition of its record (`lease.spec`),
     /// with transitions above any seen on the name, and a fencing token above
     /// any seen or handed out, stored on the Lease.
-    fn begin_record(&self, lease: &mut Lease, prev: Option<&Lease>, seconds: i32) {
+    fn begin_record(&self, lease: &mut Lease, prev: Option<&Lease>) {
+        // During a hold, the duration covers its rest, as every write of the
+        // hold does.
+        let hold = self.hold_ahead(prev.and_then(|p| p.metadata.uid.as_ref()), prev.is_none());
         let prev_transitions = prev.map(|p| p.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0));
         let transitions = self.memory.next_transitions(prev_transitions);
         let token = self.memory.token_for(prev.map(record::token_of), transitions);
-        let spec = record::taken(
+        lease.spec = Some(record::taken(
             lease.spec.as_ref(),
             &self.config().identity,
-            seconds,
+            self.seconds_to_write(hold),
             transitions,
             record::now(),
-        );
-        lease.spec = Some(spec);
+        ));
         record::set_token(lease, token);
     }
 
     /// Sends the write that acquires: `create` for a missing Lease, else
     /// `replace` with the resourceVersion read, with the configured Lease
     /// metadata. A lost race (409) is checked
-    /// with a read ([`after_conflict`](Self::after_conflict)). A `replace`
+    /// with a read (see below). A `replace`
     /// answered 404 is an error like any other, retried after a jittered retry
     /// period and a fresh read: the API server answers a replace of a deleted Lease with
     /// 409 (its uid is the precondition), so a 404 here comes from something
     /// in front of it, and retrying at once would be a loop without a delay
     /// while reads succeed.
-    async fn write_to_acquire(&mut self, lease: Lease, create: bool) -> Result<Attempt> {
+    async fn write_to_acquire(&mut self, lease: Lease, created: bool) -> Result<Attempt> {
         // The configured labels, annotations and owner; the rest is kept.
         let lease = self.config().extras.prepare(lease);
         let bound = self.config().renew_deadline;
-        if !create {
+        if !created {
             self.memory.sent_takeover.clone_from(&lease.spec);
         }
         let sent = Instant::now();
-        let result = if create {
+        let result = if created {
             self.inner.api.create(&lease, bound).await
         } else {
             self.inner.api.replace(&lease, bound).await
         };
-        match result {
-            Ok(written) => Ok(Attempt::Won(Won {
-                lease: Box::new(written),
-                sent,
-                created: create,
-            })),
+        let lease = Box::new(match result {
+            Ok(written) => written,
+            // Someone else won the race, unless the write was ours after all
+            // (applied, answered 504 and retried by the client, whose retry
+            // met our own write). A read tells: the record is exactly the one
+            // sent.
             Err(e) if e.is_conflict() => {
-                let spec = lease.spec.unwrap_or_default();
-                self.after_conflict(&spec, sent, create).await
-            }
-            Err(e) if e.status() == Some(404) => {
                 self.needs_read = true;
-                Err(e)
+                let spec = lease.spec.unwrap_or_default();
+                match self.get(bound.saturating_sub(sent.elapsed())).await {
+                    Ok(Some(read)) if read.spec.as_ref().is_some_and(|s| record::same_write(s, &spec)) => {
+                        info!(
+                            "the write answered with a conflict had been applied (a retried request): it was ours"
+                        );
+                        read
+                    }
+                    _ => {
+                        debug!("lost the race to acquire the lease");
+                        return Ok(Attempt::WaitUntil(Instant::now() + self.jittered_retry()));
+                    }
+                }
             }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// A write to acquire was answered 409: someone else won the race, unless
-    /// the write was ours after all (applied, answered 504 and retried by the
-    /// client, whose retry met our own write). A read tells: the record is
-    /// exactly the one sent.
-    pub(in crate::elector) async fn after_conflict(
-        &mut self,
-        sent_spec: &LeaseSpec,
-        sent: Instant,
-        created: bool,
-    ) -> Result<Attempt> {
-        self.needs_read = true;
-        let bound = self.config().renew_deadline.saturating_sub(sent.elapsed());
-        if let Ok(Some(lease)) = self.get(bound).await
-            && lease
-                .spec
-                .as_ref()
-                .is_some_and(|spec| record::same_write(spec, sent_spec))
-        {
-            info!("the write answered with a conflict had been applied (a retried request): it was ours");
-            return Ok(Attempt::Won(Won {
-                lease: Box::new(lease),
-                sent,
-                created,
-            }));
-        }
-        debug!("lost the race to acquire the lease");
-        Ok(Attempt::WaitUntil(Instant::now() + self.jittered_retry()))
+            Err(e) => {
+                self.needs_read |= e.status() == Some(404);
+                return Err(e);
+            }
+        });
+        Ok(Attempt::Won(Won { lease, sent, created }))
     }
 
     /// The creation hold for a term beginning on `lease`: until the previous
@@ -220,11 +196,9 @@ impl Task {
     /// lease duration when we created it), and any hold a term of ours on the
     /// same object already had.
     pub(in crate::elector) fn hold_for(&mut self, lease: &Lease, created: bool) -> Option<Instant> {
-        let until = self.hold_ahead(lease.metadata.uid.as_ref(), created);
-        if let Some(until) = until {
-            self.memory.hold = Some((lease.metadata.uid.clone(), until));
-        }
-        until
+        let until = self.hold_ahead(lease.metadata.uid.as_ref(), created)?;
+        self.memory.hold = Some((lease.metadata.uid.clone(), until));
+        Some(until)
     }
 
     /// The creation hold a term beginning now on the object `uid` would have
@@ -236,13 +210,12 @@ impl Task {
             return None;
         }
         let now = Instant::now();
-        let memory = &self.memory;
         let until = if created {
-            Some(memory.creation_hold(now, cfg.lease_duration))
+            Some(self.memory.creation_hold(now, cfg.lease_duration))
         } else {
-            memory.risk_until.filter(|t| *t > now)
+            self.memory.risk_until.filter(|t| *t > now)
         };
-        match &memory.hold {
+        match &self.memory.hold {
             Some((held_uid, held)) if held_uid.as_ref() == uid && *held > now => until.max(Some(*held)),
             _ => until,
         }
@@ -254,8 +227,7 @@ impl Task {
         // A random number in `[0, 1]`.
         let bits = u32::try_from(crate::config::random_u64() >> 32).unwrap_or(u32::MAX);
         let unit_random = f64::from(bits) / f64::from(u32::MAX);
-        self.config()
-            .retry_period
-            .mul_f64(1.0 + unit_random * JITTER_FACTOR)
+        let period = self.config().retry_period;
+        period.mul_f64(1.0 + unit_random * JITTER_FACTOR)
     }
 }

@@ -19,10 +19,8 @@ impl Task {
         term.lose(reason);
         self.inner.lock().term.take_if(|t| Arc::ptr_eq(t, term));
         if run.phase == super::lead::Phase::Leading {
-            self.inner.observers.tell(Transition::TermEnded {
-                reason,
-                uid: run.cached.metadata.uid.as_deref(),
-            });
+            let uid = run.cached.metadata.uid.as_deref();
+            self.inner.observers.tell(Transition::TermEnded { reason, uid });
         }
         let memory = &mut self.memory;
         if matches!(reason, Lost::TakenOver { holder } if *holder == self.inner.config.identity) {
@@ -34,10 +32,8 @@ impl Task {
         }
         if term.stopped_work() {
             let cfg = &self.inner.config;
-            let until = record::later(
-                Instant::now(),
-                cfg.lease_duration.saturating_sub(cfg.renew_deadline),
-            );
+            let margin = cfg.lease_duration.saturating_sub(cfg.renew_deadline);
+            let until = record::later(Instant::now(), margin);
             memory.stopped_until = memory.stopped_until.max(Some(until));
         }
         let stopped_until = memory.stopped_until.filter(|u| *u > Instant::now());
@@ -72,11 +68,7 @@ impl Task {
             Ok(())
         } else {
             let until = record::later(Instant::now(), self.config().release_timeout);
-            let result = self.release(until).await;
-            if let Err(e) = &result {
-                self.log_error("releasing the lease", e);
-            }
-            result
+            (self.release(until).await).inspect_err(|e| self.log_error("releasing the lease", e))
         };
         self.needs_read = true;
         result
@@ -88,10 +80,9 @@ impl Task {
     /// conflict (the Lease modified between the read and the write) is
     /// retried once after a fresh read, as client-go does.
     pub(in crate::elector) async fn release(&mut self, until: Instant) -> Result<()> {
-        let mut attempt = 0;
-        loop {
+        for attempt in 0..2 {
             let left = until.saturating_duration_since(Instant::now());
-            let Some(lease) = self.get(left).await? else {
+            let Some(mut lease) = self.get(left).await? else {
                 return Ok(());
             };
             if !self.memory.is_last_term(&lease) {
@@ -101,11 +92,10 @@ impl Task {
                 );
                 return Ok(());
             }
-            let spec = lease.spec.clone().unwrap_or_default();
-            let mut next = lease;
-            next.spec = Some(record::released(&spec, record::now()));
+            let spec = lease.spec.take().unwrap_or_default();
+            lease.spec = Some(record::released(&spec, record::now()));
             let left = until.saturating_duration_since(Instant::now());
-            match self.inner.api.replace(&next, left).await {
+            match self.inner.api.replace(&lease, left).await {
                 Ok(released) => {
                     self.update_view(released, Instant::now());
                     info!("released lease");
@@ -113,10 +103,11 @@ impl Task {
                 }
                 Err(e) if e.is_conflict() && attempt == 0 => {
                     debug!("the release conflicted; re-reading the lease");
-                    attempt += 1;
                 }
                 Err(e) => return Err(e),
             }
         }
+        // Not reached: the second attempt returns, whatever the answer.
+        Ok(())
     }
 }

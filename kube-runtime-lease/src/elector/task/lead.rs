@@ -21,14 +21,9 @@ use crate::{
 /// The loss of a term whose Lease now holds `lease`, someone else's record
 /// (its holder is `""` when someone else wrote it free).
 fn taken_over(lease: &Lease) -> Lost {
-    Lost::TakenOver {
-        holder: lease
-            .spec
-            .as_ref()
-            .and_then(record::holder)
-            .unwrap_or_default()
-            .to_owned(),
-    }
+    let holder = lease.spec.as_ref().and_then(record::holder).unwrap_or_default();
+    let holder = holder.to_owned();
+    Lost::TakenOver { holder }
 }
 
 /// Where a term is.
@@ -83,11 +78,7 @@ impl Task {
         let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.update_view((*lease).clone(), sent);
-        let tolerated = lease
-            .spec
-            .as_ref()
-            .and_then(record::preferred_holder)
-            .map(str::to_owned);
+        let tolerated = lease.spec.as_ref().and_then(record::preferred_holder);
         // A Lease has no version once deleted and `create` has no
         // precondition, so the leader of a deleted incarnation may still
         // believe it leads: its last renewal was sent before the deletion.
@@ -95,17 +86,12 @@ impl Task {
         let phase = match self.hold_for(&lease, created) {
             Some(until) => {
                 let left = until.saturating_duration_since(Instant::now());
-                if created {
-                    info!(
-                        ?left,
-                        "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
-                    );
+                let why = if created {
+                    "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
                 } else {
-                    info!(
-                        ?left,
-                        "holding the lease before leading: the holder of the object it replaced may still lead"
-                    );
-                }
+                    "holding the lease before leading: the holder of the object it replaced may still lead"
+                };
+                info!(?left, "{why}");
                 Phase::Holding { until }
             }
             None => self.begin_term(&term, lease.metadata.uid.as_deref()),
@@ -114,7 +100,7 @@ impl Task {
             term,
             id,
             phase,
-            tolerated,
+            tolerated: tolerated.map(str::to_owned),
             cached: *lease,
             caught_up: false,
         };
@@ -212,11 +198,7 @@ impl Task {
     }
 
     /// A watch event while leading.
-    pub(in crate::elector) async fn on_watch_event(
-        &mut self,
-        run: &mut TermRun,
-        item: Option<WatchItem>,
-    ) -> Result<(), Lost> {
+    async fn on_watch_event(&mut self, run: &mut TermRun, item: Option<WatchItem>) -> Result<(), Lost> {
         // Only an item that shows the Lease (or its absence) says what the
         // watch delivered; after a failure or the end of the watch the last
         // object observed may be our own write's answer, which the watch has
@@ -240,8 +222,7 @@ impl Task {
             return Ok(());
         }
         // An item that shows the Lease leaves the view `Missing` or `Known`.
-        let foreign = object.as_ref().is_none_or(|object| !run.id.matches(object));
-        if !foreign {
+        if object.as_ref().is_some_and(|object| run.id.matches(object)) {
             if run.caught_up
                 && let Some(object) = object
             {
@@ -275,28 +256,25 @@ impl Task {
     /// shutdown began (`Withheld`): no guard, status or observer may see a
     /// term then.
     fn begin_term(&mut self, term: &Arc<Term>, uid: Option<&str>) -> Phase {
-        {
-            let mut state = self.inner.lock();
-            if state.shutdown {
-                info!("won the lease as the shutdown began: not leading, releasing it");
-                return Phase::Withheld;
-            }
-            // Status first, so that subscribers agree with a guard as soon as
-            // it is handed out; under the lock, so that a shutdown beginning
-            // now sets it back after this.
-            self.inner.update_status(|s| s.is_leader = true);
-            state.term = Some(term.clone());
-            // A waiter that cannot get a guard (the renew deadline already
-            // passed) keeps waiting, for the next term.
-            for tx in std::mem::take(&mut state.waiters) {
-                match LeaseGuard::of(term, self.inner.wake.clone()) {
-                    Some(guard) => {
-                        let _ = tx.send(guard);
-                    }
-                    None => state.waiters.push(tx),
-                }
+        let mut state = self.inner.lock();
+        if state.shutdown {
+            info!("won the lease as the shutdown began: not leading, releasing it");
+            return Phase::Withheld;
+        }
+        // Status first, so that subscribers agree with a guard as soon as
+        // it is handed out; under the lock, so that a shutdown beginning
+        // now sets it back after this.
+        self.inner.update_status(|s| s.is_leader = true);
+        state.term = Some(term.clone());
+        // A waiter that cannot get a guard (the renew deadline already
+        // passed) keeps waiting, for the next term.
+        for tx in std::mem::take(&mut state.waiters) {
+            match LeaseGuard::of(term, self.inner.wake.clone()) {
+                Some(guard) => drop(tx.send(guard)),
+                None => state.waiters.push(tx),
             }
         }
+        drop(state);
         self.inner.observers.tell(Transition::Leading(true));
         info!(
             fencing_token = term.token,
@@ -312,11 +290,7 @@ impl Task {
     /// another process may share it; see `Memory::is_last_term`), which
     /// then becomes the cached object; `None` if the read failed (logged as
     /// `what`).
-    pub(in crate::elector) async fn reread(
-        &mut self,
-        run: &mut TermRun,
-        what: &str,
-    ) -> Option<Result<(), Lost>> {
+    pub(super) async fn reread(&mut self, run: &mut TermRun, what: &str) -> Option<Result<(), Lost>> {
         let left = run.term.deadline().saturating_duration_since(Instant::now());
         match self.get(left).await {
             Ok(None) => Some(Err(Lost::Deleted)),

@@ -124,11 +124,7 @@ pub(in crate::elector) struct Task {
 impl Task {
     pub(in crate::elector) fn new(inner: Arc<Inner>) -> Self {
         let watch = if inner.config.watch {
-            Watch::Open {
-                stream: inner.api.watch(),
-                sync: view::Sync::Listing,
-                reopens: None,
-            }
+            Watch::open(inner.api.watch(), None)
         } else {
             Watch::Off
         };

@@ -33,16 +33,14 @@ impl Task {
             // write, if it lands, carries the old resourceVersion and cannot
             // overwrite the release (which reads first).
             let inner = self.inner.clone();
-            let written = {
-                let mut write = std::pin::pin!(inner.api.replace(&lease, term.deadline() - sent).fuse());
-                loop {
-                    futures::select_biased! {
-                        written = write => break written,
-                        () = inner.wake.notified().fuse() => if term.lost().is_some() {
-                            debug!("the term ended during a renewal: not waiting for its answer");
-                            return Ok(());
-                        },
-                    }
+            let mut write = std::pin::pin!(inner.api.replace(&lease, term.deadline() - sent).fuse());
+            let written = loop {
+                futures::select_biased! {
+                    written = write => break written,
+                    () = inner.wake.notified().fuse() => if term.lost().is_some() {
+                        debug!("the term ended during a renewal: not waiting for its answer");
+                        return Ok(());
+                    },
                 }
             };
             match written {

@@ -85,13 +85,16 @@ pub(in crate::elector) enum Step {
 impl Watch {
     /// Whether the watch delivered the Lease's state and has not failed since.
     pub(in crate::elector) fn synced(&self) -> bool {
-        matches!(
-            self,
-            Watch::Open {
-                sync: Sync::Synced,
-                ..
-            }
-        )
+        matches!(self, Watch::Open { sync, .. } if *sync == Sync::Synced)
+    }
+
+    /// An open watch on `stream`, nothing delivered yet; `reopens`: see [`Watch::Open`].
+    pub(in crate::elector) fn open(stream: WatchStream, reopens: Option<ExponentialBackoff>) -> Self {
+        Watch::Open {
+            stream,
+            sync: Sync::Listing,
+            reopens,
+        }
     }
 
     /// The next item of an open watch; never, without one.
@@ -152,18 +155,11 @@ impl Watch {
     /// ended may be served again.
     fn close(&mut self, now: Instant) {
         let mut reopens = match std::mem::replace(self, Watch::Off) {
-            Watch::Open {
-                reopens: Some(reopens),
-                ..
-            }
-            | Watch::Closed { reopens, .. } => reopens,
+            Watch::Open { reopens: Some(r), .. } | Watch::Closed { reopens: r, .. } => r,
             _ => reopen_backoff(),
         };
-        let wait = reopens.next().unwrap_or(WATCH_REOPEN_MAX);
-        *self = Watch::Closed {
-            reopen_at: now + wait,
-            reopens,
-        };
+        let reopen_at = now + reopens.next().unwrap_or(WATCH_REOPEN_MAX);
+        *self = Watch::Closed { reopen_at, reopens };
     }
 
     /// Opens the watch again once its backoff has passed.
@@ -172,11 +168,7 @@ impl Watch {
             && let Watch::Closed { reopens, .. } = std::mem::replace(self, Watch::Off)
         {
             debug!("opening the lease watch again");
-            *self = Watch::Open {
-                stream: open(),
-                sync: Sync::Listing,
-                reopens: Some(reopens),
-            };
+            *self = Watch::open(open(), Some(reopens));
         }
     }
 }
@@ -184,8 +176,7 @@ impl Watch {
 impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         // Every poll: a watch that was forbidden or ended may be back.
-        let api = &self.inner.api;
-        self.watch.reopen_if_due(|| api.watch());
+        self.watch.reopen_if_due(|| self.inner.api.watch());
         let result = self.inner.api.get(bound).await;
         if let Ok(lease) = &result {
             self.needs_read = false;
