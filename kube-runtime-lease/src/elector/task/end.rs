@@ -80,7 +80,8 @@ impl Task {
     /// conflict (the Lease modified between the read and the write) is
     /// retried once after a fresh read, as client-go does.
     pub(in crate::elector) async fn release(&mut self, until: Instant) -> Result<()> {
-        for attempt in 0..2 {
+        let mut retried = false;
+        loop {
             let left = until.saturating_duration_since(Instant::now());
             let Some(mut lease) = self.get(left).await? else {
                 return Ok(());
@@ -101,13 +102,12 @@ impl Task {
                     info!("released lease");
                     return Ok(());
                 }
-                Err(e) if e.is_conflict() && attempt == 0 => {
+                Err(e) if e.is_conflict() && !retried => {
                     debug!("the release conflicted; re-reading the lease");
+                    retried = true;
                 }
                 Err(e) => return Err(e),
             }
         }
-        // Not reached: the second attempt returns, whatever the answer.
-        Ok(())
     }
 }
