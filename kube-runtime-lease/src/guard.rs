@@ -161,6 +161,32 @@ impl LeaseGuard {
             let _ = rx.await;
         }
     }
+
+    /// Ready once the renew deadline has passed, on this guard's own timer.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.term.is_timeless() {
+            // No deadline: the term ends only when it is lost (the sender).
+            return Poll::Pending;
+        }
+        loop {
+            let deadline = self.term.deadline();
+            if Instant::now() >= deadline {
+                return Poll::Ready(());
+            }
+            let timer = match &mut self.timer {
+                Some(timer) => timer,
+                // Outside a runtime with timers (a guard polled by hand), the
+                // elector task's wake-up is all there is.
+                None if tokio::runtime::Handle::try_current().is_err() => return Poll::Pending,
+                None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            };
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            ready!(timer.as_mut().poll(cx));
+            // Renewed since the timer was set: set it again.
+        }
+    }
 }
 
 impl std::fmt::Debug for LeaseGuard {
@@ -197,34 +223,6 @@ impl Future for LeaseGuard {
             // than a panic.
             Poll::Ready(Err(oneshot::Canceled)) => self.term.lost().unwrap_or(Lost::ElectorStopped),
         })
-    }
-}
-
-impl LeaseGuard {
-    /// Ready once the renew deadline has passed, on this guard's own timer.
-    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.term.is_timeless() {
-            // No deadline: the term ends only when it is lost (the sender).
-            return Poll::Pending;
-        }
-        loop {
-            let deadline = self.term.deadline();
-            if Instant::now() >= deadline {
-                return Poll::Ready(());
-            }
-            let timer = match &mut self.timer {
-                Some(timer) => timer,
-                // Outside a runtime with timers (a guard polled by hand), the
-                // elector task's wake-up is all there is.
-                None if tokio::runtime::Handle::try_current().is_err() => return Poll::Pending,
-                None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
-            };
-            if timer.deadline() != deadline {
-                timer.as_mut().reset(deadline);
-            }
-            ready!(timer.as_mut().poll(cx));
-            // Renewed since the timer was set: set it again.
-        }
     }
 }
 

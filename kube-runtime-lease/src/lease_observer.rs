@@ -79,10 +79,9 @@ impl LeaseObserver {
                         continue;
                     }
                 };
-                let spec = seen.and_then(|l| l.spec);
                 tx.send_if_modified(|s| {
                     let before = s.clone();
-                    s.observe(spec.as_ref());
+                    s.observe(seen.and_then(|l| l.spec).as_ref());
                     *s != before
                 });
             }

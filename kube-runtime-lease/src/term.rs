@@ -137,10 +137,8 @@ impl Term {
         if !self.holds() {
             return false;
         }
-        self.deadline_nanos.store(
-            nanos_after(self.base, sent_at + renew_deadline),
-            Ordering::Release,
-        );
+        let deadline = nanos_after(self.base, sent_at + renew_deadline);
+        self.deadline_nanos.store(deadline, Ordering::Release);
         inner.last_renewal = sent_at;
         true
     }

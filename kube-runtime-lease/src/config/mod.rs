@@ -231,9 +231,8 @@ impl LeaseConfig {
         // The extras' part, waited like the grace: the `LeaseCandidate`'s
         // deletion (coordinated).
         let grace = grace.saturating_add(self.extras.shutdown_bound());
-        let campaign = self.renew_deadline.saturating_mul(2);
         grace
-            .saturating_add(campaign)
+            .saturating_add(self.renew_deadline.saturating_mul(2))
             .saturating_add(self.release_timeout)
             .saturating_add(self.retry_period)
     }
@@ -285,20 +284,13 @@ impl LeaseConfig {
             (Field::RetryPeriod, self.retry_period),
             (Field::ReleaseTimeout, self.release_timeout),
         ];
-        for (field, value) in durations {
-            if value.is_zero() {
-                return Err(ConfigError::NotPositive(field));
-            }
+        if let Some(&(field, _)) = durations.iter().find(|(_, value)| value.is_zero()) {
+            return Err(ConfigError::NotPositive(field));
         }
         // The lease duration has rules of its own (whole `int32` seconds).
-        for (field, value) in durations.into_iter().skip(1) {
-            if value > MAX_DURATION {
-                return Err(ConfigError::TooLong {
-                    field,
-                    value,
-                    max: MAX_DURATION,
-                });
-            }
+        if let Some(&(field, value)) = durations[1..].iter().find(|(_, value)| *value > MAX_DURATION) {
+            let max = MAX_DURATION;
+            return Err(ConfigError::TooLong { field, value, max });
         }
         if self.identity.is_empty() {
             return Err(ConfigError::EmptyIdentity);
@@ -335,13 +327,10 @@ pub fn unique_identity() -> String {
         .into_iter()
         .find_map(|var| std::env::var(var).ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned());
-    let mut bits = random_u64();
-    let suffix: String = (0..8)
-        .map(|_| {
-            let letter = b'a' + u8::try_from(bits % 26).unwrap_or(0);
-            bits /= 26;
-            char::from(letter)
-        })
+    // Eight base-26 digits of one random number, as letters.
+    let suffix: String = std::iter::successors(Some(random_u64()), |bits| Some(bits / 26))
+        .take(8)
+        .map(|bits| char::from(b'a' + u8::try_from(bits % 26).unwrap_or(0)))
         .collect();
     format!("{pod}_{suffix}")
 }
