@@ -57,8 +57,7 @@ impl LeaseGuard {
     /// in a loop would spin on it instead of waiting for the next term).
     /// `wake` wakes the elector task when the guard is dropped.
     pub(crate) fn of(term: &Arc<Term>, wake: Arc<Notify>) -> Option<Self> {
-        let rx = term.join()?;
-        Some(LeaseGuard {
+        term.join().map(|rx| LeaseGuard {
             term: term.clone(),
             wake,
             rx,

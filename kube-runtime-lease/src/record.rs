@@ -24,10 +24,9 @@ pub(crate) fn preferred_holder(spec: &LeaseSpec) -> Option<&str> {
 /// this candidate's own configured duration: treating it as zero (as client-go
 /// does) would let anyone take over a held Lease at once.
 pub(crate) fn lease_duration(spec: &LeaseSpec, fallback: Duration) -> Duration {
-    match spec.lease_duration_seconds {
-        Some(s) if s > 0 => Duration::from_secs(s.unsigned_abs().into()),
-        _ => fallback,
-    }
+    spec.lease_duration_seconds
+        .filter(|s| *s > 0)
+        .map_or(fallback, |s| Duration::from_secs(s.unsigned_abs().into()))
 }
 
 /// Now, to the microsecond: what the API stores of a `MicroTime`, so that a
