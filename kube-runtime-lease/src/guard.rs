@@ -111,7 +111,7 @@ impl LeaseGuard {
     pub fn time_left(&self) -> Duration {
         if self.term.has_ended() {
             Duration::ZERO
-        } else if self.term.is_timeless() {
+        } else if self.term.timeless {
             Duration::MAX
         } else {
             self.term.deadline().saturating_duration_since(Instant::now())
@@ -163,7 +163,7 @@ impl LeaseGuard {
 
     /// Ready once the renew deadline has passed, on this guard's own timer.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.term.is_timeless() {
+        if self.term.timeless {
             // No deadline: the term ends only when it is lost (the sender).
             return Poll::Pending;
         }

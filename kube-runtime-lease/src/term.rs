@@ -64,8 +64,9 @@ pub enum Lost {
 pub(crate) struct Term {
     /// The fencing token (see [`LeaseGuard::fencing_token`]).
     pub(crate) token: i64,
-    /// See [`Term::timeless`].
-    timeless: bool,
+    /// Whether the term has no renew deadline (the election is disabled; see
+    /// [`Term::timeless`]).
+    pub(crate) timeless: bool,
     inner: Mutex<TermInner>,
     /// Guards of this term not yet dropped.
     live: AtomicUsize,
@@ -264,11 +265,6 @@ impl Term {
         }
         // Else `tx` is dropped here and `rx` resolves at once.
         rx
-    }
-
-    /// Whether the term has no renew deadline (the election is disabled).
-    pub(crate) fn is_timeless(&self) -> bool {
-        self.timeless
     }
 
     /// A guard of this term was dropped: counted, its waiters woken, and the
