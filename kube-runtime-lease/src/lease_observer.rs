@@ -7,7 +7,7 @@ use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::debug;
 
-use crate::{ConfigError, LeaderStatus, config::check_lease};
+use crate::{ConfigError, LeaderStatus, config::names::check_lease};
 
 /// Follows who holds a Lease without ever campaigning: a dashboard, a CLI,
 /// or the webhook-only pods of an operator that want to know the leader.

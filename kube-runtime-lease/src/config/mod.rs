@@ -7,7 +7,6 @@ pub(crate) mod extras;
 pub(crate) mod names;
 
 pub use self::error::{ConfigError, Field};
-pub(crate) use self::names::check_lease;
 
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
@@ -301,7 +300,7 @@ impl LeaseConfig {
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
             return Err(ConfigError::LeaseDurationTooLong(self.lease_duration));
         }
-        check_lease(&self.namespace, &self.name)?;
+        names::check_lease(&self.namespace, &self.name)?;
         // A statement of its own: the upstream generator drops the extras' line.
         self.extras.validate(&self.identity)?;
         Ok(())
