@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use futures::channel::oneshot;
+use futures::{FutureExt, channel::oneshot};
 use tokio::{sync::Notify, time::Instant};
 
 use crate::term::{Lost, Term};
@@ -155,10 +155,7 @@ impl LeaseGuard {
     /// without holding the guard: for
     /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
     pub fn lost_signal(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
-        let rx = self.term.subscribe();
-        async move {
-            let _ = rx.await;
-        }
+        self.term.subscribe().map(drop)
     }
 
     /// Ready once the renew deadline has passed, on this guard's own timer.
