@@ -5,19 +5,17 @@ use super::ConfigError;
 /// Checks the Lease `namespace/name` as the API server would: the namespace
 /// a DNS-1123 label, the name a DNS-1123 subdomain.
 pub(crate) fn check_lease(namespace: &str, name: &str) -> Result<(), ConfigError> {
-    if let Some(rule) = dns1123_label(namespace) {
-        return Err(ConfigError::InvalidNamespace {
+    match (dns1123_label(namespace), dns1123_subdomain(name)) {
+        (Some(rule), _) => Err(ConfigError::InvalidNamespace {
             value: namespace.to_owned(),
             rule,
-        });
-    }
-    if let Some(rule) = dns1123_subdomain(name) {
-        return Err(ConfigError::InvalidName {
+        }),
+        (None, Some(rule)) => Err(ConfigError::InvalidName {
             value: name.to_owned(),
             rule,
-        });
+        }),
+        (None, None) => Ok(()),
     }
-    Ok(())
 }
 
 /// The rule `part` breaks as a DNS-1123 label (a namespace, or one
