@@ -128,15 +128,13 @@ impl ApiError {
 
     /// The RBAC verb a 401/403 answer shows to be missing.
     pub(crate) fn forbidden_verb(&self) -> Option<&'static str> {
-        if !matches!(self.status(), Some(401 | 403)) {
-            return None;
-        }
-        match self {
-            ApiError::Get(_) => Some("get"),
-            ApiError::Create(_) => Some("create"),
-            ApiError::Replace(_) => Some("update"),
-            ApiError::Timeout { .. } => None,
-        }
+        let verb = match self {
+            ApiError::Get(_) => "get",
+            ApiError::Create(_) => "create",
+            ApiError::Replace(_) => "update",
+            ApiError::Timeout { .. } => return None,
+        };
+        matches!(self.status(), Some(401 | 403)).then_some(verb)
     }
 }
 
@@ -150,11 +148,9 @@ pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut text = self.0.to_string();
-        for e in std::iter::successors(self.0.source(), |e| e.source()) {
-            let message = e.to_string();
+        for message in std::iter::successors(self.0.source(), |e| e.source()).map(ToString::to_string) {
             if !text.contains(&message) {
-                text.push_str(": ");
-                text.push_str(&message);
+                text = format!("{text}: {message}");
             }
         }
         f.write_str(&text)

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use futures::channel::oneshot;
+use futures::{FutureExt, channel::oneshot};
 use tokio::{sync::Notify, time::Instant};
 
 use crate::term::{Lost, Term};
@@ -57,8 +57,7 @@ impl LeaseGuard {
     /// in a loop would spin on it instead of waiting for the next term).
     /// `wake` wakes the elector task when the guard is dropped.
     pub(crate) fn of(term: &Arc<Term>, wake: Arc<Notify>) -> Option<Self> {
-        let rx = term.join()?;
-        Some(LeaseGuard {
+        term.join().map(|rx| LeaseGuard {
             term: term.clone(),
             wake,
             rx,
@@ -112,7 +111,7 @@ impl LeaseGuard {
     pub fn time_left(&self) -> Duration {
         if self.term.has_ended() {
             Duration::ZERO
-        } else if self.term.is_timeless() {
+        } else if self.term.timeless {
             Duration::MAX
         } else {
             self.term.deadline().saturating_duration_since(Instant::now())
@@ -156,9 +155,32 @@ impl LeaseGuard {
     /// without holding the guard: for
     /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
     pub fn lost_signal(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
-        let rx = self.term.subscribe();
-        async move {
-            let _ = rx.await;
+        self.term.subscribe().map(drop)
+    }
+
+    /// Ready once the renew deadline has passed, on this guard's own timer.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.term.timeless {
+            // No deadline: the term ends only when it is lost (the sender).
+            return Poll::Pending;
+        }
+        loop {
+            let deadline = self.term.deadline();
+            if Instant::now() >= deadline {
+                return Poll::Ready(());
+            }
+            let timer = match &mut self.timer {
+                Some(timer) => timer,
+                // Outside a runtime with timers (a guard polled by hand), the
+                // elector task's wake-up is all there is.
+                None if tokio::runtime::Handle::try_current().is_err() => return Poll::Pending,
+                None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            };
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            ready!(timer.as_mut().poll(cx));
+            // Renewed since the timer was set: set it again.
         }
     }
 }
@@ -197,34 +219,6 @@ impl Future for LeaseGuard {
             // than a panic.
             Poll::Ready(Err(oneshot::Canceled)) => self.term.lost().unwrap_or(Lost::ElectorStopped),
         })
-    }
-}
-
-impl LeaseGuard {
-    /// Ready once the renew deadline has passed, on this guard's own timer.
-    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.term.is_timeless() {
-            // No deadline: the term ends only when it is lost (the sender).
-            return Poll::Pending;
-        }
-        loop {
-            let deadline = self.term.deadline();
-            if Instant::now() >= deadline {
-                return Poll::Ready(());
-            }
-            let timer = match &mut self.timer {
-                Some(timer) => timer,
-                // Outside a runtime with timers (a guard polled by hand), the
-                // elector task's wake-up is all there is.
-                None if tokio::runtime::Handle::try_current().is_err() => return Poll::Pending,
-                None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
-            };
-            if timer.deadline() != deadline {
-                timer.as_mut().reset(deadline);
-            }
-            ready!(timer.as_mut().poll(cx));
-            // Renewed since the timer was set: set it again.
-        }
     }
 }
 

@@ -7,7 +7,7 @@ use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::debug;
 
-use crate::{ConfigError, LeaderStatus, config::check_lease};
+use crate::{ConfigError, LeaderStatus, config::names::check_lease};
 
 /// Follows who holds a Lease without ever campaigning: a dashboard, a CLI,
 /// or the webhook-only pods of an operator that want to know the leader.
@@ -57,7 +57,7 @@ impl LeaseObserver {
         let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = watcher(api, config).default_backoff().boxed();
         let task = tokio::spawn(async move {
-            // Whether the re-list under way has shown the Lease yet.
+            // Whether the Lease was shown since the last re-list began.
             let mut listed = false;
             while let Some(event) = events.next().await {
                 let seen = match event {
@@ -65,11 +65,11 @@ impl LeaseObserver {
                         listed = false;
                         continue;
                     }
-                    Ok(watcher::Event::InitApply(lease)) => {
+                    // (Between a re-list's `Init` and `InitDone`, the watcher sends only `InitApply`.)
+                    Ok(watcher::Event::InitApply(lease) | watcher::Event::Apply(lease)) => {
                         listed = true;
                         Some(lease)
                     }
-                    Ok(watcher::Event::Apply(lease)) => Some(lease),
                     // The Lease does not exist (any more).
                     Ok(watcher::Event::Delete(_)) => None,
                     Ok(watcher::Event::InitDone) if !listed => None,
@@ -79,10 +79,9 @@ impl LeaseObserver {
                         continue;
                     }
                 };
-                let spec = seen.and_then(|l| l.spec);
                 tx.send_if_modified(|s| {
                     let before = s.clone();
-                    s.observe(spec.as_ref());
+                    s.observe(seen.and_then(|l| l.spec).as_ref());
                     *s != before
                 });
             }

@@ -24,10 +24,9 @@ pub(crate) fn preferred_holder(spec: &LeaseSpec) -> Option<&str> {
 /// this candidate's own configured duration: treating it as zero (as client-go
 /// does) would let anyone take over a held Lease at once.
 pub(crate) fn lease_duration(spec: &LeaseSpec, fallback: Duration) -> Duration {
-    match spec.lease_duration_seconds {
-        Some(s) if s > 0 => Duration::from_secs(s.unsigned_abs().into()),
-        _ => fallback,
-    }
+    spec.lease_duration_seconds
+        .filter(|s| *s > 0)
+        .map_or(fallback, |s| Duration::from_secs(s.unsigned_abs().into()))
 }
 
 /// Now, to the microsecond: what the API stores of a `MicroTime`, so that a
@@ -181,6 +180,27 @@ pub(crate) fn released(prev: &LeaseSpec, now: Timestamp) -> LeaseSpec {
     next
 }
 
+/// What a candidate that does not lead should do about the record it observed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// Take it: free, expired, or already ours.
+    Take,
+    /// Wait: held by someone else (or reserved for a preferred holder) until the instant given.
+    WaitUntil(Instant),
+}
+
+/// The candidate a [`verdict`](Observed::verdict) is for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Asker<'a> {
+    /// Its identity.
+    pub(crate) identity: &'a str,
+    /// Whether the record observed is the record of its own term (see
+    /// [`TermId`]), not merely one naming its identity.
+    pub(crate) own_term: bool,
+    /// Its configured lease duration, for a record that carries none.
+    pub(crate) fallback: Duration,
+}
+
 /// The last record seen, and the local monotonic instant at which it was first
 /// seen unchanged. Expiry is judged from this alone, never from `renewTime`, so
 /// that clock offsets between nodes do not matter.
@@ -213,30 +233,7 @@ impl Observed {
             },
         }
     }
-}
 
-/// What a candidate that does not lead should do about the record it observed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Verdict {
-    /// Take it: free, expired, or already ours.
-    Take,
-    /// Wait: held by someone else (or reserved for a preferred holder) until the instant given.
-    WaitUntil(Instant),
-}
-
-/// The candidate a [`verdict`](Observed::verdict) is for.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Asker<'a> {
-    /// Its identity.
-    pub(crate) identity: &'a str,
-    /// Whether the record observed is the record of its own term (see
-    /// [`TermId`]), not merely one naming its identity.
-    pub(crate) own_term: bool,
-    /// Its configured lease duration, for a record that carries none.
-    pub(crate) fallback: Duration,
-}
-
-impl Observed {
     /// Decides whether `asker` may take this record at `now`.
     ///
     /// - A free Lease is taken at once, unless its `preferredHolder` names another
@@ -264,8 +261,7 @@ impl Observed {
         let after = |times: u32| after_unchanged(self, duration.saturating_mul(times), now);
         match (holder(spec), preferred_holder(spec)) {
             // Free, and reserved for nobody or for us.
-            (None, None) => Verdict::Take,
-            (None, Some(p)) if p == identity => Verdict::Take,
+            (None, p) if p.is_none_or(|p| p == identity) => Verdict::Take,
             // Our own term's record, its end marked for another candidate
             // (we stepped down, or should): as a third candidate would, we
             // give the preferred holder one lease duration after the record

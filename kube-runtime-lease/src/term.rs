@@ -64,8 +64,9 @@ pub enum Lost {
 pub(crate) struct Term {
     /// The fencing token (see [`LeaseGuard::fencing_token`]).
     pub(crate) token: i64,
-    /// See [`Term::timeless`].
-    timeless: bool,
+    /// Whether the term has no renew deadline (the election is disabled; see
+    /// [`Term::timeless`]).
+    pub(crate) timeless: bool,
     inner: Mutex<TermInner>,
     /// Guards of this term not yet dropped.
     live: AtomicUsize,
@@ -137,10 +138,8 @@ impl Term {
         if !self.holds() {
             return false;
         }
-        self.deadline_nanos.store(
-            nanos_after(self.base, sent_at + renew_deadline),
-            Ordering::Release,
-        );
+        let deadline = nanos_after(self.base, sent_at + renew_deadline);
+        self.deadline_nanos.store(deadline, Ordering::Release);
         inner.last_renewal = sent_at;
         true
     }
@@ -266,11 +265,6 @@ impl Term {
         }
         // Else `tx` is dropped here and `rx` resolves at once.
         rx
-    }
-
-    /// Whether the term has no renew deadline (the election is disabled).
-    pub(crate) fn is_timeless(&self) -> bool {
-        self.timeless
     }
 
     /// A guard of this term was dropped: counted, its waiters woken, and the

@@ -1,20 +1,17 @@
-//! What a [`LeaseConfig`] can get wrong.
+//! What a [`LeaseConfig`](crate::LeaseConfig) can get wrong.
 
 use std::time::Duration;
 
-#[cfg(doc)]
-use super::LeaseConfig;
-
-/// A setting of [`LeaseConfig`], as named in [`ConfigError`].
+/// A setting of [`LeaseConfig`](crate::LeaseConfig), as named in [`ConfigError`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Field {
-    /// [`LeaseConfig::lease_duration`].
+    /// [`LeaseConfig::lease_duration`](crate::LeaseConfig::lease_duration).
     LeaseDuration,
-    /// [`LeaseConfig::renew_deadline`].
+    /// [`LeaseConfig::renew_deadline`](crate::LeaseConfig::renew_deadline).
     RenewDeadline,
-    /// [`LeaseConfig::retry_period`].
+    /// [`LeaseConfig::retry_period`](crate::LeaseConfig::retry_period).
     RetryPeriod,
-    /// [`LeaseConfig::release_timeout`].
+    /// [`LeaseConfig::release_timeout`](crate::LeaseConfig::release_timeout).
     ReleaseTimeout,
 }
 
@@ -29,7 +26,7 @@ impl std::fmt::Display for Field {
     }
 }
 
-/// An invalid [`LeaseConfig`]: the field and the rule it breaks.
+/// An invalid [`LeaseConfig`](crate::LeaseConfig): the field and the rule it breaks.
 ///
 /// The first three messages are client-go's, word for word.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -71,8 +68,9 @@ pub enum ConfigError {
         /// The rule it breaks.
         rule: &'static str,
     },
-    /// A setting of Coordinated Leader Election ([`LeaseConfig::coordinated`])
-    /// the API server would refuse.
+    /// A setting of Coordinated Leader Election
+    /// ([`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated)) the API
+    /// server would refuse.
     #[cfg(feature = "coordinated")]
     #[error("coordinated leader election: {field} {value:?} is invalid: {rule}")]
     InvalidCoordinated {
@@ -92,7 +90,7 @@ pub enum ConfigError {
         /// The rule it breaks.
         rule: &'static str,
     },
-    /// A label ([`LeaseConfig::label`]) the API server would refuse.
+    /// A label ([`LeaseConfig::label`](crate::LeaseConfig::label)) the API server would refuse.
     #[cfg(feature = "lease-metadata")]
     #[error("label {key:?}={value:?} is invalid: {rule}")]
     InvalidLabel {
@@ -107,8 +105,9 @@ pub enum ConfigError {
     #[cfg(feature = "unstable-shards")]
     #[error("a sharded election needs at least one shard")]
     NoShards,
-    /// An annotation ([`LeaseConfig::annotation`]) the API server would refuse,
-    /// or one under the key reserved for the fencing token.
+    /// An annotation ([`LeaseConfig::annotation`](crate::LeaseConfig::annotation))
+    /// the API server would refuse, or one under the key reserved for the
+    /// fencing token.
     #[cfg(feature = "lease-metadata")]
     #[error("annotation {key:?} is invalid: {rule}")]
     InvalidAnnotation {
@@ -117,7 +116,9 @@ pub enum ConfigError {
         /// The rule it breaks.
         rule: &'static str,
     },
-    /// The owner reference ([`LeaseConfig::owner_reference`]) lacks a field.
+    /// The owner reference
+    /// ([`LeaseConfig::owner_reference`](crate::LeaseConfig::owner_reference))
+    /// lacks a field.
     #[cfg(feature = "lease-metadata")]
     #[error("owner reference: {field} must not be empty")]
     InvalidOwnerReference {

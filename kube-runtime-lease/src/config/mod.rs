@@ -7,7 +7,6 @@ pub(crate) mod extras;
 pub(crate) mod names;
 
 pub use self::error::{ConfigError, Field};
-pub(crate) use self::names::check_lease;
 
 /// client-go's `JitterFactor`: acquisition retries wait `retry_period * (1 + rand * 1.2)`.
 pub(crate) const JITTER_FACTOR: f64 = 1.2;
@@ -66,6 +65,21 @@ pub struct LeaseConfig {
 // Every field compares fully (`OwnerReference`'s `PartialEq` included).
 impl Eq for LeaseConfig {}
 
+/// The builder's setters: each sets the field of its name, by value, and
+/// returns the settings.
+macro_rules! setters {
+    ($($(#[$attr:meta])* fn $name:ident($arg:ident: $ty:ty);)*) => {
+        $(
+            $(#[$attr])*
+            #[must_use]
+            pub fn $name(mut self, $arg: $ty) -> Self {
+                self.$name = $arg;
+                self
+            }
+        )*
+    };
+}
+
 impl LeaseConfig {
     /// Settings for the Lease `namespace/name`, campaigning as `identity`, with
     /// client-go's default timings.
@@ -90,112 +104,82 @@ impl LeaseConfig {
         }
     }
 
-    /// How long others wait, after they last saw the Lease change, before they
-    /// may take it over (default 15 s). Whole seconds, at least 1 s.
-    #[must_use]
-    pub fn lease_duration(mut self, duration: Duration) -> Self {
-        self.lease_duration = duration;
-        self
-    }
+    setters! {
+        /// How long others wait, after they last saw the Lease change, before they
+        /// may take it over (default 15 s). Whole seconds, at least 1 s.
+        fn lease_duration(duration: Duration);
 
-    /// How long the leader keeps retrying a renewal before it gives up
-    /// (default 10 s). Counted from the instant before the last successful
-    /// renewal was sent.
-    #[must_use]
-    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
-        self.renew_deadline = deadline;
-        self
-    }
+        /// How long the leader keeps retrying a renewal before it gives up
+        /// (default 10 s). Counted from the instant before the last successful
+        /// renewal was sent.
+        fn renew_deadline(deadline: Duration);
 
-    /// The renewal cadence of the leader and the retry cadence of candidates
-    /// (default 2 s).
-    #[must_use]
-    pub fn retry_period(mut self, period: Duration) -> Self {
-        self.retry_period = period;
-        self
-    }
+        /// The renewal cadence of the leader and the retry cadence of candidates
+        /// (default 2 s).
+        fn retry_period(period: Duration);
 
-    /// Whether the leader releases the Lease when leadership is given up
-    /// voluntarily: every guard dropped, or the guarded stream ended (default
-    /// `true`, like client-go's `ReleaseOnCancel`). A released Lease is taken
-    /// over by a standby at once instead of after `lease_duration`.
-    #[must_use]
-    pub fn release_on_drop(mut self, release: bool) -> Self {
-        self.release_on_drop = release;
-        self
-    }
+        /// Whether the leader releases the Lease when leadership is given up
+        /// voluntarily: every guard dropped, or the guarded stream ended (default
+        /// `true`, like client-go's `ReleaseOnCancel`). A released Lease is taken
+        /// over by a standby at once instead of after `lease_duration`.
+        fn release_on_drop(release: bool);
 
-    /// The bound on the whole release (fetch and write) (default 5 s).
-    #[must_use]
-    pub fn release_timeout(mut self, timeout: Duration) -> Self {
-        self.release_timeout = timeout;
-        self
-    }
+        /// The bound on the whole release (fetch and write) (default 5 s).
+        fn release_timeout(timeout: Duration);
 
-    /// Whether candidates also watch the Lease (default `true`), so that a
-    /// release is acted on within one watch event and a leader learns of a
-    /// takeover at once. Without `watch`/`list` permission on Leases the
-    /// elector falls back to polling with one warning, and tries the watch
-    /// again with backoff (10 s, doubling up to 5 min); set this to `false`
-    /// to poll from the start.
-    #[must_use]
-    pub fn watch(mut self, watch: bool) -> Self {
-        self.watch = watch;
-        self
-    }
+        /// Whether candidates also watch the Lease (default `true`), so that a
+        /// release is acted on within one watch event and a leader learns of a
+        /// takeover at once. Without `watch`/`list` permission on Leases the
+        /// elector falls back to polling with one warning, and tries the watch
+        /// again with backoff (10 s, doubling up to 5 min); set this to `false`
+        /// to poll from the start.
+        fn watch(watch: bool);
 
-    /// Whether a Lease object that is new to this candidate is held before
-    /// anyone leads on it (default `true`): one lease duration after this
-    /// candidate created it, or as long as the holder of a deleted Lease of
-    /// the same name may still lead (the lease duration of its last record:
-    /// the longest seen since its holder last wrote it).
-    ///
-    /// What the hold protects against: a Lease deleted while it is held. Its
-    /// leader may be partitioned from the API server, so that it sees neither
-    /// the deletion nor the new object, and goes on leading until its renew
-    /// deadline; `create` has no precondition that could stop a new leader
-    /// meanwhile. With the hold, nobody leads the new object before that old
-    /// leader has given up. The cost: a fresh install (or a namespace made
-    /// for one test) waits one lease duration for its first leader, where
-    /// client-go leads at once.
-    ///
-    /// Turning it off is reasonable where nothing deletes a held Lease: a
-    /// fresh install, an end-to-end suite with a namespace per test, a demo.
-    /// Then a Lease this candidate creates is led at once, and a re-created
-    /// Lease is taken like any other record (a deleted Lease's leader that
-    /// cannot reach the API server may then act alongside the new one until
-    /// its renew deadline).
-    #[must_use]
-    pub fn creation_hold(mut self, hold: bool) -> Self {
-        self.creation_hold = hold;
-        self
-    }
+        /// Whether a Lease object that is new to this candidate is held before
+        /// anyone leads on it (default `true`): one lease duration after this
+        /// candidate created it, or as long as the holder of a deleted Lease of
+        /// the same name may still lead (the lease duration of its last record:
+        /// the longest seen since its holder last wrote it).
+        ///
+        /// What the hold protects against: a Lease deleted while it is held. Its
+        /// leader may be partitioned from the API server, so that it sees neither
+        /// the deletion nor the new object, and goes on leading until its renew
+        /// deadline; `create` has no precondition that could stop a new leader
+        /// meanwhile. With the hold, nobody leads the new object before that old
+        /// leader has given up. The cost: a fresh install (or a namespace made
+        /// for one test) waits one lease duration for its first leader, where
+        /// client-go leads at once.
+        ///
+        /// Turning it off is reasonable where nothing deletes a held Lease: a
+        /// fresh install, an end-to-end suite with a namespace per test, a demo.
+        /// Then a Lease this candidate creates is led at once, and a re-created
+        /// Lease is taken like any other record (a deleted Lease's leader that
+        /// cannot reach the API server may then act alongside the new one until
+        /// its renew deadline).
+        fn creation_hold(hold: bool);
 
-    /// Whether to run the election at all (default `true`): the off switch
-    /// behind a `--leader-elect=false` flag, for local runs and single-replica
-    /// installs.
-    ///
-    /// Disabled, the elector makes no API call (no Lease RBAC is needed) and
-    /// leads from the first [`acquire`](crate::LeaderElector::acquire) until
-    /// [`shutdown`](crate::LeaderElector::shutdown), with the same types, so
-    /// the application does not branch: guards and guarded streams never end
-    /// but with [`Lost::Shutdown`](crate::Lost::Shutdown), `is_leader` is true
-    /// until shutdown, `health_check` always passes, and the fencing token is
-    /// 0. Never disable it where several replicas run: each would lead.
-    ///
-    /// ```no_run
-    /// # fn doc(client: kube_client::Client, leader_elect: bool) -> Result<(), kube_runtime_lease::ConfigError> {
-    /// use kube_runtime_lease::{LeaderElector, LeaseConfig, unique_identity};
-    ///
-    /// let config = LeaseConfig::new("default", "my-controller", unique_identity()).enabled(leader_elect);
-    /// let elector = LeaderElector::new(client, config)?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn enabled(mut self, enabled: bool) -> Self {
-        self.enabled = enabled;
-        self
+        /// Whether to run the election at all (default `true`): the off switch
+        /// behind a `--leader-elect=false` flag, for local runs and single-replica
+        /// installs.
+        ///
+        /// Disabled, the elector makes no API call (no Lease RBAC is needed) and
+        /// leads from the first [`acquire`](crate::LeaderElector::acquire) until
+        /// [`shutdown`](crate::LeaderElector::shutdown), with the same types, so
+        /// the application does not branch: guards and guarded streams never end
+        /// but with [`Lost::Shutdown`](crate::Lost::Shutdown), `is_leader` is true
+        /// until shutdown, `health_check` always passes, and the fencing token is
+        /// 0. Never disable it where several replicas run: each would lead.
+        ///
+        /// ```no_run
+        /// # fn doc(client: kube_client::Client, leader_elect: bool) -> Result<(), kube_runtime_lease::ConfigError> {
+        /// use kube_runtime_lease::{LeaderElector, LeaseConfig, unique_identity};
+        ///
+        /// let config = LeaseConfig::new("default", "my-controller", unique_identity()).enabled(leader_elect);
+        /// let elector = LeaderElector::new(client, config)?;
+        /// # Ok(())
+        /// # }
+        /// ```
+        fn enabled(enabled: bool);
     }
 
     /// The longest [`LeaderElector::shutdown`](crate::LeaderElector::shutdown)`(grace)`
@@ -231,9 +215,8 @@ impl LeaseConfig {
         // The extras' part, waited like the grace: the `LeaseCandidate`'s
         // deletion (coordinated).
         let grace = grace.saturating_add(self.extras.shutdown_bound());
-        let campaign = self.renew_deadline.saturating_mul(2);
         grace
-            .saturating_add(campaign)
+            .saturating_add(self.renew_deadline.saturating_mul(2))
             .saturating_add(self.release_timeout)
             .saturating_add(self.retry_period)
     }
@@ -285,20 +268,13 @@ impl LeaseConfig {
             (Field::RetryPeriod, self.retry_period),
             (Field::ReleaseTimeout, self.release_timeout),
         ];
-        for (field, value) in durations {
-            if value.is_zero() {
-                return Err(ConfigError::NotPositive(field));
-            }
+        if let Some(&(field, _)) = durations.iter().find(|(_, value)| value.is_zero()) {
+            return Err(ConfigError::NotPositive(field));
         }
         // The lease duration has rules of its own (whole `int32` seconds).
-        for (field, value) in durations.into_iter().skip(1) {
-            if value > MAX_DURATION {
-                return Err(ConfigError::TooLong {
-                    field,
-                    value,
-                    max: MAX_DURATION,
-                });
-            }
+        if let Some(&(field, value)) = durations[1..].iter().find(|(_, value)| *value > MAX_DURATION) {
+            let max = MAX_DURATION;
+            return Err(ConfigError::TooLong { field, value, max });
         }
         if self.identity.is_empty() {
             return Err(ConfigError::EmptyIdentity);
@@ -309,7 +285,7 @@ impl LeaseConfig {
         if i32::try_from(self.lease_duration.as_secs()).is_err() {
             return Err(ConfigError::LeaseDurationTooLong(self.lease_duration));
         }
-        check_lease(&self.namespace, &self.name)?;
+        names::check_lease(&self.namespace, &self.name)?;
         // A statement of its own: the upstream generator drops the extras' line.
         self.extras.validate(&self.identity)?;
         Ok(())
@@ -335,13 +311,10 @@ pub fn unique_identity() -> String {
         .into_iter()
         .find_map(|var| std::env::var(var).ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "unknown".to_owned());
-    let mut bits = random_u64();
-    let suffix: String = (0..8)
-        .map(|_| {
-            let letter = b'a' + u8::try_from(bits % 26).unwrap_or(0);
-            bits /= 26;
-            char::from(letter)
-        })
+    // Eight base-26 digits of one random number, as letters.
+    let suffix: String = std::iter::successors(Some(random_u64()), |bits| Some(bits / 26))
+        .take(8)
+        .map(|bits| char::from(b'a' + u8::try_from(bits % 26).unwrap_or(0)))
         .collect();
     format!("{pod}_{suffix}")
 }

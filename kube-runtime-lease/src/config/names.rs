@@ -5,41 +5,45 @@ use super::ConfigError;
 /// Checks the Lease `namespace/name` as the API server would: the namespace
 /// a DNS-1123 label, the name a DNS-1123 subdomain.
 pub(crate) fn check_lease(namespace: &str, name: &str) -> Result<(), ConfigError> {
-    if let Some(rule) = dns1123_label(namespace) {
-        return Err(ConfigError::InvalidNamespace {
+    match (dns1123_label(namespace), dns1123_subdomain(name)) {
+        (Some(rule), _) => Err(ConfigError::InvalidNamespace {
             value: namespace.to_owned(),
             rule,
-        });
-    }
-    if let Some(rule) = dns1123_subdomain(name) {
-        return Err(ConfigError::InvalidName {
+        }),
+        (None, Some(rule)) => Err(ConfigError::InvalidName {
             value: name.to_owned(),
             rule,
-        });
+        }),
+        (None, None) => Ok(()),
     }
-    Ok(())
 }
 
-fn is_label_char(c: u8) -> bool {
-    c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'
+/// The rule `part` breaks as a DNS-1123 label (a namespace, or one
+/// dot-separated part of a subdomain), if any: `empty` and `chars` are the
+/// messages for an empty part and for a character outside the label's set.
+fn label_rule(part: &str, empty: &'static str, chars: &'static str) -> Option<&'static str> {
+    let b = part.as_bytes();
+    if b.is_empty() {
+        Some(empty)
+    } else if !b
+        .iter()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    {
+        Some(chars)
+    } else if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
+        Some("must start and end with an alphanumeric character")
+    } else {
+        None
+    }
 }
 
 /// `None` when `s` is a DNS-1123 label (RFC 1123, as Kubernetes checks namespaces).
 fn dns1123_label(s: &str) -> Option<&'static str> {
-    if s.is_empty() {
-        return Some("must not be empty");
-    }
     if s.len() > 63 {
         return Some("must be no more than 63 characters");
     }
-    let b = s.as_bytes();
-    if !b.iter().copied().all(is_label_char) {
-        return Some("must consist of lower case alphanumeric characters or '-'");
-    }
-    if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
-        return Some("must start and end with an alphanumeric character");
-    }
-    None
+    let chars = "must consist of lower case alphanumeric characters or '-'";
+    label_rule(s, "must not be empty", chars)
 }
 
 /// `None` when `s` is a DNS-1123 subdomain (as Kubernetes checks object names).
@@ -50,17 +54,7 @@ pub(crate) fn dns1123_subdomain(s: &str) -> Option<&'static str> {
     if s.len() > 253 {
         return Some("must be no more than 253 characters");
     }
-    for part in s.split('.') {
-        let b = part.as_bytes();
-        if b.is_empty() {
-            return Some("must not contain empty dot-separated parts");
-        }
-        if !b.iter().copied().all(is_label_char) {
-            return Some("must consist of lower case alphanumeric characters, '-' or '.'");
-        }
-        if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
-            return Some("must start and end with an alphanumeric character");
-        }
-    }
-    None
+    let chars = "must consist of lower case alphanumeric characters, '-' or '.'";
+    s.split('.')
+        .find_map(|part| label_rule(part, "must not contain empty dot-separated parts", chars))
 }

@@ -111,7 +111,7 @@ impl LeaderElector {
         // The term in force, unless it ended; the one term of a disabled
         // election (the only timeless one) renews nothing: never stuck.
         let term = self.inner.lock().term.clone();
-        let Some(term) = term.filter(|t| !t.is_timeless() && t.lost().is_none()) else {
+        let Some(term) = term.filter(|t| !t.timeless && t.lost().is_none()) else {
             return Ok(());
         };
         let since = term.last_renewal().elapsed();
