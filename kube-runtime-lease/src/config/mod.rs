@@ -65,21 +65,6 @@ pub struct LeaseConfig {
 // Every field compares fully (`OwnerReference`'s `PartialEq` included).
 impl Eq for LeaseConfig {}
 
-/// The builder's setters: each sets the field of its name, by value, and
-/// returns the settings.
-macro_rules! setters {
-    ($($(#[$attr:meta])* fn $name:ident($arg:ident: $ty:ty);)*) => {
-        $(
-            $(#[$attr])*
-            #[must_use]
-            pub fn $name(mut self, $arg: $ty) -> Self {
-                self.$name = $arg;
-                self
-            }
-        )*
-    };
-}
-
 impl LeaseConfig {
     /// Settings for the Lease `namespace/name`, campaigning as `identity`, with
     /// client-go's default timings.
@@ -104,82 +89,112 @@ impl LeaseConfig {
         }
     }
 
-    setters! {
-        /// How long others wait, after they last saw the Lease change, before they
-        /// may take it over (default 15 s). Whole seconds, at least 1 s.
-        fn lease_duration(duration: Duration);
+    /// How long others wait, after they last saw the Lease change, before they
+    /// may take it over (default 15 s). Whole seconds, at least 1 s.
+    #[must_use]
+    pub fn lease_duration(mut self, duration: Duration) -> Self {
+        self.lease_duration = duration;
+        self
+    }
 
-        /// How long the leader keeps retrying a renewal before it gives up
-        /// (default 10 s). Counted from the instant before the last successful
-        /// renewal was sent.
-        fn renew_deadline(deadline: Duration);
+    /// How long the leader keeps retrying a renewal before it gives up
+    /// (default 10 s). Counted from the instant before the last successful
+    /// renewal was sent.
+    #[must_use]
+    pub fn renew_deadline(mut self, deadline: Duration) -> Self {
+        self.renew_deadline = deadline;
+        self
+    }
 
-        /// The renewal cadence of the leader and the retry cadence of candidates
-        /// (default 2 s).
-        fn retry_period(period: Duration);
+    /// The renewal cadence of the leader and the retry cadence of candidates
+    /// (default 2 s).
+    #[must_use]
+    pub fn retry_period(mut self, period: Duration) -> Self {
+        self.retry_period = period;
+        self
+    }
 
-        /// Whether the leader releases the Lease when leadership is given up
-        /// voluntarily: every guard dropped, or the guarded stream ended (default
-        /// `true`, like client-go's `ReleaseOnCancel`). A released Lease is taken
-        /// over by a standby at once instead of after `lease_duration`.
-        fn release_on_drop(release: bool);
+    /// Whether the leader releases the Lease when leadership is given up
+    /// voluntarily: every guard dropped, or the guarded stream ended (default
+    /// `true`, like client-go's `ReleaseOnCancel`). A released Lease is taken
+    /// over by a standby at once instead of after `lease_duration`.
+    #[must_use]
+    pub fn release_on_drop(mut self, release: bool) -> Self {
+        self.release_on_drop = release;
+        self
+    }
 
-        /// The bound on the whole release (fetch and write) (default 5 s).
-        fn release_timeout(timeout: Duration);
+    /// The bound on the whole release (fetch and write) (default 5 s).
+    #[must_use]
+    pub fn release_timeout(mut self, timeout: Duration) -> Self {
+        self.release_timeout = timeout;
+        self
+    }
 
-        /// Whether candidates also watch the Lease (default `true`), so that a
-        /// release is acted on within one watch event and a leader learns of a
-        /// takeover at once. Without `watch`/`list` permission on Leases the
-        /// elector falls back to polling with one warning, and tries the watch
-        /// again with backoff (10 s, doubling up to 5 min); set this to `false`
-        /// to poll from the start.
-        fn watch(watch: bool);
+    /// Whether candidates also watch the Lease (default `true`), so that a
+    /// release is acted on within one watch event and a leader learns of a
+    /// takeover at once. Without `watch`/`list` permission on Leases the
+    /// elector falls back to polling with one warning, and tries the watch
+    /// again with backoff (10 s, doubling up to 5 min); set this to `false`
+    /// to poll from the start.
+    #[must_use]
+    pub fn watch(mut self, watch: bool) -> Self {
+        self.watch = watch;
+        self
+    }
 
-        /// Whether a Lease object that is new to this candidate is held before
-        /// anyone leads on it (default `true`): one lease duration after this
-        /// candidate created it, or as long as the holder of a deleted Lease of
-        /// the same name may still lead (the lease duration of its last record:
-        /// the longest seen since its holder last wrote it).
-        ///
-        /// What the hold protects against: a Lease deleted while it is held. Its
-        /// leader may be partitioned from the API server, so that it sees neither
-        /// the deletion nor the new object, and goes on leading until its renew
-        /// deadline; `create` has no precondition that could stop a new leader
-        /// meanwhile. With the hold, nobody leads the new object before that old
-        /// leader has given up. The cost: a fresh install (or a namespace made
-        /// for one test) waits one lease duration for its first leader, where
-        /// client-go leads at once.
-        ///
-        /// Turning it off is reasonable where nothing deletes a held Lease: a
-        /// fresh install, an end-to-end suite with a namespace per test, a demo.
-        /// Then a Lease this candidate creates is led at once, and a re-created
-        /// Lease is taken like any other record (a deleted Lease's leader that
-        /// cannot reach the API server may then act alongside the new one until
-        /// its renew deadline).
-        fn creation_hold(hold: bool);
+    /// Whether a Lease object that is new to this candidate is held before
+    /// anyone leads on it (default `true`): one lease duration after this
+    /// candidate created it, or as long as the holder of a deleted Lease of
+    /// the same name may still lead (the lease duration of its last record:
+    /// the longest seen since its holder last wrote it).
+    ///
+    /// What the hold protects against: a Lease deleted while it is held. Its
+    /// leader may be partitioned from the API server, so that it sees neither
+    /// the deletion nor the new object, and goes on leading until its renew
+    /// deadline; `create` has no precondition that could stop a new leader
+    /// meanwhile. With the hold, nobody leads the new object before that old
+    /// leader has given up. The cost: a fresh install (or a namespace made
+    /// for one test) waits one lease duration for its first leader, where
+    /// client-go leads at once.
+    ///
+    /// Turning it off is reasonable where nothing deletes a held Lease: a
+    /// fresh install, an end-to-end suite with a namespace per test, a demo.
+    /// Then a Lease this candidate creates is led at once, and a re-created
+    /// Lease is taken like any other record (a deleted Lease's leader that
+    /// cannot reach the API server may then act alongside the new one until
+    /// its renew deadline).
+    #[must_use]
+    pub fn creation_hold(mut self, hold: bool) -> Self {
+        self.creation_hold = hold;
+        self
+    }
 
-        /// Whether to run the election at all (default `true`): the off switch
-        /// behind a `--leader-elect=false` flag, for local runs and single-replica
-        /// installs.
-        ///
-        /// Disabled, the elector makes no API call (no Lease RBAC is needed) and
-        /// leads from the first [`acquire`](crate::LeaderElector::acquire) until
-        /// [`shutdown`](crate::LeaderElector::shutdown), with the same types, so
-        /// the application does not branch: guards and guarded streams never end
-        /// but with [`Lost::Shutdown`](crate::Lost::Shutdown), `is_leader` is true
-        /// until shutdown, `health_check` always passes, and the fencing token is
-        /// 0. Never disable it where several replicas run: each would lead.
-        ///
-        /// ```no_run
-        /// # fn doc(client: kube_client::Client, leader_elect: bool) -> Result<(), kube_runtime_lease::ConfigError> {
-        /// use kube_runtime_lease::{LeaderElector, LeaseConfig, unique_identity};
-        ///
-        /// let config = LeaseConfig::new("default", "my-controller", unique_identity()).enabled(leader_elect);
-        /// let elector = LeaderElector::new(client, config)?;
-        /// # Ok(())
-        /// # }
-        /// ```
-        fn enabled(enabled: bool);
+    /// Whether to run the election at all (default `true`): the off switch
+    /// behind a `--leader-elect=false` flag, for local runs and single-replica
+    /// installs.
+    ///
+    /// Disabled, the elector makes no API call (no Lease RBAC is needed) and
+    /// leads from the first [`acquire`](crate::LeaderElector::acquire) until
+    /// [`shutdown`](crate::LeaderElector::shutdown), with the same types, so
+    /// the application does not branch: guards and guarded streams never end
+    /// but with [`Lost::Shutdown`](crate::Lost::Shutdown), `is_leader` is true
+    /// until shutdown, `health_check` always passes, and the fencing token is
+    /// 0. Never disable it where several replicas run: each would lead.
+    ///
+    /// ```no_run
+    /// # fn doc(client: kube_client::Client, leader_elect: bool) -> Result<(), kube_runtime_lease::ConfigError> {
+    /// use kube_runtime_lease::{LeaderElector, LeaseConfig, unique_identity};
+    ///
+    /// let config = LeaseConfig::new("default", "my-controller", unique_identity()).enabled(leader_elect);
+    /// let elector = LeaderElector::new(client, config)?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn enabled(mut self, enabled: bool) -> Self {
+        self.enabled = enabled;
+        self
     }
 
     /// The longest [`LeaderElector::shutdown`](crate::LeaderElector::shutdown)`(grace)`
