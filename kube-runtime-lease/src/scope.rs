@@ -134,10 +134,7 @@ impl<T: Send + 'static> TermTasks<T> {
     ///
     /// # Panics
     /// Outside a Tokio runtime, as [`tokio::spawn`] does.
-    pub fn spawn<F>(&mut self, task: F) -> Result<AbortHandle, Lost>
-    where
-        F: Future<Output = T> + Send + 'static,
-    {
+    pub fn spawn<F: Future<Output = T> + Send + 'static>(&mut self, task: F) -> Result<AbortHandle, Lost> {
         let Some(guard) = LeaseGuard::of(&self.term, self.wake.clone()) else {
             return Err(self.term.over().unwrap_or(Lost::Shutdown));
         };

@@ -61,17 +61,15 @@ impl Future for Acquire {
                 // Before any change of state: polled outside a runtime (a
                 // programming error, as for `tokio::spawn`), this panics
                 // without leaving the elector waiting for a task that never ran.
-                let runtime = (!state.running).then(|| {
-                    tokio::runtime::Handle::try_current()
-                        .expect("`LeaderElector::acquire` must be polled within a Tokio runtime")
-                });
-                let (tx, rx) = oneshot::channel();
-                state.waiters.push(tx);
-                let spawn = runtime.map(|runtime| {
+                let spawn = (!state.running).then(|| {
+                    let runtime = tokio::runtime::Handle::try_current()
+                        .expect("`LeaderElector::acquire` must be polled within a Tokio runtime");
                     state.running = true;
                     state.spawned += 1;
                     (runtime, state.spawned)
                 });
+                let (tx, rx) = oneshot::channel();
+                state.waiters.push(tx);
                 (rx, spawn)
             };
             if let Some((runtime, n)) = spawn {

@@ -22,9 +22,8 @@ impl Inner {
             let begun = state.term.is_none();
             let term = state
                 .term
-                .get_or_insert_with(|| Arc::new(Term::timeless(0, Instant::now())))
-                .clone();
-            (term, begun)
+                .get_or_insert_with(|| Arc::new(Term::timeless(0, Instant::now())));
+            (term.clone(), begun)
         };
         // The term ends only with `shutdown`, which is checked above.
         let guard = LeaseGuard::of(&term, self.wake.clone()).ok_or(AcquireError::Shutdown)?;

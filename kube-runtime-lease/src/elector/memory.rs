@@ -146,8 +146,7 @@ impl Memory {
     /// one lease duration, or longer while the holder of an object that went
     /// away may still lead.
     pub(super) fn creation_hold(&self, now: Instant, lease_duration: Duration) -> Instant {
-        let ours = now + lease_duration;
-        self.risk_until.map_or(ours, |risk| risk.max(ours))
+        (now + lease_duration).max(self.risk_until.unwrap_or(now))
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with

@@ -72,11 +72,7 @@ impl LeaderElector {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn run_each_term<F, S>(&self, mut make: F) -> RunEnded
-    where
-        F: FnMut() -> S,
-        S: Stream,
-    {
+    pub async fn run_each_term<F: FnMut() -> S, S: Stream>(&self, mut make: F) -> RunEnded {
         let config = self.config();
         let builder = config.retry_backoff();
         let mut backoff = builder.build();
