@@ -135,9 +135,8 @@ impl<T: Send + 'static> TermTasks<T> {
     /// # Panics
     /// Outside a Tokio runtime, as [`tokio::spawn`] does.
     pub fn spawn<F: Future<Output = T> + Send + 'static>(&mut self, task: F) -> Result<AbortHandle, Lost> {
-        let Some(guard) = LeaseGuard::of(&self.term, self.wake.clone()) else {
-            return Err(self.term.over().unwrap_or(Lost::Shutdown));
-        };
+        let guard = LeaseGuard::of(&self.term, self.wake.clone());
+        let guard = guard.ok_or_else(|| self.term.over().unwrap_or(Lost::Shutdown))?;
         Ok(self.set.spawn(guard.while_holds(task)))
     }
 

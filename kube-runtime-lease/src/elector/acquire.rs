@@ -16,14 +16,8 @@ use crate::{error::AcquireError, guard::LeaseGuard};
 /// once this candidate leads.
 #[must_use = "futures do nothing unless polled"]
 pub struct Acquire {
-    inner: Arc<Inner>,
-    rx: Option<oneshot::Receiver<LeaseGuard>>,
-}
-
-impl Acquire {
-    pub(super) fn new(inner: Arc<Inner>) -> Self {
-        Acquire { inner, rx: None }
-    }
+    pub(super) inner: Arc<Inner>,
+    pub(super) rx: Option<oneshot::Receiver<LeaseGuard>>,
 }
 
 impl std::fmt::Debug for Acquire {

@@ -3,7 +3,7 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, api::PostParams};
 use kube_runtime::{WatchStreamExt, watcher};
@@ -100,11 +100,7 @@ impl LeaseApi {
         let contact = self.contact.clone();
         watcher::watch_object(self.api.clone(), &self.name)
             .default_backoff()
-            .inspect(move |item| {
-                if item.is_ok() {
-                    contact.reset();
-                }
-            })
+            .inspect_ok(move |_| contact.reset())
             .boxed()
     }
 }

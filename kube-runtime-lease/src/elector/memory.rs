@@ -167,10 +167,7 @@ impl Memory {
         [prev, self.max_token, self.last_token]
             .into_iter()
             .flatten()
-            .map(|t| t.saturating_add(1))
-            .chain([i64::from(transitions)])
-            .max()
-            .unwrap_or_default()
+            .fold(i64::from(transitions), |max, t| max.max(t.saturating_add(1)))
     }
 
     /// The fencing token of a term whose record carries `token`: strictly

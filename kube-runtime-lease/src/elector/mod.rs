@@ -19,7 +19,7 @@ use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt, channel::oneshot, future::Shared};
 use kube_client::{Api, Client};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
@@ -183,7 +183,10 @@ impl LeaderElector {
     /// The future panics if first polled outside a Tokio runtime: the elector
     /// spawns its background task on the runtime that polls it.
     pub fn acquire(&self) -> Acquire {
-        Acquire::new(self.inner.clone())
+        Acquire {
+            inner: self.inner.clone(),
+            rx: None,
+        }
     }
 
     /// A `Send + Sync + 'static` future that resolves once
@@ -297,11 +300,5 @@ impl LeaderElector {
         let state = self.inner.lock();
         let term = state.term.as_ref().filter(|_| !state.shutdown)?;
         LeaseGuard::of(term, self.inner.wake.clone())
-    }
-}
-
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock()
     }
 }

@@ -144,12 +144,9 @@ impl LeaderElector {
         if !self.inner.config.enabled || !self.inner.lock().running {
             return Ok(());
         }
-        let since = self.inner.api.contact.silence();
-        if since > max_silence {
-            return Err(HealthError::ApiSilent {
-                since,
-                limit: max_silence,
-            });
+        let (since, limit) = (self.inner.api.contact.silence(), max_silence);
+        if since > limit {
+            return Err(HealthError::ApiSilent { since, limit });
         }
         Ok(())
     }
