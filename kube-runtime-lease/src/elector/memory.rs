@@ -173,9 +173,7 @@ impl Memory {
     /// The fencing token of a term whose record carries `token`: strictly
     /// more than every token before it in this elector.
     pub(super) fn next_token(&mut self, token: i64) -> i64 {
-        let token = self
-            .last_token
-            .map_or(token, |last| last.saturating_add(1).max(token));
+        let token = token.max(self.last_token.map_or(token, |last| last.saturating_add(1)));
         self.last_token = Some(token);
         token
     }

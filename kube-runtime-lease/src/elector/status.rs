@@ -111,10 +111,8 @@ impl LeaderElector {
         // The term in force, unless it ended; the one term of a disabled
         // election (the only timeless one) renews nothing: never stuck.
         let term = self.inner.lock().term.clone();
-        let Some(term) = term.filter(|t| !t.is_timeless() && t.lost().is_none()) else {
-            return Ok(());
-        };
-        let since = term.last_renewal().elapsed();
+        let term = term.filter(|t| !t.is_timeless() && t.lost().is_none());
+        let since = term.map_or(Duration::ZERO, |t| t.last_renewal().elapsed());
         let limit = self.inner.config.lease_duration.saturating_add(tolerance);
         if since > limit {
             return Err(HealthError::RenewalOverdue { since, limit });
