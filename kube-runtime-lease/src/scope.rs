@@ -115,11 +115,8 @@ impl LeaseGuard {
     #[must_use]
     pub fn tasks<T: Send + 'static>(&self) -> TermTasks<T> {
         let (term, wake) = self.parts();
-        TermTasks {
-            term,
-            wake,
-            set: JoinSet::new(),
-        }
+        let set = JoinSet::new();
+        TermTasks { term, wake, set }
     }
 }
 

@@ -110,6 +110,7 @@ impl LeaderElector {
     pub fn health_check(&self, tolerance: Duration) -> Result<(), HealthError> {
         // The term in force, unless it ended; the one term of a disabled
         // election (the only timeless one) renews nothing: never stuck.
+        // Without such a term, no renewal is overdue (zero since).
         let term = self.inner.lock().term.clone();
         let term = term.filter(|t| !t.is_timeless() && t.lost().is_none());
         let since = term.map_or(Duration::ZERO, |t| t.last_renewal().elapsed());
