@@ -115,11 +115,8 @@ impl LeaseGuard {
     #[must_use]
     pub fn tasks<T: Send + 'static>(&self) -> TermTasks<T> {
         let (term, wake) = self.parts();
-        TermTasks {
-            term,
-            wake,
-            set: JoinSet::new(),
-        }
+        let set = JoinSet::new();
+        TermTasks { term, wake, set }
     }
 }
 
@@ -134,13 +131,9 @@ impl<T: Send + 'static> TermTasks<T> {
     ///
     /// # Panics
     /// Outside a Tokio runtime, as [`tokio::spawn`] does.
-    pub fn spawn<F>(&mut self, task: F) -> Result<AbortHandle, Lost>
-    where
-        F: Future<Output = T> + Send + 'static,
-    {
-        let Some(guard) = LeaseGuard::of(&self.term, self.wake.clone()) else {
-            return Err(self.term.over().unwrap_or(Lost::Shutdown));
-        };
+    pub fn spawn<F: Future<Output = T> + Send + 'static>(&mut self, task: F) -> Result<AbortHandle, Lost> {
+        let guard = LeaseGuard::of(&self.term, self.wake.clone());
+        let guard = guard.ok_or_else(|| self.term.over().unwrap_or(Lost::Shutdown))?;
         Ok(self.set.spawn(guard.while_holds(task)))
     }
 

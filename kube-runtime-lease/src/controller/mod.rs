@@ -58,10 +58,7 @@ impl<K> ControllerResource for K where
 
 /// Adds [`with_leader_election`](Self::with_leader_election) to
 /// [`Controller`](kube_runtime::Controller).
-pub trait LeaderElectionControllerExt<K>
-where
-    K: ControllerResource,
-{
+pub trait LeaderElectionControllerExt<K: ControllerResource> {
     /// Runs this controller only while `elector`'s candidate leads.
     ///
     /// Call it last, after every other builder method, then
@@ -147,10 +144,7 @@ where
     fn with_leader_election_warm(self, elector: &LeaderElector) -> warm::WarmController<K>;
 }
 
-impl<K> LeaderElectionControllerExt<K> for Controller<K>
-where
-    K: ControllerResource,
-{
+impl<K: ControllerResource> LeaderElectionControllerExt<K> for Controller<K> {
     fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K> {
         ControllerWithLeaderElection {
             controller: self,
@@ -171,18 +165,12 @@ where
 /// [`LeaderElectionControllerExt::with_leader_election`]. Start it with
 /// [`run`](Self::run).
 #[must_use = "call `run` to start the controller"]
-pub struct ControllerWithLeaderElection<K>
-where
-    K: ControllerResource,
-{
+pub struct ControllerWithLeaderElection<K: ControllerResource> {
     controller: Controller<K>,
     elector: LeaderElector,
 }
 
-impl<K> ControllerWithLeaderElection<K>
-where
-    K: ControllerResource,
-{
+impl<K: ControllerResource> ControllerWithLeaderElection<K> {
     /// [`Controller::run`], guarded by leadership: see
     /// [`WithLeaderElection`] for what happens when leadership is won and lost.
     pub fn run<ReconcilerFut, Ctx>(
@@ -203,10 +191,7 @@ where
     }
 }
 
-impl<K> std::fmt::Debug for ControllerWithLeaderElection<K>
-where
-    K: ControllerResource,
-{
+impl<K: ControllerResource> std::fmt::Debug for ControllerWithLeaderElection<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ControllerWithLeaderElection")
             .field("elector", &self.elector)

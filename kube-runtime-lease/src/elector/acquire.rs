@@ -16,14 +16,8 @@ use crate::{error::AcquireError, guard::LeaseGuard};
 /// once this candidate leads.
 #[must_use = "futures do nothing unless polled"]
 pub struct Acquire {
-    inner: Arc<Inner>,
-    rx: Option<oneshot::Receiver<LeaseGuard>>,
-}
-
-impl Acquire {
-    pub(super) fn new(inner: Arc<Inner>) -> Self {
-        Acquire { inner, rx: None }
-    }
+    pub(super) inner: Arc<Inner>,
+    pub(super) rx: Option<oneshot::Receiver<LeaseGuard>>,
 }
 
 impl std::fmt::Debug for Acquire {
@@ -42,38 +36,31 @@ impl Future for Acquire {
         let rx = if let Some(rx) = &mut this.rx {
             rx
         } else {
-            let (rx, spawn) = {
-                let mut state = this.inner.lock();
-                if state.shutdown {
-                    return Poll::Ready(Err(AcquireError::Shutdown));
-                }
-                if let Some(guard) = state
-                    .term
-                    .as_ref()
-                    .and_then(|t| LeaseGuard::of(t, this.inner.wake.clone()))
-                {
-                    return Poll::Ready(Ok(guard));
-                }
-                if !this.inner.config.enabled {
-                    drop(state);
-                    return Poll::Ready(this.inner.lead_unelected());
-                }
-                // Before any change of state: polled outside a runtime (a
-                // programming error, as for `tokio::spawn`), this panics
-                // without leaving the elector waiting for a task that never ran.
-                let runtime = (!state.running).then(|| {
-                    tokio::runtime::Handle::try_current()
-                        .expect("`LeaderElector::acquire` must be polled within a Tokio runtime")
-                });
-                let (tx, rx) = oneshot::channel();
-                state.waiters.push(tx);
-                let spawn = runtime.map(|runtime| {
-                    state.running = true;
-                    state.spawned += 1;
-                    (runtime, state.spawned)
-                });
-                (rx, spawn)
-            };
+            let mut state = this.inner.lock();
+            if state.shutdown {
+                return Poll::Ready(Err(AcquireError::Shutdown));
+            }
+            let wake = &this.inner.wake;
+            if let Some(guard) = state.term.as_ref().and_then(|t| LeaseGuard::of(t, wake.clone())) {
+                return Poll::Ready(Ok(guard));
+            }
+            if !this.inner.config.enabled {
+                drop(state);
+                return Poll::Ready(this.inner.lead_unelected());
+            }
+            // Before any change of state: polled outside a runtime (a
+            // programming error, as for `tokio::spawn`), this panics
+            // without leaving the elector waiting for a task that never ran.
+            let spawn = (!state.running).then(|| {
+                let runtime = tokio::runtime::Handle::try_current()
+                    .expect("`LeaderElector::acquire` must be polled within a Tokio runtime");
+                state.running = true;
+                state.spawned += 1;
+                (runtime, state.spawned)
+            });
+            let (tx, rx) = oneshot::channel();
+            state.waiters.push(tx);
+            drop(state);
             if let Some((runtime, n)) = spawn {
                 this.inner.spawn(&runtime, n);
             }

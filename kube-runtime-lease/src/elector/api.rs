@@ -3,9 +3,9 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube_client::{Api, Client, api::PostParams};
+use kube_client::{Api, api::PostParams};
 use kube_runtime::{WatchStreamExt, watcher};
 use parking_lot::Mutex;
 use tokio::time::Instant;
@@ -16,7 +16,7 @@ use crate::error::{ApiError, Result};
 /// The Lease named by the configuration, in its namespace.
 pub(super) struct LeaseApi {
     pub(super) api: Api<Lease>,
-    name: String,
+    pub(super) name: String,
     pub(super) contact: Arc<Contact>,
 }
 
@@ -42,14 +42,6 @@ impl Contact {
 }
 
 impl LeaseApi {
-    pub(super) fn new(client: Client, namespace: &str, name: &str) -> Self {
-        LeaseApi {
-            api: Api::namespaced(client, namespace),
-            name: name.to_owned(),
-            contact: Arc::default(),
-        }
-    }
-
     /// Sends one Lease request of `verb` (failing with [`ApiError::Timeout`]
     /// once `bound` passed, and with `wrap(e)` when it fails), and notes an
     /// answer of the API server's own: an object, or a `Status` below 500 (a
@@ -64,9 +56,8 @@ impl LeaseApi {
     ) -> Result<T> {
         let result = bounded(bound, fut, wrap, || ApiError::Timeout { verb, after: bound }).await;
         match &result {
-            Ok(_) => self.contact.reset(),
-            Err(e) if e.status().is_some_and(|s| s < 500) => self.contact.reset(),
-            Err(_) => {}
+            Err(e) if e.status().is_none_or(|s| s >= 500) => {}
+            _ => self.contact.reset(),
         }
         result
     }
@@ -109,11 +100,7 @@ impl LeaseApi {
         let contact = self.contact.clone();
         watcher::watch_object(self.api.clone(), &self.name)
             .default_backoff()
-            .inspect(move |item| {
-                if item.is_ok() {
-                    contact.reset();
-                }
-            })
+            .inspect_ok(move |_| contact.reset())
             .boxed()
     }
 }

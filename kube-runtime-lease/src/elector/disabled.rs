@@ -14,18 +14,14 @@ impl Inner {
     /// A guard of the one term of a disabled election, begun now if it has
     /// not begun yet.
     pub(super) fn lead_unelected(&self) -> Result<LeaseGuard, AcquireError> {
-        let (term, begun) = {
-            let mut state = self.lock();
-            if state.shutdown {
-                return Err(AcquireError::Shutdown);
-            }
-            let begun = state.term.is_none();
-            let term = state
-                .term
-                .get_or_insert_with(|| Arc::new(Term::timeless(0, Instant::now())))
-                .clone();
-            (term, begun)
-        };
+        let mut state = self.lock();
+        if state.shutdown {
+            return Err(AcquireError::Shutdown);
+        }
+        let begun = state.term.is_none();
+        let timeless = || Arc::new(Term::timeless(0, Instant::now()));
+        let term = state.term.get_or_insert_with(timeless).clone();
+        drop(state);
         // The term ends only with `shutdown`, which is checked above.
         let guard = LeaseGuard::of(&term, self.wake.clone()).ok_or(AcquireError::Shutdown)?;
         if begun {

@@ -146,8 +146,7 @@ impl Memory {
     /// one lease duration, or longer while the holder of an object that went
     /// away may still lead.
     pub(super) fn creation_hold(&self, now: Instant, lease_duration: Duration) -> Instant {
-        let ours = now + lease_duration;
-        self.risk_until.map_or(ours, |risk| risk.max(ours))
+        (now + lease_duration).max(self.risk_until.unwrap_or(now))
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with
@@ -168,18 +167,13 @@ impl Memory {
         [prev, self.max_token, self.last_token]
             .into_iter()
             .flatten()
-            .map(|t| t.saturating_add(1))
-            .chain([i64::from(transitions)])
-            .max()
-            .unwrap_or_default()
+            .fold(i64::from(transitions), |max, t| max.max(t.saturating_add(1)))
     }
 
     /// The fencing token of a term whose record carries `token`: strictly
     /// more than every token before it in this elector.
     pub(super) fn next_token(&mut self, token: i64) -> i64 {
-        let token = self
-            .last_token
-            .map_or(token, |last| last.saturating_add(1).max(token));
+        let token = token.max(self.last_token.map_or(token, |last| last.saturating_add(1)));
         self.last_token = Some(token);
         token
     }

@@ -18,8 +18,8 @@ mod tests;
 use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::{FutureExt, channel::oneshot, future::Shared};
-use kube_client::Client;
-use parking_lot::{Mutex, MutexGuard};
+use kube_client::{Api, Client};
+use parking_lot::Mutex;
 use tokio::{
     sync::{Notify, watch},
     task::JoinHandle,
@@ -133,13 +133,16 @@ impl LeaderElector {
         // election waits for the API server's first answer. (A line of its
         // own, with this comment: the upstream generator drops both.)
         let (config, state) = extras::set_up(config, state);
-        let api = LeaseApi::new(client, &config.namespace, &config.name);
         let (shutdown_tx, shutdown_rx) = oneshot::channel();
         Ok(LeaderElector {
             inner: Arc::new(Inner {
                 observers: Observers::default(),
+                api: LeaseApi {
+                    api: Api::namespaced(client, &config.namespace),
+                    name: config.name.clone(),
+                    contact: Arc::default(),
+                },
                 config,
-                api,
                 wake: Arc::new(Notify::new()),
                 state: Mutex::new(state),
                 task_ended: Notify::new(),
@@ -180,7 +183,10 @@ impl LeaderElector {
     /// The future panics if first polled outside a Tokio runtime: the elector
     /// spawns its background task on the runtime that polls it.
     pub fn acquire(&self) -> Acquire {
-        Acquire::new(self.inner.clone())
+        Acquire {
+            inner: self.inner.clone(),
+            rx: None,
+        }
     }
 
     /// A `Send + Sync + 'static` future that resolves once
@@ -240,9 +246,7 @@ impl LeaderElector {
             (state.task.take(), state.term.clone())
         };
         self.inner.update_status(|s| s.is_leader = false);
-        if let Some(tx) = self.inner.shutdown_tx.lock().take() {
-            let _ = tx.send(());
-        }
+        let _ = self.inner.shutdown_tx.lock().take().map(|tx| tx.send(()));
         info!(lease = %self.inner.config.name, "leader election shutting down");
         if let Some(term) = &term {
             term.guards_dropped(record::later(Instant::now(), grace)).await;
@@ -296,11 +300,5 @@ impl LeaderElector {
         let state = self.inner.lock();
         let term = state.term.as_ref().filter(|_| !state.shutdown)?;
         LeaseGuard::of(term, self.inner.wake.clone())
-    }
-}
-
-impl Inner {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock()
     }
 }

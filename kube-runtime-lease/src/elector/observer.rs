@@ -11,10 +11,7 @@ use crate::term::Lost;
 
 /// What the election tells its observers.
 #[derive(Clone, Copy, Debug)]
-#[allow(
-    dead_code,
-    reason = "read by the observers that the extras add: metrics and Events"
-)]
+#[allow(dead_code, reason = "read by the extras' observers: metrics and Events")]
 pub(crate) enum Transition<'a> {
     /// Whether this candidate leads now: `true` when a term begins (also with
     /// the election switched off), `false` when it ends or can no longer

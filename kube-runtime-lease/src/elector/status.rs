@@ -110,11 +110,10 @@ impl LeaderElector {
     pub fn health_check(&self, tolerance: Duration) -> Result<(), HealthError> {
         // The term in force, unless it ended; the one term of a disabled
         // election (the only timeless one) renews nothing: never stuck.
+        // Without such a term, no renewal is overdue (zero since).
         let term = self.inner.lock().term.clone();
-        let Some(term) = term.filter(|t| !t.timeless && t.lost().is_none()) else {
-            return Ok(());
-        };
-        let since = term.last_renewal().elapsed();
+        let term = term.filter(|t| !t.timeless && t.lost().is_none());
+        let since = term.map_or(Duration::ZERO, |t| t.last_renewal().elapsed());
         let limit = self.inner.config.lease_duration.saturating_add(tolerance);
         if since > limit {
             return Err(HealthError::RenewalOverdue { since, limit });
@@ -144,12 +143,9 @@ impl LeaderElector {
         if !self.inner.config.enabled || !self.inner.lock().running {
             return Ok(());
         }
-        let since = self.inner.api.contact.silence();
-        if since > max_silence {
-            return Err(HealthError::ApiSilent {
-                since,
-                limit: max_silence,
-            });
+        let (since, limit) = (self.inner.api.contact.silence(), max_silence);
+        if since > limit {
+            return Err(HealthError::ApiSilent { since, limit });
         }
         Ok(())
     }

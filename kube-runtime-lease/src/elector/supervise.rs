@@ -30,6 +30,11 @@ use super::{
 use crate::{error::Result, term::Lost};
 
 impl Inner {
+    /// The elector's state, locked.
+    pub(super) fn lock(&self) -> parking_lot::MutexGuard<'_, super::State> {
+        self.state.lock()
+    }
+
     /// Spawns the task numbered `n` (the caller marked it running, under the
     /// lock) on `runtime`, with the state unlocked: a runtime that is shutting
     /// down drops the future at once, and `Task`'s drop takes the lock. The
@@ -196,14 +201,13 @@ impl Task {
     /// decided under the lock: a waiter registering from then on finds no
     /// task and starts one. Whether it ended.
     pub(super) fn end(&mut self) -> bool {
-        {
-            let mut state = self.inner.lock();
-            if state.demand() == Demand::Wanted {
-                return false;
-            }
-            state.running = false;
-            state.memory = std::mem::take(&mut self.memory);
+        let mut state = self.inner.lock();
+        if state.demand() == Demand::Wanted {
+            return false;
         }
+        state.running = false;
+        state.memory = std::mem::take(&mut self.memory);
+        drop(state);
         self.ended = true;
         self.inner.task_ended.notify_waiters();
         true

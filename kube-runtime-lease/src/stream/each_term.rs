@@ -72,13 +72,8 @@ impl LeaderElector {
     /// # Ok(())
     /// # }
     /// ```
-    pub async fn run_each_term<F, S>(&self, mut make: F) -> RunEnded
-    where
-        F: FnMut() -> S,
-        S: Stream,
-    {
-        let config = self.config();
-        let builder = config.retry_backoff();
+    pub async fn run_each_term<F: FnMut() -> S, S: Stream>(&self, mut make: F) -> RunEnded {
+        let builder = self.config().retry_backoff();
         let mut backoff = builder.build();
         loop {
             let rejoined = Instant::now();
@@ -94,7 +89,7 @@ impl LeaderElector {
                 }
                 Some(Lost::Shutdown) => return RunEnded::Shutdown,
                 Some(lost) => {
-                    if rejoined.elapsed() > config.lease_duration {
+                    if rejoined.elapsed() > self.config().lease_duration {
                         backoff = builder.build();
                     }
                     if !self.wait_to_rejoin(&mut backoff, &lost).await {
