@@ -19,8 +19,10 @@ impl Task {
         term.lose(reason);
         self.inner.lock().term.take_if(|t| Arc::ptr_eq(t, term));
         if run.phase == super::lead::Phase::Leading {
-            let uid = run.cached.metadata.uid.as_deref();
-            self.inner.observers.tell(Transition::TermEnded { reason, uid });
+            self.inner.observers.tell(Transition::TermEnded {
+                reason,
+                uid: run.cached.metadata.uid.as_deref(),
+            });
         }
         let memory = &mut self.memory;
         if matches!(reason, Lost::TakenOver { holder } if *holder == self.inner.config.identity) {
