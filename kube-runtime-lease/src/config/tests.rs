@@ -125,4 +125,30 @@ fn unique_identity_differs_per_call_and_keeps_the_pod_name() {
     let (pod, suffix) = a.rsplit_once('_').unwrap();
     assert!(!pod.is_empty());
     assert_eq!(suffix.len(), 8);
+    // Eight random lower-case letters: the digits of one random number, not
+    // one letter repeated.
+    let suffixes: Vec<String> = (0..20)
+        .map(|_| unique_identity().rsplit_once('_').unwrap().1.to_owned())
+        .collect();
+    for s in &suffixes {
+        assert!(s.len() == 8 && s.bytes().all(|c| c.is_ascii_lowercase()), "{s:?}");
+    }
+    assert!(
+        suffixes.iter().any(|s| s.bytes().any(|c| c != s.as_bytes()[0])),
+        "{suffixes:?}"
+    );
+}
+
+#[test]
+fn the_other_durations_may_reach_the_apis_limit_and_no_further() {
+    assert_eq!(cfg().release_timeout(MAX_DURATION).validate(), Ok(()));
+    let over = MAX_DURATION + Duration::from_secs(1);
+    assert_eq!(
+        cfg().release_timeout(over).validate(),
+        Err(ConfigError::TooLong {
+            field: Field::ReleaseTimeout,
+            value: over,
+            max: MAX_DURATION,
+        })
+    );
 }

@@ -184,6 +184,43 @@ fn an_acquire_that_meets_404_on_update_reads_again_and_retries_after_a_retry_per
     });
 }
 
+/// The read after a write to acquire answered 404 does not rest on the watch
+/// being silent: a watch in sync and heard from since (here it delivers an
+/// edit of the labels) is not trusted until the Lease was read again.
+#[test]
+fn a_404_on_the_write_to_acquire_is_followed_by_a_read_even_while_the_watch_is_heard_from() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 5));
+        let (a, id) = elector(&fake, config("a"));
+        fake.fault(id, Some("update"), Fault::Status(404));
+        let acquire = tokio::spawn({
+            let a = a.clone();
+            async move { a.acquire().await }
+        });
+        // The takeover at the expiry (5 s) is answered 404; the retry comes
+        // 2 to 4.4 s later.
+        tokio::time::sleep(MS(6_500)).await;
+        assert_eq!(times(&fake, id, "update").len(), 1, "{:?}", fake.requests());
+        let mut edited = fake.lease().unwrap();
+        edited.metadata.labels = Some([("edited".to_owned(), "yes".to_owned())].into());
+        fake.put(edited);
+        let guard = timeout(S(10), acquire)
+            .await
+            .expect("a 404 on the write to acquire was not retried")
+            .unwrap()
+            .unwrap();
+        assert!(guard.is_valid());
+        let writes = times(&fake, id, "update");
+        assert_eq!(writes.len(), 2, "{writes:?}");
+        let reads_between = times(&fake, id, "get")
+            .into_iter()
+            .filter(|t| *t > writes[0] && *t <= writes[1])
+            .count();
+        assert_eq!(reads_between, 1, "one read after the 404: {:?}", fake.requests());
+    });
+}
+
 /// A write to acquire that fails (a 500, here three times) is retried after
 /// a jittered retry period (at least one retry period), never at once: a candidate never
 /// hammers a failing API server. (The first write is the takeover of an
