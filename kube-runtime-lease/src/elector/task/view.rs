@@ -162,12 +162,10 @@ impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         // Every poll: a watch that was forbidden or ended may be back.
         self.watch.reopen_if_due(|| self.inner.api.watch());
-        let result = self.inner.api.get(bound).await;
-        if let Ok(lease) = &result {
+        (self.inner.api.get(bound).await).inspect(|lease| {
             self.needs_read = false;
             self.see(lease.clone(), Instant::now());
-        }
-        result
+        })
     }
 
     /// Records the Lease as read, written or delivered at `at` (`None`: it
