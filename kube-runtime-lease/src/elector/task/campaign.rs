@@ -74,8 +74,8 @@ impl Task {
         // A watch in sync is trusted while it is heard from: a held record's
         // renewals arrive every retry period, so a longer silence is a dead
         // holder or a stalled watch, which only a read tells apart.
-        let heard = self.heard.elapsed() < self.config().retry_period * 2;
-        if !(self.watch.synced() && heard) || self.needs_read || matches!(self.view, LeaseView::Unknown) {
+        let trusted = self.watch.trusted(cfg.retry_period * 2);
+        if !trusted || self.needs_read || matches!(self.view, LeaseView::Unknown) {
             self.get(cfg.renew_deadline).await?;
         }
         let now = Instant::now();

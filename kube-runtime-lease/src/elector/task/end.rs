@@ -100,7 +100,7 @@ impl Task {
             let left = until.saturating_duration_since(Instant::now());
             match self.inner.api.replace(&lease, left).await {
                 Ok(released) => {
-                    self.update_view(released, Instant::now());
+                    self.see(Some(released), Instant::now());
                     info!("released lease");
                     return Ok(());
                 }

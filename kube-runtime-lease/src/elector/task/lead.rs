@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
-use super::{LeaseView, Next, Task, Won, view::WatchItem};
+use super::{Next, Task, Won, view::Step};
 use crate::{
     elector::{Transition, supervise::Demand},
     error::Result,
@@ -77,7 +77,7 @@ impl Task {
         self.memory.confirmed(&lease);
         let token = self.memory.next_token(record::token_of(&lease));
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
-        self.update_view((*lease).clone(), sent);
+        self.see(Some((*lease).clone()), sent);
         let tolerated = lease.spec.as_ref().and_then(record::preferred_holder);
         // A Lease has no version once deleted and `create` has no
         // precondition, so the leader of a deleted incarnation may still
@@ -169,7 +169,7 @@ impl Task {
             let event = futures::select_biased! {
                 () = wake.notified().fuse() => None,
                 () = sleep_until(hold_or_deadline).fuse() => None,
-                item = self.watch.next().fuse() => Some(item),
+                step = self.watch.next().fuse() => Some(step),
                 () = sleep_until(next_tick).fuse() => None,
             };
             if let Some(event) = event
@@ -198,21 +198,17 @@ impl Task {
     }
 
     /// A watch event while leading.
-    async fn on_watch_event(&mut self, run: &mut TermRun, item: Option<WatchItem>) -> Result<(), Lost> {
+    async fn on_watch_event(&mut self, run: &mut TermRun, step: Step) -> Result<(), Lost> {
         // Only an item that shows the Lease (or its absence) says what the
         // watch delivered; after a failure or the end of the watch the last
         // object observed may be our own write's answer, which the watch has
-        // not delivered.
-        let shows = matches!(item, Some(Ok(_)));
-        let changed = self.handle_watch(item);
-        if !shows {
+        // not delivered. `object`: the Lease delivered (`None`: gone), which
+        // the view then shows.
+        let Some((object, news)) = step else {
             run.caught_up = false;
             return Ok(());
-        }
-        let object = match &self.view {
-            LeaseView::Known { object, .. } => Some(object.clone()),
-            _ => None,
         };
+        let changed = self.see(object.clone(), Instant::now()) || news;
         if let Some(object) = &object
             && object.metadata.resource_version.is_some()
             && object.metadata.resource_version == run.cached.metadata.resource_version
@@ -221,7 +217,6 @@ impl Task {
             run.caught_up = true;
             return Ok(());
         }
-        // An item that shows the Lease leaves the view `Missing` or `Known`.
         if object.as_ref().is_some_and(|object| run.id.matches(object)) {
             if run.caught_up
                 && let Some(object) = object
@@ -234,7 +229,7 @@ impl Task {
                 // Our record, changed by someone else since our last write
                 // (a `preferredHolder` set, labels): the newest version.
                 self.memory.confirmed(&object);
-                run.cached = *object;
+                run.cached = object;
             }
             return Ok(());
         }

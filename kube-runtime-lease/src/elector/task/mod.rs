@@ -112,8 +112,6 @@ pub(in crate::elector) struct Task {
     /// from an earlier task): read before acting on it.
     pub(in crate::elector) needs_read: bool,
     pub(in crate::elector) watch: Watch,
-    /// When the watch last delivered the Lease's state.
-    pub(in crate::elector) heard: Instant,
     /// What the elector remembers of the Lease across terms and tasks: the
     /// running task owns it, and hands it back when it ends (or is dropped).
     pub(in crate::elector) memory: Memory,
@@ -123,11 +121,6 @@ pub(in crate::elector) struct Task {
 
 impl Task {
     pub(in crate::elector) fn new(inner: Arc<Inner>) -> Self {
-        let watch = if inner.config.watch {
-            Watch::open(inner.api.watch(), None)
-        } else {
-            Watch::Off
-        };
         let mut state = inner.lock();
         let memory = std::mem::take(&mut state.memory);
         let view = LeaseView::Unknown;
@@ -137,11 +130,10 @@ impl Task {
         let view = super::extras::handed_view(&mut state).unwrap_or(view);
         drop(state);
         Task {
+            watch: Watch::new(inner.config.watch.then(|| inner.api.watch())),
             inner,
             view,
             needs_read: true,
-            watch,
-            heard: Instant::now(),
             memory,
             ended: false,
         }

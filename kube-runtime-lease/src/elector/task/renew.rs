@@ -46,7 +46,7 @@ impl Task {
             match written {
                 Ok(lease) => {
                     let in_time = term.renewed(sent, self.config().renew_deadline);
-                    self.update_view(lease.clone(), sent);
+                    self.see(Some(lease.clone()), sent);
                     self.memory.confirmed(&lease);
                     run.cached = lease;
                     run.caught_up = false;

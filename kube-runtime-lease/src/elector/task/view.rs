@@ -39,22 +39,24 @@ pub(in crate::elector) fn reopen_backoff() -> ExponentialBackoff {
 pub(in crate::elector) type WatchItem = watcher::Result<Option<Lease>>;
 pub(in crate::elector) type WatchStream = BoxStream<'static, WatchItem>;
 
-/// The Lease watch: data per state, and one step per item ([`Watch::step`]).
-pub(in crate::elector) enum Watch {
-    /// Not asked for (`LeaseConfig::watch(false)`): the task polls.
-    Off,
-    /// Open. `reopens`: once it was closed, the backoff of that outage,
-    /// kept until it delivers.
-    Open {
-        stream: WatchStream,
-        sync: Sync,
-        reopens: Option<ExponentialBackoff>,
-    },
-    /// Closed (forbidden, or ended): the task polls until `reopen_at`.
-    Closed {
-        reopen_at: Instant,
-        reopens: ExponentialBackoff,
-    },
+/// What one watch item means for the election: the Lease as it is now
+/// (`None`: gone), and whether the watch is in sync now and was not before
+/// (news); `None`: the watch failed or ended, and its view may be behind.
+pub(in crate::elector) type Step = Option<(Option<Lease>, bool)>;
+
+/// The Lease watch: its stream, how far it got, when it was heard from, and
+/// when it is opened again once closed; one step per item ([`Watch::step`]).
+pub(in crate::elector) struct Watch {
+    /// The open watch; `None` when not asked for (`LeaseConfig::watch(false)`:
+    /// the task polls), or while closed.
+    stream: Option<WatchStream>,
+    sync: Sync,
+    /// When the watch last delivered the Lease's state.
+    heard: Instant,
+    /// Closed (forbidden, or ended): the task polls until then.
+    reopen_at: Option<Instant>,
+    /// Once it was closed, the backoff of that outage, kept until it delivers.
+    reopens: Option<ExponentialBackoff>,
 }
 
 /// How far an open watch got.
@@ -68,66 +70,53 @@ pub(in crate::elector) enum Sync {
     Failing,
 }
 
-/// What one watch item means for the election.
-#[derive(Debug, PartialEq)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "lives on the stack for one step, like the item it carries"
-)]
-pub(in crate::elector) enum Step {
-    /// The Lease as it is now (`None`: gone); `news`: the watch is in sync
-    /// now and was not before.
-    Delivered { lease: Option<Lease>, news: bool },
-    /// The watch failed or ended: its view may be behind.
-    Failed,
-}
-
 impl Watch {
-    /// Whether the watch delivered the Lease's state and has not failed since.
-    pub(in crate::elector) fn synced(&self) -> bool {
-        matches!(self, Watch::Open { sync, .. } if *sync == Sync::Synced)
-    }
-
-    /// An open watch on `stream`, nothing delivered yet; `reopens`: see [`Watch::Open`].
-    pub(in crate::elector) fn open(stream: WatchStream, reopens: Option<ExponentialBackoff>) -> Self {
-        Watch::Open {
+    /// A watch on `stream` (`None`: no watch), nothing delivered yet.
+    pub(in crate::elector) fn new(stream: Option<WatchStream>) -> Self {
+        Watch {
             stream,
             sync: Sync::Listing,
-            reopens,
+            heard: Instant::now(),
+            reopen_at: None,
+            reopens: None,
         }
     }
 
-    /// The next item of an open watch; never, without one.
-    pub(in crate::elector) async fn next(&mut self) -> Option<WatchItem> {
-        match self {
-            Watch::Open { stream, .. } => stream.next().await,
-            _ => futures::future::pending().await,
-        }
+    /// Whether the watch delivered the Lease's state, has not failed since,
+    /// and was heard from within `silence`.
+    pub(in crate::elector) fn trusted(&self, silence: Duration) -> bool {
+        self.sync == Sync::Synced && self.heard.elapsed() < silence
     }
 
-    /// The transition for one item (`None`: the stream ended), at `now`.
-    pub(in crate::elector) fn step(&mut self, item: Option<WatchItem>, now: Instant) -> Step {
-        let Watch::Open { sync, reopens, .. } = self else {
-            return Step::Failed;
+    /// The next item of an open watch, stepped; never, without one.
+    pub(in crate::elector) async fn next(&mut self) -> Step {
+        let item = match &mut self.stream {
+            Some(stream) => stream.next().await,
+            None => futures::future::pending().await,
         };
+        self.step(item, Instant::now())
+    }
+
+    /// The transition for one item of the open watch (`None`: the stream
+    /// ended), at `now`.
+    fn step(&mut self, item: Option<WatchItem>, now: Instant) -> Step {
         match item {
             Some(Ok(lease)) => {
-                let news = *sync != Sync::Synced;
-                if *sync == Sync::Failing {
+                if self.sync == Sync::Failing {
                     info!("lease watch recovered");
                 }
-                *sync = Sync::Synced;
-                *reopens = None;
-                Step::Delivered { lease, news }
+                let news = std::mem::replace(&mut self.sync, Sync::Synced) != Sync::Synced;
+                self.heard = now;
+                self.reopens = None;
+                return Some((lease, news));
             }
             None => {
                 warn!("lease watch ended; polling every retry period until it is opened again");
                 self.close(now);
-                Step::Failed
             }
             Some(Err(e)) if matches!(crate::error::watch_status(&e), Some(401 | 403)) => {
                 // Refused rather than broken.
-                if reopens.is_none() {
+                if self.reopens.is_none() {
                     warn!(
                         error = %e,
                         "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
@@ -137,16 +126,15 @@ impl Watch {
                     debug!(error = %e, "still cannot watch leases");
                 }
                 self.close(now);
-                Step::Failed
             }
             Some(Err(e)) => {
-                if *sync != Sync::Failing {
+                if self.sync != Sync::Failing {
                     warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
                 }
-                *sync = Sync::Failing;
-                Step::Failed
+                self.sync = Sync::Failing;
             }
         }
+        None
     }
 
     /// Closes the watch, to be opened again after a backoff that doubles with
@@ -154,21 +142,18 @@ impl Watch {
     /// answers before its authorization cache has synced), and a watch that
     /// ended may be served again.
     fn close(&mut self, now: Instant) {
-        let mut reopens = match std::mem::replace(self, Watch::Off) {
-            Watch::Open { reopens: Some(r), .. } | Watch::Closed { reopens: r, .. } => r,
-            _ => reopen_backoff(),
-        };
-        let reopen_at = now + reopens.next().unwrap_or(WATCH_REOPEN_MAX);
-        *self = Watch::Closed { reopen_at, reopens };
+        let reopens = self.reopens.get_or_insert_with(reopen_backoff);
+        self.reopen_at = Some(now + reopens.next().unwrap_or(WATCH_REOPEN_MAX));
+        self.stream = None;
+        self.sync = Sync::Listing;
     }
 
     /// Opens the watch again once its backoff has passed.
     fn reopen_if_due(&mut self, open: impl FnOnce() -> WatchStream) {
-        if matches!(self, Watch::Closed { reopen_at, .. } if Instant::now() >= *reopen_at)
-            && let Watch::Closed { reopens, .. } = std::mem::replace(self, Watch::Off)
-        {
+        if self.reopen_at.is_some_and(|at| Instant::now() >= at) {
             debug!("opening the lease watch again");
-            *self = Watch::open(open(), Some(reopens));
+            self.stream = Some(open());
+            self.reopen_at = None;
         }
     }
 }
@@ -177,17 +162,15 @@ impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         // Every poll: a watch that was forbidden or ended may be back.
         self.watch.reopen_if_due(|| self.inner.api.watch());
-        let result = self.inner.api.get(bound).await;
-        if let Ok(lease) = &result {
+        (self.inner.api.get(bound).await).inspect(|lease| {
             self.needs_read = false;
-            self.see(lease.clone());
-        }
-        result
+            self.see(lease.clone(), Instant::now());
+        })
     }
 
-    /// Records the Lease as read or delivered now (`None`: it does not
-    /// exist); returns whether the record changed.
-    fn see(&mut self, lease: Option<Lease>) -> bool {
+    /// Records the Lease as read, written or delivered at `at` (`None`: it
+    /// does not exist); returns whether the record changed.
+    pub(in crate::elector) fn see(&mut self, lease: Option<Lease>, at: Instant) -> bool {
         let Some(lease) = lease else {
             let changed = !matches!(self.view, LeaseView::Missing);
             self.view = LeaseView::Missing;
@@ -195,11 +178,6 @@ impl Task {
             self.inner.update_status(|s| s.observe(None));
             return changed;
         };
-        self.update_view(lease, Instant::now())
-    }
-
-    /// Records a Lease seen at `at`; returns whether the record changed.
-    pub(in crate::elector) fn update_view(&mut self, lease: Lease, at: Instant) -> bool {
         let spec = lease.spec.clone().unwrap_or_default();
         // The record seen before on the same object, if any.
         let previous = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
@@ -224,28 +202,17 @@ impl Task {
         changed
     }
 
-    /// Handles one watch item; returns whether the election should be
-    /// re-evaluated (the record changed, the watch came in sync, or failed).
-    pub(in crate::elector) fn handle_watch(&mut self, item: Option<WatchItem>) -> bool {
-        match self.watch.step(item, Instant::now()) {
-            Step::Delivered { lease, news } => {
-                self.heard = Instant::now();
-                self.see(lease) || news
-            }
-            Step::Failed => true,
-        }
-    }
-
-    /// Waits until `until`, a change of demand, or a watch item that changes the record.
+    /// Waits until `until`, a change of demand, or a watch item that changes
+    /// the record, brings the watch in sync, or tells it failed.
     pub(in crate::elector) async fn idle_until(&mut self, until: Instant) {
         let wake = self.inner.wake.clone();
         loop {
-            let item = futures::select_biased! {
+            let step = futures::select_biased! {
                 () = wake.notified().fuse() => return,
-                item = self.watch.next().fuse() => item,
+                step = self.watch.next().fuse() => step,
                 () = sleep_until(until).fuse() => return,
             };
-            if self.handle_watch(item) {
+            if step.is_none_or(|(lease, news)| self.see(lease, Instant::now()) || news) {
                 return;
             }
         }

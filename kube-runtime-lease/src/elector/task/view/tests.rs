@@ -9,14 +9,13 @@ use kube_client::core::Status;
 use kube_runtime::watcher;
 use tokio::time::Instant;
 
-use super::{Step, Sync, WATCH_REOPEN_MAX, WATCH_REOPEN_MIN, Watch};
+use super::{Sync, WATCH_REOPEN_MAX, WATCH_REOPEN_MIN, Watch};
 use crate::tests::support::paused;
 
 fn open(sync: Sync) -> Watch {
-    Watch::Open {
-        stream: futures::stream::empty().boxed(),
+    Watch {
         sync,
-        reopens: None,
+        ..Watch::new(Some(futures::stream::empty().boxed()))
     }
 }
 
@@ -30,11 +29,14 @@ fn broken() -> watcher::Error {
     watcher::Error::WatchFailed(kube_client::Error::Api(Box::new(status)))
 }
 
+/// How far the watch got, while it is open.
 fn sync_of(watch: &Watch) -> Option<Sync> {
-    match watch {
-        Watch::Open { sync, .. } => Some(*sync),
-        _ => None,
-    }
+    watch.stream.is_some().then_some(watch.sync)
+}
+
+/// Whether the watch delivered the Lease's state and has not failed since.
+fn synced(watch: &Watch) -> bool {
+    watch.sync == Sync::Synced
 }
 
 /// The first item syncs the watch (news: re-evaluate); later ones are news
@@ -43,24 +45,12 @@ fn sync_of(watch: &Watch) -> Option<Sync> {
 fn the_first_item_syncs_the_watch() {
     let now = Instant::now();
     let mut watch = open(Sync::Listing);
-    assert!(!watch.synced());
+    assert!(!synced(&watch));
     let step = watch.step(Some(Ok(Some(Lease::default()))), now);
-    assert_eq!(
-        step,
-        Step::Delivered {
-            lease: Some(Lease::default()),
-            news: true
-        }
-    );
-    assert!(watch.synced());
-    assert_eq!(
-        watch.step(Some(Ok(None)), now),
-        Step::Delivered {
-            lease: None,
-            news: false
-        }
-    );
-    assert!(watch.synced());
+    assert_eq!(step, Some((Some(Lease::default()), true)));
+    assert!(synced(&watch));
+    assert_eq!(watch.step(Some(Ok(None)), now), Some((None, false)));
+    assert!(synced(&watch));
 }
 
 /// A failure that the watcher retries on its own leaves the watch open but
@@ -69,18 +59,12 @@ fn the_first_item_syncs_the_watch() {
 fn a_failure_unsyncs_the_watch_until_it_delivers() {
     let now = Instant::now();
     let mut watch = open(Sync::Synced);
-    assert_eq!(watch.step(Some(Err(broken())), now), Step::Failed);
+    assert_eq!(watch.step(Some(Err(broken())), now), None);
     assert_eq!(sync_of(&watch), Some(Sync::Failing));
-    assert!(!watch.synced());
-    assert_eq!(watch.step(Some(Err(broken())), now), Step::Failed);
-    assert_eq!(
-        watch.step(Some(Ok(None)), now),
-        Step::Delivered {
-            lease: None,
-            news: true
-        }
-    );
-    assert!(watch.synced());
+    assert!(!synced(&watch));
+    assert_eq!(watch.step(Some(Err(broken())), now), None);
+    assert_eq!(watch.step(Some(Ok(None)), now), Some((None, true)));
+    assert!(synced(&watch));
 }
 
 /// A refused watch (403, 401) or one that ended is closed and opened again
@@ -93,8 +77,8 @@ fn a_refused_or_ended_watch_is_reopened_with_a_doubling_backoff() {
         let mut waits = Vec::new();
         for code in [403, 401, 403, 403, 403, 403, 403] {
             let now = Instant::now();
-            assert_eq!(watch.step(Some(Err(refused(code))), now), Step::Failed);
-            let Watch::Closed { reopen_at, .. } = watch else {
+            assert_eq!(watch.step(Some(Err(refused(code))), now), None);
+            let (None, Some(reopen_at)) = (&watch.stream, watch.reopen_at) else {
                 panic!("not closed after a {code}");
             };
             let backoff = reopen_at - now;
@@ -109,16 +93,10 @@ fn a_refused_or_ended_watch_is_reopened_with_a_doubling_backoff() {
         assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(WATCH_REOPEN_MAX, Duration::from_secs(300));
         let now = Instant::now();
-        assert_eq!(
-            watch.step(Some(Ok(None)), now),
-            Step::Delivered {
-                lease: None,
-                news: true
-            }
-        );
-        assert_eq!(watch.step(None, now), Step::Failed);
+        assert_eq!(watch.step(Some(Ok(None)), now), Some((None, true)));
+        assert_eq!(watch.step(None, now), None);
         assert!(
-            matches!(watch, Watch::Closed { reopen_at, .. } if reopen_at == now + WATCH_REOPEN_MIN),
+            watch.stream.is_none() && watch.reopen_at == Some(now + WATCH_REOPEN_MIN),
             "the backoff did not start over after the watch delivered"
         );
     });
