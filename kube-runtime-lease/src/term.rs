@@ -90,19 +90,18 @@ struct TermInner {
 
 impl Term {
     pub(crate) fn new(token: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
-        let inner = TermInner {
-            deadline: sent_at + renew_deadline,
-            last_renewal: sent_at,
-            lost: None,
-            senders: Vec::new(),
-            live: 0,
-            stopped_work: false,
-            closed: false,
-        };
         Term {
             token,
             timeless: false,
-            inner: Mutex::new(inner),
+            inner: Mutex::new(TermInner {
+                deadline: sent_at + renew_deadline,
+                last_renewal: sent_at,
+                lost: None,
+                senders: Vec::new(),
+                live: 0,
+                stopped_work: false,
+                closed: false,
+            }),
             dropped: Notify::new(),
         }
     }
@@ -151,11 +150,8 @@ impl Term {
     }
 
     fn over_in(&self, inner: &TermInner, now: Instant) -> Option<Lost> {
-        let passed = !self.timeless && now >= inner.deadline;
-        inner
-            .lost
-            .clone()
-            .or(passed.then_some(Lost::RenewDeadlineExceeded))
+        let passed = (!self.timeless && now >= inner.deadline).then_some(Lost::RenewDeadlineExceeded);
+        inner.lost.clone().or(passed)
     }
 
     /// [`over_at`](Self::over_at) now.
