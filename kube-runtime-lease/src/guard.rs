@@ -76,7 +76,7 @@ impl LeaseGuard {
     /// passed. A cheap synchronous check to make right before a side effect.
     #[must_use]
     pub fn is_valid(&self) -> bool {
-        self.term.holds()
+        self.term.over().is_none()
     }
 
     /// Whether the term is over now, and why (see [`Term::over_at`]).

@@ -159,11 +159,6 @@ impl Term {
         self.over_at(Instant::now())
     }
 
-    /// Whether the term holds now: not [`over`](Self::over).
-    pub(crate) fn holds(&self) -> bool {
-        self.over().is_none()
-    }
-
     /// Tests: the renew deadline passes now (as during a pause).
     #[cfg(test)]
     pub(crate) fn expire_for_test(&self) {
