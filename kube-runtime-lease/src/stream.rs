@@ -47,7 +47,7 @@ enum State {
 ///   [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on)).
 ///
 /// # Fairness
-/// Every poll checks whether the term ended (a read under the term's lock, or the guard's
+/// Every poll checks whether the term ended (an atomic load, or the guard's
 /// own timer having fired at the renew deadline) before polling the inner
 /// stream, and reads the clock once per item, after the inner stream made it:
 /// an item made once the renew deadline had passed is dropped, not handed
@@ -161,7 +161,7 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             return Poll::Ready(None);
         };
         // The hot path, on every poll, without reading the clock: the term's
-        // end (a read under its lock), and whether the guard's own timer has
+        // end flag (an atomic load), and whether the guard's own timer has
         // fired at the renew deadline (set while the inner stream was idle),
         // since after a pause (SIGSTOP, a frozen VM) this poll may run before
         // the elector task has noticed that the term is over. A term that

@@ -1,9 +1,12 @@
 //! [`Term`]: one term of leadership, the state its guards, its guarded
-//! streams and the elector task share, under one lock: the renew deadline, why
-//! it ended ([`Lost`]), and whether guarded work was stopped rather
+//! streams and the elector task share: the renew deadline (readable without a
+//! lock), why it ended ([`Lost`]), and whether guarded work was stopped rather
 //! than finished.
 
-use std::time::Duration;
+use std::{
+    sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    time::Duration,
+};
 
 use futures::channel::oneshot;
 use parking_lot::Mutex;
@@ -65,23 +68,29 @@ pub(crate) struct Term {
     /// [`Term::timeless`]).
     pub(crate) timeless: bool,
     inner: Mutex<TermInner>,
+    /// Guards of this term not yet dropped.
+    live: AtomicUsize,
     /// Notified whenever a guard of this term is dropped.
     dropped: Notify,
-}
-
-struct TermInner {
-    /// The renew deadline: the instant before the last successful write was
-    /// sent, plus the renew deadline.
-    deadline: Instant,
-    last_renewal: Instant,
-    lost: Option<Lost>,
-    senders: Vec<oneshot::Sender<Lost>>,
-    /// Guards of this term not yet dropped.
-    live: usize,
+    /// Set once the term ended: a cheap check for every poll of a guarded stream.
+    ended: AtomicBool,
     /// Whether guarded work was stopped rather than finished: a guard was
     /// still alive when the term ended, or was dropped only after the renew
     /// deadline had passed. Requests that work sent may still land.
-    stopped_work: bool,
+    stopped_work: AtomicBool,
+    /// The renew deadline as nanoseconds after `base`, readable without the lock.
+    base: Instant,
+    deadline_nanos: AtomicU64,
+}
+
+fn nanos_after(base: Instant, t: Instant) -> u64 {
+    u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
+}
+
+struct TermInner {
+    lost: Option<Lost>,
+    last_renewal: Instant,
+    senders: Vec<oneshot::Sender<Lost>>,
     /// Set once the elector's shutdown began: no new guard joins the term
     /// (no new work under it), so that the shutdown waits only for the work
     /// in flight.
@@ -94,15 +103,17 @@ impl Term {
             token,
             timeless: false,
             inner: Mutex::new(TermInner {
-                deadline: sent_at + renew_deadline,
-                last_renewal: sent_at,
                 lost: None,
+                last_renewal: sent_at,
                 senders: Vec::new(),
-                live: 0,
-                stopped_work: false,
                 closed: false,
             }),
+            live: AtomicUsize::new(0),
             dropped: Notify::new(),
+            ended: AtomicBool::new(false),
+            stopped_work: AtomicBool::new(false),
+            base: sent_at,
+            deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
         }
     }
 
@@ -124,34 +135,42 @@ impl Term {
     #[must_use]
     pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) -> bool {
         let mut inner = self.inner.lock();
-        if self.over_in(&inner, Instant::now()).is_some() {
+        if !self.holds() {
             return false;
         }
-        inner.deadline = sent_at + renew_deadline;
+        let deadline = nanos_after(self.base, sent_at + renew_deadline);
+        self.deadline_nanos.store(deadline, Ordering::Release);
         inner.last_renewal = sent_at;
         true
     }
 
     /// The renew deadline: the instant before the last successful write was
-    /// sent, plus the renew deadline.
+    /// sent, plus the renew deadline (read without the lock).
     pub(crate) fn deadline(&self) -> Instant {
-        self.inner.lock().deadline
+        self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
+    }
+
+    /// Whether the term has ended (an atomic load; see [`over_at`](Self::over_at)).
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
     }
 
     /// The one answer to "is the term over?", at `now`: why it ended, or
     /// [`Lost::RenewDeadlineExceeded`] once the renew deadline passed (a
     /// passed deadline is final, whether or not the elector task noticed it
-    /// yet; a timeless term has none); `None` while it holds. Told under the
-    /// term's lock, so serialised with [`renewed`](Self::renewed) and
-    /// [`lose`](Self::lose): once it answers, it never answers `None` again
-    /// (for `is_leader`).
+    /// yet; a timeless term has none); `None` while it holds. Takes the
+    /// term's lock once it ended (for the reason); lock-free while it holds (a clock read and two atomic loads): the guards' and guarded
+    /// streams' hot path. Under the term's lock it is exact; without it, a
+    /// caller may see the old deadline pass while a renewal sent in time is
+    /// being recorded, and the term hold once it is (see
+    /// [`holds_serialized`](Self::holds_serialized)).
     pub(crate) fn over_at(&self, now: Instant) -> Option<Lost> {
-        self.over_in(&self.inner.lock(), now)
-    }
-
-    fn over_in(&self, inner: &TermInner, now: Instant) -> Option<Lost> {
-        let passed = (!self.timeless && now >= inner.deadline).then_some(Lost::RenewDeadlineExceeded);
-        inner.lost.clone().or(passed)
+        if self.has_ended() {
+            // `lose` sets the reason before the flag.
+            return Some(self.lost().unwrap_or(Lost::ElectorStopped));
+        }
+        self.deadline_passed_at(now)
+            .then_some(Lost::RenewDeadlineExceeded)
     }
 
     /// [`over_at`](Self::over_at) now.
@@ -159,15 +178,34 @@ impl Term {
         self.over_at(Instant::now())
     }
 
+    /// Whether the term holds now: not [`over`](Self::over), told without
+    /// the reason, so without the lock (callers may hold it).
+    pub(crate) fn holds(&self) -> bool {
+        !self.has_ended() && !self.deadline_passed_at(Instant::now())
+    }
+
+    fn deadline_passed_at(&self, now: Instant) -> bool {
+        !self.timeless && now >= self.deadline()
+    }
+
+    /// [`holds`](Self::holds), serialised with [`renewed`](Self::renewed)
+    /// and [`lose`](Self::lose) by the lock: once it answers `false`, it
+    /// never answers `true` again (for `is_leader`).
+    pub(crate) fn holds_serialized(&self) -> bool {
+        let _inner = self.inner.lock();
+        self.holds()
+    }
+
     /// Tests: the renew deadline passes now (as during a pause).
     #[cfg(test)]
     pub(crate) fn expire_for_test(&self) {
-        self.inner.lock().deadline = Instant::now();
+        let _inner = self.inner.lock();
+        self.deadline_nanos.store(0, Ordering::Release);
     }
 
     /// Whether guards were still alive when the term ended (see [`Term::lose`]).
     pub(crate) fn stopped_work(&self) -> bool {
-        self.inner.lock().stopped_work
+        self.stopped_work.load(Ordering::Acquire)
     }
 
     pub(crate) fn last_renewal(&self) -> Instant {
@@ -179,7 +217,7 @@ impl Term {
     }
 
     pub(crate) fn live_guards(&self) -> usize {
-        self.inner.lock().live
+        self.live.load(Ordering::Acquire)
     }
 
     /// Waits until every guard of this term has been dropped, or `until`
@@ -205,7 +243,10 @@ impl Term {
             inner.lost = Some(reason.clone());
             // Guards are only created under this lock, and only while the term
             // holds: the count cannot grow from here on.
-            inner.stopped_work |= inner.live > 0;
+            if self.live_guards() > 0 {
+                self.stopped_work.store(true, Ordering::Release);
+            }
+            self.ended.store(true, Ordering::Release);
             std::mem::take(&mut inner.senders)
         };
         for tx in senders {
@@ -232,11 +273,11 @@ impl Term {
     /// dropped before it finished): requests it sent may still land, so the
     /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
     pub(crate) fn guard_dropped(&self, unfinished: bool) {
-        let mut inner = self.inner.lock();
         // (A guard alive when the term ended was counted by `lose`.)
-        inner.stopped_work |= unfinished || self.over_in(&inner, Instant::now()).is_some();
-        inner.live -= 1;
-        drop(inner);
+        if unfinished || !self.holds() {
+            self.stopped_work.store(true, Ordering::Release);
+        }
+        self.live.fetch_sub(1, Ordering::AcqRel);
         self.dropped.notify_waiters();
     }
 
@@ -253,11 +294,11 @@ impl Term {
     pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.inner.lock();
-        if inner.closed || self.over_in(&inner, Instant::now()).is_some() {
+        if !self.holds() || inner.closed {
             return None;
         }
         inner.senders.push(tx);
-        inner.live += 1;
+        self.live.fetch_add(1, Ordering::AcqRel);
         Some(rx)
     }
 }

@@ -96,7 +96,7 @@ impl LeaderElector {
     #[must_use]
     pub fn is_leader(&self) -> bool {
         let state = self.inner.lock();
-        !state.shutdown && state.term.as_ref().is_some_and(|t| t.over().is_none())
+        !state.shutdown && state.term.as_ref().is_some_and(|t| t.holds_serialized())
     }
 
     /// client-go's healthz watchdog: fails when this candidate believes it
