@@ -246,7 +246,9 @@ impl LeaderElector {
             (state.task.take(), state.term.clone())
         };
         self.inner.update_status(|s| s.is_leader = false);
-        let _ = self.inner.shutdown_tx.lock().take().map(|tx| tx.send(()));
+        if let Some(tx) = self.inner.shutdown_tx.lock().take() {
+            let _ = tx.send(());
+        }
         info!(lease = %self.inner.config.name, "leader election shutting down");
         if let Some(term) = &term {
             term.guards_dropped(record::later(Instant::now(), grace)).await;

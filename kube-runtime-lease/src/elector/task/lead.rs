@@ -9,7 +9,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep_until};
 use tracing::info;
 
-use super::{Next, Task, Won, view::Step};
+use super::{
+    Next, Task, Won,
+    view::{Delivered, Step},
+};
 use crate::{
     elector::{Transition, supervise::Demand},
     error::Result,
@@ -204,7 +207,7 @@ impl Task {
         // object observed may be our own write's answer, which the watch has
         // not delivered. `object`: the Lease delivered (`None`: gone), which
         // the view then shows.
-        let Some((object, news)) = step else {
+        let Some(Delivered { lease: object, news }) = step else {
             run.caught_up = false;
             return Ok(());
         };

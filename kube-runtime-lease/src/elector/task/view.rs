@@ -39,10 +39,19 @@ pub(in crate::elector) fn reopen_backoff() -> ExponentialBackoff {
 pub(in crate::elector) type WatchItem = watcher::Result<Option<Lease>>;
 pub(in crate::elector) type WatchStream = BoxStream<'static, WatchItem>;
 
-/// What one watch item means for the election: the Lease as it is now
-/// (`None`: gone), and whether the watch is in sync now and was not before
-/// (news); `None`: the watch failed or ended, and its view may be behind.
-pub(in crate::elector) type Step = Option<(Option<Lease>, bool)>;
+/// What one watch item means for the election: `Some` with what it
+/// delivered, or `None` when the watch failed or ended (its view may be
+/// behind).
+pub(in crate::elector) type Step = Option<Delivered>;
+
+/// What the watch delivered.
+#[derive(Debug, PartialEq)]
+pub(in crate::elector) struct Delivered {
+    /// The Lease as it is now (`None`: gone).
+    pub(in crate::elector) lease: Option<Lease>,
+    /// The watch is in sync now and was not before.
+    pub(in crate::elector) news: bool,
+}
 
 /// The Lease watch: its stream, how far it got, when it was heard from, and
 /// when it is opened again once closed; one step per item ([`Watch::step`]).
@@ -108,7 +117,7 @@ impl Watch {
                 let news = std::mem::replace(&mut self.sync, Sync::Synced) != Sync::Synced;
                 self.heard = now;
                 self.reopens = None;
-                return Some((lease, news));
+                return Some(Delivered { lease, news });
             }
             None => {
                 warn!("lease watch ended; polling every retry period until it is opened again");
@@ -212,7 +221,7 @@ impl Task {
                 step = self.watch.next().fuse() => step,
                 () = sleep_until(until).fuse() => return,
             };
-            if step.is_none_or(|(lease, news)| self.see(lease, Instant::now()) || news) {
+            if step.is_none_or(|Delivered { lease, news }| self.see(lease, Instant::now()) || news) {
                 return;
             }
         }

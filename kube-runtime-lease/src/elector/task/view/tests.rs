@@ -9,7 +9,7 @@ use kube_client::core::Status;
 use kube_runtime::watcher;
 use tokio::time::Instant;
 
-use super::{Sync, WATCH_REOPEN_MAX, WATCH_REOPEN_MIN, Watch};
+use super::{Delivered, Sync, WATCH_REOPEN_MAX, WATCH_REOPEN_MIN, Watch};
 use crate::tests::support::paused;
 
 fn open(sync: Sync) -> Watch {
@@ -47,9 +47,21 @@ fn the_first_item_syncs_the_watch() {
     let mut watch = open(Sync::Listing);
     assert!(!synced(&watch));
     let step = watch.step(Some(Ok(Some(Lease::default()))), now);
-    assert_eq!(step, Some((Some(Lease::default()), true)));
+    assert_eq!(
+        step,
+        Some(Delivered {
+            lease: Some(Lease::default()),
+            news: true
+        })
+    );
     assert!(synced(&watch));
-    assert_eq!(watch.step(Some(Ok(None)), now), Some((None, false)));
+    assert_eq!(
+        watch.step(Some(Ok(None)), now),
+        Some(Delivered {
+            lease: None,
+            news: false
+        })
+    );
     assert!(synced(&watch));
 }
 
@@ -63,7 +75,13 @@ fn a_failure_unsyncs_the_watch_until_it_delivers() {
     assert_eq!(sync_of(&watch), Some(Sync::Failing));
     assert!(!synced(&watch));
     assert_eq!(watch.step(Some(Err(broken())), now), None);
-    assert_eq!(watch.step(Some(Ok(None)), now), Some((None, true)));
+    assert_eq!(
+        watch.step(Some(Ok(None)), now),
+        Some(Delivered {
+            lease: None,
+            news: true
+        })
+    );
     assert!(synced(&watch));
 }
 
@@ -93,7 +111,13 @@ fn a_refused_or_ended_watch_is_reopened_with_a_doubling_backoff() {
         assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300]);
         assert_eq!(WATCH_REOPEN_MAX, Duration::from_secs(300));
         let now = Instant::now();
-        assert_eq!(watch.step(Some(Ok(None)), now), Some((None, true)));
+        assert_eq!(
+            watch.step(Some(Ok(None)), now),
+            Some(Delivered {
+                lease: None,
+                news: true
+            })
+        );
         assert_eq!(watch.step(None, now), None);
         assert!(
             watch.stream.is_none() && watch.reopen_at == Some(now + WATCH_REOPEN_MIN),
