@@ -4,7 +4,10 @@
 
 use std::time::Duration;
 
-use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime};
+use k8s_openapi::{
+    api::coordination::v1::{Lease, LeaseSpec},
+    apimachinery::pkg::apis::meta::v1::MicroTime,
+};
 use tokio::time::Instant;
 
 use crate::record::{self, TermId};
@@ -63,7 +66,7 @@ impl Memory {
     /// renewed last by us (see [`Memory::last_renewed`]; while our term
     /// holds, a record with no `renewTime` is an edit of ours: every other
     /// process writes its own, and nobody else can have taken the Lease).
-    pub(super) fn is_last_term(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
+    pub(super) fn is_last_term(&self, lease: &Lease) -> bool {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.as_ref());
         self.last_term.as_ref().is_some_and(|t| t.matches(lease))
             && renewed.is_none_or(|r| self.last_renewed.contains(r))
@@ -73,13 +76,13 @@ impl Memory {
     /// with a `renewTime` of ours (with none, it is an edit that may have
     /// followed another holder's term since ours ended), or exactly our last
     /// takeover sent (see [`Memory::sent_takeover`]).
-    pub(super) fn is_ours(&self, lease: &k8s_openapi::api::coordination::v1::Lease) -> bool {
-        let sent = |s: &LeaseSpec| lease.spec.as_ref().is_some_and(|l| record::same_write(l, s));
-        let renewed = lease.spec.as_ref().is_some_and(|s| s.renew_time.is_some());
-        if renewed && self.is_last_term(lease) {
+    pub(super) fn is_ours(&self, lease: &Lease) -> bool {
+        let Some(spec) = &lease.spec else { return false };
+        if spec.renew_time.is_some() && self.is_last_term(lease) {
             return true;
         }
-        let ours = self.sent_takeover.as_ref().is_some_and(sent);
+        let sent = self.sent_takeover.as_ref();
+        let ours = sent.is_some_and(|sent| record::same_write(spec, sent));
         if ours {
             tracing::info!(
                 "the lease holds our last takeover, applied though its answer was lost: taking it again"
@@ -90,27 +93,24 @@ impl Memory {
 
     /// `lease` is our last term's record as we wrote or verified it: its
     /// `renewTime` is the one we wrote last, until we send another.
-    pub(super) fn confirmed(&mut self, lease: &k8s_openapi::api::coordination::v1::Lease) {
+    pub(super) fn confirmed(&mut self, lease: &Lease) {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.clone());
         self.last_renewed = renewed.into_iter().collect();
     }
 
-    /// Remembers a record seen at `now` on the object `uid`, which carries
-    /// the fencing token `token`.
-    pub(super) fn saw(
-        &mut self,
-        uid: Option<&String>,
-        spec: &LeaseSpec,
-        token: i64,
-        fallback: Duration,
-        now: Instant,
-    ) {
-        self.max_token = self.max_token.max(Some(token));
-        if self.seen_uid.as_ref() != uid {
+    /// Remembers the Lease as seen at `now` (`None`: missing).
+    pub(super) fn saw(&mut self, lease: Option<&Lease>, fallback: Duration, now: Instant) {
+        let Some(lease) = lease else {
             self.went_away(now);
-            self.seen_uid = uid.cloned();
+            return;
+        };
+        let spec = lease.spec.clone().unwrap_or_default();
+        self.max_token = self.max_token.max(Some(record::token_of(lease)));
+        if self.seen_uid != lease.metadata.uid {
+            self.went_away(now);
+            self.seen_uid.clone_from(&lease.metadata.uid);
         }
-        let duration = record::lease_duration(spec, fallback);
+        let duration = record::lease_duration(&spec, fallback);
         // (`None` orders before any `renewTime`.)
         if spec.renew_time > self.seen_renewed {
             // A newer write of its holder (a renewal, or a new term:
@@ -127,12 +127,12 @@ impl Memory {
             // writes again, either duration may be what it goes by.
             self.seen_longest = self.seen_longest.max(duration);
         }
-        self.seen_held = record::holder(spec).is_some();
+        self.seen_held = record::holder(&spec).is_some();
         self.max_transitions = self.max_transitions.max(spec.lease_transitions);
     }
 
     /// The object last seen is gone (seen missing at `now`, or replaced).
-    pub(super) fn went_away(&mut self, now: Instant) {
+    fn went_away(&mut self, now: Instant) {
         if self.seen_uid.take().is_some() && self.seen_held {
             let until = record::later(now, self.seen_longest);
             self.risk_until = self.risk_until.max(Some(until));
@@ -140,13 +140,6 @@ impl Memory {
         self.seen_held = false;
         self.seen_longest = Duration::ZERO;
         self.seen_renewed = None;
-    }
-
-    /// Until when a Lease created at `now` is held before a term begins on it:
-    /// one lease duration, or longer while the holder of an object that went
-    /// away may still lead.
-    pub(super) fn creation_hold(&self, now: Instant, lease_duration: Duration) -> Instant {
-        (now + lease_duration).max(self.risk_until.unwrap_or(now))
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with

@@ -210,15 +210,12 @@ impl Task {
             return None;
         }
         let now = Instant::now();
-        let until = if created {
-            Some(self.memory.creation_hold(now, cfg.lease_duration))
-        } else {
-            self.memory.risk_until.filter(|t| *t > now)
+        let risk = self.memory.risk_until.filter(|t| *t > now);
+        let held = match &self.memory.hold {
+            Some((held_uid, until)) if held_uid.as_ref() == uid && *until > now => Some(*until),
+            _ => None,
         };
-        match &self.memory.hold {
-            Some((held_uid, held)) if held_uid.as_ref() == uid && *held > now => until.max(Some(*held)),
-            _ => until,
-        }
+        created.then_some(now + cfg.lease_duration).max(risk).max(held)
     }
 
     /// The retry period with client-go's jitter (`JitterFactor` 1.2: up to

@@ -12,10 +12,7 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{debug, info, warn};
 
 use super::{LeaseView, Task};
-use crate::{
-    error::Result,
-    record::{self, Observed},
-};
+use crate::{error::Result, record::Observed};
 
 /// The first wait before a watch that was forbidden (or ended) is opened
 /// again; each failure doubles it, up to [`WATCH_REOPEN_MAX`].
@@ -180,12 +177,12 @@ impl Task {
     /// Records the Lease as read, written or delivered at `at` (`None`: it
     /// does not exist); returns whether the record changed.
     pub(in crate::elector) fn see(&mut self, lease: Option<Lease>, at: Instant) -> bool {
+        let fallback = self.inner.config.lease_duration;
+        self.memory.saw(lease.as_ref(), fallback, Instant::now());
         let Some(lease) = lease else {
-            let changed = !matches!(self.view, LeaseView::Missing);
-            self.view = LeaseView::Missing;
-            self.memory.went_away(Instant::now());
             self.inner.update_status(|s| s.observe(None));
-            return changed;
+            let before = std::mem::replace(&mut self.view, LeaseView::Missing);
+            return !matches!(before, LeaseView::Missing);
         };
         let spec = lease.spec.clone().unwrap_or_default();
         // The record seen before on the same object, if any.
@@ -196,13 +193,6 @@ impl Task {
             _ => None,
         };
         let changed = previous.as_ref().is_none_or(|p| p.spec != spec);
-        self.memory.saw(
-            lease.metadata.uid.as_ref(),
-            &spec,
-            record::token_of(&lease),
-            self.inner.config.lease_duration,
-            Instant::now(),
-        );
         self.inner.update_status(|s| s.observe(Some(&spec)));
         self.view = LeaseView::Known {
             observed: Observed::update(previous, spec, lease.metadata.resource_version.clone(), at),
