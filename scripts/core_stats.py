@@ -27,7 +27,7 @@ CORE = [
     "lib.rs",
     "config/mod.rs", "config/error.rs", "config/names.rs",
     "record.rs", "error.rs", "term.rs", "guard.rs",
-    "elector/mod.rs", "elector/acquire.rs", "elector/api.rs", "elector/disabled.rs",
+    "elector/mod.rs", "elector/acquire.rs", "elector/api.rs",
     "elector/memory.rs", "elector/observer.rs", "elector/status.rs", "elector/supervise.rs",
     "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
     "elector/task/lead.rs", "elector/task/renew.rs", "elector/task/view.rs",

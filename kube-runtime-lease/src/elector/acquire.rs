@@ -1,4 +1,7 @@
-//! [`Acquire`], the future of [`LeaderElector::acquire`](super::LeaderElector::acquire).
+//! [`Acquire`], the future of [`LeaderElector::acquire`](super::LeaderElector::acquire), and
+//! the election switched off ([`LeaseConfig::enabled`](crate::LeaseConfig::enabled)):
+//! one term that begins at the first `acquire`, ends only at `shutdown`, and
+//! never touches the API.
 
 use std::{
     future::Future,
@@ -8,9 +11,12 @@ use std::{
 };
 
 use futures::channel::oneshot;
+use parking_lot::MutexGuard;
+use tokio::time::Instant;
+use tracing::info;
 
-use super::Inner;
-use crate::{error::AcquireError, guard::LeaseGuard};
+use super::{Inner, State};
+use crate::{error::AcquireError, guard::LeaseGuard, term::Term};
 
 /// Future returned by [`LeaderElector::acquire`](super::LeaderElector::acquire): resolves to a [`LeaseGuard`]
 /// once this candidate leads.
@@ -45,8 +51,7 @@ impl Future for Acquire {
                 return Poll::Ready(Ok(guard));
             }
             if !this.inner.config.enabled {
-                drop(state);
-                return Poll::Ready(this.inner.lead_unelected());
+                return Poll::Ready(this.inner.lead_unelected(state));
             }
             // Before any change of state: polled outside a runtime (a
             // programming error, as for `tokio::spawn`), this panics
@@ -87,5 +92,27 @@ impl Drop for Acquire {
         if self.rx.take().is_some() {
             self.inner.wake.notify_one();
         }
+    }
+}
+
+impl Inner {
+    /// A guard of the one term of a disabled election, begun now if it has
+    /// not begun yet; `state` (locked, and unlocked here) shows no shutdown.
+    fn lead_unelected(&self, mut state: MutexGuard<'_, State>) -> Result<LeaseGuard, AcquireError> {
+        let begun = state.term.is_none();
+        let timeless = || Arc::new(Term::timeless(0, Instant::now()));
+        let term = state.term.get_or_insert_with(timeless).clone();
+        drop(state);
+        // The term ends only with `shutdown`, which had not begun above.
+        let guard = LeaseGuard::of(&term, self.wake.clone()).ok_or(AcquireError::Shutdown)?;
+        if begun {
+            self.update_status(|s| {
+                s.is_leader = true;
+                s.holder = Some(self.config.identity.clone());
+            });
+            self.observers.tell(super::Transition::Leading(true));
+            info!("leader election disabled: leading without a lease (no API call is made)");
+        }
+        Ok(guard)
     }
 }

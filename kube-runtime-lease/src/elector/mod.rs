@@ -3,7 +3,6 @@
 
 mod acquire;
 mod api;
-mod disabled;
 mod extras;
 mod memory;
 mod observer;
