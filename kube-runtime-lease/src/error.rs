@@ -114,10 +114,7 @@ impl ApiError {
             return false;
         };
         status.reason == "NotFound"
-            && status
-                .details
-                .as_ref()
-                .is_some_and(|d| d.name == name && d.kind == "leases")
+            && matches!(&status.details, Some(d) if d.name == name && d.kind == "leases")
     }
 
     /// Whether someone else wrote first: a `replace` whose resourceVersion was

@@ -116,12 +116,8 @@ pub(crate) fn token_of(lease: &Lease) -> i64 {
         .and_then(|a| a.get(TOKEN_ANNOTATION))
         .and_then(|v| v.parse::<i64>().ok())
         .filter(|t| *t < MAX_TOKEN);
-    let transitions = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.lease_transitions)
-        .map(i64::from);
-    stored.max(transitions).unwrap_or(0)
+    let transitions = lease.spec.as_ref().and_then(|s| s.lease_transitions);
+    stored.max(transitions.map(i64::from)).unwrap_or(0)
 }
 
 /// The first fencing token [`token_of`] does not believe: 2^62.
@@ -212,23 +208,19 @@ pub(crate) struct Observed {
 }
 
 impl Observed {
-    /// Records `spec` as seen at `now`. The clock restarts only when the record
-    /// changed: a record seen again does not extend its own lifetime, and one seen
-    /// late only makes expiry later.
-    pub(crate) fn update(
-        prev: Option<Self>,
-        spec: LeaseSpec,
-        resource_version: Option<String>,
-        now: Instant,
-    ) -> Self {
+    /// Records `spec`, under the resourceVersion `version`, as seen at `now`.
+    /// The clock restarts only when the record changed: a record seen again
+    /// does not extend its own lifetime, and one seen late only makes expiry
+    /// later.
+    pub(crate) fn update(prev: Option<Self>, spec: LeaseSpec, version: Option<String>, now: Instant) -> Self {
         match prev {
             Some(p) if p.spec == spec => Observed {
-                resource_version: resource_version.or(p.resource_version),
+                resource_version: version.or(p.resource_version),
                 ..p
             },
             _ => Observed {
                 spec,
-                resource_version,
+                resource_version: version,
                 at: now,
             },
         }

@@ -277,8 +277,10 @@ impl LeaseConfig {
         if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
             return Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod);
         }
+        // Every duration but the lease duration: a zero one broke the first
+        // rule already (`0 <= renew_deadline`), and its limit is its own
+        // (whole `int32` seconds, below).
         let durations = [
-            (Field::LeaseDuration, self.lease_duration),
             (Field::RenewDeadline, self.renew_deadline),
             (Field::RetryPeriod, self.retry_period),
             (Field::ReleaseTimeout, self.release_timeout),
@@ -286,8 +288,7 @@ impl LeaseConfig {
         if let Some(&(field, _)) = durations.iter().find(|(_, value)| value.is_zero()) {
             return Err(ConfigError::NotPositive(field));
         }
-        // The lease duration has rules of its own (whole `int32` seconds).
-        if let Some(&(field, value)) = durations[1..].iter().find(|(_, value)| *value > MAX_DURATION) {
+        if let Some(&(field, value)) = durations.iter().find(|(_, value)| *value > MAX_DURATION) {
             let max = MAX_DURATION;
             return Err(ConfigError::TooLong { field, value, max });
         }

@@ -23,12 +23,10 @@ pub(crate) fn check_lease(namespace: &str, name: &str) -> Result<(), ConfigError
 /// messages for an empty part and for a character outside the label's set.
 fn label_rule(part: &str, empty: &'static str, chars: &'static str) -> Option<&'static str> {
     let b = part.as_bytes();
+    let in_set = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-';
     if b.is_empty() {
         Some(empty)
-    } else if !b
-        .iter()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-    {
+    } else if !b.iter().all(in_set) {
         Some(chars)
     } else if !b[0].is_ascii_alphanumeric() || !b[b.len() - 1].is_ascii_alphanumeric() {
         Some("must start and end with an alphanumeric character")

@@ -152,3 +152,17 @@ fn the_other_durations_may_reach_the_apis_limit_and_no_further() {
         })
     );
 }
+
+/// A zero lease duration or renew deadline breaks one of client-go's first
+/// two rules, before any duration is checked for zero (`validate` leaves the
+/// lease duration out of that check, as it cannot be reached).
+#[test]
+fn a_zero_lease_duration_or_renew_deadline_breaks_the_first_rules() {
+    let e = cfg().lease_duration(Duration::ZERO).validate();
+    assert_eq!(e, Err(ConfigError::LeaseDurationNotGreaterThanRenewDeadline));
+    let e = cfg().renew_deadline(Duration::ZERO).validate();
+    assert_eq!(
+        e,
+        Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod)
+    );
+}
