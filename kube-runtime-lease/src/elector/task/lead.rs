@@ -219,6 +219,8 @@ impl Task {
         match object {
             // Our own last write, delivered: every later event is newer.
             Some(object) if run.wrote(&object) => run.caught_up = true,
+            // Our term's record: news only once the watch caught up with
+            // our last write (before, it may be older than that write).
             Some(object) if run.id.matches(&object) => {
                 if run.caught_up {
                     if !self.memory.is_last_term(&object) {
@@ -232,6 +234,8 @@ impl Task {
                     run.cached = object;
                 }
             }
+            // Someone else's record (or none), as the view already showed it
+            // with the watch in sync: nothing new.
             _ if !changed => {}
             // Written after our last write: the term is over, now.
             object if run.caught_up => return Err(object.as_ref().map_or(Lost::Deleted, taken_over)),
