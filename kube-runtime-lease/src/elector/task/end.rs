@@ -24,21 +24,19 @@ impl Task {
                 uid: run.cached.metadata.uid.as_deref(),
             });
         }
-        let memory = &mut self.memory;
         if matches!(reason, Lost::TakenOver { holder } if *holder == self.inner.config.identity) {
             // Another process with our identity wrote the record (renewing
             // our term as its own, or taking it): it is not our term's any
             // more, whatever it still shares with it, and is waited out like
             // anyone else's.
-            memory.last_term = None;
+            self.memory.last_term = None;
         }
         if term.stopped_work() {
             let cfg = &self.inner.config;
             let margin = cfg.lease_duration.saturating_sub(cfg.renew_deadline);
             let until = record::later(Instant::now(), margin);
-            memory.stopped_until = memory.stopped_until.max(Some(until));
+            self.memory.stopped_until = self.memory.stopped_until.max(Some(until));
         }
-        let stopped_until = memory.stopped_until.filter(|u| *u > Instant::now());
         let wants_release = match reason {
             Lost::Shutdown | Lost::GivenUp | Lost::SteppedDown { .. } => {
                 info!(%reason, "leadership ended");
@@ -61,7 +59,7 @@ impl Task {
                  not releasing; the lease will expire after its lease duration"
             );
             Ok(())
-        } else if let Some(until) = stopped_until {
+        } else if let Some(until) = self.memory.stopped_until.filter(|u| *u > Instant::now()) {
             warn!(
                 left = ?until.saturating_duration_since(Instant::now()),
                 "guarded work of an earlier term was stopped, not finished, too recently: \

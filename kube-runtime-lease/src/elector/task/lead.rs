@@ -15,7 +15,6 @@ use super::{
 };
 use crate::{
     elector::{Transition, supervise::Demand},
-    error::Result,
     guard::LeaseGuard,
     record::{self, TermId},
     term::{Lost, Term},
@@ -70,6 +69,14 @@ pub(in crate::elector) struct TermRun {
     pub(in crate::elector) caught_up: bool,
 }
 
+impl TermRun {
+    /// Whether `object` is our own last write (its resourceVersion).
+    fn wrote(&self, object: &Lease) -> bool {
+        let version = &object.metadata.resource_version;
+        version.is_some() && *version == self.cached.metadata.resource_version
+    }
+}
+
 impl Task {
     /// Leads one term, begun by `won`, to its end and release.
     pub(in crate::elector) async fn lead(&mut self, Won { lease, sent, created }: Won) -> Next {
@@ -118,16 +125,14 @@ impl Task {
 
     /// The loop of one term: why it ended.
     pub(in crate::elector) async fn lead_until_lost(&mut self, run: &mut TermRun, sent: Instant) -> Lost {
-        let cfg = self.inner.config.clone();
-        let wake = self.inner.wake.clone();
-        let term = run.term.clone();
-        let mut next_tick = sent + cfg.retry_period;
+        let period = self.config().retry_period;
+        let mut next_tick = sent + period;
         loop {
             // Ended from outside (by `shutdown` once its grace ran out, by a
             // guard that saw the renew deadline pass first), or past the renew
             // deadline. Checked before waiting, so that no storm of wake-ups
             // can starve the deadline or the renewals. Then a step-down.
-            if let Some(lost) = term.over().or_else(|| self.step_down(run)) {
+            if let Some(lost) = run.term.over().or_else(|| self.step_down(run)) {
                 return lost;
             }
             match self.demand_for_term() {
@@ -147,14 +152,14 @@ impl Task {
                     Some(Err(lost)) => return lost,
                     Some(Ok(())) => self.begin_term(&run.term, run.cached.metadata.uid.as_deref()),
                     None => Phase::Holding {
-                        until: Instant::now() + cfg.retry_period,
+                        until: Instant::now() + period,
                     },
                 };
             }
             let now = Instant::now();
             if now >= next_tick {
                 while next_tick <= now {
-                    next_tick += cfg.retry_period;
+                    next_tick += period;
                 }
                 if let Err(lost) = self.renew(run).await {
                     return lost;
@@ -162,7 +167,7 @@ impl Task {
                 continue;
             }
             // The end of the creation hold, or the renew deadline if sooner.
-            let deadline = term.deadline();
+            let deadline = run.term.deadline();
             let hold_or_deadline = run.phase.hold().map_or(deadline, |h| h.min(deadline));
             // A watch event (or the watch's end), else `None`: a change of
             // demand (a guard dropped, a shutdown), the end of the hold, the
@@ -170,7 +175,7 @@ impl Task {
             // The branches' futures borrow `self.watch`: act once they are
             // dropped.
             let event = futures::select_biased! {
-                () = wake.notified().fuse() => None,
+                () = self.inner.wake.notified().fuse() => None,
                 () = sleep_until(hold_or_deadline).fuse() => None,
                 step = self.watch.next().fuse() => Some(step),
                 () = sleep_until(next_tick).fuse() => None,
@@ -189,15 +194,14 @@ impl Task {
     /// election).
     pub(in crate::elector) fn step_down(&self, run: &mut TermRun) -> Option<Lost> {
         let identity = &self.config().identity;
-        match run.cached.spec.as_ref().and_then(record::preferred_holder) {
-            Some(p) if p != identity => (run.tolerated.as_deref() != Some(p)).then(|| Lost::SteppedDown {
-                preferred_holder: p.to_owned(),
-            }),
-            _ => {
-                run.tolerated = None;
-                None
-            }
-        }
+        let preferred = run.cached.spec.as_ref().and_then(record::preferred_holder);
+        let Some(p) = preferred.filter(|p| p != identity) else {
+            run.tolerated = None;
+            return None;
+        };
+        (run.tolerated.as_deref() != Some(p)).then(|| Lost::SteppedDown {
+            preferred_holder: p.to_owned(),
+        })
     }
 
     /// A watch event while leading.
@@ -212,40 +216,34 @@ impl Task {
             return Ok(());
         };
         let changed = self.see(object.clone(), Instant::now()) || news;
-        if let Some(object) = &object
-            && object.metadata.resource_version.is_some()
-            && object.metadata.resource_version == run.cached.metadata.resource_version
-        {
+        match object {
             // Our own last write, delivered: every later event is newer.
-            run.caught_up = true;
-            return Ok(());
-        }
-        if object.as_ref().is_some_and(|object| run.id.matches(object)) {
-            if run.caught_up
-                && let Some(object) = object
-            {
-                if !self.memory.is_last_term(&object) {
-                    // Written after our last write, by another process with
-                    // our identity renewing our term as its own.
-                    return Err(taken_over(&object));
+            Some(object) if run.wrote(&object) => run.caught_up = true,
+            // Our term's record: news only once the watch caught up with
+            // our last write (before, it may be older than that write).
+            Some(object) if run.id.matches(&object) => {
+                if run.caught_up {
+                    if !self.memory.is_last_term(&object) {
+                        // Written after our last write, by another process with
+                        // our identity renewing our term as its own.
+                        return Err(taken_over(&object));
+                    }
+                    // Our record, changed by someone else since our last write
+                    // (a `preferredHolder` set, labels): the newest version.
+                    self.memory.confirmed(&object);
+                    run.cached = object;
                 }
-                // Our record, changed by someone else since our last write
-                // (a `preferredHolder` set, labels): the newest version.
-                self.memory.confirmed(&object);
-                run.cached = object;
             }
-            return Ok(());
-        }
-        if !changed {
-            return Ok(());
-        }
-        if run.caught_up {
+            // Someone else's record (or none), as the view already showed it
+            // with the watch in sync: nothing new.
+            _ if !changed => {}
             // Written after our last write: the term is over, now.
-            return Err(object.map_or(Lost::Deleted, |object| taken_over(&object)));
+            object if run.caught_up => return Err(object.as_ref().map_or(Lost::Deleted, taken_over)),
+            // Possibly older than our last write: confirm with a read before
+            // stepping down (a read that fails leaves the term on).
+            _ => return self.reread(run, "verifying the lease").await.unwrap_or(Ok(())),
         }
-        // Possibly older than our last write: confirm with a read before
-        // stepping down (a read that fails leaves the term on).
-        self.reread(run, "verifying the lease").await.unwrap_or(Ok(()))
+        Ok(())
     }
 
     /// Publishes `term`, free of any hold, on the Lease object `uid` (logged

@@ -14,18 +14,14 @@ impl Task {
     /// resourceVersion), falling to a read and a retry on conflict. The renew
     /// deadline moves to the instant before the successful request was sent.
     pub(in crate::elector) async fn renew(&mut self, run: &mut TermRun) -> Result<(), Lost> {
-        let term = run.term.clone();
         for attempt in 0..2 {
             let sent = Instant::now();
-            if let Some(lost) = term.over_at(sent) {
+            if let Some(lost) = run.term.over_at(sent) {
                 return Err(lost);
             }
             let mut lease = run.cached.clone();
-            let spec = record::renewed(
-                &lease.spec.take().unwrap_or_default(),
-                self.seconds_to_write(run.phase.hold()),
-                record::now(),
-            );
+            let seconds = self.seconds_to_write(run.phase.hold());
+            let spec = record::renewed(&lease.spec.take().unwrap_or_default(), seconds, record::now());
             self.memory.last_renewed.extend(spec.renew_time.clone());
             lease.spec = Some(spec);
             // A term ended from outside meanwhile (a shutdown) abandons the
@@ -33,11 +29,11 @@ impl Task {
             // write, if it lands, carries the old resourceVersion and cannot
             // overwrite the release (which reads first).
             let inner = self.inner.clone();
-            let mut write = std::pin::pin!(inner.api.replace(&lease, term.deadline() - sent).fuse());
+            let mut write = std::pin::pin!(inner.api.replace(&lease, run.term.deadline() - sent).fuse());
             let written = loop {
                 futures::select_biased! {
                     written = write => break written,
-                    () = inner.wake.notified().fuse() => if term.lost().is_some() {
+                    () = inner.wake.notified().fuse() => if run.term.lost().is_some() {
                         debug!("the term ended during a renewal: not waiting for its answer");
                         return Ok(());
                     },
@@ -45,17 +41,18 @@ impl Task {
             };
             match written {
                 Ok(lease) => {
-                    let in_time = term.renewed(sent, self.config().renew_deadline);
+                    let in_time = run.term.renewed(sent, self.config().renew_deadline);
                     self.see(Some(lease.clone()), sent);
                     self.memory.confirmed(&lease);
                     run.cached = lease;
                     run.caught_up = false;
-                    if !in_time {
-                        if term.lost().is_some() {
-                            // Ended from outside while the request was in
-                            // flight: the top of the loop handles it.
-                            return Ok(());
-                        }
+                    // Late, the renewal gives the term up; unless the term
+                    // ended from outside while the request was in flight:
+                    // the top of the loop handles it.
+                    if in_time {
+                        self.renewal_told("success", sent);
+                        debug!("renewed lease");
+                    } else if run.term.lost().is_none() {
                         self.renewal_told("late", sent);
                         warn!(
                             after = ?sent.elapsed(),
@@ -63,8 +60,6 @@ impl Task {
                         );
                         return Err(Lost::RenewDeadlineExceeded);
                     }
-                    self.renewal_told("success", sent);
-                    debug!("renewed lease");
                     return Ok(());
                 }
                 Err(e) if e.status() == Some(404) => {
@@ -74,10 +69,8 @@ impl Task {
                     // A 404 from something in front of the API server costs
                     // this renewal, not the term.
                     self.log_error("renewing the lease (answered 404: reading it to confirm)", &e);
-                    return self
-                        .reread(run, "confirming the lease after a 404")
-                        .await
-                        .unwrap_or(Ok(()));
+                    let read = self.reread(run, "confirming the lease after a 404").await;
+                    return read.unwrap_or(Ok(()));
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
                     self.renewal_told("conflict", sent);
