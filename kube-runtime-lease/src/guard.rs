@@ -89,11 +89,8 @@ impl LeaseGuard {
     /// earlier than the current one (the guarded stream's check before each
     /// poll of its inner stream; the clock is read after the poll).
     pub(crate) fn ended_without_clock(&self) -> bool {
-        self.term.lost().is_some()
-            || self
-                .timer
-                .as_ref()
-                .is_some_and(|t| t.is_elapsed() && self.term.deadline() <= t.deadline())
+        let fired = |t: &Pin<Box<tokio::time::Sleep>>| t.is_elapsed() && self.term.deadline() <= t.deadline();
+        self.term.lost().is_some() || self.timer.as_ref().is_some_and(fired)
     }
 
     /// Whether this guard's timer is set for the current renew deadline.
@@ -109,12 +106,10 @@ impl LeaseGuard {
     /// ([`LeaseConfig::enabled`](crate::LeaseConfig::enabled)).
     #[must_use]
     pub fn time_left(&self) -> Duration {
-        if !self.is_valid() {
-            Duration::ZERO
-        } else if self.term.timeless {
-            Duration::MAX
-        } else {
-            self.term.deadline().saturating_duration_since(Instant::now())
+        match self.term.over() {
+            Some(_) => Duration::ZERO,
+            None if self.term.timeless => Duration::MAX,
+            None => self.term.deadline().saturating_duration_since(Instant::now()),
         }
     }
 
