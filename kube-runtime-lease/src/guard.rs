@@ -76,7 +76,7 @@ impl LeaseGuard {
     /// passed. A cheap synchronous check to make right before a side effect.
     #[must_use]
     pub fn is_valid(&self) -> bool {
-        self.term.holds()
+        self.term.over().is_none()
     }
 
     /// Whether the term is over now, and why (see [`Term::over_at`]).
@@ -89,11 +89,8 @@ impl LeaseGuard {
     /// earlier than the current one (the guarded stream's check before each
     /// poll of its inner stream; the clock is read after the poll).
     pub(crate) fn ended_without_clock(&self) -> bool {
-        self.term.has_ended()
-            || self
-                .timer
-                .as_ref()
-                .is_some_and(|t| t.is_elapsed() && self.term.deadline() <= t.deadline())
+        let fired = |t: &Pin<Box<tokio::time::Sleep>>| t.is_elapsed() && self.term.deadline() <= t.deadline();
+        self.term.lost().is_some() || self.timer.as_ref().is_some_and(fired)
     }
 
     /// Whether this guard's timer is set for the current renew deadline.
@@ -109,12 +106,10 @@ impl LeaseGuard {
     /// ([`LeaseConfig::enabled`](crate::LeaseConfig::enabled)).
     #[must_use]
     pub fn time_left(&self) -> Duration {
-        if self.term.has_ended() {
-            Duration::ZERO
-        } else if self.term.timeless {
-            Duration::MAX
-        } else {
-            self.term.deadline().saturating_duration_since(Instant::now())
+        match self.term.over() {
+            Some(_) => Duration::ZERO,
+            None if self.term.timeless => Duration::MAX,
+            None => self.term.deadline().saturating_duration_since(Instant::now()),
         }
     }
 
@@ -157,32 +152,6 @@ impl LeaseGuard {
     pub fn lost_signal(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
         self.term.subscribe().map(drop)
     }
-
-    /// Ready once the renew deadline has passed, on this guard's own timer.
-    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.term.timeless {
-            // No deadline: the term ends only when it is lost (the sender).
-            return Poll::Pending;
-        }
-        loop {
-            let deadline = self.term.deadline();
-            if Instant::now() >= deadline {
-                return Poll::Ready(());
-            }
-            let timer = match &mut self.timer {
-                Some(timer) => timer,
-                // Outside a runtime with timers (a guard polled by hand), the
-                // elector task's wake-up is all there is.
-                None if tokio::runtime::Handle::try_current().is_err() => return Poll::Pending,
-                None => self.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
-            };
-            if timer.deadline() != deadline {
-                timer.as_mut().reset(deadline);
-            }
-            ready!(timer.as_mut().poll(cx));
-            // Renewed since the timer was set: set it again.
-        }
-    }
 }
 
 impl std::fmt::Debug for LeaseGuard {
@@ -198,27 +167,45 @@ impl Future for LeaseGuard {
     type Output = Lost;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Lost> {
-        // Once the term ended (its reason set first), every poll answers that
-        // reason: the one the term sent, or the one this guard ended it with.
-        if self.term.has_ended() {
-            return Poll::Ready(self.term.lost().unwrap_or(Lost::ElectorStopped));
-        }
-        Poll::Ready(match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Pending => {
-                ready!(self.poll_deadline(cx));
+        let this = &mut *self;
+        loop {
+            // Once the term ended, every poll answers its reason: the one the
+            // term sent, or the one this guard ended it with.
+            if let Some(lost) = this.term.lost() {
+                return Poll::Ready(lost);
+            }
+            if let Poll::Ready(sent) = this.rx.poll_unpin(cx) {
+                // A sender dropped unsent is not reached while this guard
+                // holds the term (its senders are taken only by `lose`, which
+                // sends to each); answered rather than a panic.
+                return Poll::Ready(sent.unwrap_or(Lost::ElectorStopped));
+            }
+            if this.term.timeless {
+                // No deadline: the term ends only when it is lost (the sender).
+                return Poll::Pending;
+            }
+            let deadline = this.term.deadline();
+            if Instant::now() >= deadline {
                 // Final (see `Term::renewed`): the term ends for every
                 // guard, whether or not the elector task ever notices.
-                self.term.lose(&Lost::RenewDeadlineExceeded);
+                this.term.lose(&Lost::RenewDeadlineExceeded);
                 // The elector task ends the term its way (its status, its log line).
-                self.wake.notify_one();
-                self.term.lost().unwrap_or(Lost::RenewDeadlineExceeded)
+                this.wake.notify_one();
+                continue;
             }
-            Poll::Ready(Ok(lost)) => lost,
-            // Not reached while this guard holds the term (its senders are
-            // taken only by `lose`, which sends to each); answered rather
-            // than a panic.
-            Poll::Ready(Err(oneshot::Canceled)) => self.term.lost().unwrap_or(Lost::ElectorStopped),
-        })
+            let timer = match &mut this.timer {
+                Some(timer) => timer,
+                // Outside a runtime with timers (a guard polled by hand), the
+                // elector task's wake-up is all there is.
+                None if tokio::runtime::Handle::try_current().is_err() => return Poll::Pending,
+                None => this.timer.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            };
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            ready!(timer.as_mut().poll(cx));
+            // Renewed since the timer was set: set it again.
+        }
     }
 }
 

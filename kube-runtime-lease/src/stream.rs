@@ -195,19 +195,16 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             // and its timer keeps it until the renew deadline: polling it
             // again with the same one would only re-register it, unless a
             // renewal moved the deadline since (the timer is then set again).
-            Poll::Pending
-                if this.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker()))
-                    && guard.timer_armed() =>
-            {
+            Poll::Pending => {
+                let same_waker = this.registered.as_ref().is_some_and(|w| w.will_wake(cx.waker()));
+                if !(same_waker && guard.timer_armed()) {
+                    if let Poll::Ready(lost) = Pin::new(guard).poll(cx) {
+                        return finish(&mut this, Some(lost));
+                    }
+                    *this.registered = Some(cx.waker().clone());
+                }
                 Poll::Pending
             }
-            Poll::Pending => match Pin::new(guard).poll(cx) {
-                Poll::Ready(lost) => finish(&mut this, Some(lost)),
-                Poll::Pending => {
-                    *this.registered = Some(cx.waker().clone());
-                    Poll::Pending
-                }
-            },
         }
     }
 }

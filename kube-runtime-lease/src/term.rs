@@ -4,7 +4,10 @@
 //! than finished.
 
 use std::{
-    sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+    sync::{
+        OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -67,20 +70,15 @@ pub(crate) struct Term {
     /// Whether the term has no renew deadline (the election is disabled; see
     /// [`Term::timeless`]).
     pub(crate) timeless: bool,
-    inner: Mutex<TermInner>,
-    /// Guards of this term not yet dropped.
-    live: AtomicUsize,
-    /// Notified whenever a guard of this term is dropped.
-    dropped: Notify,
-    /// Set once the term ended: a cheap check for every poll of a guarded stream.
-    ended: AtomicBool,
-    /// Whether guarded work was stopped rather than finished: a guard was
-    /// still alive when the term ended, or was dropped only after the renew
-    /// deadline had passed. Requests that work sent may still land.
-    stopped_work: AtomicBool,
+    /// Why the term ended: set once, under the lock, and read without it (an
+    /// atomic load): the end flag every poll of a guarded stream checks.
+    lost: OnceLock<Lost>,
     /// The renew deadline as nanoseconds after `base`, readable without the lock.
     base: Instant,
     deadline_nanos: AtomicU64,
+    inner: Mutex<TermInner>,
+    /// Notified whenever a guard of this term is dropped.
+    dropped: Notify,
 }
 
 fn nanos_after(base: Instant, t: Instant) -> u64 {
@@ -88,9 +86,14 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
 }
 
 struct TermInner {
-    lost: Option<Lost>,
     last_renewal: Instant,
     senders: Vec<oneshot::Sender<Lost>>,
+    /// Guards of this term not yet dropped.
+    live: usize,
+    /// Whether guarded work was stopped rather than finished: a guard was
+    /// still alive when the term ended, or was dropped only after the renew
+    /// deadline had passed. Requests that work sent may still land.
+    stopped_work: bool,
     /// Set once the elector's shutdown began: no new guard joins the term
     /// (no new work under it), so that the shutdown waits only for the work
     /// in flight.
@@ -102,18 +105,17 @@ impl Term {
         Term {
             token,
             timeless: false,
-            inner: Mutex::new(TermInner {
-                lost: None,
-                last_renewal: sent_at,
-                senders: Vec::new(),
-                closed: false,
-            }),
-            live: AtomicUsize::new(0),
-            dropped: Notify::new(),
-            ended: AtomicBool::new(false),
-            stopped_work: AtomicBool::new(false),
+            lost: OnceLock::new(),
             base: sent_at,
             deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
+            inner: Mutex::new(TermInner {
+                last_renewal: sent_at,
+                senders: Vec::new(),
+                live: 0,
+                stopped_work: false,
+                closed: false,
+            }),
+            dropped: Notify::new(),
         }
     }
 
@@ -135,7 +137,7 @@ impl Term {
     #[must_use]
     pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) -> bool {
         let mut inner = self.inner.lock();
-        if !self.holds() {
+        if self.over().is_some() {
             return false;
         }
         let deadline = nanos_after(self.base, sent_at + renew_deadline);
@@ -150,27 +152,20 @@ impl Term {
         self.base + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
     }
 
-    /// Whether the term has ended (an atomic load; see [`over_at`](Self::over_at)).
-    pub(crate) fn has_ended(&self) -> bool {
-        self.ended.load(Ordering::Acquire)
-    }
-
     /// The one answer to "is the term over?", at `now`: why it ended, or
     /// [`Lost::RenewDeadlineExceeded`] once the renew deadline passed (a
     /// passed deadline is final, whether or not the elector task noticed it
-    /// yet; a timeless term has none); `None` while it holds. Takes the
-    /// term's lock once it ended (for the reason); lock-free while it holds (a clock read and two atomic loads): the guards' and guarded
-    /// streams' hot path. Under the term's lock it is exact; without it, a
-    /// caller may see the old deadline pass while a renewal sent in time is
-    /// being recorded, and the term hold once it is (see
+    /// yet; a timeless term has none); `None` while it holds. Lock-free (two
+    /// atomic loads), so callers may hold the term's lock: the guards' and
+    /// guarded streams' hot path. Under the term's lock it is exact; without
+    /// it, a caller may see the old deadline pass while a renewal sent in
+    /// time is being recorded, and the term hold once it is (see
     /// [`holds_serialized`](Self::holds_serialized)).
     pub(crate) fn over_at(&self, now: Instant) -> Option<Lost> {
-        if self.has_ended() {
-            // `lose` sets the reason before the flag.
-            return Some(self.lost().unwrap_or(Lost::ElectorStopped));
+        if let Some(lost) = self.lost() {
+            return Some(lost);
         }
-        self.deadline_passed_at(now)
-            .then_some(Lost::RenewDeadlineExceeded)
+        (!self.timeless && now >= self.deadline()).then_some(Lost::RenewDeadlineExceeded)
     }
 
     /// [`over_at`](Self::over_at) now.
@@ -178,22 +173,13 @@ impl Term {
         self.over_at(Instant::now())
     }
 
-    /// Whether the term holds now: not [`over`](Self::over), told without
-    /// the reason, so without the lock (callers may hold it).
-    pub(crate) fn holds(&self) -> bool {
-        !self.has_ended() && !self.deadline_passed_at(Instant::now())
-    }
-
-    fn deadline_passed_at(&self, now: Instant) -> bool {
-        !self.timeless && now >= self.deadline()
-    }
-
-    /// [`holds`](Self::holds), serialised with [`renewed`](Self::renewed)
-    /// and [`lose`](Self::lose) by the lock: once it answers `false`, it
-    /// never answers `true` again (for `is_leader`).
+    /// Whether the term holds now (is not [`over`](Self::over)), serialised
+    /// with [`renewed`](Self::renewed) and [`lose`](Self::lose) by the lock:
+    /// once it answers `false`, it never answers `true` again (for
+    /// `is_leader`).
     pub(crate) fn holds_serialized(&self) -> bool {
         let _inner = self.inner.lock();
-        self.holds()
+        self.over().is_none()
     }
 
     /// Tests: the renew deadline passes now (as during a pause).
@@ -205,19 +191,20 @@ impl Term {
 
     /// Whether guards were still alive when the term ended (see [`Term::lose`]).
     pub(crate) fn stopped_work(&self) -> bool {
-        self.stopped_work.load(Ordering::Acquire)
+        self.inner.lock().stopped_work
     }
 
     pub(crate) fn last_renewal(&self) -> Instant {
         self.inner.lock().last_renewal
     }
 
+    /// Why the term ended, or `None` while it has not (read without the lock).
     pub(crate) fn lost(&self) -> Option<Lost> {
-        self.inner.lock().lost.clone()
+        self.lost.get().cloned()
     }
 
     pub(crate) fn live_guards(&self) -> usize {
-        self.live.load(Ordering::Acquire)
+        self.inner.lock().live
     }
 
     /// Waits until every guard of this term has been dropped, or `until`
@@ -237,16 +224,12 @@ impl Term {
     pub(crate) fn lose(&self, reason: &Lost) {
         let senders = {
             let mut inner = self.inner.lock();
-            if inner.lost.is_some() {
+            if self.lost.set(reason.clone()).is_err() {
                 return;
             }
-            inner.lost = Some(reason.clone());
             // Guards are only created under this lock, and only while the term
             // holds: the count cannot grow from here on.
-            if self.live_guards() > 0 {
-                self.stopped_work.store(true, Ordering::Release);
-            }
-            self.ended.store(true, Ordering::Release);
+            inner.stopped_work |= inner.live > 0;
             std::mem::take(&mut inner.senders)
         };
         for tx in senders {
@@ -260,7 +243,7 @@ impl Term {
     pub(crate) fn subscribe(&self) -> oneshot::Receiver<Lost> {
         let (tx, rx) = oneshot::channel::<Lost>();
         let mut inner = self.inner.lock();
-        if inner.lost.is_none() {
+        if self.lost.get().is_none() {
             inner.senders.push(tx);
         }
         // Else `tx` is dropped here and `rx` resolves at once.
@@ -273,11 +256,11 @@ impl Term {
     /// dropped before it finished): requests it sent may still land, so the
     /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
     pub(crate) fn guard_dropped(&self, unfinished: bool) {
+        let mut inner = self.inner.lock();
         // (A guard alive when the term ended was counted by `lose`.)
-        if unfinished || !self.holds() {
-            self.stopped_work.store(true, Ordering::Release);
-        }
-        self.live.fetch_sub(1, Ordering::AcqRel);
+        inner.stopped_work |= unfinished || self.over().is_some();
+        inner.live -= 1;
+        drop(inner);
         self.dropped.notify_waiters();
     }
 
@@ -290,15 +273,15 @@ impl Term {
 
     /// A new guard joins the term (see [`LeaseGuard::of`](crate::LeaseGuard::of)):
     /// counted, and told why the term ends; `None`, under the term's lock, if
-    /// the term no longer holds or its elector's shutdown began.
+    /// the term is over or its elector's shutdown began.
     pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.inner.lock();
-        if !self.holds() || inner.closed {
+        if inner.closed || self.over().is_some() {
             return None;
         }
         inner.senders.push(tx);
-        self.live.fetch_add(1, Ordering::AcqRel);
+        inner.live += 1;
         Some(rx)
     }
 }
