@@ -1113,6 +1113,54 @@ fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
     });
 }
 
+/// A foreign record the leader could not confirm (the read failed, so the
+/// term went on) is no news when the watch delivers it again unchanged (here
+/// a third party edits its labels): it is not read again, and the term ends
+/// at its next renewal, which meets the conflict. Mutation testing: kills
+/// `on_watch_event`'s `_ if !changed` guard replaced by `false`, which read
+/// again at every such delivery.
+#[test]
+fn an_unchanged_foreign_record_delivered_again_is_not_read_again() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, unhurried("me"));
+        fake.fault(id, Some("list"), Fault::Status(500));
+        fake.fault(id, Some("list"), Fault::Status(500));
+        let guard = e.acquire().await.unwrap();
+        let count =
+            |fake: &FakeLeaseApi, verb: &str| fake.requests().iter().filter(|s| s.verb == verb).count();
+        let gets = count(&fake, "get");
+        // The read that would confirm the takeover fails: the term goes on.
+        fake.fault(id, Some("get"), Fault::Status(500));
+        fake.take_over("other");
+        tokio::time::timeout(S(15), async {
+            while count(&fake, "list") < 3 || count(&fake, "get") == gets {
+                sleep(MS(50)).await;
+            }
+        })
+        .await
+        .expect("the watch never showed the takeover, or it was not read");
+        sleep(MS(100)).await;
+        assert_eq!(guard.lost(), None, "the term ended though the read failed");
+        let gets = count(&fake, "get");
+        let mut edited = fake.lease().unwrap();
+        edited.metadata.labels = Some([("edited".to_owned(), "yes".to_owned())].into());
+        fake.put(edited);
+        sleep(MS(100)).await;
+        assert_eq!(count(&fake, "get"), gets, "the unchanged record was read again");
+        assert_eq!(guard.lost(), None, "the term ended on a record already judged");
+        let lost = tokio::time::timeout(S(30), guard)
+            .await
+            .expect("the term never ended");
+        assert_eq!(
+            lost,
+            Lost::TakenOver {
+                holder: "other".into()
+            }
+        );
+    });
+}
+
 /// A watch error or a re-list does not make the leader "caught up" with its
 /// own last write: only the watch delivering that write does. A re-list
 /// served by a lagging watch cache shows the record before our write (here
