@@ -110,10 +110,10 @@
 //! ```
 //! `get`, `create` and `update` are required; `list` and `watch` make the
 //! election watch-driven (see [`LeaseConfig::watch`]); without them it polls,
-//! with one warning, and tries the watch again with backoff (10 s, doubling
-//! up to 5 min), so that a 403 that passes (an apiserver just restarted
-//! answers before its authorization cache has synced) does not leave it
-//! polling. A missing verb is logged with the rule to add.
+//! with one warning, while the watch is retried with kube-runtime's default
+//! backoff (up to 30 s, jittered), so that a 403 that passes (an apiserver
+//! just restarted answers before its authorization cache has synced) does
+//! not leave it polling. A missing verb is logged with the rule to add.
 //! <!-- upstream: omit -->
 //! With `LeaderElector::with_events`, also `create` and `patch` on `events`
 //! in `events.k8s.io`. A sharded election (`unstable-shards`) also needs

@@ -134,9 +134,9 @@ impl LeaseConfig {
     /// Whether candidates also watch the Lease (default `true`), so that a
     /// release is acted on within one watch event and a leader learns of a
     /// takeover at once. Without `watch`/`list` permission on Leases the
-    /// elector falls back to polling with one warning, and tries the watch
-    /// again with backoff (10 s, doubling up to 5 min); set this to `false`
-    /// to poll from the start.
+    /// elector falls back to polling with one warning while kube-runtime's
+    /// watcher retries with its default backoff (up to 30 s, jittered); set
+    /// this to `false` to poll from the start.
     #[must_use]
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;

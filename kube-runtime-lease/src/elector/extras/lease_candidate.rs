@@ -10,7 +10,7 @@
 
 use std::{future::pending, time::Duration};
 
-use backon::BackoffBuilder;
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::{
     apimachinery::pkg::apis::meta::v1::MicroTime,
@@ -29,10 +29,7 @@ use crate::{
     config::{LeaseConfig, extras::coordinated::Coordinated},
     elector::{
         Inner, State, Transition,
-        task::{
-            LeaseView, Rule, Task,
-            view::{WATCH_REOPEN_MAX, reopen_backoff},
-        },
+        task::{LeaseView, Rule, Task},
     },
     error::Chain,
     record::{self, Asker, Observed, Verdict},
@@ -42,6 +39,21 @@ use crate::{
 /// `requeueInterval`): the API server treats a `LeaseCandidate` not renewed for 15
 /// minutes as a reason to re-elect, and collects it after 30.
 const REFRESH: Duration = Duration::from_secs(300);
+/// The longest wait before a `LeaseCandidate` the API server does not serve
+/// is published again.
+const REPUBLISH_MAX: Duration = Duration::from_secs(300);
+
+/// The waits before a `LeaseCandidate` the API server does not serve is
+/// published again, one per 404 in a row: 10 s, doubling up to
+/// [`REPUBLISH_MAX`] (an optional API that is not there, so no faster).
+fn republish_backoff() -> ExponentialBackoff {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_secs(10))
+        .with_max_delay(REPUBLISH_MAX)
+        .without_max_times()
+        .build()
+}
+
 /// The bound of each request.
 const BOUND: Duration = crate::config::extras::coordinated::REQUEST_BOUND;
 /// How far ahead of our clock an API server's ping may be for the answer to
@@ -153,8 +165,8 @@ pub(in crate::elector) enum Election {
     /// Coordinated Leader Election asked for, but the API server answered
     /// the `LeaseCandidate`'s creation 404 (it does not serve the API, or
     /// not yet): the ordinary election runs, and the `LeaseCandidate` is
-    /// published again at `retry_at` (the watch's reopening backoff: 10 s
-    /// doubling to 5 min; `fails` 404s in a row, counted across election
+    /// published again at `retry_at` (`republish_backoff`: 10 s doubling to
+    /// 5 min; `fails` 404s in a row, counted across election
     /// tasks).
     FellBack {
         retry_at: tokio::time::Instant,
@@ -285,7 +297,7 @@ impl LeaseCandidate {
         loop {
             self.publish_until_answered(inner).await;
             self.keep().await;
-            let delay = reopen_backoff().next().unwrap_or(WATCH_REOPEN_MAX);
+            let delay = republish_backoff().next().unwrap_or(REPUBLISH_MAX);
             warn!(
                 retry_in = ?delay,
                 "coordinated leader election: the API server no longer serves coordination.k8s.io/v1beta1 \
@@ -329,7 +341,7 @@ impl LeaseCandidate {
                 }
                 Err(e @ CallError::NotServed(_)) => {
                     let fails = fell_back.map_or(0, |(_, fails)| fails.saturating_add(1));
-                    let delay = reopen_backoff().nth(fails).unwrap_or(WATCH_REOPEN_MAX);
+                    let delay = republish_backoff().nth(fails).unwrap_or(REPUBLISH_MAX);
                     if fell_back.is_none() {
                         warn!(
                             error = %e,

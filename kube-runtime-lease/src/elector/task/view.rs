@@ -4,32 +4,14 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use futures::{FutureExt, StreamExt, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_runtime::watcher;
 use tokio::time::{Instant, sleep_until};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::{LeaseView, Task};
 use crate::{error::Result, record::Observed};
-
-/// The first wait before a watch that was forbidden (or ended) is opened
-/// again; each failure doubles it, up to [`WATCH_REOPEN_MAX`].
-pub(in crate::elector) const WATCH_REOPEN_MIN: Duration = Duration::from_secs(10);
-/// The longest wait before a watch is opened again.
-pub(in crate::elector) const WATCH_REOPEN_MAX: Duration = Duration::from_secs(300);
-
-/// The waits before a closed watch is opened again, one per failure in a row
-/// (and before a `LeaseCandidate` the API server does not serve is published
-/// again): one backoff policy for an optional API that is not there.
-pub(in crate::elector) fn reopen_backoff() -> ExponentialBackoff {
-    ExponentialBuilder::new()
-        .with_min_delay(WATCH_REOPEN_MIN)
-        .with_max_delay(WATCH_REOPEN_MAX)
-        .without_max_times()
-        .build()
-}
 
 /// What the watch yields: the Lease as it is now, or `None` once it is gone
 /// (kube-runtime's `watch_object`).
@@ -50,19 +32,15 @@ pub(in crate::elector) struct Delivered {
     pub(in crate::elector) news: bool,
 }
 
-/// The Lease watch: its stream, how far it got, when it was heard from, and
-/// when it is opened again once closed; one step per item ([`Watch::step`]).
+/// The Lease watch: its stream, how far it got, and when it was heard from;
+/// one step per item ([`Watch::step`]).
 pub(in crate::elector) struct Watch {
-    /// The open watch; `None` when not asked for (`LeaseConfig::watch(false)`:
-    /// the task polls), or while closed.
+    /// The open watch; `None` when not asked for (`LeaseConfig::watch(false)`)
+    /// or once it ended: the task polls.
     stream: Option<WatchStream>,
     sync: Sync,
     /// When the watch last delivered the Lease's state.
     heard: Instant,
-    /// Closed (forbidden, or ended): the task polls until then.
-    reopen_at: Option<Instant>,
-    /// Once it was closed, the backoff of that outage, kept until it delivers.
-    reopens: Option<ExponentialBackoff>,
 }
 
 /// How far an open watch got.
@@ -83,8 +61,6 @@ impl Watch {
             stream,
             sync: Sync::Listing,
             heard: Instant::now(),
-            reopen_at: None,
-            reopens: None,
         }
     }
 
@@ -104,7 +80,10 @@ impl Watch {
     }
 
     /// The transition for one item of the open watch (`None`: the stream
-    /// ended), at `now`.
+    /// ended), at `now`. A failure, a 403 included, is retried by the watcher
+    /// with kube-runtime's default backoff (up to 30 s, jittered): a 403 can
+    /// pass, as from an API server just restarted whose authorization cache
+    /// has not synced yet. The task polls meanwhile.
     fn step(&mut self, item: Option<WatchItem>, now: Instant) -> Step {
         match item {
             Some(Ok(lease)) => {
@@ -113,61 +92,32 @@ impl Watch {
                 }
                 let news = std::mem::replace(&mut self.sync, Sync::Synced) != Sync::Synced;
                 self.heard = now;
-                self.reopens = None;
                 return Some(Delivered { lease, news });
             }
             None => {
-                warn!("lease watch ended; polling every retry period until it is opened again");
-                self.close(now);
+                warn!("lease watch ended; polling every retry period from now on");
+                (self.stream, self.sync) = (None, Sync::Listing);
             }
+            Some(Err(_)) if self.sync == Sync::Failing => {}
             Some(Err(e)) if matches!(crate::error::watch_status(&e), Some(401 | 403)) => {
-                // Refused rather than broken.
-                if self.reopens.is_none() {
-                    warn!(
-                        error = %e,
-                        "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
-                         falling back to polling every retry period (the watch is tried again, with backoff)"
-                    );
-                } else {
-                    debug!(error = %e, "still cannot watch leases");
-                }
-                self.close(now);
+                warn!(
+                    error = %e,
+                    "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
+                     falling back to polling every retry period until the watch is allowed"
+                );
+                self.sync = Sync::Failing;
             }
             Some(Err(e)) => {
-                if self.sync != Sync::Failing {
-                    warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
-                }
+                warn!(error = %e, "lease watch failed; polling every retry period until it recovers");
                 self.sync = Sync::Failing;
             }
         }
         None
     }
-
-    /// Closes the watch, to be opened again after a backoff that doubles with
-    /// each failure in a row: a 403 can pass (an apiserver just restarted
-    /// answers before its authorization cache has synced), and a watch that
-    /// ended may be served again.
-    fn close(&mut self, now: Instant) {
-        let reopens = self.reopens.get_or_insert_with(reopen_backoff);
-        self.reopen_at = Some(now + reopens.next().unwrap_or(WATCH_REOPEN_MAX));
-        self.stream = None;
-        self.sync = Sync::Listing;
-    }
-
-    /// Opens the watch again once its backoff has passed.
-    fn reopen_if_due(&mut self, open: impl FnOnce() -> WatchStream) {
-        if self.reopen_at.is_some_and(|at| Instant::now() >= at) {
-            debug!("opening the lease watch again");
-            self.stream = Some(open());
-            self.reopen_at = None;
-        }
-    }
 }
 
 impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
-        // Every poll: a watch that was forbidden or ended may be back.
-        self.watch.reopen_if_due(|| self.inner.api.watch());
         (self.inner.api.get(bound).await).inspect(|lease| {
             self.needs_read = false;
             self.see(lease.clone(), Instant::now());

@@ -1,7 +1,5 @@
 //! The watch's transitions ([`Watch::step`]), without I/O: what each item
-//! does to its state, and the backoff before it is opened again.
-
-use std::time::Duration;
+//! does to its state.
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -9,8 +7,8 @@ use kube_client::core::Status;
 use kube_runtime::watcher;
 use tokio::time::Instant;
 
-use super::{Delivered, Sync, WATCH_REOPEN_MAX, WATCH_REOPEN_MIN, Watch};
-use crate::tests::support::paused;
+use super::{Delivered, Sync, Watch};
+use crate::tests::support::logs_during;
 
 fn open(sync: Sync) -> Watch {
     Watch {
@@ -85,45 +83,39 @@ fn a_failure_unsyncs_the_watch_until_it_delivers() {
     assert!(synced(&watch));
 }
 
-/// A refused watch (403, 401) or one that ended is closed and opened again
-/// after a backoff that doubles with each failure in a row, up to its
-/// maximum, and starts over once a watch delivered.
+/// A refused watch (403, 401) stays open, out of sync: the watcher retries
+/// it with kube-runtime's backoff while the task polls. One warning per
+/// outage, with the RBAC hint; a refusal after the watch delivered again is
+/// a new outage. A watch that ended is not opened again: the task polls.
 #[test]
-fn a_refused_or_ended_watch_is_reopened_with_a_doubling_backoff() {
-    paused(async {
-        let mut watch = open(Sync::Listing);
-        let mut waits = Vec::new();
-        for code in [403, 401, 403, 403, 403, 403, 403] {
-            let now = Instant::now();
+fn a_refused_watch_is_left_to_the_watchers_backoff_and_warned_once() {
+    let now = Instant::now();
+    let mut watch = open(Sync::Synced);
+    let logs = logs_during(tracing::Level::WARN, || {
+        for code in [403, 401, 403] {
             assert_eq!(watch.step(Some(Err(refused(code))), now), None);
-            let (None, Some(reopen_at)) = (&watch.stream, watch.reopen_at) else {
-                panic!("not closed after a {code}");
-            };
-            let backoff = reopen_at - now;
-            waits.push(backoff.as_secs());
-            // Opened again when it is due, not before.
-            tokio::time::advance(backoff.saturating_sub(Duration::from_millis(1))).await;
-            watch.reopen_if_due(|| unreachable!("opened again before it was due"));
-            tokio::time::advance(Duration::from_millis(1)).await;
-            watch.reopen_if_due(|| futures::stream::empty().boxed());
-            assert_eq!(sync_of(&watch), Some(Sync::Listing));
+            assert_eq!(sync_of(&watch), Some(Sync::Failing), "after a {code}");
         }
-        assert_eq!(waits, [10, 20, 40, 80, 160, 300, 300]);
-        assert_eq!(WATCH_REOPEN_MAX, Duration::from_secs(300));
-        let now = Instant::now();
-        assert_eq!(
-            watch.step(Some(Ok(None)), now),
-            Some(Delivered {
-                lease: None,
-                news: true
-            })
-        );
-        assert_eq!(watch.step(None, now), None);
-        assert!(
-            watch.stream.is_none() && watch.reopen_at == Some(now + WATCH_REOPEN_MIN),
-            "the backoff did not start over after the watch delivered"
-        );
     });
+    assert_eq!(logs.matches("cannot watch leases").count(), 1, "{logs}");
+    assert!(logs.contains("grant `list` and `watch`"), "{logs}");
+    let delivered = watch.step(Some(Ok(None)), now);
+    assert_eq!(
+        delivered,
+        Some(Delivered {
+            lease: None,
+            news: true
+        })
+    );
+    let logs = logs_during(tracing::Level::WARN, || {
+        watch.step(Some(Err(refused(403))), now);
+    });
+    assert_eq!(logs.matches("cannot watch leases").count(), 1, "{logs}");
+    assert_eq!(watch.step(None, now), None);
+    assert!(
+        watch.stream.is_none() && !synced(&watch),
+        "an ended watch is closed"
+    );
 }
 
 /// "lease watch recovered" is logged once when a watch that failed delivers
@@ -133,7 +125,7 @@ fn a_refused_or_ended_watch_is_reopened_with_a_doubling_backoff() {
 fn a_recovery_is_logged_once_and_the_first_sync_is_not_a_recovery() {
     let now = Instant::now();
     let mut watch = open(Sync::Listing);
-    let logs = crate::tests::support::logs_during(tracing::Level::INFO, || {
+    let logs = logs_during(tracing::Level::INFO, || {
         watch.step(Some(Ok(None)), now);
         watch.step(Some(Ok(None)), now);
     });
@@ -142,7 +134,7 @@ fn a_recovery_is_logged_once_and_the_first_sync_is_not_a_recovery() {
         "the first sync is no recovery: {logs}"
     );
     watch.step(Some(Err(broken())), now);
-    let logs = crate::tests::support::logs_during(tracing::Level::INFO, || {
+    let logs = logs_during(tracing::Level::INFO, || {
         watch.step(Some(Ok(None)), now);
         watch.step(Some(Ok(None)), now);
     });
