@@ -86,7 +86,6 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
 }
 
 struct TermInner {
-    last_renewal: Instant,
     senders: Vec<oneshot::Sender<Lost>>,
     /// Guards of this term not yet dropped.
     live: usize,
@@ -109,7 +108,6 @@ impl Term {
             base: sent_at,
             deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
             inner: Mutex::new(TermInner {
-                last_renewal: sent_at,
                 senders: Vec::new(),
                 live: 0,
                 stopped_work: false,
@@ -136,13 +134,12 @@ impl Term {
     /// the term come back to life.
     #[must_use]
     pub(crate) fn renewed(&self, sent_at: Instant, renew_deadline: Duration) -> bool {
-        let mut inner = self.inner.lock();
+        let _inner = self.inner.lock();
         if self.over().is_some() {
             return false;
         }
         let deadline = nanos_after(self.base, sent_at + renew_deadline);
         self.deadline_nanos.store(deadline, Ordering::Release);
-        inner.last_renewal = sent_at;
         true
     }
 
@@ -192,10 +189,6 @@ impl Term {
     /// Whether guards were still alive when the term ended (see [`Term::lose`]).
     pub(crate) fn stopped_work(&self) -> bool {
         self.inner.lock().stopped_work
-    }
-
-    pub(crate) fn last_renewal(&self) -> Instant {
-        self.inner.lock().last_renewal
     }
 
     /// Why the term ended, or `None` while it has not (read without the lock).

@@ -110,11 +110,13 @@ impl LeaderElector {
     pub fn health_check(&self, tolerance: Duration) -> Result<(), HealthError> {
         // The term in force, unless it ended; the one term of a disabled
         // election (the only timeless one) renews nothing: never stuck.
-        // Without such a term, no renewal is overdue (zero since).
+        // Without such a term, no renewal is overdue (zero since). The last
+        // renewal was sent one renew deadline before the term's deadline.
         let term = self.inner.lock().term.clone();
         let term = term.filter(|t| !t.timeless && t.lost().is_none());
-        let since = term.map_or(Duration::ZERO, |t| t.last_renewal().elapsed());
-        let limit = self.inner.config.lease_duration.saturating_add(tolerance);
+        let cfg = &self.inner.config;
+        let since = term.map_or(Duration::ZERO, |t| t.deadline().elapsed() + cfg.renew_deadline);
+        let limit = cfg.lease_duration.saturating_add(tolerance);
         if since > limit {
             return Err(HealthError::RenewalOverdue { since, limit });
         }
