@@ -15,7 +15,7 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease};
 /// It publishes the same [`LeaderStatus`] an elector does (its `holder` and
 /// `transitions`; `is_leader` is always `false`), from a watch of that one
 /// Lease, and makes no write: RBAC needs only `get`, `list` and `watch` on
-/// `leases`. The watch is kube-runtime's `watcher`, with its default
+/// `leases`. The watch is kube-runtime's `watch_object`, with its default
 /// backoff. `holder` is the holder the record names, as an elector shows
 /// it: a holder that has stopped renewing is still named until someone
 /// takes the Lease over. The watch runs in a task of its own, stopped when
@@ -54,26 +54,12 @@ impl LeaseObserver {
         check_lease(namespace, name)?;
         let (tx, status) = watch::channel(LeaderStatus::default());
         let api: Api<Lease> = Api::namespaced(client, namespace);
-        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-        let mut events = watcher(api, config).default_backoff().boxed();
+        let mut events = watcher::watch_object(api, name).default_backoff().boxed();
         let task = tokio::spawn(async move {
-            // Whether the Lease was shown since the last re-list began.
-            let mut listed = false;
             while let Some(event) = events.next().await {
+                // The Lease as it is now (`None`: it does not exist).
                 let seen = match event {
-                    Ok(watcher::Event::Init) => {
-                        listed = false;
-                        continue;
-                    }
-                    // (Between a re-list's `Init` and `InitDone`, the watcher sends only `InitApply`.)
-                    Ok(watcher::Event::InitApply(lease) | watcher::Event::Apply(lease)) => {
-                        listed = true;
-                        Some(lease)
-                    }
-                    // The Lease does not exist (any more).
-                    Ok(watcher::Event::Delete(_)) => None,
-                    Ok(watcher::Event::InitDone) if !listed => None,
-                    Ok(watcher::Event::InitDone) => continue,
+                    Ok(seen) => seen,
                     Err(e) => {
                         debug!(error = %crate::error::Chain(&e), "lease observer: watch failed; retrying");
                         continue;
