@@ -1501,6 +1501,38 @@ fn a_task_dropped_before_it_started_fails_its_waiter_and_the_next_acquire_starts
     });
 }
 
+/// 7: an `acquire` first polled through the `Handle` of a runtime already
+/// shut down (a handle kept past its runtime, whose `block_on` still polls).
+/// That runtime drops the task's future inside the spawn, so the task's drop
+/// runs there, and it locks the elector's state: spawned with that lock
+/// held, it would wait for itself for ever. The waiter is told instead, and
+/// the next `acquire` starts a task on a running runtime.
+#[test]
+fn an_acquire_on_a_runtime_shut_down_fails_instead_of_hanging() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let helper = helper_runtime();
+    let handle = helper.handle().clone();
+    drop(helper);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let on_handle = e.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(handle.block_on(on_handle.acquire()).map(drop));
+    });
+    let failed = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the acquire hangs: the task's drop waits for a lock its spawn holds");
+    assert_eq!(failed, Err(AcquireError::ElectorStopped));
+    main.block_on(async {
+        let guard = timeout(S(120), e.acquire())
+            .await
+            .expect("the next acquire starts a task of its own")
+            .unwrap();
+        assert!(guard.is_valid());
+    });
+}
+
 /// A current-thread runtime with a real clock, for a task that must run on a
 /// runtime of its own (and, once its `block_on` returns, is never polled again).
 fn helper_runtime() -> tokio::runtime::Runtime {
