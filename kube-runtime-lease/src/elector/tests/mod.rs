@@ -394,6 +394,36 @@ fn a_candidate_that_saw_the_lease_waits_a_lease_duration_after_its_deletion() {
     });
 }
 
+/// A failed request is logged with what failed, and a refused one (401,
+/// 403) at error level with the RBAC rule, naming the verb that is missing
+/// (mutation testing: `Task::log_error` replaced with `()` was missed).
+#[test]
+fn a_failed_request_is_logged_and_a_forbidden_one_names_the_missing_verb() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = free();
+            let (e, id) = elector(&fake, config("me").watch(false));
+            fake.fault(id, Some("get"), Fault::Status(403));
+            fake.fault(id, Some("update"), Fault::Status(500));
+            let guard = tokio::time::timeout(S(60), e.acquire()).await.expect("leads");
+            assert!(guard.unwrap().is_valid());
+        });
+    });
+    let forbidden: Vec<_> = logs.lines().filter(|l| l.contains("forbidden to")).collect();
+    assert_eq!(forbidden.len(), 1, "{logs}");
+    assert!(forbidden[0].contains("ERROR"), "{logs}");
+    assert!(
+        forbidden[0].contains("forbidden to get lease default/lease: RBAC needs verbs get, create, update")
+    );
+    assert!(forbidden[0].contains("`get` is missing"), "{logs}");
+    let failed: Vec<_> = logs
+        .lines()
+        .filter(|l| l.contains("acquiring the lease failed"))
+        .collect();
+    assert_eq!(failed.len(), 1, "{logs}");
+    assert!(failed[0].contains("WARN") && failed[0].contains("500"), "{logs}");
+}
+
 #[test]
 fn forbidden_and_unreachable_api_servers_are_retried_every_jittered_retry_period_and_never_lead() {
     paused(async {
