@@ -42,7 +42,7 @@ impl Task {
                 info!(%reason, "leadership ended");
                 matches!(reason, Lost::SteppedDown { .. }) || self.config().release_on_drop
             }
-            Lost::ElectorStopped => false,
+            // (`ElectorStopped` is set only by a task's drop, never here.)
             _ => {
                 warn!(%reason, "leadership lost");
                 false
