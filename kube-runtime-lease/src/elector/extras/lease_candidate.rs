@@ -166,8 +166,7 @@ pub(in crate::elector) enum Election {
     /// the `LeaseCandidate`'s creation 404 (it does not serve the API, or
     /// not yet): the ordinary election runs, and the `LeaseCandidate` is
     /// published again at `retry_at` (`republish_backoff`: 10 s doubling to
-    /// 5 min; `fails` 404s in a row, counted across election
-    /// tasks).
+    /// 5 min; `fails` 404s in a row, counted across election tasks).
     FellBack {
         retry_at: tokio::time::Instant,
         fails: usize,
