@@ -38,6 +38,22 @@ fn unhurried(identity: &str) -> crate::LeaseConfig {
 
 fn assert_send_sync_static<T: Send + Sync + 'static>(_: &T) {}
 
+/// The watch's first two lists fail, so `me` (unhurried) leads on a polled
+/// read before its watch is in sync: its elector, its client and its guard.
+async fn leading_before_the_watch_synced(fake: &FakeLeaseApi) -> (LeaderElector, usize, crate::LeaseGuard) {
+    let (e, id) = elector(fake, unhurried("me"));
+    fake.fault(id, Some("list"), Fault::Status(500));
+    fake.fault(id, Some("list"), Fault::Status(500));
+    let guard = e.acquire().await.unwrap();
+    assert!(lists(fake) < 3, "the term began before the watch synced");
+    (e, id, guard)
+}
+
+/// The lists the double has answered (or refused), of every client.
+fn lists(fake: &FakeLeaseApi) -> usize {
+    fake.requests().iter().filter(|s| s.verb == "list").count()
+}
+
 #[test]
 fn invalid_config_is_an_error_before_any_api_call() {
     paused(async {
@@ -1112,12 +1128,7 @@ fn a_takeover_made_while_the_watch_was_broken_ends_the_term_when_it_is_back() {
 fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
     paused(async {
         let fake = free();
-        let (e, id) = elector(&fake, unhurried("me"));
-        fake.fault(id, Some("list"), Fault::Status(500));
-        fake.fault(id, Some("list"), Fault::Status(500));
-        let guard = e.acquire().await.unwrap();
-        let lists = |fake: &FakeLeaseApi| fake.requests().iter().filter(|s| s.verb == "list").count();
-        assert!(lists(&fake) < 3, "the term began before the watch synced");
+        let (_e, _, guard) = leading_before_the_watch_synced(&fake).await;
         fake.take_over("other");
         let taken = Instant::now();
         let lost = tokio::time::timeout(S(60), guard)
@@ -1150,10 +1161,7 @@ fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
 fn an_unchanged_foreign_record_delivered_again_is_not_read_again() {
     paused(async {
         let fake = free();
-        let (e, id) = elector(&fake, unhurried("me"));
-        fake.fault(id, Some("list"), Fault::Status(500));
-        fake.fault(id, Some("list"), Fault::Status(500));
-        let guard = e.acquire().await.unwrap();
+        let (_e, id, guard) = leading_before_the_watch_synced(&fake).await;
         // The read that would confirm the takeover fails: the term goes on.
         fake.fault(id, Some("get"), Fault::Status(500));
         fake.take_over("other");
