@@ -149,9 +149,9 @@ impl Task {
                     .reread(run, "confirming the lease at the end of the creation hold")
                     .await
                 {
-                    Some(Err(lost)) => return lost,
-                    Some(Ok(())) => self.begin_term(&run.term, run.cached.metadata.uid.as_deref()),
-                    None => Phase::Holding {
+                    Err(lost) => return lost,
+                    Ok(Read::Ours) => self.begin_term(&run.term, run.cached.metadata.uid.as_deref()),
+                    Ok(Read::Failed) => Phase::Holding {
                         until: Instant::now() + period,
                     },
                 };
@@ -241,7 +241,9 @@ impl Task {
             object if run.caught_up => return Err(object.as_ref().map_or(Lost::Deleted, taken_over)),
             // Possibly older than our last write: confirm with a read before
             // stepping down (a read that fails leaves the term on).
-            _ => return self.reread(run, "verifying the lease").await.unwrap_or(Ok(())),
+            _ => {
+                self.reread(run, "verifying the lease").await?;
+            }
         }
         Ok(())
     }
@@ -284,22 +286,29 @@ impl Task {
     /// Reads the Lease (bounded by the renew deadline): whether it still holds
     /// a record of our term as we wrote it (the same identity is not enough:
     /// another process may share it; see `Memory::is_last_term`), which
-    /// then becomes the cached object; `None` if the read failed (logged as
-    /// `what`).
-    pub(super) async fn reread(&mut self, run: &mut TermRun, what: &str) -> Option<Result<(), Lost>> {
+    /// then becomes the cached object; the term's end if it does not.
+    pub(super) async fn reread(&mut self, run: &mut TermRun, what: &str) -> Result<Read, Lost> {
         let left = run.term.deadline().saturating_duration_since(Instant::now());
         match self.get(left).await {
-            Ok(None) => Some(Err(Lost::Deleted)),
+            Ok(None) => Err(Lost::Deleted),
             Ok(Some(lease)) if self.memory.is_last_term(&lease) => {
                 self.memory.confirmed(&lease);
                 run.cached = lease;
-                Some(Ok(()))
+                Ok(Read::Ours)
             }
-            Ok(Some(lease)) => Some(Err(taken_over(&lease))),
+            Ok(Some(lease)) => Err(taken_over(&lease)),
             Err(e) => {
                 self.log_error(what, &e);
-                None
+                Ok(Read::Failed)
             }
         }
     }
+}
+
+/// What a read of the Lease during a term showed, when it did not end the term.
+pub(in crate::elector) enum Read {
+    /// Our term's record as we wrote it.
+    Ours,
+    /// Nothing: the read failed (logged). The term goes on unconfirmed.
+    Failed,
 }

@@ -6,7 +6,10 @@ use futures::FutureExt;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::{Task, lead::TermRun};
+use super::{
+    Task,
+    lead::{Read, TermRun},
+};
 use crate::{elector::Transition, record, term::Lost};
 
 impl Task {
@@ -69,15 +72,14 @@ impl Task {
                     // A 404 from something in front of the API server costs
                     // this renewal, not the term.
                     self.log_error("renewing the lease (answered 404: reading it to confirm)", &e);
-                    let read = self.reread(run, "confirming the lease after a 404").await;
-                    return read.unwrap_or(Ok(()));
+                    self.reread(run, "confirming the lease after a 404").await?;
+                    return Ok(());
                 }
                 Err(e) if attempt == 0 && e.is_conflict() => {
                     self.renewal_told("conflict", sent);
                     debug!("renewal conflicted; re-reading the lease");
-                    match self.reread(run, "re-reading the lease").await {
-                        Some(still_ours) => still_ours?,
-                        None => return Ok(()),
+                    if let Read::Failed = self.reread(run, "re-reading the lease").await? {
+                        return Ok(());
                     }
                 }
                 Err(e) => {
