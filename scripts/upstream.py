@@ -188,6 +188,12 @@ CRATE_ONLY_SEAMS = {
         # statement that reads them (`self.extras.validate(..)?;`,
         # `let (config, state) = extras::set_up(config, state);`, ...)
     ],
+    # The simulation (tests/simulation/, which stays in the crate) seeds the
+    # election's jitter, so that a seed replays: `config::random_u64` asks it
+    # first, in tests.
+    "simulation": [
+        "simulation",  # `if let Some(bits) = crate::tests::simulation::seeded_bits()`
+    ],
 }
 SEAM_NAMES = sorted({name for names in CRATE_ONLY_SEAMS.values() for name in names})
 

@@ -341,6 +341,13 @@ pub fn unique_identity() -> String {
 /// crate is needed.
 pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, RandomState};
+    // A simulated schedule draws from its seeded generator, so that its seed
+    // replays the jitter too. (A statement of its own, with this comment: the
+    // upstream generator drops both.)
+    #[cfg(test)]
+    if let Some(bits) = crate::tests::simulation::seeded_bits() {
+        return bits;
+    }
     RandomState::new().hash_one(std::time::SystemTime::now())
 }
 

@@ -9,5 +9,5 @@
 mod never_none;
 mod regressions;
 pub(crate) mod runtime;
-mod simulation;
+pub(crate) mod simulation;
 pub(crate) mod support;

@@ -30,7 +30,9 @@
 //! - every statement `f(...);` or `x.f(...);` that calls a function or
 //!   method named NAME (its value is dropped anyway), and every `if` without
 //!   `else` that holds nothing but such statements (its condition is then
-//!   evaluated for nothing: the seam's conditions only read).
+//!   evaluated for nothing: the seam's conditions only read), and every
+//!   `if let` without `else` whose scrutinee reads the seam (`if let Some(v)
+//!   = NAME::hook() { return v; }`: what it does is the seam's).
 //!
 //! Each NAME stripped in FILE is printed on stderr as `upstream-gen:
 //! stripped NAME`, so that the caller can fail when a NAME is stripped
@@ -349,7 +351,8 @@ impl Gen<'_> {
     /// seam (a field `x.NAME` or a path through `NAME`, in a call, a `?`, an
     /// `.await`, an operation or a `match`'s scrutinee: `x.NAME.check()?;`,
     /// `let v = NAME::hook(v);`, which only rebind what the core had); or an
-    /// `if` without `else` that does nothing else. Counts the names as found.
+    /// `if` without `else` that does nothing else, or an `if let` without
+    /// `else` whose scrutinee reads the seam. Counts the names as found.
     fn strips_call(&mut self, stmt: &syn::Stmt) -> bool {
         self.seam_stmt(stmt, false) && self.seam_stmt(stmt, true)
     }
@@ -357,11 +360,14 @@ impl Gen<'_> {
     /// See `strips_call`; counts the names as found only when `mark`.
     fn seam_stmt(&mut self, stmt: &syn::Stmt, mark: bool) -> bool {
         let name = match stmt {
-            syn::Stmt::Expr(syn::Expr::If(i), _) => {
+            syn::Stmt::Expr(syn::Expr::If(i), _) if i.else_branch.is_none() => {
+                if let syn::Expr::Let(l) = &*i.cond
+                    && let Some(name) = self.reads_seam(&l.expr)
+                {
+                    return !mark || self.strips(&name);
+                }
                 let stmts = &i.then_branch.stmts;
-                return i.else_branch.is_none()
-                    && !stmts.is_empty()
-                    && stmts.iter().all(|s| self.seam_stmt(s, mark));
+                return !stmts.is_empty() && stmts.iter().all(|s| self.seam_stmt(s, mark));
             }
             syn::Stmt::Expr(syn::Expr::MethodCall(m), Some(_))
                 if self.strip.contains(&m.method.to_string()) =>
@@ -768,6 +774,45 @@ mod tests {
         assert_eq!(
             stripped(text, &["extras"]),
             ["fn f(&self, grace: u32) -> u32 {", "grace", "}"]
+        );
+    }
+
+    #[test]
+    fn an_if_whose_condition_reads_a_seam_goes_with_it() {
+        let text = "fn f() -> u64 {
+            #[cfg(test)]
+            if let Some(bits) = crate::tests::simulation::seeded_bits() {
+                return bits;
+            }
+            if let Some(bits) = kept() {
+                return bits;
+            }
+            if extras::on() {
+                return 1;
+            }
+            if let Some(x) = extras::hook() {
+                return x;
+            } else {
+                return 2;
+            }
+        }";
+        assert_eq!(
+            stripped(text, &["simulation", "extras"]),
+            [
+                "fn f() -> u64 {",
+                "if let Some(bits) = kept() {",
+                "return bits;",
+                "}",
+                "if extras::on() {",
+                "return 1;",
+                "}",
+                "if let Some(x) = extras::hook() {",
+                "return x;",
+                "} else {",
+                "return 2;",
+                "}",
+                "}",
+            ],
         );
     }
 

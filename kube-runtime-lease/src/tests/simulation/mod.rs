@@ -249,8 +249,7 @@ impl Candidate {
 
 async fn schedule(seed: u64) -> Run {
     let mut rng = fastrand::Rng::with_seed(seed);
-    // The library's own jitter draws from the thread-local generator: seed it too.
-    fastrand::seed(seed);
+    seed_this_thread(seed);
     let fake = FakeLeaseApi::default();
     let intervals = Arc::new(Mutex::new(Vec::<Interval>::new()));
     let shared_identity = rng.u8(0..3) == 0;
@@ -542,6 +541,27 @@ fn check(seed: u64, run: &Run) {
     }
 }
 
+thread_local! {
+    /// Whether this thread runs schedules ([`seed_this_thread`]).
+    static SEEDED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Seeds this thread's random draws for a schedule: fastrand's thread-local
+/// generator (which kube-runtime's watcher backoff forks, through backon) and
+/// the election's own jitter ([`seeded_bits`]), so that a seed replays every
+/// one of them.
+pub(crate) fn seed_this_thread(seed: u64) {
+    fastrand::seed(seed);
+    SEEDED.set(true);
+}
+
+/// The election's random bits (`config::random_u64`: its retry jitter) on a
+/// thread that runs schedules: from the seeded generator. `None` elsewhere:
+/// std's randomly keyed hasher, as in production.
+pub(crate) fn seeded_bits() -> Option<u64> {
+    SEEDED.get().then(|| fastrand::u64(..))
+}
+
 /// The schedules to run: the one of `KRL_SIM_SEED` when set (replayed with
 /// debug logs stamped in virtual time), else seeds `0..n`, `n` from the
 /// variable `count_var` or `default`.
@@ -618,4 +638,21 @@ fn no_two_candidates_ever_lead_at_the_same_instant() {
     // The schedules exercise what they claim to: many terms and changes of leader.
     assert!(terms >= 2 * seeds.len().min(1000), "{terms} terms");
     assert!(handovers > 0);
+}
+
+#[test]
+fn a_seed_replays_its_schedule() {
+    // One seed, twice, each run on its own runtime (and thread, with two
+    // cores): the same terms at the same virtual instants after its start.
+    // Every random draw is the seed's, the election's jitter and the
+    // watcher's backoff included, so that `KRL_SIM_SEED` replays a failure.
+    let runs = on_every_core(&[7, 7], |seed| async move {
+        let start = Instant::now();
+        let run = schedule(seed).await;
+        let since = |t: Instant| t - start;
+        let term = |iv: &Interval| (iv.who, since(iv.start), iv.end.map(since));
+        run.intervals.iter().map(term).collect::<Vec<_>>()
+    });
+    assert!(runs[0].len() >= 2, "{} terms", runs[0].len());
+    assert_eq!(runs[0], runs[1], "the seed's two runs differ");
 }

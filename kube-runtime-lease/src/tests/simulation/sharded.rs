@@ -295,7 +295,7 @@ impl Sim {
 
 async fn schedule(seed: u64) -> Vec<Work> {
     let mut rng = fastrand::Rng::with_seed(seed);
-    fastrand::seed(seed);
+    super::seed_this_thread(seed);
     let mut sim = Sim {
         seed,
         fake: FakeLeaseApi::default(),
