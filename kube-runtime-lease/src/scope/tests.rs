@@ -10,7 +10,7 @@ use tokio::time::{Instant, sleep, timeout};
 
 use crate::{
     Lost,
-    tests::support::{config, elector, free, holder, paused},
+    tests::support::{config, elector, free, holder, paused, taken_by},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -73,12 +73,7 @@ fn work_is_dropped_when_the_term_ends_and_says_why() {
         assert!(e.is_leader());
         fake.take_over("other");
         let out = timeout(S(5), run).await.expect("ended with the term").unwrap();
-        assert_eq!(
-            out,
-            Err(Lost::TakenOver {
-                holder: "other".into()
-            })
-        );
+        assert_eq!(out, Err(taken_by("other")));
         assert!(dropped.load(Ordering::SeqCst), "the work was dropped");
         assert_eq!(holder(&fake).as_deref(), Some("other"));
     });
@@ -133,12 +128,7 @@ fn term_tasks_end_with_the_term() {
         assert!(e.is_leader(), "a running task keeps the term wanted");
         fake.take_over("other");
         let second = timeout(S(5), tasks.join_next()).await.unwrap().unwrap().unwrap();
-        assert_eq!(
-            second,
-            Err(Lost::TakenOver {
-                holder: "other".into()
-            })
-        );
+        assert_eq!(second, Err(taken_by("other")));
         assert!(dropped.load(Ordering::SeqCst));
         assert!(tasks.is_empty());
         assert!(

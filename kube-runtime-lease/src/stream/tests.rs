@@ -19,7 +19,7 @@ use crate::{
     test_util::FakeLeaseApi,
     tests::{
         runtime::paused_runtime,
-        support::{config, elector, free, paused},
+        support::{config, elector, free, paused, taken_by},
     },
 };
 
@@ -125,12 +125,7 @@ fn a_takeover_drops_the_inner_stream_in_the_same_instant() {
         while guarded.next().await.is_some() {}
         assert_eq!(start.elapsed(), Duration::ZERO);
         assert!(dropped.load(Ordering::SeqCst));
-        assert_eq!(
-            guarded.lost(),
-            Some(Lost::TakenOver {
-                holder: "thief".into()
-            })
-        );
+        assert_eq!(guarded.lost(), Some(taken_by("thief")));
     });
 }
 
@@ -208,12 +203,7 @@ fn an_idle_stream_is_woken_at_the_loss_by_the_waker_it_was_last_polled_with() {
                 guarded.as_mut().poll_next(&mut Context::from_waker(last)),
                 Poll::Ready(None)
             );
-            assert_eq!(
-                guarded.lost(),
-                Some(Lost::TakenOver {
-                    holder: "thief".into()
-                })
-            );
+            assert_eq!(guarded.lost(), Some(taken_by("thief")));
         }
     });
 }

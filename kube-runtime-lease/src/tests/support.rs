@@ -35,6 +35,13 @@ pub(crate) fn assert_scraped(registry: &prometheus_client::registry::Registry, s
     assert!(text.contains(sample), "no `{sample}` in the scrape:\n{text}");
 }
 
+/// Why a term ended that `holder` took over.
+pub(crate) fn taken_by(holder: &str) -> crate::Lost {
+    crate::Lost::TakenOver {
+        holder: holder.to_owned(),
+    }
+}
+
 /// A double holding a free (released) Lease, so that acquisition is one write.
 pub(crate) fn free() -> FakeLeaseApi {
     let fake = FakeLeaseApi::default();

@@ -20,7 +20,7 @@ use tokio::time::{Instant, advance, sleep};
 use crate::{
     ConfigError, LeaderElector, Lost,
     test_util::{FakeLeaseApi, Fault},
-    tests::support::{config, count, elector, first_after, free, held_by, holder, paused, spec},
+    tests::support::{config, count, elector, first_after, free, held_by, holder, paused, spec, taken_by},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -335,12 +335,7 @@ fn a_takeover_is_noticed_at_once_with_a_watch_and_at_the_next_renewal_without() 
             l.spec.as_mut().unwrap().holder_identity = Some("intruder".into());
             let start = Instant::now();
             fake.put(l);
-            assert_eq!(
-                guard.await,
-                Lost::TakenOver {
-                    holder: "intruder".into()
-                }
-            );
+            assert_eq!(guard.await, taken_by("intruder"));
             let took = start.elapsed();
             if watch {
                 assert_eq!(took, Duration::ZERO);
@@ -787,12 +782,7 @@ fn subscribers_are_told_of_changes_only() {
             *status.borrow()
         );
         fake.take_over("other");
-        assert_eq!(
-            guard.await,
-            Lost::TakenOver {
-                holder: "other".into()
-            }
-        );
+        assert_eq!(guard.await, taken_by("other"));
         assert!(status.has_changed().unwrap());
         assert_eq!(status.borrow_and_update().holder.as_deref(), Some("other"));
     });
@@ -1103,12 +1093,7 @@ fn a_takeover_made_while_the_watch_was_broken_ends_the_term_when_it_is_back() {
         let lost = tokio::time::timeout(S(10), guard)
             .await
             .expect("the term never ended");
-        assert_eq!(
-            lost,
-            Lost::TakenOver {
-                holder: "other".into()
-            }
-        );
+        assert_eq!(lost, taken_by("other"));
         // The next renewal would be at +8 s, 3.7 s after the watch came back.
         assert!(
             back.elapsed() < Duration::from_millis(3500),
@@ -1134,12 +1119,7 @@ fn a_foreign_record_seen_before_our_write_was_is_confirmed_by_a_read() {
         let lost = tokio::time::timeout(S(60), guard)
             .await
             .expect("the term never ended");
-        assert_eq!(
-            lost,
-            Lost::TakenOver {
-                holder: "other".into()
-            }
-        );
+        assert_eq!(lost, taken_by("other"));
         assert_eq!(lists(&fake), 3, "ended once the third list succeeded");
         // The next renewal (which would meet a conflict) is 20 s after the
         // term began.
@@ -1189,12 +1169,7 @@ fn an_unchanged_foreign_record_delivered_again_is_not_read_again() {
         let lost = tokio::time::timeout(S(30), guard)
             .await
             .expect("the term never ended");
-        assert_eq!(
-            lost,
-            Lost::TakenOver {
-                holder: "other".into()
-            }
-        );
+        assert_eq!(lost, taken_by("other"));
     });
 }
 
@@ -1639,17 +1614,10 @@ fn a_renewal_answered_not_found_ends_the_term_when_the_read_shows_a_takeover() {
             .await
             .expect("the term outlived its renew deadline");
         let answered_404 = first_after(&fake, id, "update", taken).expect("a renewal");
-        assert_eq!(
-            lost,
-            Lost::TakenOver {
-                holder: "other".into()
-            }
-        );
+        assert_eq!(lost, taken_by("other"));
         assert_eq!(
             guard.lost(),
-            Some(Lost::TakenOver {
-                holder: "other".into()
-            }),
+            Some(taken_by("other")),
             "the guard and the term agree"
         );
         assert!(
