@@ -158,7 +158,7 @@ pub(super) async fn join(task: Option<JoinHandle<Result<()>>>) -> Result<()> {
 
 impl super::State {
     /// Who wants leadership now.
-    fn demand(&mut self) -> Demand {
+    pub(in crate::elector) fn demand(&mut self) -> Demand {
         self.waiters.retain(|tx| !tx.is_canceled());
         let live = self
             .term

@@ -630,7 +630,7 @@ fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last
     }
 }
 
-// ---- 12. A shutdown during a renewal -----------------------------------------
+// ---- 12. A term ended during a renewal ---------------------------------------
 
 /// A leader shuts down (its work already ended) while a renewal is in
 /// flight on a slow API server: the handover does not wait for that
@@ -643,6 +643,22 @@ fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last
 /// nobody leading.)
 #[test]
 fn a_shutdown_during_a_slow_renewal_hands_over_at_once() {
+    hands_over_at_once_during_a_slow_renewal(true);
+}
+
+/// The same when the leader's last guard is dropped (its work ended, and
+/// nobody waits to acquire) during a slow renewal: the term is given up at
+/// once, without a shutdown. (Before: the release waited for the renewal's
+/// answer, up to the renew deadline, with the Lease held by a candidate that
+/// no longer wanted it.)
+#[test]
+fn the_last_guard_dropped_during_a_slow_renewal_hands_over_at_once() {
+    hands_over_at_once_during_a_slow_renewal(false);
+}
+
+/// A leads, b waits; a's next renewal is slow; a's guard is dropped, then
+/// a shuts down if `shutdown`: b leads within a second of it.
+fn hands_over_at_once_during_a_slow_renewal(shutdown: bool) {
     for slow in [
         Fault::DelayResponse(S(5)),
         Fault::DelayRequest(S(5)),
@@ -661,13 +677,15 @@ fn a_shutdown_during_a_slow_renewal_hands_over_at_once() {
             assert!(!b_led.is_finished());
             fake.fault(a_id, Some("update"), slow);
             sleep(MS(1500)).await;
-            drop(guard);
             let began = Instant::now();
-            a.shutdown(S(1)).await.unwrap();
+            drop(guard);
+            if shutdown {
+                a.shutdown(S(1)).await.unwrap();
+            }
             let (at, b_guard) = timeout(S(30), b_led).await.expect("b never led").unwrap();
             assert!(
                 at - began <= S(1),
-                "{slow:?}: b led {:?} after a's shutdown began",
+                "{slow:?}: b led {:?} after a's guard was dropped (shutdown: {shutdown})",
                 at - began
             );
             // The abandoned renewal lands, or is refused, and changes nothing.

@@ -10,7 +10,11 @@ use super::{
     Task,
     lead::{Read, TermRun},
 };
-use crate::{elector::Transition, record, term::Lost};
+use crate::{
+    elector::{Transition, supervise::Demand},
+    record,
+    term::Lost,
+};
 
 impl Task {
     /// One renewal: the fast path (one `replace` with the cached
@@ -27,19 +31,25 @@ impl Task {
             let spec = record::renewed(&lease.spec.take().unwrap_or_default(), seconds, record::now());
             self.memory.last_renewed.extend(spec.renew_time.clone());
             lease.spec = Some(spec);
-            // A term ended from outside meanwhile (a shutdown) abandons the
+            // A term ended from outside meanwhile (a shutdown), or one that
+            // nobody wants any more (its last guard dropped), abandons the
             // renewal, so that the release need not wait for its answer: the
             // write, if it lands, carries the old resourceVersion and cannot
-            // overwrite the release (which reads first).
+            // overwrite the release (which reads first). Demand is re-counted
+            // on the state, not at the task's recount point (`Task::demand`):
+            // a wake-up after each recount (the storm of the tests' hooks)
+            // would spin this loop, never letting the write's answer in.
             let inner = self.inner.clone();
             let mut write = std::pin::pin!(inner.api.replace(&lease, run.term.deadline() - sent).fuse());
             let written = loop {
                 futures::select_biased! {
                     written = write => break written,
-                    () = inner.wake.notified().fuse() => if run.term.lost().is_some() {
-                        debug!("the term ended during a renewal: not waiting for its answer");
-                        return Ok(());
-                    },
+                    () = inner.wake.notified().fuse() => {
+                        if run.term.lost().is_some() || inner.lock().demand() != Demand::Wanted {
+                            debug!("the term ended, or nobody wants it, during a renewal: not waiting for its answer");
+                            return Ok(());
+                        }
+                    }
                 }
             };
             match written {
