@@ -634,7 +634,8 @@ fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last
 
 /// A leader shuts down (its work already ended) while a renewal is in
 /// flight on a slow API server: the handover does not wait for that
-/// renewal's answer. The renewal is abandoned, the Lease released at once,
+/// renewal's answer, nor for the read that follows a renewal answered 409
+/// or 404. The request is abandoned, the Lease released at once,
 /// and a watching standby leads within a second, as a client-go leader's
 /// `ReleaseOnCancel` hands over (its cancelled context ends the request in
 /// flight). The abandoned write may still land: it carries the old
@@ -647,22 +648,26 @@ fn a_shutdown_during_a_slow_renewal_hands_over_at_once() {
 }
 
 /// The same when the leader's last guard is dropped (its work ended, and
-/// nobody waits to acquire) during a slow renewal: the term is given up at
-/// once, without a shutdown. (Before: the release waited for the renewal's
-/// answer, up to the renew deadline, with the Lease held by a candidate that
-/// no longer wanted it.)
+/// nobody waits to acquire) during a slow renewal, or its read: the term is
+/// given up at once, without a shutdown. (Before: the release waited for the
+/// request's answer, up to the renew deadline, with the Lease held by a
+/// candidate that no longer wanted it.)
 #[test]
 fn the_last_guard_dropped_during_a_slow_renewal_hands_over_at_once() {
     hands_over_at_once_during_a_slow_renewal(false);
 }
 
-/// A leads, b waits; a's next renewal is slow; a's guard is dropped, then
-/// a shuts down if `shutdown`: b leads within a second of it.
+/// A leads, b waits; a's next renewal is slow (or answered 409 or 404, and
+/// the read that follows is slow); a's guard is dropped, then a shuts down
+/// if `shutdown`: b leads within a second of it.
 fn hands_over_at_once_during_a_slow_renewal(shutdown: bool) {
+    let slow_read = |first: Fault| [("update", first), ("get", Fault::DelayResponse(S(5)))];
     for slow in [
-        Fault::DelayResponse(S(5)),
-        Fault::DelayRequest(S(5)),
-        Fault::DelayResponse(S(9)),
+        vec![("update", Fault::DelayResponse(S(5)))],
+        vec![("update", Fault::DelayRequest(S(5)))],
+        vec![("update", Fault::DelayResponse(S(9)))],
+        slow_read(Fault::Status(409)).to_vec(),
+        slow_read(Fault::Status(404)).to_vec(),
     ] {
         paused(async move {
             let fake = free();
@@ -675,7 +680,9 @@ fn hands_over_at_once_during_a_slow_renewal(shutdown: bool) {
             });
             sleep(S(3)).await;
             assert!(!b_led.is_finished());
-            fake.fault(a_id, Some("update"), slow);
+            for (verb, fault) in slow.clone() {
+                fake.fault(a_id, Some(verb), fault);
+            }
             sleep(MS(1500)).await;
             let began = Instant::now();
             drop(guard);

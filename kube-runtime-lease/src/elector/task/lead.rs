@@ -151,7 +151,7 @@ impl Task {
                 {
                     Err(lost) => return lost,
                     Ok(Read::Ours) => self.begin_term(&run.term, run.cached.metadata.uid.as_deref()),
-                    Ok(Read::Failed) => Phase::Holding {
+                    Ok(Read::Unknown) => Phase::Holding {
                         until: Instant::now() + period,
                     },
                 };
@@ -287,9 +287,14 @@ impl Task {
     /// a record of our term as we wrote it (the same identity is not enough:
     /// another process may share it; see `Memory::is_last_term`), which
     /// then becomes the cached object; the term's end if it does not.
+    /// Abandoned for a term that ends meanwhile (`while_wanted`).
     pub(super) async fn reread(&mut self, run: &mut TermRun, what: &str) -> Result<Read, Lost> {
         let left = run.term.deadline().saturating_duration_since(Instant::now());
-        match self.get(left).await {
+        let inner = self.inner.clone();
+        let Some(read) = super::renew::while_wanted(&inner, &run.term, self.get(left)).await else {
+            return Ok(Read::Unknown);
+        };
+        match read {
             Ok(None) => Err(Lost::Deleted),
             Ok(Some(lease)) if self.memory.is_last_term(&lease) => {
                 self.memory.confirmed(&lease);
@@ -299,7 +304,7 @@ impl Task {
             Ok(Some(lease)) => Err(taken_over(&lease)),
             Err(e) => {
                 self.log_error(what, &e);
-                Ok(Read::Failed)
+                Ok(Read::Unknown)
             }
         }
     }
@@ -309,6 +314,8 @@ impl Task {
 pub(in crate::elector) enum Read {
     /// Our term's record as we wrote it.
     Ours,
-    /// Nothing: the read failed (logged). The term goes on unconfirmed.
-    Failed,
+    /// Nothing: the read failed (logged), or was abandoned for a term that
+    /// ended or that nobody wants any more. The term goes on unconfirmed,
+    /// until the loop's next check.
+    Unknown,
 }

@@ -2,6 +2,8 @@
 //! cached resourceVersion), a read and one retry on conflict, and what each
 //! answer means for the term.
 
+use std::future::Future;
+
 use futures::FutureExt;
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -11,9 +13,9 @@ use super::{
     lead::{Read, TermRun},
 };
 use crate::{
-    elector::{Transition, supervise::Demand},
+    elector::{Inner, Transition, supervise::Demand},
     record,
-    term::Lost,
+    term::{Lost, Term},
 };
 
 impl Task {
@@ -31,26 +33,11 @@ impl Task {
             let spec = record::renewed(&lease.spec.take().unwrap_or_default(), seconds, record::now());
             self.memory.last_renewed.extend(spec.renew_time.clone());
             lease.spec = Some(spec);
-            // A term ended from outside meanwhile (a shutdown), or one that
-            // nobody wants any more (its last guard dropped), abandons the
-            // renewal, so that the release need not wait for its answer: the
-            // write, if it lands, carries the old resourceVersion and cannot
-            // overwrite the release (which reads first). Demand is re-counted
-            // on the state, not at the task's recount point (`Task::demand`):
-            // a wake-up after each recount (the storm of the tests' hooks)
-            // would spin this loop, never letting the write's answer in.
+            // Abandoned for a term that ends meanwhile (`while_wanted`).
             let inner = self.inner.clone();
-            let mut write = std::pin::pin!(inner.api.replace(&lease, run.term.deadline() - sent).fuse());
-            let written = loop {
-                futures::select_biased! {
-                    written = write => break written,
-                    () = inner.wake.notified().fuse() => {
-                        if run.term.lost().is_some() || inner.lock().demand() != Demand::Wanted {
-                            debug!("the term ended, or nobody wants it, during a renewal: not waiting for its answer");
-                            return Ok(());
-                        }
-                    }
-                }
+            let write = inner.api.replace(&lease, run.term.deadline() - sent);
+            let Some(written) = while_wanted(&inner, &run.term, write).await else {
+                return Ok(());
             };
             match written {
                 Ok(lease) => {
@@ -88,7 +75,7 @@ impl Task {
                 Err(e) if attempt == 0 && e.is_conflict() => {
                     self.renewal_told("conflict", sent);
                     debug!("renewal conflicted; re-reading the lease");
-                    if let Read::Failed = self.reread(run, "re-reading the lease").await? {
+                    if let Read::Unknown = self.reread(run, "re-reading the lease").await? {
                         return Ok(());
                     }
                 }
@@ -109,5 +96,32 @@ impl Task {
             latency: sent.elapsed(),
             sent,
         });
+    }
+}
+
+/// `request`'s answer, unless the term ends from outside (a shutdown) or
+/// nobody wants it any more (its last guard dropped) first: `None` then, so
+/// that the release need not wait for the answer. A request abandoned so may
+/// still land and changes nothing the release relies on: a write carries the
+/// old resourceVersion, and the release reads first. Demand is re-counted on
+/// the state, not at the task's recount point (`Task::demand`): a wake-up
+/// after each recount (the storm of the tests' hooks) would spin this loop,
+/// never letting the answer in.
+pub(super) async fn while_wanted<T>(
+    inner: &Inner,
+    term: &Term,
+    request: impl Future<Output = T>,
+) -> Option<T> {
+    let mut request = std::pin::pin!(request.fuse());
+    loop {
+        futures::select_biased! {
+            answer = request => return Some(answer),
+            () = inner.wake.notified().fuse() => {
+                if term.lost().is_some() || inner.lock().demand() != Demand::Wanted {
+                    debug!("the term ended, or nobody wants it, during a request: not waiting for its answer");
+                    return None;
+                }
+            }
+        }
     }
 }
