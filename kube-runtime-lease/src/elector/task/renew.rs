@@ -116,12 +116,11 @@ pub(super) async fn while_wanted<T>(
     loop {
         futures::select_biased! {
             answer = request => return Some(answer),
-            () = inner.wake.notified().fuse() => {
-                if term.lost().is_some() || inner.lock().demand() != Demand::Wanted {
-                    debug!("the term ended, or nobody wants it, during a request: not waiting for its answer");
-                    return None;
-                }
-            }
+            () = inner.wake.notified().fuse() => {}
+        }
+        if term.lost().is_some() || inner.lock().demand() != Demand::Wanted {
+            debug!("the term ended, or nobody wants it, during a request: not waiting for its answer");
+            return None;
         }
     }
 }
