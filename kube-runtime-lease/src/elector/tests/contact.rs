@@ -56,9 +56,10 @@ fn a_standby_cut_off_from_the_api_server_fails_its_contact_check() {
     });
 }
 
-/// Nobody wants leadership (no election task), or the election is off:
-/// nothing to hear, healthy. A task that has never been answered counts its
-/// silence from its own start.
+/// Nobody wants leadership (no election task, or none any more), or the
+/// election is off: nothing to hear, healthy. A task that has never been
+/// answered counts its silence from its own start, and fails only once it
+/// is over the limit.
 #[test]
 fn the_contact_check_counts_only_while_the_election_runs() {
     paused(async {
@@ -66,6 +67,12 @@ fn the_contact_check_counts_only_while_the_election_runs() {
         let (idle, _) = elector(&fake, config("idle"));
         sleep(S(60)).await;
         assert_eq!(idle.contact_check(LIMIT), Ok(()), "no election task: healthy");
+        let led = free();
+        let (ended, _) = elector(&led, config("ended"));
+        drop(ended.acquire().await.unwrap());
+        sleep(S(60)).await;
+        let check = ended.contact_check(LIMIT);
+        assert_eq!(check, Ok(()), "its task ended about 60 s ago: healthy");
         let (off, _) = elector(&fake, config("off").enabled(false));
         let _guard = off.acquire().await.unwrap();
         sleep(S(60)).await;
@@ -75,11 +82,14 @@ fn the_contact_check_counts_only_while_the_election_runs() {
         let mut acquire = pin!(cut.acquire());
         assert!(timeout(S(5), &mut acquire).await.is_err());
         assert_eq!(cut.contact_check(LIMIT), Ok(()), "5 s since its task started");
-        assert!(timeout(S(6), &mut acquire).await.is_err());
+        assert!(timeout(S(5), &mut acquire).await.is_err());
+        let at_limit = cut.contact_check(LIMIT);
+        assert_eq!(at_limit, Ok(()), "exactly the limit since its task started");
+        assert!(timeout(Duration::from_millis(1), &mut acquire).await.is_err());
         let check = cut.contact_check(LIMIT);
         assert!(
             matches!(check, Err(HealthError::ApiSilent { .. })),
-            "never answered, 11 s since its task started: {check:?}, {:?}",
+            "never answered, 1 ms over the limit since its task started: {check:?}, {:?}",
             cut.status()
         );
     });
