@@ -75,12 +75,13 @@ impl Inner {
 /// ends once nobody wants it (or at shutdown), after its release.
 async fn run(mut task: Task) -> Result<()> {
     let inner = task.inner.clone();
-    // A task that starts once `shutdown` began (spawned just before it) has
-    // nothing to do: it ends at once, with no request, not even for an object
-    // beside the Lease, so that `shutdown` waits for one task's requests only
-    // (see `LeaseConfig::shutdown_budget`).
-    if inner.lock().shutdown && task.end() {
-        debug!("election task started after the shutdown: nothing to do");
+    // A task that starts once nobody wants leadership (the `acquire` that
+    // spawned it dropped before it ran, or `shutdown` began) has nothing to
+    // do: it ends at once, with no request, not even for an object beside the
+    // Lease, so that `shutdown` waits for one task's requests only (see
+    // `LeaseConfig::shutdown_budget`).
+    if task.end() {
+        debug!("election task started with nobody wanting leadership: nothing to do");
         return Ok(());
     }
     debug!("election task started");

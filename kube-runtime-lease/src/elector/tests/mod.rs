@@ -1457,6 +1457,25 @@ fn a_dropped_acquire_lets_the_task_leave_after_its_linger() {
     });
 }
 
+/// An `acquire` dropped before the task it spawned first ran leaves that
+/// task nothing to do: it ends at once, with no request (as a task spawned
+/// just before a shutdown does), instead of lingering with a watch for
+/// nobody.
+#[test]
+fn a_task_whose_acquire_was_dropped_before_it_ran_makes_no_request() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let polled_once = futures::FutureExt::now_or_never(e.acquire());
+        assert!(polled_once.is_none(), "nobody leads yet");
+        assert!(e.inner.lock().running, "the first poll spawned a task");
+        sleep(S(10)).await;
+        assert!(!e.inner.lock().running, "the task still runs for nobody");
+        let requests = fake.requests().iter().filter(|r| r.client == id).count();
+        assert_eq!(requests, 0, "the task made requests for nobody");
+    });
+}
+
 /// An elector's `Debug` names its Lease and identity, and what it observed
 /// (mutation testing: kills `Debug::fmt -> Ok(..)`).
 #[test]
