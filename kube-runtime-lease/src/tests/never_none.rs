@@ -661,13 +661,13 @@ fn the_last_guard_dropped_during_a_slow_renewal_hands_over_at_once() {
 /// the read that follows is slow); a's guard is dropped, then a shuts down
 /// if `shutdown`: b leads within a second of it.
 fn hands_over_at_once_during_a_slow_renewal(shutdown: bool) {
-    let slow_read = |first: Fault| [("update", first), ("get", Fault::DelayResponse(S(5)))];
+    let slow_read = |first: Fault| vec![("update", first), ("get", Fault::DelayResponse(S(5)))];
     for slow in [
         vec![("update", Fault::DelayResponse(S(5)))],
         vec![("update", Fault::DelayRequest(S(5)))],
         vec![("update", Fault::DelayResponse(S(9)))],
-        slow_read(Fault::Status(409)).to_vec(),
-        slow_read(Fault::Status(404)).to_vec(),
+        slow_read(Fault::Status(409)),
+        slow_read(Fault::Status(404)),
     ] {
         paused(async move {
             let fake = free();

@@ -26,7 +26,7 @@ use crate::{
     test_util::{FakeLeaseApi, Fault},
     tests::{
         runtime::paused_runtime,
-        support::{config, count, elector, free, held_by, holder, paused, spec},
+        support::{config, count, elector, free, held_by, holder, paused, spec, taken_by},
     },
 };
 
@@ -852,12 +852,7 @@ fn a_free_record_written_by_someone_else_ends_the_term_on_the_event() {
         fake.put(lease);
         let _b = b_acquire.await.unwrap();
         assert!(!a_guard.is_valid(), "a still led when b took the Lease");
-        assert_eq!(
-            a_guard.lost(),
-            Some(Lost::TakenOver {
-                holder: String::new()
-            })
-        );
+        assert_eq!(a_guard.lost(), Some(taken_by("")));
     });
 }
 
