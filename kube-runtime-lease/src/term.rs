@@ -143,6 +143,15 @@ impl Term {
         true
     }
 
+    /// Moves the renew deadline earlier, to `until` (never later): our record
+    /// came to let others take the Lease sooner (see `cut_short`). Whether it
+    /// moved.
+    pub(crate) fn cut(&self, until: Instant) -> bool {
+        let _inner = self.inner.lock();
+        let until = nanos_after(self.base, until);
+        self.deadline_nanos.fetch_min(until, Ordering::AcqRel) > until
+    }
+
     /// The renew deadline: the instant before the last successful write was
     /// sent, plus the renew deadline (read without the lock).
     pub(crate) fn deadline(&self) -> Instant {

@@ -1557,3 +1557,75 @@ async fn acquire_on_a_helper_runtime(e: &LeaderElector) -> (crate::LeaseGuard, t
     });
     rx.await.expect("acquired on the helper runtime")
 }
+
+// ---- 15. Our record edited to a shorter lease duration ---------------------
+
+/// Someone (`kubectl edit`, a tool) shortens `leaseDurationSeconds` on the
+/// leader's record to 1 s, keeping the rest: under client-go's rules a
+/// candidate that sees the edited record unchanged for 1 s may take it. The
+/// leader `a` saw the edit (its watch lags from then on) and kept its term to
+/// its renew deadline, 10 s after its last renewal: two leaders. Now it
+/// writes its duration back at once, and, when that renewal fails, its term
+/// ends 1 s after its last renewal was sent, before `b` may take the record.
+#[test]
+fn a_leader_whose_record_is_edited_to_a_shorter_duration_never_leads_beside_the_taker() {
+    for renewals_fail in [false, true] {
+        paused(async move {
+            let fake = free();
+            let (a, a_id) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let a_guard = a.acquire().await.unwrap();
+            let mut b_acquire = Box::pin(b.acquire());
+            assert!(timeout(S(5), &mut b_acquire).await.is_err(), "b led beside a");
+            // Just after one of a's renewals.
+            let start = Instant::now();
+            while count(&fake, a_id, "update", start) == 0 {
+                sleep(MS(10)).await;
+            }
+            sleep(MS(100)).await;
+            if renewals_fail {
+                for _ in 0..10 {
+                    fake.fault(a_id, Some("update"), Fault::Status(500));
+                }
+            }
+            let mut edited = fake.lease().unwrap();
+            edited.spec.as_mut().unwrap().lease_duration_seconds = Some(1);
+            fake.put(edited);
+            let edit = Instant::now();
+            sleep(MS(10)).await;
+            fake.stall_watches(a_id);
+            let b_guard = loop {
+                match timeout(MS(10), &mut b_acquire).await {
+                    Ok(led) => break Some(led.unwrap()),
+                    Err(_) if edit.elapsed() >= S(12) => break None,
+                    Err(_) => {}
+                }
+            };
+            let took = edit.elapsed();
+            if let Some(b_guard) = b_guard {
+                assert!(
+                    !a_guard.is_valid(),
+                    "two leaders: b took a's record {took:?} after it was edited to leaseDurationSeconds 1, \
+                     and a's guard is still valid ({:?} left; renewals fail: {renewals_fail})",
+                    a_guard.time_left(),
+                );
+                assert!(
+                    renewals_fail,
+                    "b took the record though a wrote its duration back"
+                );
+                drop(b_guard);
+            } else {
+                assert!(!renewals_fail, "b never took the record a could not renew");
+                assert!(
+                    a_guard.is_valid(),
+                    "a's term ended though it wrote its duration back"
+                );
+                assert_eq!(
+                    spec(&fake).lease_duration_seconds,
+                    Some(15),
+                    "a's duration, written back"
+                );
+            }
+        });
+    }
+}

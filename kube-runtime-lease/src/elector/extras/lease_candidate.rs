@@ -295,7 +295,7 @@ impl LeaseCandidate {
     pub(super) async fn run(&self, inner: &Inner) {
         loop {
             self.publish_until_answered(inner).await;
-            self.keep().await;
+            self.keep(inner).await;
             let delay = republish_backoff().next().unwrap_or(REPUBLISH_MAX);
             warn!(
                 retry_in = ?delay,
@@ -383,13 +383,22 @@ impl LeaseCandidate {
     /// re-creates it if it is deleted. Returns when a publication is answered
     /// 404 (tried when the object is gone, or a read or the watch is answered
     /// 404): the API server no longer serves `LeaseCandidate`.
-    async fn keep(&self) {
+    ///
+    /// A renewal that fails (an answer to a ping, a refresh) brings the
+    /// refresh forward, after the elector's retry backoff: the API server
+    /// pings again only a candidate that answered its last ping, and stops
+    /// its election when none did, until a `LeaseCandidate` changes; a late
+    /// answer starts it again.
+    async fn keep(&self, inner: &Inner) {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
         let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
         let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
+        let mut backoff: Option<ExponentialBackoff> = None;
         // The last ping answered.
         let mut answered: Option<Timestamp> = None;
         loop {
+            // Whether a renewal landed, if one was sent.
+            let mut renewed = None;
             let served = futures::select_biased! {
                 event = events.next().fuse() => match event {
                     Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
@@ -401,7 +410,7 @@ impl LeaseCandidate {
                             && answered.replace(ping) != Some(ping)
                         {
                             debug!("coordinated leader election: pinged by the API server");
-                            self.renew(object).await;
+                            renewed = Some(self.renew(object).await);
                         }
                         true
                     }
@@ -420,13 +429,14 @@ impl LeaseCandidate {
                 _ = refresh.tick().fuse() => {
                     match bounded(self.api.get_opt(&self.name)).await {
                         Ok(Some(object)) => {
-                            self.renew(object).await;
+                            renewed = Some(self.renew(object).await);
                             true
                         }
                         Ok(None) => self.publish_again().await,
                         Err(e) if e.status() == Some(404) => self.publish_again().await,
                         Err(e) => {
                             warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed");
+                            renewed = Some(false);
                             true
                         }
                     }
@@ -434,6 +444,18 @@ impl LeaseCandidate {
             };
             if !served {
                 return;
+            }
+            match renewed {
+                Some(false) => {
+                    let delay = backoff
+                        .get_or_insert_with(|| inner.config.retry_backoff().build())
+                        .next()
+                        .unwrap_or(inner.config.lease_duration);
+                    debug!(retry_in = ?delay, "coordinated leader election: renewing the LeaseCandidate again soon");
+                    refresh.reset_after(delay);
+                }
+                Some(true) => backoff = None,
+                None => {}
             }
         }
     }
@@ -505,25 +527,32 @@ impl LeaseCandidate {
 
     /// Answers a ping (or refreshes): `renewTime` now (after the ping, see
     /// [`set_renewed_after`]), with the resourceVersion read; a conflict is
-    /// retried once after a fresh read.
-    async fn renew(&self, mut object: DynamicObject) {
+    /// retried once after a fresh read. Whether it landed (a conflict twice,
+    /// or an object deleted meanwhile, counts as landed: the watch tells
+    /// what changed).
+    async fn renew(&self, mut object: DynamicObject) -> bool {
         let ping = unanswered_ping(&object);
         for attempt in 0..2 {
             set_renewed_after(&mut object, ping);
             match bounded(self.api.replace(&self.name, &PostParams::default(), &object)).await {
-                Ok(_) => return,
+                Ok(_) => return true,
                 Err(e) if e.status() == Some(409) && attempt == 0 => {
                     match bounded(self.api.get_opt(&self.name)).await {
                         Ok(Some(fresh)) => object = fresh,
-                        _ => return,
+                        Ok(None) => return true,
+                        Err(e) => {
+                            warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed");
+                            return false;
+                        }
                     }
                 }
                 Err(e) => {
                     warn!(error = %e, "coordinated leader election: renewing the LeaseCandidate failed");
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 
     /// Deletes the `LeaseCandidate` this task published (the election task

@@ -2,12 +2,12 @@
 //! follows the watch and honours the creation hold, verifying foreign records,
 //! and stepping down for a preferred holder.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use futures::FutureExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::{Instant, sleep_until};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{
     Next, Task, Won,
@@ -67,6 +67,8 @@ pub(in crate::elector) struct TermRun {
     /// The watch has delivered our last write, so every later event is newer
     /// than it.
     pub(in crate::elector) caught_up: bool,
+    /// The instant before our last successful write was sent.
+    pub(in crate::elector) sent: Instant,
 }
 
 impl TermRun {
@@ -113,8 +115,9 @@ impl Task {
             tolerated: tolerated.map(str::to_owned),
             cached: *lease,
             caught_up: false,
+            sent,
         };
-        let reason = self.lead_until_lost(&mut run, sent).await;
+        let reason = self.lead_until_lost(&mut run).await;
         let result = self.end_term(&run, &reason).await;
         if self.inner.lock().shutdown {
             Next::End(result)
@@ -124,9 +127,9 @@ impl Task {
     }
 
     /// The loop of one term: why it ended.
-    pub(in crate::elector) async fn lead_until_lost(&mut self, run: &mut TermRun, sent: Instant) -> Lost {
+    pub(in crate::elector) async fn lead_until_lost(&mut self, run: &mut TermRun) -> Lost {
         let period = self.config().retry_period;
-        let mut next_tick = sent + period;
+        let mut next_tick = run.sent + period;
         loop {
             // Ended from outside (by `shutdown` once its grace ran out, by a
             // guard that saw the renew deadline pass first), or past the renew
@@ -229,9 +232,11 @@ impl Task {
                         return Err(taken_over(&object));
                     }
                     // Our record, changed by someone else since our last write
-                    // (a `preferredHolder` set, labels): the newest version.
-                    self.memory.confirmed(&object);
-                    run.cached = object;
+                    // (a `preferredHolder` set, labels): the newest version. A
+                    // duration cut short is written back at once.
+                    if self.ours(run, object) {
+                        self.renew(run).await?;
+                    }
                 }
             }
             // Someone else's record (or none), as the view already showed it
@@ -297,8 +302,7 @@ impl Task {
         match read {
             Ok(None) => Err(Lost::Deleted),
             Ok(Some(lease)) if self.memory.is_last_term(&lease) => {
-                self.memory.confirmed(&lease);
-                run.cached = lease;
+                self.ours(run, lease);
                 Ok(Read::Ours)
             }
             Ok(Some(lease)) => Err(taken_over(&lease)),
@@ -307,6 +311,30 @@ impl Task {
                 Ok(Read::Unknown)
             }
         }
+    }
+
+    /// `lease`, our term's record as we wrote it (`Memory::is_last_term`),
+    /// perhaps edited since, becomes the cached object. Edited to a
+    /// `leaseDurationSeconds` below the renew deadline (or none, which
+    /// client-go reads as 0), it lets other candidates take the Lease that
+    /// long after they saw the edit, which came after our last write: the
+    /// term's deadline is cut to that long after the write was sent. Whether
+    /// it was cut (the caller renews, to write our duration back).
+    fn ours(&mut self, run: &mut TermRun, lease: Lease) -> bool {
+        self.memory.confirmed(&lease);
+        let seconds = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds);
+        run.cached = lease;
+        let edited = Duration::from_secs(seconds.map_or(0, |s| s.max(0).unsigned_abs().into()));
+        let cut = edited < self.config().renew_deadline && run.term.cut(run.sent + edited);
+        if cut {
+            warn!(
+                lease_duration_seconds = seconds,
+                left = ?run.term.deadline().saturating_duration_since(Instant::now()),
+                "our lease record was edited to a lease duration shorter than the renew deadline: \
+                 the term ends that much sooner unless a renewal writes ours back"
+            );
+        }
+        cut
     }
 }
 

@@ -19,9 +19,10 @@
 //!    when it is dropped (its runtime shut down).
 //! 2. **A passed deadline is final.** The renew deadline counts from the
 //!    instant before the last successful write was *sent*, never from its
-//!    answer (`Term::renewed(sent, ..)`); once it passed, no renewal brings
-//!    the term back, no guard of it is handed out, and guards, guarded
-//!    streams and `is_leader` see it on their own clock.
+//!    answer (`Term::renewed(sent, ..)`), and comes sooner when our record
+//!    is edited to a shorter lease duration (`Task::ours`); once it passed,
+//!    no renewal brings the term back, no guard of it is handed out, and
+//!    guards, guarded streams and `is_leader` see it on their own clock.
 //! 3. **A guard only while its term holds.** Guards are made only by
 //!    `LeaseGuard::of` (`Term::join`), under the term's lock, while it holds; a term is
 //!    published (`begin_term`) only after the creation hold, and removed from

@@ -46,6 +46,7 @@ impl Task {
                     self.memory.confirmed(&lease);
                     run.cached = lease;
                     run.caught_up = false;
+                    run.sent = sent;
                     // Late, the renewal gives the term up; unless the term
                     // ended from outside while the request was in flight:
                     // the top of the loop handles it.

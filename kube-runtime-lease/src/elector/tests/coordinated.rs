@@ -653,37 +653,52 @@ fn a_failed_lease_candidate_call_says_why_and_one_already_gone_is_no_failure() {
     assert!(!text.contains("deleting the LeaseCandidate failed"), "{text}");
 }
 
-/// Only a conflict is retried after a read: an answer to a ping that fails
-/// otherwise is logged, and the next ping (or the refresh) is answered
-/// (mutation testing: kills the retry guard's `-> true` and `&& -> ||`).
+/// The API server pings every candidate before it elects, counts only those
+/// that renewed within its election duration (5 s) of the ping, and pings
+/// again only a candidate that answered its last ping: with no answer, it
+/// stops its election until a `LeaseCandidate` changes. An answer that fails
+/// (a 5xx, a timeout: the API server restarting) is therefore sent again
+/// after the elector's retry backoff (a retry period, jittered), not at the
+/// next refresh five minutes later, with no leader meanwhile; and not at
+/// once either: only a conflict is retried at once, after a read (mutation
+/// testing: kills the retry guard's `-> true` and `&& -> ||`).
 #[test]
-fn a_ping_answer_that_fails_is_logged_not_retried_at_once() {
+fn a_ping_answer_that_fails_is_sent_again_within_the_api_servers_election() {
     let text = crate::tests::support::logs_during(tracing::Level::WARN, || {
         paused(async {
-            let fake = FakeLeaseApi::default()
-                .serve_lease_candidates()
-                .lease_candidates_latency(S(1));
+            let fake = FakeLeaseApi::default().serve_lease_candidates();
             let (_e, _acquire) = published(&fake).await;
             sleep(S(5)).await;
-            let gets = || {
+            let requests = || {
                 fake.requests()
                     .iter()
-                    .filter(|s| s.verb == "candidate get")
+                    .filter(|s| s.verb.starts_with("candidate"))
                     .count()
             };
-            let before = gets();
-            assert!(fake.ping_lease_candidate(CANDIDATE));
-            // The answer is on its way (1 s): the API server fails from now.
-            sleep(Duration::from_millis(500)).await;
+            let before = requests();
+            // A one-second blip of the API server, as the ping arrives.
             fake.set_lease_candidates_refused(Some(500));
-            sleep(S(3)).await;
-            fake.set_lease_candidates_refused(None);
-            assert_eq!(gets(), before, "retried after a read");
             assert!(fake.ping_lease_candidate(CANDIDATE));
             let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
-            sleep(S(3)).await;
-            let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
-            assert!(renew > ping, "the next ping was not answered");
+            let pinged = tokio::time::Instant::now();
+            sleep(S(1)).await;
+            fake.set_lease_candidates_refused(None);
+            sleep(Duration::from_millis(900)).await;
+            assert_eq!(requests() - before, 1, "the failed answer was sent again at once");
+            let mut answered = None;
+            while pinged.elapsed() < S(400) {
+                let renewed = lease_candidate_time(&fake, CANDIDATE, "renewTime");
+                if renewed.is_some_and(|r| r > ping) {
+                    answered = Some(pinged.elapsed());
+                    break;
+                }
+                sleep(Duration::from_millis(100)).await;
+            }
+            assert!(
+                answered.is_some_and(|a| a < S(5)),
+                "the ping was answered {answered:?} after it: the API server counts an answer within 5 s, \
+                 and pings again only a candidate that answered"
+            );
         });
     });
     assert!(
