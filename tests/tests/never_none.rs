@@ -8,6 +8,10 @@
 //! API server answers it with its own plain-text `404 page not found`, as it
 //! (or a proxy in front of it) may answer while it starts or is upgraded.
 //!
+//! The same misrouting makes one "never two" fault as well: a leader whose
+//! record is edited to a shorter lease duration while its renewals cannot
+//! land.
+//!
 //! Timings are short (2 s lease duration, 1.5 s renew deadline, 0.5 s retry
 //! period); every wait is bounded and says what it waited for.
 
@@ -192,6 +196,60 @@ async fn a_renewal_answered_an_odd_404_does_not_end_the_term() -> Result<()> {
         "the leader stopped renewing"
     );
     a.shutdown(Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+/// A leader whose record is edited to a lease duration below its renew
+/// deadline (1 s against 1.5 s: `kubectl edit`, a tool) while its renewals,
+/// and the reads that check them, are answered with that 404, ends its term
+/// that long after its last renewal was sent: before a candidate that saw
+/// the edit may take the record (never two leaders). With its renewals
+/// landing, it writes its duration back at once (the unit test has both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_record_is_edited_to_a_shorter_duration_never_leads_beside_the_taker() -> Result<()> {
+    let fx = fixture("edited-duration").await?;
+    fx.create(free_spec()).await?;
+    let misroute = Misroute::default();
+    let a = LeaderElector::new(misroute.client(fx.env).await?, fx.config("a"))?;
+    let a_guard = acquire_within(&a, Duration::from_secs(5)).await?;
+    let b = fx.candidate(fx.config("b")).await?;
+    let mut b_acquire = tokio::spawn({
+        let b = b.clone();
+        async move { acquire_within(&b, Duration::from_secs(20)).await }
+    });
+    ensure!(
+        timeout(LEASE_DURATION, &mut b_acquire).await.is_err(),
+        "b led beside a"
+    );
+    // Right after one of a's renewals, its renewals stop landing, and the
+    // record is edited.
+    let renewed = fx.spec().await?.renew_time;
+    timeout(Duration::from_secs(5), async {
+        while fx.spec().await.is_ok_and(|s| s.renew_time == renewed) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .context("no renewal within 5 s")?;
+    misroute.puts.store(1_000, Ordering::SeqCst);
+    misroute.gets.store(1_000, Ordering::SeqCst);
+    fx.modify(|s| s.lease_duration_seconds = Some(1)).await?;
+    let b_guard = b_acquire.await??;
+    // a's term ended at its cut deadline, before b could take the record;
+    // without the cut it is still valid here, or ended only when its watch
+    // showed b's takeover.
+    ensure!(
+        a_guard.lost() == Some(Lost::RenewDeadlineExceeded),
+        "two leaders: b took the record edited to 1 s before a's term ended ({:?}, {:?} left)",
+        a_guard.lost(),
+        a_guard.time_left()
+    );
+    ensure!(b_guard.is_valid() && fx.spec().await?.holder_identity.as_deref() == Some("b"));
+    misroute.puts.store(0, Ordering::SeqCst);
+    misroute.gets.store(0, Ordering::SeqCst);
+    drop((a_guard, b_guard));
+    a.shutdown(Duration::from_secs(1)).await?;
+    b.shutdown(Duration::from_secs(1)).await?;
     Ok(())
 }
 
