@@ -205,24 +205,50 @@ pub(crate) struct Observed {
     pub(crate) spec: LeaseSpec,
     pub(crate) resource_version: Option<String>,
     pub(crate) at: Instant,
+    /// The last two versions first seen (the newest last), each with its
+    /// record and the instant it was first seen.
+    pub(crate) firsts: Vec<(String, LeaseSpec, Instant)>,
 }
 
 impl Observed {
     /// Records `spec`, under the resourceVersion `version`, as seen at `now`.
     /// The clock restarts only when the record changed: a record seen again
     /// does not extend its own lifetime, and one seen late only makes expiry
-    /// later.
+    /// later. The newest version seen, seen again after an older one (a list
+    /// served by a cache behind: A-B-A), keeps the clock of its first sight:
+    /// nothing was written on top of it, or a takeover written with its
+    /// resourceVersion meets a conflict. Any other version seen again (an
+    /// etcd restore brings old ones back) is a change.
     pub(crate) fn update(prev: Option<Self>, spec: LeaseSpec, version: Option<String>, now: Instant) -> Self {
-        match prev {
-            Some(p) if p.spec == spec => Observed {
-                resource_version: version.or(p.resource_version),
-                ..p
-            },
-            _ => Observed {
-                spec,
-                resource_version: version,
-                at: now,
-            },
+        let mut firsts = match prev {
+            Some(p) if p.spec == spec => {
+                return Observed {
+                    resource_version: version.or(p.resource_version),
+                    ..p
+                };
+            }
+            Some(p) => p.firsts,
+            None => Vec::new(),
+        };
+        let seen = firsts
+            .iter()
+            .rposition(|(v, s, _)| version.as_ref() == Some(v) && *s == spec);
+        let at = match seen {
+            Some(i) if i + 1 == firsts.len() => firsts[i].2,
+            Some(_) => now,
+            None => {
+                firsts.extend(version.clone().map(|v| (v, spec.clone(), now)));
+                if firsts.len() > 2 {
+                    firsts.remove(0);
+                }
+                now
+            }
+        };
+        Observed {
+            spec,
+            resource_version: version,
+            at,
+            firsts,
         }
     }
 

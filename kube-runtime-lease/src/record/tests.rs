@@ -173,6 +173,44 @@ fn expiry_counts_from_the_first_sight_of_an_unchanged_record() {
     );
 }
 
+/// A-B-A: the newest version seen, seen again after an older one (a list
+/// served by a cache behind), keeps the clock of its first sight; an older
+/// version seen again, a version with another record, or a record without
+/// a version, restarts it.
+#[test]
+fn the_newest_version_seen_again_keeps_its_clock() {
+    let start = Instant::now();
+    let later = |s| start + Duration::from_secs(s);
+    let renewal = |s| {
+        let mut rec = spec(Some("other"), Some(1), Some(10));
+        rec.renew_time = Some(MicroTime(t(s)));
+        rec
+    };
+    let v = |s: &str| Some(s.to_owned());
+    let o = Observed::update(None, renewal(1), v("1"), start);
+    let o = Observed::update(Some(o), renewal(2), v("2"), later(2));
+    // The stale list: version 1 again, a change (it may be an etcd restore).
+    let o = Observed::update(Some(o), renewal(1), v("1"), later(8));
+    assert_eq!(o.at, later(8));
+    // The watch: version 2 again, the newest seen: its clock goes on.
+    let newest = Observed::update(Some(o.clone()), renewal(2), v("2"), later(9));
+    assert_eq!(newest.at, later(2));
+    assert_eq!(newest.resource_version, v("2"));
+    // Version 2's number with another record (numbers reused after a
+    // restore), or no version at all: a change.
+    let reused = Observed::update(Some(o.clone()), renewal(3), v("2"), later(9));
+    assert_eq!(reused.at, later(9));
+    let unversioned = Observed::update(Some(o), renewal(2), None, later(9));
+    assert_eq!(unversioned.at, later(9));
+    // A version never seen before becomes the newest; the one before it is
+    // then an older version.
+    let o = Observed::update(Some(newest), renewal(4), v("4"), later(10));
+    let o = Observed::update(Some(o), renewal(2), v("2"), later(11));
+    assert_eq!(o.at, later(11));
+    let o = Observed::update(Some(o), renewal(4), v("4"), later(12));
+    assert_eq!(o.at, later(10));
+}
+
 #[test]
 fn free_ours_and_preferred_verdicts() {
     let now = Instant::now();

@@ -702,3 +702,52 @@ fn hands_over_at_once_during_a_slow_renewal(shutdown: bool) {
         });
     }
 }
+
+// ---- 13. A list served by a cache behind -------------------------------------
+
+/// The leader `a` crashes (cut off for good); 8 s later the follower `b`'s
+/// watch expires (410) and its re-list is served by a watch cache one change
+/// behind: it shows a's second-to-last renewal, and the watch then delivers
+/// the last one again (A-B-A). Nothing was written since a crashed, so b
+/// leads within a lease duration and a jittered retry period or two of a's
+/// last renewal, as with an up-to-date re-list (`stale: false`). (Before:
+/// each record counted as a change, the last one's clock restarted at the
+/// re-list, and b led up to a lease duration later.)
+#[test]
+fn a_stale_re_list_does_not_restart_a_followers_expiry_clock() {
+    for stale in [false, true] {
+        paused(async move {
+            let fake = free();
+            let (a, a_id) = elector(&fake, config("a"));
+            let (b, b_id) = elector(&fake, config("b"));
+            let guard = a.acquire().await.unwrap();
+            let mut b_acquire = Box::pin(b.acquire());
+            assert!(timeout(S(5), &mut b_acquire).await.is_err(), "b led beside a");
+            fake.partition(a_id, true);
+            let last_renewal = fake
+                .requests()
+                .iter()
+                .filter(|r| r.client == a_id && r.verb == "update")
+                .map(|r| r.at)
+                .next_back()
+                .unwrap();
+            sleep(S(8)).await;
+            if stale {
+                fake.fault(b_id, Some("list"), Fault::StaleList);
+            }
+            fake.expire_watches();
+            let bound = S(15) + MS(4_400) + S(1);
+            let b_guard = timeout(S(60), &mut b_acquire)
+                .await
+                .expect("b never led")
+                .unwrap();
+            let led = last_renewal.elapsed();
+            assert!(
+                led <= bound,
+                "stale re-list {stale}: b led {led:?} after a's last renewal (bound {bound:?})"
+            );
+            assert!(b_guard.is_valid());
+            drop(guard);
+        });
+    }
+}

@@ -48,11 +48,12 @@ impl LeaderElector {
 pub(in crate::elector) fn handed_view(state: &mut State) -> Option<LeaseView> {
     let (lease, at) = state.extras.handed_record.take()?;
     Some(LeaseView::Known {
-        observed: Observed {
+        observed: Box::new(Observed {
             spec: lease.spec.clone().unwrap_or_default(),
             resource_version: lease.metadata.resource_version.clone(),
             at,
-        },
+            firsts: Vec::new(),
+        }),
         object: lease,
     })
 }

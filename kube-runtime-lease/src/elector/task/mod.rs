@@ -75,7 +75,10 @@ pub(in crate::elector) enum LeaseView {
     /// The Lease does not exist.
     Missing,
     /// The last record seen, and the whole object (for its metadata).
-    Known { observed: Observed, object: Box<Lease> },
+    Known {
+        observed: Box<Observed>,
+        object: Box<Lease>,
+    },
 }
 
 /// A rule for a record: what a candidate may do with it

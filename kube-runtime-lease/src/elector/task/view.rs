@@ -138,14 +138,19 @@ impl Task {
         // The record seen before on the same object, if any.
         let previous = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
             LeaseView::Known { observed, object } if object.metadata.uid == lease.metadata.uid => {
-                Some(observed)
+                Some(*observed)
             }
             _ => None,
         };
         let changed = previous.as_ref().is_none_or(|p| p.spec != spec);
         self.inner.update_status(|s| s.observe(Some(&spec)));
         self.view = LeaseView::Known {
-            observed: Observed::update(previous, spec, lease.metadata.resource_version.clone(), at),
+            observed: Box::new(Observed::update(
+                previous,
+                spec,
+                lease.metadata.resource_version.clone(),
+                at,
+            )),
             object: Box::new(lease),
         };
         changed
