@@ -57,14 +57,19 @@ impl Extras {
     }
 
     /// The Lease a candidate writes to take it: `lease` with the configured
-    /// labels, annotations and owner (`lease-metadata`); the rest is kept.
+    /// labels, annotations and owner (`lease-metadata`), and, in Coordinated
+    /// Leader Election, no `preferredHolder` (the API server marks the end of
+    /// a term; a record it gives has none, and one taken back must not keep
+    /// an old mark); the rest is kept.
     pub(crate) fn prepare(&self, lease: Lease) -> Lease {
+        #[cfg(any(feature = "lease-metadata", feature = "coordinated"))]
+        let mut lease = lease;
         #[cfg(feature = "lease-metadata")]
-        let lease = {
-            let mut lease = lease;
-            self.metadata.apply(&mut lease.metadata);
-            lease
-        };
+        self.metadata.apply(&mut lease.metadata);
+        #[cfg(feature = "coordinated")]
+        if let Some(spec) = lease.spec.as_mut().filter(|_| self.coordinated.is_some()) {
+            spec.preferred_holder = None;
+        }
         lease
     }
 

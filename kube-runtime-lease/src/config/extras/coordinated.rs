@@ -56,7 +56,14 @@ pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 /// - ends its term when the API server marks `preferredHolder` for a better
 ///   candidate ([`Lost::SteppedDown`](crate::Lost::SteppedDown)), and
 ///   releases the Lease once its guarded work has stopped, so that the API
-///   server hands it over at once instead of after its expiry;
+///   server hands it over at once instead of after its expiry. With its work
+///   stopped rather than finished it does not release, and the API server
+///   hands the Lease on when it expires; if nobody has taken it twice its
+///   lease duration and 10 s after the mark (the preferred holder went away,
+///   and the API server, electing this candidate again, writes nothing: it
+///   gives an expired Lease to a new holder only), the candidate takes its
+///   own record back, without the mark, so that the Lease does not stay
+///   without a leader (client-go's coordinated candidate waits for ever);
 /// - deletes its `LeaseCandidate` when its election task ends (shutdown, or
 ///   nobody wants leadership any more); client-go leaves it to the API
 ///   server's garbage collection (30 minutes).

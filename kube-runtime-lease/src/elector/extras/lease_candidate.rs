@@ -62,6 +62,10 @@ const BOUND: Duration = crate::config::extras::coordinated::REQUEST_BOUND;
 /// live), so that a candidate is never counted as live for longer than an
 /// election after its last answer.
 const PING_AHEAD_MAX: Duration = Duration::from_secs(5);
+/// How long the API server's election may take to give an expired Lease to a
+/// new holder: its requeue interval and its election duration (the pings'
+/// window), 5 s each (`leaderelection_controller.go`).
+const API_SERVER_ELECTION: Duration = Duration::from_secs(10);
 
 /// How many times one publication goes round create, read, replace when the
 /// object keeps changing under it (created or deleted by someone else).
@@ -197,6 +201,16 @@ pub(in crate::elector) fn rule(task: &Task, ordinary: Rule, now: Instant) -> Res
 /// neither (another process with its identity) is waited out for one lease
 /// duration, as in the ordinary election. Anything else is the API server's
 /// to change: wait (a watch event wakes the candidate sooner).
+///
+/// Except its own term's record, its end marked for another candidate (it
+/// stepped down with its work alive, so it did not release), that nobody
+/// took: the API server gives an expired Lease to a new holder only, so with
+/// the preferred holder gone and this candidate its choice again, it writes
+/// nothing, and the Lease would stay without a leader. Once the record has
+/// been unchanged for twice its duration and the API server's election
+/// (its requeue and ping windows, [`API_SERVER_ELECTION`]), the candidate
+/// takes it back, with no `preferredHolder` (see `Extras::prepare`), so that
+/// the API server can mark the end of that term again.
 fn coordinated_verdict(observed: &Observed, asker: Asker<'_>, now: Instant) -> Verdict {
     let spec = &observed.spec;
     let duration = record::lease_duration(spec, asker.fallback);
@@ -204,6 +218,10 @@ fn coordinated_verdict(observed: &Observed, asker: Asker<'_>, now: Instant) -> V
     match record::preferred_holder(spec) {
         None if named && (asker.own_term || spec.acquire_time.is_none()) => Verdict::Take,
         None if named => record::after_unchanged(observed, duration, now),
+        Some(p) if named && asker.own_term && p != asker.identity => {
+            let left_alone = duration.saturating_mul(2).saturating_add(API_SERVER_ELECTION);
+            record::after_unchanged(observed, left_alone, now)
+        }
         _ => Verdict::WaitUntil(record::later(now, duration)),
     }
 }
