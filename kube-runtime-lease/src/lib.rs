@@ -267,7 +267,9 @@
 //!   with one write; a polling one within one to 2.2 *RP*.
 //! - **After a crash, or work that had to be stopped**: one *LD* after a
 //!   follower last saw the record change (it judges by its own clock, never
-//!   by `renewTime`), and at most 2.2 *RP* more when it polls. A watching
+//!   by `renewTime`; a re-list served by a watch cache behind, which shows
+//!   an older record before the last one again, does not restart that
+//!   clock), and at most 2.2 *RP* more when it polls. A watching
 //!   follower whose watch has been silent for two *RP* (a dead holder, or a
 //!   watch that stalled) reads the Lease every jittered *RP*, as a polling
 //!   one does, so that a stalled watch costs no more than polling.
@@ -277,7 +279,10 @@
 //!   value edited in by someone else counts only until the holder renews).
 //! - **After a step-down for a `preferredHolder`**: the preferred holder takes
 //!   the record when it expires (one *LD* after its last change); if it never
-//!   comes, the candidates take it one *LD* later.
+//!   comes, the candidates take it one *LD* later (with Coordinated Leader
+//!   Election, where the API server elects, the candidate that stepped down
+//!   takes its record back 2 *LD* + 10 s after its last change, if the API
+//!   server gave it to nobody).
 //! - **Once faults heal** (every request answered again): a leader within
 //!   2 *LD* + 2.2 *RP*: a failed request is retried every 1 to 2.2 *RP*
 //!   (client-go's jittered retry period, whatever failed), and the record
