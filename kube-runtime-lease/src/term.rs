@@ -287,3 +287,27 @@ impl Term {
         Some(rx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::Term;
+
+    /// `cut` moves the deadline earlier only, and says whether it moved: an
+    /// event that shows our record edited again, as already cut, sends no
+    /// second renewal (mutation testing: kills `>` → `>=`).
+    #[test]
+    fn a_cut_moves_the_deadline_earlier_only() {
+        let sent = Instant::now();
+        let at = |s| sent + Duration::from_secs(s);
+        let term = Term::new(1, sent, Duration::from_secs(10));
+        assert!(term.cut(at(1)));
+        assert_eq!(term.deadline(), at(1));
+        assert!(!term.cut(at(1)), "cut again to the same instant");
+        assert!(!term.cut(at(5)), "cut to a later instant");
+        assert_eq!(term.deadline(), at(1));
+    }
+}

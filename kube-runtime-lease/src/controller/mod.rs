@@ -77,8 +77,11 @@ pub trait LeaderElectionControllerExt<K: ControllerResource> {
     ///   [`LeaderElector::shutdown_requested`] through
     ///   [`Controller::graceful_shutdown_on`]): it takes no new work and lets
     ///   the reconciles in flight finish, for up to the grace period given to
-    ///   `shutdown`; what still runs then is aborted as on a loss, and the
-    ///   Lease is released.
+    ///   `shutdown`. If they all finished, the Lease is released (a standby
+    ///   leads at once); what still runs then is aborted as on a loss, and the
+    ///   Lease is left to expire (a standby leads one lease duration after the
+    ///   last renewal), since requests the aborted reconciles sent may still
+    ///   land.
     ///
     /// ```no_run
     /// use std::{sync::Arc, time::Duration};

@@ -76,14 +76,16 @@ impl Future for Acquire {
         let received = ready!(Pin::new(rx).poll(cx));
         this.rx = None;
         // Waiters are dropped by `shutdown`, or by the task when it is
-        // dropped without exiting (runtime shut down, panic).
-        Poll::Ready(received.map_err(|oneshot::Canceled| {
-            if this.inner.lock().shutdown {
-                AcquireError::Shutdown
-            } else {
-                AcquireError::ElectorStopped
-            }
-        }))
+        // dropped without exiting (runtime shut down, panic). A guard sent
+        // before the shutdown began and received after it is dropped unused:
+        // no work starts once the shutdown began (its drop counts as
+        // finished work, so the release is not held back).
+        let shutdown = this.inner.lock().shutdown;
+        Poll::Ready(match received {
+            Ok(guard) if !shutdown => Ok(guard),
+            _ if shutdown => Err(AcquireError::Shutdown),
+            _ => Err(AcquireError::ElectorStopped),
+        })
     }
 }
 

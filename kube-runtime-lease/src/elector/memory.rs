@@ -10,7 +10,10 @@ use k8s_openapi::{
 };
 use tokio::time::Instant;
 
-use crate::record::{self, TermId};
+use crate::{
+    config::LeaseConfig,
+    record::{self, TermId},
+};
 
 /// What this elector remembers of the Lease across terms and tasks.
 #[derive(Default)]
@@ -62,6 +65,15 @@ pub(super) struct Memory {
 }
 
 impl Memory {
+    /// A term ended with its guarded work stopped, not finished: no later
+    /// term releases the Lease for lease duration − renew deadline (see
+    /// [`Memory::stopped_until`]).
+    pub(super) fn work_stopped(&mut self, config: &LeaseConfig) {
+        let margin = config.lease_duration.saturating_sub(config.renew_deadline);
+        let until = record::later(Instant::now(), margin);
+        self.stopped_until = self.stopped_until.max(Some(until));
+    }
+
     /// Whether `lease` holds the record of our last term (see [`TermId`]),
     /// renewed last by us (see [`Memory::last_renewed`]; while our term
     /// holds, a record with no `renewTime` is an edit of ours: every other

@@ -131,10 +131,14 @@ impl Drop for Task {
         // `acquire` start a task.
         let mut state = self.inner.lock();
         state.running = false;
-        state.memory = std::mem::take(&mut self.memory);
         if let Some(term) = state.term.take() {
             term.lose(&Lost::ElectorStopped);
+            // Work alive now was stopped: its margin holds for the next task.
+            if term.stopped_work() {
+                self.memory.work_stopped(&self.inner.config);
+            }
         }
+        state.memory = std::mem::take(&mut self.memory);
         state.waiters.clear();
         drop(state);
         self.inner.not_leading();

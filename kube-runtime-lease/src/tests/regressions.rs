@@ -11,7 +11,7 @@ use std::{
     pin::{Pin, pin},
     sync::{
         Arc,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -22,6 +22,7 @@ use tokio::time::{Instant, advance, sleep, timeout};
 
 use crate::{
     Acquire, AcquireError, ConfigError, LeaderElectionStreamExt, LeaderElector, LeaseConfig, Lost,
+    elector::test_hooks::Point,
     term::Term,
     test_util::{FakeLeaseApi, Fault},
     tests::{
@@ -1626,6 +1627,187 @@ fn a_leader_whose_record_is_edited_to_a_shorter_duration_never_leads_beside_the_
                     "a's duration, written back"
                 );
             }
+        });
+    }
+}
+
+// ---- 16. How a term ends: a dropped task, an acquire served late -----------
+
+/// The election task is dropped in the middle of a term (aborted as when its
+/// runtime shuts down, or it panics) while guarded work runs: the term ends
+/// as `ElectorStopped` with that work still alive, i.e. stopped, not
+/// finished. The next task takes our own record back at once (as it should),
+/// but a clean term that ends inside lease duration − renew deadline of that
+/// stop must not release (crate docs, *Release only after the guarded work
+/// ended*: "for lease duration − renew deadline after such a stop no later
+/// term of this elector releases either"; `ARCHITECTURE.md` rule 5).
+#[test]
+fn a_task_dropped_with_work_in_flight_keeps_the_margin_of_stopped_work() {
+    let mut released = Vec::new();
+    for panics in [false, true] {
+        let outcome = Arc::new(parking_lot::Mutex::new(None));
+        let out = outcome.clone();
+        paused(async move {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me"));
+            let guard = e.acquire().await.unwrap();
+            sleep(S(3)).await;
+            assert!(guard.is_valid(), "renewed");
+            if panics {
+                e.interleave_for_test(Point::Recount, || panic!("injected: the election task panics"));
+            } else {
+                e.abort_task_for_test();
+            }
+            // The work (this guard) is alive when the term ends.
+            let lost = timeout(S(3), guard).await.expect("the term ends with its task");
+            assert_eq!(lost, Lost::ElectorStopped);
+            let stopped = Instant::now();
+            let again = timeout(S(2), e.acquire())
+                .await
+                .expect("our own record, taken back at once")
+                .unwrap();
+            drop(again);
+            sleep(MS(1500)).await;
+            assert!(stopped.elapsed() < S(5), "still inside the 5 s margin");
+            *out.lock() = Some((holder(&fake), stopped.elapsed()));
+        });
+        let (holder, after) = outcome.lock().take().unwrap();
+        if holder.as_deref() != Some("me") {
+            let how = if panics {
+                "panicked"
+            } else {
+                "was aborted (its runtime shut down)"
+            };
+            released.push(format!(
+                "the election task {how}: the next term released the Lease (holder {holder:?}) {after:?} after \
+                 guarded work was stopped by it (ElectorStopped), inside the 5 s margin of stopped work"
+            ));
+        }
+    }
+    assert!(released.is_empty(), "{}", released.join("\n"));
+}
+
+/// A `with_lease` waits for the Lease; the term begins and its guard is sent
+/// to the waiter, but the future is not polled again before `shutdown`
+/// begins (the SIGTERM comes in that instant). The shutdown's first step
+/// promises "pending `acquire` calls fail with `AcquireError::Shutdown`" and
+/// `acquire`'s docs "`AcquireError::Shutdown` once `shutdown` has been
+/// called"; `Term::close` says "no new work under it". Instead the pending
+/// acquire resolves to a guard, the work starts after the shutdown began,
+/// the shutdown waits its whole grace for it, stops it, and the Lease is left
+/// to expire instead of handed over.
+#[test]
+fn a_pending_acquire_is_not_served_once_the_shutdown_began() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let started = Arc::new(AtomicBool::new(false));
+        let work = {
+            let started = started.clone();
+            async move {
+                started.store(true, Ordering::SeqCst);
+                sleep(S(60)).await;
+            }
+        };
+        let mut with_lease = pin!(e.with_lease(work));
+        // First poll: a waiter registers and the task starts.
+        assert!(futures::poll!(with_lease.as_mut()).is_pending());
+        // The term begins; the `with_lease` future is not polled meanwhile.
+        timeout(S(5), async {
+            while !e.is_leader() {
+                sleep(MS(1)).await;
+            }
+        })
+        .await
+        .expect("never led");
+        let shutdown = tokio::spawn({
+            let e = e.clone();
+            async move { e.shutdown(S(5)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(e.is_shut_down(), "the shutdown began");
+        let began = Instant::now();
+        let out = timeout(S(30), with_lease).await.expect("with_lease hangs");
+        let result = timeout(S(60), shutdown).await.expect("shutdown hangs").unwrap();
+        let work_started = started.load(Ordering::SeqCst);
+        let holder = holder(&fake);
+        assert!(
+            !work_started && out == Err(Lost::Shutdown) && holder.as_deref() == Some(""),
+            "an acquire pending when the shutdown began was served a guard: the work started \
+             {work_started}, with_lease returned {out:?}, shutdown returned {result:?} {:?} after \
+             it began, and the Lease holder is {holder:?} (not released)",
+            began.elapsed()
+        );
+    });
+}
+
+/// A guarded Controller at `shutdown(2 s)`: its reconcile in flight may
+/// finish within the grace, and then the Lease is released (a standby leads
+/// at once); one still running at the end of the grace is aborted as on a
+/// loss, and the Lease is left to expire. (The adapter's docs said the Lease
+/// was released in both cases.)
+#[test]
+fn a_guarded_controller_is_released_at_shutdown_only_if_its_reconciles_finished_within_the_grace() {
+    use futures::StreamExt;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    use crate::LeaderElectionControllerExt;
+
+    for reconcile_for in [S(1), S(60)] {
+        paused(async move {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me"));
+            let (client, _) = fake.client();
+            let reconciling = Arc::new(AtomicBool::new(false));
+            let controller = Controller::new(
+                kube_client::Api::<Lease>::namespaced(client, "default"),
+                watcher::Config::default(),
+            )
+            .with_leader_election(&e)
+            .run(
+                {
+                    let reconciling = reconciling.clone();
+                    move |_, _: Arc<()>| {
+                        reconciling.store(true, Ordering::SeqCst);
+                        async move {
+                            sleep(reconcile_for).await;
+                            Ok::<_, kube_client::Error>(Action::await_change())
+                        }
+                    }
+                },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            );
+            let consumer = tokio::spawn(async move {
+                let mut controller = pin!(controller);
+                while controller.next().await.is_some() {}
+                controller.lost()
+            });
+            timeout(S(30), async {
+                while !reconciling.load(Ordering::SeqCst) {
+                    sleep(MS(10)).await;
+                }
+            })
+            .await
+            .expect("the guarded Controller never reconciled");
+            let began = Instant::now();
+            let result = e.shutdown(S(2)).await;
+            let lost = timeout(S(5), consumer)
+                .await
+                .expect("the controller runs on")
+                .unwrap();
+            let holder = holder(&fake);
+            // Finished within the grace: released; aborted at its end: left to
+            // expire (requests the aborted reconcile sent may still land).
+            let released = reconcile_for < S(2);
+            assert_eq!(
+                holder.as_deref(),
+                Some(if released { "" } else { "me" }),
+                "a reconcile of {reconcile_for:?}: shutdown(2 s) returned {result:?} after {:?}; the \
+             Controller ended with {lost:?}",
+                began.elapsed()
+            );
         });
     }
 }

@@ -32,10 +32,7 @@ impl Task {
             self.memory.last_term = None;
         }
         if term.stopped_work() {
-            let cfg = &self.inner.config;
-            let margin = cfg.lease_duration.saturating_sub(cfg.renew_deadline);
-            let until = record::later(Instant::now(), margin);
-            self.memory.stopped_until = self.memory.stopped_until.max(Some(until));
+            self.memory.work_stopped(&self.inner.config);
         }
         let wants_release = match reason {
             Lost::Shutdown | Lost::GivenUp | Lost::SteppedDown { .. } => {

@@ -325,7 +325,8 @@ impl Task {
         let seconds = lease.spec.as_ref().and_then(|s| s.lease_duration_seconds);
         run.cached = lease;
         let edited = Duration::from_secs(seconds.map_or(0, |s| s.max(0).unsigned_abs().into()));
-        let cut = edited < self.config().renew_deadline && run.term.cut(run.sent + edited);
+        // (A duration of at least the renew deadline moves nothing.)
+        let cut = run.term.cut(run.sent + edited);
         if cut {
             warn!(
                 lease_duration_seconds = seconds,
