@@ -64,20 +64,27 @@ pub(crate) fn taken(
 /// The record written to renew our own term: only `renewTime` (and the
 /// duration) move, as client-go's renewal.
 ///
-/// `renewTime` always moves forward, by at least a microsecond (the
-/// precision the API stores): with a wall clock that stands still (frozen,
-/// coarse, or stepped back), a renewal that wrote the same record would be
-/// no change to a follower, which judges expiry by when it last saw the
-/// record change, and could take the Lease while this term's guards are
-/// valid.
-pub(crate) fn renewed(prev: &LeaseSpec, duration_seconds: i32, now: Timestamp) -> LeaseSpec {
+/// `renewTime` always moves forward: with a wall clock that stands still
+/// (frozen, coarse, or stepped back), a renewal that wrote the same record
+/// would be no change to a follower, which judges expiry by when it last saw
+/// the record change, and could take the Lease while this term's guards are
+/// valid. A client-go follower compares records with their times in whole
+/// seconds, so with the clock at or behind the last `renewTime`, the renewal
+/// writes that `renewTime` plus `step` (the retry period, at most a second,
+/// at least a microsecond): each renewal, or at least one a second, is a
+/// change to every follower, and `renewTime` catches up with the clock (or,
+/// with a retry period under a second, stays ahead by the step back).
+pub(crate) fn renewed(prev: &LeaseSpec, duration_seconds: i32, now: Timestamp, step: Duration) -> LeaseSpec {
     let mut next = prev.clone();
     next.lease_duration_seconds = Some(duration_seconds);
+    let micros = step.min(Duration::from_secs(1)).as_micros().max(1);
+    let step = SignedDuration::from_micros(i64::try_from(micros).unwrap_or(1));
     let after_prev = prev
         .renew_time
         .as_ref()
-        .and_then(|MicroTime(t)| t.checked_add(SignedDuration::from_micros(1)).ok());
-    next.renew_time = Some(MicroTime(after_prev.map_or(now, |p| p.max(now))));
+        .filter(|MicroTime(t)| now <= *t)
+        .and_then(|MicroTime(t)| t.checked_add(step).ok());
+    next.renew_time = Some(MicroTime(after_prev.unwrap_or(now)));
     next
 }
 

@@ -17,6 +17,8 @@ fn verdict_of(
 }
 
 const ME: &str = "me";
+/// A retry period of two seconds, client-go's.
+const STEP: Duration = Duration::from_secs(2);
 const FALLBACK: Duration = Duration::from_secs(15);
 
 fn t(secs: i64) -> Timestamp {
@@ -59,7 +61,7 @@ fn a_term_begins_with_a_new_acquisition_whatever_the_previous_record() {
                     next.preferred_holder, prev.preferred_holder,
                     "preferredHolder kept"
                 );
-                let renewal = renewed(&next, 30, t(2));
+                let renewal = renewed(&next, 30, t(2), STEP);
                 assert_eq!(
                     renewal.acquire_time, next.acquire_time,
                     "renewal keeps acquireTime"
@@ -101,7 +103,7 @@ fn a_term_is_its_object_and_holder() {
     let ours = taken(None, ME, 15, 3, t(0));
     let term = TermId::of(&object("u1", ours.clone())).unwrap();
     assert!(
-        term.matches(&object("u1", renewed(&ours, 15, t(4)))),
+        term.matches(&object("u1", renewed(&ours, 15, t(4), STEP))),
         "renewed: same term"
     );
     let mut labelled = object("u1", ours.clone());
@@ -365,27 +367,42 @@ fn our_own_term_marked_for_another_is_left_to_the_preferred_holder_for_one_lease
 }
 
 /// Never none (a clock that stands still): every renewal changes the
-/// record, so that a follower judging expiry by the last change sees it.
+/// record, so that a follower judging expiry by the last change sees it; by
+/// a whole second at a retry period of a second or more, since a client-go
+/// follower compares times in whole seconds (never two: with the clock
+/// stepped back, a renewal 1 µs after the last was no change to it, and it
+/// took the Lease a lease duration later while our term held).
 #[test]
 fn every_renewal_moves_renew_time_forward_even_when_the_clock_does_not() {
     let first = taken(None, ME, 15, 0, t(0));
     let mut prev = first.clone();
     for now in [t(0), t(0), t(-30), t(0)] {
-        let next = renewed(&prev, 15, now);
+        let next = renewed(&prev, 15, now, STEP);
         assert_ne!(next, prev, "a renewal at {now} is a change");
         let (MicroTime(before), MicroTime(after)) =
             (prev.renew_time.clone().unwrap(), next.renew_time.clone().unwrap());
-        assert!(after > before, "renewTime moves forward: {before} -> {after}");
-        assert!(after.as_microsecond() - before.as_microsecond() >= 1);
+        assert_eq!(after.as_second(), before.as_second() + 1, "{before} -> {after}");
         prev = next;
     }
+    // A retry period under a second: the step is the retry period, and a
+    // retry period of nothing still moves it a microsecond.
+    let half = renewed(&first, 15, t(0), Duration::from_millis(500));
+    assert_eq!(
+        half.renew_time,
+        Some(MicroTime(t(0) + SignedDuration::from_millis(500)))
+    );
+    let tiny = renewed(&first, 15, t(-1), Duration::ZERO);
+    assert_eq!(
+        tiny.renew_time,
+        Some(MicroTime(t(0) + SignedDuration::from_micros(1)))
+    );
     // A clock that moves is followed as it is.
-    let next = renewed(&first, 15, t(7));
+    let next = renewed(&first, 15, t(7), STEP);
     assert_eq!(next.renew_time, Some(MicroTime(t(7))));
     // A record with no renewTime is renewed at `now`.
     let mut bare = first;
     bare.renew_time = None;
-    assert_eq!(renewed(&bare, 15, t(1)).renew_time, Some(MicroTime(t(1))));
+    assert_eq!(renewed(&bare, 15, t(1), STEP).renew_time, Some(MicroTime(t(1))));
 }
 
 #[test]
@@ -399,4 +416,98 @@ fn a_token_annotation_no_run_of_terms_reaches_is_ignored() {
     // From here on tokens could not go on growing: the transitions count.
     assert_eq!(with_token(MAX_TOKEN), 3);
     assert_eq!(with_token(i64::MAX), 3);
+}
+
+/// The bytes client-go compares (`observedRawRecord`): `json.Marshal` of the
+/// `LeaderElectionRecord` that `LeaseSpecToLeaderElectionRecord` makes of a
+/// spec, with its times as `metav1.Time` marshals them (RFC 3339, UTC, whole
+/// seconds; `null` when unset).
+fn client_go_raw(spec: &LeaseSpec) -> String {
+    let time = |t: &Option<MicroTime>| {
+        t.as_ref().map_or_else(
+            || "null".to_owned(),
+            |MicroTime(t)| format!("\"{}\"", Timestamp::from_second(t.as_second()).unwrap()),
+        )
+    };
+    format!(
+        r#"{{"holderIdentity":"{}","leaseDurationSeconds":{},"acquireTime":{},"renewTime":{},"leaderTransitions":{},"strategy":"{}","preferredHolder":"{}"}}"#,
+        spec.holder_identity.as_deref().unwrap_or(""),
+        spec.lease_duration_seconds.unwrap_or(0),
+        time(&spec.acquire_time),
+        time(&spec.renew_time),
+        spec.lease_transitions.unwrap_or(0),
+        spec.strategy.as_deref().unwrap_or(""),
+        spec.preferred_holder.as_deref().unwrap_or(""),
+    )
+}
+
+fn wall(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+/// Never two, next to client-go: our leader's node had its wall clock
+/// stepped back (NTP correcting a clock that ran ahead, a VM restored from a
+/// snapshot) by 30 s. Renewals never let `renewTime` move back; when they
+/// wrote the previous `renewTime` plus 1 µs, renewal after renewal, every
+/// one of those records was the same record to a client-go follower (its
+/// times are compared in whole seconds, see `client_go_raw`), so its expiry
+/// clock never restarted, and it took the Lease one lease duration after it
+/// first saw it, while our leader, renewing in time, still held a valid
+/// term. Now each renewal moves `renewTime` by the retry period (at most a
+/// second).
+///
+/// client-go's own leader, with the same stepped clock, writes `renewTime =
+/// now`: the record moves back by 30 s, its bytes change, and followers
+/// restart their clocks: the fault is this crate's rule, not the protocol's.
+///
+/// Timeline (monotonic seconds since the step, the defaults 15/10/2): our
+/// renewal `k` is sent at `2k` and applied at once; the client-go follower
+/// reads the Lease 0.1 s after each renewal (its polls come every 2 to 4.4
+/// s; any phase gives the same result).
+#[test]
+fn renewals_after_the_wall_clock_stepped_back_are_changes_to_a_client_go_follower() {
+    let (lease_duration, renew_deadline, retry_period) = (15.0_f64, 10.0_f64, 2.0_f64);
+    // Our term's record, last renewed just before the step (wall clock 10:00:30.4).
+    let mut record = taken(None, "rust", 15, 3, wall("2026-12-07T10:00:00.4Z"));
+    record = renewed(&record, 15, wall("2026-12-07T10:00:30.4Z"), STEP);
+    // The wall clock now reads 30 s earlier than before the step.
+    let stepped_back = wall("2026-12-07T10:00:00.5Z");
+    // The client-go follower "go": its observedRawRecord and observedTime.
+    let mut observed = (client_go_raw(&record), 0.0_f64);
+    for k in 0..=12_u32 {
+        let sent = f64::from(k) * retry_period;
+        let now = stepped_back
+            .checked_add(SignedDuration::from_secs_f64(sent))
+            .unwrap();
+        // Our leader's renewal, as `Task::renew` makes it.
+        let next = renewed(&record, 15, now, Duration::from_secs_f64(retry_period));
+        let last_sent = sent;
+        record = next;
+        // client-go's read, 0.1 s later (`tryAcquireOrRenew`, steps 2 and 3).
+        let read_at = sent + 0.1;
+        let raw = client_go_raw(&record);
+        if raw != observed.0 {
+            observed = (raw, read_at);
+        }
+        let expired = observed.1 + lease_duration <= read_at;
+        let ours_valid = read_at < last_sent + renew_deadline;
+        assert!(
+            !(expired && ours_valid),
+            "two leaders: {read_at:.1}s after the wall clock stepped back 30 s, the client-go follower \
+             takes the Lease (the record unchanged to it since {:.1}s: {}) while our leader renewed \
+             {:.1}s ago and its term holds {:.1}s more. Our renewTime moved only by 1 µs per renewal \
+             ({:?}), inside one second: client-go compares records in whole seconds",
+            observed.1,
+            observed.0,
+            read_at - last_sent,
+            last_sent + renew_deadline - read_at,
+            record.renew_time.as_ref().map(|MicroTime(t)| t.to_string()),
+        );
+    }
+    // What client-go's leader writes under the same clock: `renewTime = now`,
+    // a change to every follower.
+    let mut go = taken(None, "go", 15, 3, wall("2026-12-07T10:00:30.4Z"));
+    let before = client_go_raw(&go);
+    go.renew_time = Some(MicroTime(stepped_back));
+    assert_ne!(client_go_raw(&go), before);
 }

@@ -30,7 +30,8 @@ impl Task {
             }
             let mut lease = run.cached.clone();
             let seconds = self.seconds_to_write(run.phase.hold());
-            let spec = record::renewed(&lease.spec.take().unwrap_or_default(), seconds, record::now());
+            let (prev, step) = (lease.spec.take().unwrap_or_default(), self.config().retry_period);
+            let spec = record::renewed(&prev, seconds, record::now(), step);
             self.memory.last_renewed.extend(spec.renew_time.clone());
             lease.spec = Some(spec);
             // Abandoned for a term that ends meanwhile (`while_wanted`).
