@@ -458,7 +458,7 @@ fn wall(s: &str) -> Timestamp {
 ///
 /// client-go's own leader, with the same stepped clock, writes `renewTime =
 /// now`: the record moves back by 30 s, its bytes change, and followers
-/// restart their clocks: the fault is this crate's rule, not the protocol's.
+/// restart their clocks: the fault was our rule, not the protocol's.
 ///
 /// Timeline (monotonic seconds since the step, the defaults 15/10/2): our
 /// renewal `k` is sent at `2k` and applied at once; the client-go follower

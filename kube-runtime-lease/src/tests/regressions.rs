@@ -1638,9 +1638,9 @@ fn a_leader_whose_record_is_edited_to_a_shorter_duration_never_leads_beside_the_
 /// as `ElectorStopped` with that work still alive, i.e. stopped, not
 /// finished. The next task takes our own record back at once (as it should),
 /// but a clean term that ends inside lease duration − renew deadline of that
-/// stop must not release (crate docs, *Release only after the guarded work
-/// ended*: "for lease duration − renew deadline after such a stop no later
-/// term of this elector releases either"; `ARCHITECTURE.md` rule 5).
+/// stop must not release (the module docs, *Release only after the guarded
+/// work ended*: "for lease duration − renew deadline after such a stop no
+/// later term of this elector releases either").
 #[test]
 fn a_task_dropped_with_work_in_flight_keeps_the_margin_of_stopped_work() {
     let mut released = Vec::new();
