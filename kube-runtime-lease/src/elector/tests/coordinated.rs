@@ -224,6 +224,22 @@ fn a_coordinated_candidate_never_creates_or_takes_a_lease_and_leads_when_elected
         assert!(tokio::time::timeout(S(60), &mut acquire).await.is_err());
         assert_eq!(holder(&fake).as_deref(), Some(""), "took a free Lease");
         assert_coordinated_waits(&fake, &mut acquire, "other").await;
+        // Nor a record marked for another candidate that is not our own
+        // term's, however long it stays (taking our own record back after a
+        // step-down is for our own term only; mutation testing: kills the
+        // guard of that arm as `true`, and its `&&`s as `||`).
+        for (holder_name, preferred) in [("other", "x"), ("other", CANDIDATE), (CANDIDATE, "x")] {
+            let mut lease = held_by(holder_name, 5);
+            let marked = lease.spec.as_mut().unwrap();
+            marked.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+            marked.preferred_holder = Some(preferred.to_owned());
+            fake.put(lease);
+            assert!(
+                tokio::time::timeout(S(60), &mut acquire).await.is_err(),
+                "took a record held by {holder_name}, marked for {preferred}"
+            );
+            assert_eq!(holder(&fake).as_deref(), Some(holder_name));
+        }
 
         // The API server elects us: we lead, at once.
         assign(&fake, CANDIDATE);
