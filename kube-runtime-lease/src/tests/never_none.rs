@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::{
     LeaderElector, Lost, record,
     test_util::{FakeLeaseApi, Fault},
-    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
+    tests::support::{config, count, elector, free, held_by, holder, last_sent, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -606,13 +606,7 @@ fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last
             sleep(stalled_for).await;
             // a crashes: cut off for good (its guard ends at its deadline).
             fake.partition(a_id, true);
-            let last_renewal = fake
-                .requests()
-                .iter()
-                .filter(|r| r.client == a_id && r.verb == "update")
-                .map(|r| r.at)
-                .next_back()
-                .unwrap();
+            let last_renewal = last_sent(&fake, a_id, "update");
             let bound = S(15) + MS(4_400) + S(1);
             let b_guard = timeout(bound, &mut b_acquire)
                 .await
@@ -724,13 +718,7 @@ fn a_stale_re_list_does_not_restart_a_followers_expiry_clock() {
             let mut b_acquire = Box::pin(b.acquire());
             assert!(timeout(S(5), &mut b_acquire).await.is_err(), "b led beside a");
             fake.partition(a_id, true);
-            let last_renewal = fake
-                .requests()
-                .iter()
-                .filter(|r| r.client == a_id && r.verb == "update")
-                .map(|r| r.at)
-                .next_back()
-                .unwrap();
+            let last_renewal = last_sent(&fake, a_id, "update");
             sleep(S(8)).await;
             if stale {
                 fake.fault(b_id, Some("list"), Fault::StaleList);

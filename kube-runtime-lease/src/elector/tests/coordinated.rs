@@ -286,19 +286,28 @@ async fn assert_coordinated_waits(
     assert_eq!(holder(fake).as_deref(), Some(other));
 }
 
+/// A coordinated candidate elected by the API server, whose term the API
+/// server then marks for "better": the elector, why its term ended (at
+/// once), and the instant of the mark.
+async fn stepped_down(fake: &FakeLeaseApi) -> (crate::LeaderElector, Lost, tokio::time::Instant) {
+    let (e, _) = elector(fake, coordinated("me"));
+    let mut acquire = Box::pin(e.acquire());
+    assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+    assign(fake, CANDIDATE);
+    let guard = acquire.await.expect("leads");
+    prefer(fake, "better");
+    let marked = tokio::time::Instant::now();
+    let lost = tokio::time::timeout(S(1), guard)
+        .await
+        .expect("the term ends at once");
+    (e, lost, marked)
+}
+
 #[test]
 fn a_coordinated_leader_steps_down_for_the_preferred_holder_and_stops_renewing() {
     paused(async {
         let fake = FakeLeaseApi::default().serve_lease_candidates();
-        let (e, _) = elector(&fake, coordinated("me"));
-        let mut acquire = Box::pin(e.acquire());
-        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
-        assign(&fake, CANDIDATE);
-        let guard = acquire.await.expect("leads");
-        prefer(&fake, "better");
-        let lost = tokio::time::timeout(S(1), guard)
-            .await
-            .expect("the term ends at once");
+        let (e, lost, _) = stepped_down(&fake).await;
         assert_eq!(
             lost,
             Lost::SteppedDown {
@@ -341,14 +350,7 @@ fn a_coordinated_leader_steps_down_for_the_preferred_holder_and_stops_renewing()
 fn a_stepped_down_coordinated_leader_whose_preferred_holder_is_gone_leads_again() {
     paused(async {
         let fake = FakeLeaseApi::default().serve_lease_candidates();
-        let (e, _) = elector(&fake, coordinated("me"));
-        let mut acquire = Box::pin(e.acquire());
-        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
-        assign(&fake, CANDIDATE);
-        let guard = acquire.await.expect("leads");
-        prefer(&fake, "better");
-        let marked = tokio::time::Instant::now();
-        let lost = tokio::time::timeout(S(1), guard).await.expect("steps down");
+        let (e, lost, marked) = stepped_down(&fake).await;
         assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
         // Wanted again at once (a guarded controller rejoining); "better"
         // never comes, and the API server never writes.
