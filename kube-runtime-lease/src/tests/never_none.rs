@@ -22,11 +22,22 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::{
     LeaderElector, Lost, record,
     test_util::{FakeLeaseApi, Fault},
-    tests::support::{config, count, elector, free, held_by, holder, last_sent, paused, spec},
+    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 const MS: fn(u64) -> Duration = Duration::from_millis;
+
+/// When `client` last sent a `verb` request (its last renewal, for `update`).
+fn last_sent(fake: &FakeLeaseApi, client: usize, verb: &str) -> Instant {
+    let sent = fake
+        .requests()
+        .iter()
+        .filter(|r| r.client == client && r.verb == verb)
+        .map(|r| r.at)
+        .next_back();
+    sent.expect("no such request")
+}
 
 /// The kinds of 404 that are not the API server saying "this Lease does not
 /// exist": its `NotFound` for a path it does not serve (no details naming

@@ -97,17 +97,6 @@ pub(crate) fn first_after(fake: &FakeLeaseApi, client: usize, verb: &str, since:
         .map(|s| s.at)
 }
 
-/// When `client` last sent a `verb` request (its last renewal, for `update`).
-pub(crate) fn last_sent(fake: &FakeLeaseApi, client: usize, verb: &str) -> Instant {
-    let sent = fake
-        .requests()
-        .iter()
-        .filter(|r| r.client == client && r.verb == verb)
-        .map(|r| r.at)
-        .next_back();
-    sent.expect("no such request")
-}
-
 pub(crate) fn holder(fake: &FakeLeaseApi) -> Option<String> {
     fake.lease().and_then(|l| l.spec).and_then(|s| s.holder_identity)
 }
