@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use crate::{
     config::LeaseConfig,
     record::{self, TermId},
+    term::Term,
 };
 
 /// What this elector remembers of the Lease across terms and tasks.
@@ -65,10 +66,15 @@ pub(super) struct Memory {
 }
 
 impl Memory {
-    /// A term ended with its guarded work stopped, not finished: no later
-    /// term releases the Lease for lease duration − renew deadline (see
-    /// [`Memory::stopped_until`]).
-    pub(super) fn work_stopped(&mut self, config: &LeaseConfig) {
+    /// `term` ended: if its guarded work was stopped, not finished (see
+    /// `Term::stopped_work`), no later term releases the Lease for lease
+    /// duration − renew deadline (see [`Memory::stopped_until`]). Both ends
+    /// of a term call it: `end_term`, and the drop of a task whose runtime
+    /// shut down under it.
+    pub(super) fn term_ended(&mut self, term: &Term, config: &LeaseConfig) {
+        if !term.stopped_work() {
+            return;
+        }
         let margin = config.lease_duration.saturating_sub(config.renew_deadline);
         let until = record::later(Instant::now(), margin);
         self.stopped_until = self.stopped_until.max(Some(until));

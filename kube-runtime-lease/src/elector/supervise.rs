@@ -134,9 +134,7 @@ impl Drop for Task {
         if let Some(term) = state.term.take() {
             term.lose(&Lost::ElectorStopped);
             // Work alive now was stopped: its margin holds for the next task.
-            if term.stopped_work() {
-                self.memory.work_stopped(&self.inner.config);
-            }
+            self.memory.term_ended(&term, &self.inner.config);
         }
         state.memory = std::mem::take(&mut self.memory);
         state.waiters.clear();

@@ -31,9 +31,7 @@ impl Task {
             // anyone else's.
             self.memory.last_term = None;
         }
-        if term.stopped_work() {
-            self.memory.work_stopped(&self.inner.config);
-        }
+        self.memory.term_ended(term, &self.inner.config);
         let wants_release = match reason {
             Lost::Shutdown | Lost::GivenUp | Lost::SteppedDown { .. } => {
                 info!(%reason, "leadership ended");
