@@ -97,13 +97,17 @@ pub fn nodelay_client(config: kube::Config) -> anyhow::Result<Client> {
 /// `default` when it is not set.
 ///
 /// # Errors
-/// When the variable is not a number.
+/// When the variable is not a number, or not a duration (negative, not
+/// finite, too large).
 pub fn env_seconds(var: &str, default: f64) -> anyhow::Result<Duration> {
     match std::env::var(var) {
         Ok(v) => {
-            Ok(Duration::from_secs_f64(v.parse().with_context(|| {
-                format!("{var}={v:?} is not a number of seconds")
-            })?))
+            let seconds: f64 = v
+                .parse()
+                .with_context(|| format!("{var}={v:?} is not a number of seconds"))?;
+            // Negative, not finite, or too large: an error, not a panic.
+            Duration::try_from_secs_f64(seconds)
+                .with_context(|| format!("{var}={v:?} is not a duration in seconds"))
         }
         Err(_) => Ok(Duration::from_secs_f64(default)),
     }
@@ -229,4 +233,33 @@ pub fn error_policy<K>(
 ) -> kube::runtime::controller::Action {
     tracing::warn!(error = %err, "reconcile failed");
     kube::runtime::controller::Action::requeue(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    /// A malformed timing in the environment (negative, not a
+    /// finite number, too large) is an error at start, not a panic. Each
+    /// value is read in a child process of this test (setting the
+    /// environment in process needs `unsafe`).
+    #[test]
+    fn env_seconds_refuses_what_is_no_duration_without_panicking() {
+        const VAR: &str = "KRL_REVIEW_B_SECONDS";
+        if let Ok(bad) = std::env::var(VAR) {
+            assert!(super::env_seconds(VAR, 1.0).is_err(), "{VAR}={bad} accepted");
+            return;
+        }
+        for bad in ["-1", "NaN", "inf", "1e300"] {
+            let child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "tests::env_seconds_refuses_what_is_no_duration_without_panicking",
+                    "--exact",
+                    "--nocapture",
+                ])
+                .env(VAR, bad)
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
+            assert!(child.status.success(), "{VAR}={bad}:\n{out}");
+        }
+    }
 }

@@ -12,6 +12,10 @@
 //!    requests, each bounded by the renew deadline);
 //! 4. the process exits.
 //!
+//! A loss of the Lease (taken over, renew deadline missed) ends the program
+//! at once with an error, so that the pod restarts and campaigns again
+//! (`examples/rejoin.rs` rejoins in process instead).
+//!
 //! ```sh
 //! KUBECONFIG=... cargo run -p kube-runtime-lease-examples --example sigterm_handover
 //! ```
@@ -26,7 +30,7 @@ use kube::{
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
 use kube_runtime_lease_examples::{
-    SHUTDOWN_GRACE as GRACE, client, init_tracing, lease_config, shutdown_signal,
+    SHUTDOWN_GRACE as GRACE, client, exit_after_work, init_tracing, lease_config, shutdown_signal,
 };
 use tracing::info;
 
@@ -58,11 +62,14 @@ async fn main() -> anyhow::Result<()> {
             info!("SIGTERM: no new work; finishing reconciles in flight");
             let result = elector.shutdown(GRACE).await;
             info!(took = ?started.elapsed(), ?result, "handed over");
+            result
         })
     };
     let mut controller = std::pin::pin!(controller);
     while controller.next().await.is_some() {}
     info!(lost = ?controller.lost(), "controller stopped");
-    handover.await?;
-    Ok(())
+    // After a shutdown, once the handover has run to its end; after any other
+    // loss, an error at once: the pod restarts and campaigns again (waiting
+    // for SIGTERM here would keep a replica up that never leads again).
+    exit_after_work(controller.lost(), handover).await
 }

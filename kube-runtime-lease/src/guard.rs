@@ -149,8 +149,35 @@ impl LeaseGuard {
     /// A `Send + Sync + 'static` future that resolves when this term ends,
     /// without holding the guard: for
     /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
+    ///
+    /// Like the guard, it resolves at the renew deadline on its own clock
+    /// (ending the term), even if the elector task never runs again.
     pub fn lost_signal(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
-        self.term.subscribe().map(drop)
+        let (term, wake) = self.parts();
+        let mut lost = term.subscribe();
+        async move {
+            // Without a deadline, or outside a runtime with timers (polled by
+            // hand), the term's own end is all there is.
+            if term.timeless || tokio::runtime::Handle::try_current().is_err() {
+                let _ = lost.await;
+                return;
+            }
+            loop {
+                let deadline = term.deadline();
+                if Instant::now() >= deadline {
+                    // Final, as in the guard's `poll`: the term ends for
+                    // every guard, and the elector task ends it its way.
+                    term.lose(&Lost::RenewDeadlineExceeded);
+                    wake.notify_one();
+                    return;
+                }
+                let timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+                if let futures::future::Either::Left(_) = futures::future::select(&mut lost, timer).await {
+                    return;
+                }
+                // The deadline as set when the timer was: renewed since, or not.
+            }
+        }
     }
 }
 

@@ -38,7 +38,11 @@ enum State {
 ///   then tells why.
 /// - When the inner stream ends on its own, this stream ends with
 ///   [`lost`](Self::lost) returning `None`, and its guard is dropped: the
-///   Lease is released once no other stream or guard shares the term.
+///   Lease is released once no other stream or guard shares the term. An
+///   inner stream that ends once the term is over (an inner guarded stream,
+///   such as a guarded Controller given to
+///   [`run_each_term`](LeaderElector::run_each_term), that saw the renew
+///   deadline pass) ends this one with that loss instead.
 /// - When this stream is dropped while leading, before its inner stream
 ///   ended (a `select!` on a signal), the guarded work was stopped, not
 ///   finished: requests it sent may still land, so the Lease is left to
@@ -185,10 +189,19 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                 None => Poll::Ready(Some(item)),
                 lost => finish(&mut this, lost),
             },
-            Poll::Ready(None) => {
-                debug!("guarded stream ended: giving up leadership");
-                finish(&mut this, None)
-            }
+            // An inner stream that ends once the term is over did not end
+            // on its own: it may have ended because of the loss (an inner
+            // guarded stream, a Controller wrapped again, that saw the renew
+            // deadline pass on its own clock). Its end is the loss, so that
+            // `run_each_term` campaigns again instead of leaving the
+            // election (one clock read, at the end only).
+            Poll::Ready(None) => match guard.over() {
+                None => {
+                    debug!("guarded stream ended: giving up leadership");
+                    finish(&mut this, None)
+                }
+                lost => finish(&mut this, lost),
+            },
             // The inner stream is idle: be woken when the term ends (the
             // guard's own timer wakes it at the renew deadline). The guard
             // keeps the last waker it was polled with until the term ends,

@@ -139,3 +139,99 @@ async fn every_example_hands_over_on_sigterm_and_exits_after_the_release() -> Re
     ensure!(failed.is_empty(), "{}", failed.join("\n\n"));
     Ok(())
 }
+
+/// An example replica that loses the Lease (another candidate
+/// takes it over) must not stay up without campaigning: it either rejoins
+/// the election in process (`run_each_term`) or exits so that its pod
+/// restarts and campaigns again (`exit_after_work`, the README's quick
+/// start). A replica that waits for SIGTERM after a loss is a pod that looks
+/// alive and never leads again: once every replica has lost once (API server
+/// outages), nobody campaigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_handover_does_not_stay_up_out_of_the_election_after_a_loss() -> Result<()> {
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp};
+    use kube::api::PostParams;
+
+    let example = "sigterm_handover";
+    let env = shared_env().await?;
+    let bin = tokio::task::spawn_blocking(move || {
+        build("kube-runtime-lease-examples", Target::Example(example), false)
+    })
+    .await??;
+    let ns = env.new_namespace("ex-lost-sigterm-handover").await?;
+    let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
+    let dir = tempfile::tempdir()?;
+    let log_path = dir.path().join("example.log");
+    let log = std::fs::File::create(&log_path)?;
+    let mut child = Command::new(&bin)
+        .env("KUBECONFIG", env.kubeconfig_path())
+        .env("LEASE_NAMESPACE", &ns)
+        .env("LEASE_NAME", "ex")
+        .env("IDENTITY", example)
+        .env("POD_NAME", example)
+        .env("LEASE_DURATION", "2")
+        .env("RENEW_DEADLINE", "1.5")
+        .env("RETRY_PERIOD", "0.5")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let output = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            bail!("{example} exited before leading ({status}):\n{}", output());
+        }
+        if output().contains("now leading") && holder(&leases).await?.as_deref() == Some(example) {
+            break;
+        }
+        ensure!(
+            started.elapsed() < Duration::from_secs(30),
+            "{example} did not lead within 30 s:\n{}",
+            output()
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+    sleep(Duration::from_secs(1)).await;
+    // Another candidate takes the Lease over, for a long term.
+    let mut taken = false;
+    for _ in 0..20 {
+        let mut lease = leases.get("ex").await?;
+        let spec = lease.spec.get_or_insert_default();
+        let now = MicroTime(Timestamp::now());
+        spec.holder_identity = Some("intruder".to_owned());
+        spec.lease_duration_seconds = Some(3600);
+        spec.acquire_time = Some(now.clone());
+        spec.renew_time = Some(now);
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+        match leases.replace("ex", &PostParams::default(), &lease).await {
+            Ok(_) => {
+                taken = true;
+                break;
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    ensure!(taken, "the takeover conflicted 20 times");
+    let took = Instant::now();
+    // Out of the election: it must exit (to restart and campaign again).
+    let exited = timeout(Duration::from_secs(15), child.wait()).await;
+    let Ok(status) = exited else {
+        bail!(
+            "{example} still runs {:?} after losing the Lease, no longer campaigning (it waits for \
+             SIGTERM):\n{}",
+            took.elapsed(),
+            output()
+        );
+    };
+    ensure!(
+        !status?.success(),
+        "{example} exited successfully after a loss:\n{}",
+        output()
+    );
+    Ok(())
+}

@@ -17,7 +17,7 @@ pub(crate) mod warm;
 
 use std::{fmt::Debug, hash::Hash, sync::Arc};
 
-use futures::{Stream, TryFuture};
+use futures::{Stream, TryFuture, TryFutureExt};
 use kube_client::Resource;
 use kube_runtime::{
     Controller,
@@ -82,6 +82,11 @@ pub trait LeaderElectionControllerExt<K: ControllerResource> {
     ///   Lease is left to expire (a standby leads one lease duration after the
     ///   last renewal), since requests the aborted reconciles sent may still
     ///   land.
+    /// - **When the Controller's stream ends by force** (kube-runtime's
+    ///   [`Controller::shutdown_on_signal`], a second signal): the reconciles
+    ///   in flight are aborted as on a loss, and the Lease is left to expire.
+    ///   Each reconcile holds a guard of its term, marked unfinished until it
+    ///   completes, so aborted work is never taken for finished work.
     ///
     /// ```no_run
     /// use std::{sync::Arc, time::Duration};
@@ -178,7 +183,7 @@ impl<K: ControllerResource> ControllerWithLeaderElection<K> {
     /// [`WithLeaderElection`] for what happens when leadership is won and lost.
     pub fn run<ReconcilerFut, Ctx>(
         self,
-        reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
+        mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
         error_policy: impl Fn(Arc<K>, &ReconcilerFut::Error, Arc<Ctx>) -> Action,
         context: Arc<Ctx>,
     ) -> WithLeaderElection<impl Stream<Item = RunItem<K, ReconcilerFut::Error>>>
@@ -186,6 +191,25 @@ impl<K: ControllerResource> ControllerWithLeaderElection<K> {
         ReconcilerFut: TryFuture<Ok = Action> + Send + 'static,
         ReconcilerFut::Error: std::error::Error + Send + 'static,
     {
+        // Each reconcile holds a guard of the term it started in, marked
+        // unfinished until it completes: a reconcile dropped in flight
+        // (aborted as the stream is dropped, also when kube-runtime ended the
+        // stream itself, by a forceful shutdown) leaves the Lease to expire
+        // rather than released, whatever the stream's own end looked like.
+        let elector = self.elector.clone();
+        let reconciler = move |object: Arc<K>, ctx: Arc<Ctx>| {
+            let guard = elector.current_guard();
+            let work = TryFutureExt::into_future(reconciler(object, ctx));
+            async move {
+                let Some(mut guard) = guard else {
+                    return work.await;
+                };
+                guard.unfinished = true;
+                let result = work.await;
+                guard.unfinished = false;
+                result
+            }
+        };
         let stream = self
             .controller
             .graceful_shutdown_on(self.elector.shutdown_requested())

@@ -932,3 +932,51 @@ fn a_disabled_election_leads_at_once_without_any_api_call_until_shutdown() {
         assert!(fake.lease().is_none());
     });
 }
+
+/// `run_each_term` over a guarded stream (what its docs recommend
+/// for a Controller, and what the operator example does): the inner adapter
+/// sees the renew deadline pass on its clock (a pause while its stream made
+/// an item) and ends, with its `lost`; the outer one must not take that end
+/// for work that ended on its own (`WorkEnded`, the election left for good),
+/// but campaign again.
+#[test]
+fn run_each_term_over_a_guarded_stream_rejoins_when_the_inner_adapter_sees_the_deadline() {
+    paused(async {
+        use crate::term::Term;
+
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let term = Arc::new(Term::new(1, Instant::now(), S(10)));
+        e.set_term_for_test(term.clone());
+        let built = Arc::new(AtomicUsize::new(0));
+        let run = tokio::spawn({
+            let (e, built) = (e.clone(), built.clone());
+            async move {
+                e.run_each_term(|| {
+                    let first = built.fetch_add(1, Ordering::SeqCst) == 0;
+                    let term = term.clone();
+                    let pausing = stream::poll_fn(move |_| {
+                        if first {
+                            term.expire_for_test();
+                            Poll::Ready(Some(1))
+                        } else {
+                            Poll::Pending
+                        }
+                    });
+                    pausing.with_leader_election(&e)
+                })
+                .await
+            }
+        });
+        sleep(S(30)).await;
+        assert!(
+            !run.is_finished(),
+            "run_each_term returned {:?} after a loss (the renew deadline passed), \
+             instead of campaigning again; built {} time(s)",
+            run.await.unwrap(),
+            built.load(Ordering::SeqCst)
+        );
+        assert_eq!(built.load(Ordering::SeqCst), 2, "campaigned again");
+        assert!(e.is_leader(), "leads again");
+    });
+}

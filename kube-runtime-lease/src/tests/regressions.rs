@@ -1811,3 +1811,169 @@ fn a_guarded_controller_is_released_at_shutdown_only_if_its_reconciles_finished_
         });
     }
 }
+
+// ---- 17. The parts users touch around the election -------------------------
+
+/// 17: `LeaseGuard::lost_signal`, the future the guard's docs give to
+/// `Controller::graceful_shutdown_on`, resolves when the term is over,
+/// as the guard does: at the renew deadline on its own clock too, even if
+/// the election task never runs again (its runtime no longer driven, as in
+/// section 7). Otherwise a Controller wired to it keeps reconciling past
+/// the renew deadline, and past the lease duration, while another candidate
+/// takes the Lease.
+#[test]
+fn lost_signal_resolves_at_the_renew_deadline_without_the_election_task() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
+    main.block_on(async {
+        let signal = guard.lost_signal();
+        let began = Instant::now();
+        let resolved = timeout(S(30), signal).await;
+        assert!(
+            resolved.is_ok(),
+            "lost_signal still pending {:?} after the term's renew deadline passed (valid: {}, \
+             time left {:?}): a Controller given it through graceful_shutdown_on reconciles on",
+            began.elapsed(),
+            guard.is_valid(),
+            guard.time_left()
+        );
+        assert!(!guard.is_valid());
+    });
+    drop(guard);
+    drop(helper);
+}
+
+/// 17: a guarded Controller that kube-runtime itself ends by force
+/// (`Controller::shutdown_on_signal`, a second SIGTERM: "requesting that all
+/// reconcilers abort") ends its stream with reconciles in flight; the
+/// adapter drops it, which aborts them. That work was stopped, not
+/// finished: requests it sent may still land, so the Lease must be left to
+/// expire (rule 5), not released at once. Real time and real signals, sent
+/// to a child process (this test alone, run again by this binary):
+/// kube-runtime's handlers leave SIGTERM and SIGINT ignored in the process
+/// that takes them.
+#[test]
+fn a_guarded_controller_ended_by_force_with_reconciles_in_flight_is_not_released() {
+    use std::{
+        io::{BufRead, BufReader},
+        process::{Command, Stdio},
+        sync::mpsc,
+    };
+
+    const CHILD: &str = "KRL_FORCED_SHUTDOWN_CHILD";
+    const NAME: &str =
+        "tests::regressions::a_guarded_controller_ended_by_force_with_reconciles_in_flight_is_not_released";
+    if std::env::var_os(CHILD).is_some() {
+        forced_shutdown_in_this_process();
+        return;
+    }
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut output = Vec::new();
+    let mut wait_for = |marker: &str, signal: bool| {
+        let started = std::time::Instant::now();
+        while started.elapsed() < S(30) {
+            if signal {
+                // Graceful, then forceful: repeated until the stream ended
+                // (a signal is seen only by a listener already waiting).
+                let kill = Command::new("kill")
+                    .args(["-TERM", &child.id().to_string()])
+                    .status();
+                assert!(kill.unwrap().success());
+            }
+            while let Ok(line) = lines.recv_timeout(MS(200)) {
+                let found = line.contains(marker);
+                output.push(line);
+                if found {
+                    return;
+                }
+            }
+        }
+        panic!("no `{marker}` from the child within 30 s:\n{}", output.join("\n"));
+    };
+    wait_for("KRL-CHILD reconciling", false);
+    wait_for("KRL-CHILD ended", true);
+    let status = child.wait().unwrap();
+    reader.join().unwrap();
+    output.extend(lines.try_iter());
+    assert!(
+        status.success(),
+        "the child failed ({status}):\n{}",
+        output.join("\n")
+    );
+}
+
+/// The child's side of the test above: a guarded Controller reconciling (a
+/// reconcile that never ends) until the signals end it by force; then the
+/// Lease must still be held.
+fn forced_shutdown_in_this_process() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    use crate::LeaderElectionControllerExt;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let (client, _) = fake.client();
+        let reconciling = AtomicBool::new(false);
+        let controller = Controller::new(
+            kube_client::Api::<Lease>::namespaced(client, "default"),
+            watcher::Config::default(),
+        )
+        .shutdown_on_signal()
+        .with_leader_election(&e)
+        .run(
+            move |_, _: Arc<()>| {
+                if !reconciling.swap(true, Ordering::SeqCst) {
+                    // Once the Controller's stream was polled: its signal
+                    // listeners wait.
+                    println!("KRL-CHILD reconciling");
+                }
+                async move {
+                    // Sends a request and waits for its answer, for ever.
+                    futures::future::pending::<()>().await;
+                    Ok::<_, kube_client::Error>(Action::await_change())
+                }
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        );
+        let mut controller = pin!(controller);
+        let ended = timeout(S(60), async { while controller.next().await.is_some() {} }).await;
+        assert!(
+            ended.is_ok(),
+            "the Controller's stream did not end at the forceful shutdown"
+        );
+        println!("KRL-CHILD ended");
+        let lost = controller.lost();
+        // Time for a release, which must not come.
+        sleep(MS(500)).await;
+        assert_eq!(
+            holder(&fake).as_deref(),
+            Some("me"),
+            "the Lease was released at once (the guarded Controller ended with {lost:?}) though \
+             its reconcile was aborted in flight"
+        );
+        e.shutdown(S(1)).await.ok();
+    });
+}
