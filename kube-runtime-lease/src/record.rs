@@ -212,8 +212,9 @@ pub(crate) struct Observed {
     pub(crate) spec: LeaseSpec,
     pub(crate) resource_version: Option<String>,
     pub(crate) at: Instant,
-    /// The last two versions first seen (the newest last), each with its
-    /// record and the instant it was first seen.
+    /// The last two versions first seen, the newest last (by resourceVersion
+    /// when they compare as numbers, else in the order first seen), each with
+    /// its record and the instant it was first seen.
     pub(crate) firsts: Vec<(String, LeaseSpec, Instant)>,
 }
 
@@ -224,8 +225,12 @@ impl Observed {
     /// later. The newest version seen, seen again after an older one (a list
     /// served by a cache behind: A-B-A), keeps the clock of its first sight:
     /// nothing was written on top of it, or a takeover written with its
-    /// resourceVersion meets a conflict. Any other version seen again (an
-    /// etcd restore brings old ones back) is a change.
+    /// resourceVersion meets a conflict. The newest is the one with the
+    /// largest resourceVersion (an etcd revision on every API server), not
+    /// merely the last first seen: a follower that read the newest record
+    /// from etcd may then see an older one for the first time in a list from
+    /// a cache behind. Any other version seen again (an etcd restore brings
+    /// old ones back) is a change.
     pub(crate) fn update(prev: Option<Self>, spec: LeaseSpec, version: Option<String>, now: Instant) -> Self {
         let mut firsts = match prev {
             Some(p) if p.spec == spec => {
@@ -244,7 +249,15 @@ impl Observed {
             Some(i) if i + 1 == firsts.len() => firsts[i].2,
             Some(_) => now,
             None => {
-                firsts.extend(version.clone().map(|v| (v, spec.clone(), now)));
+                if let Some(v) = version.clone() {
+                    // In order of resourceVersion when they compare (etcd's
+                    // revisions, as every API server's): an older version
+                    // first seen after a newer one (a GET from etcd, then a
+                    // list from a cache behind) is not the newest.
+                    let newer = |(w, _, _): &(String, LeaseSpec, Instant)| matches!((rv_number(&v), rv_number(w)), (Some(v), Some(w)) if w > v);
+                    let at = firsts.iter().position(newer).unwrap_or(firsts.len());
+                    firsts.insert(at, (v, spec.clone(), now));
+                }
                 if firsts.len() > 2 {
                     firsts.remove(0);
                 }
@@ -301,6 +314,12 @@ impl Observed {
             _ => after(1),
         }
     }
+}
+
+/// A resourceVersion as the number it is on every API server (an etcd
+/// revision); `None` for any other.
+pub(crate) fn rv_number(version: &str) -> Option<u64> {
+    version.parse().ok()
 }
 
 /// Take once `observed` has stayed unchanged for `wait`, else wait until then.

@@ -50,6 +50,9 @@ pub(super) struct Memory {
     pub(super) seen_held: bool,
     pub(super) seen_longest: Duration,
     pub(super) seen_renewed: Option<MicroTime>,
+    /// The newest resourceVersion seen on it, as a number (see
+    /// [`record::rv_number`]).
+    pub(super) seen_version: Option<u64>,
     /// The largest `leaseTransitions` seen on this Lease name, any object.
     pub(super) max_transitions: Option<i32>,
     /// The largest fencing token seen on this Lease name, any object
@@ -129,14 +132,29 @@ impl Memory {
             self.seen_uid.clone_from(&lease.metadata.uid);
         }
         let duration = record::lease_duration(&spec, fallback);
-        // (`None` orders before any `renewTime`.)
-        if spec.renew_time > self.seen_renewed {
-            // A newer write of its holder (a renewal, or a new term:
-            // `renewTime` moved forward): the duration it writes is what it
-            // goes by from now on, whatever earlier records said (or an edit
-            // of them: a huge value written once by someone else would
-            // otherwise make the creation hold after a deletion as long, up
-            // to 68 years).
+        let version = lease
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(record::rv_number);
+        // A newer write of its holder (a renewal, or a new term): another
+        // `renewTime` on a newer version. Told by the resourceVersion where
+        // it compares, not by comparing `renewTime`s, which different nodes'
+        // clocks wrote (a holder's clock an hour ahead would make every
+        // later holder's write look older for an hour). Else, `renewTime`
+        // moved forward. (`None` orders before any `renewTime`.)
+        let newer = match (version, self.seen_version) {
+            (Some(v), Some(seen)) => {
+                v > seen && spec.renew_time.is_some() && spec.renew_time != self.seen_renewed
+            }
+            _ => spec.renew_time > self.seen_renewed,
+        };
+        self.seen_version = self.seen_version.max(version);
+        if newer {
+            // The duration it writes is what it goes by from now on,
+            // whatever earlier records said (or an edit of them: a huge
+            // value written once by someone else would otherwise make the
+            // creation hold after a deletion as long, up to 68 years).
             self.seen_longest = duration;
             self.seen_renewed.clone_from(&spec.renew_time);
         } else {
@@ -158,6 +176,7 @@ impl Memory {
         self.seen_held = false;
         self.seen_longest = Duration::ZERO;
         self.seen_renewed = None;
+        self.seen_version = None;
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with

@@ -211,6 +211,14 @@ fn the_newest_version_seen_again_keeps_its_clock() {
     assert_eq!(o.at, later(11));
     let o = Observed::update(Some(o), renewal(4), v("4"), later(12));
     assert_eq!(o.at, later(10));
+    // An older version first seen after the newest (a GET from etcd, then a
+    // list from a cache behind) is not the newest: version 4, seen again,
+    // keeps its clock.
+    let o = Observed::update(None, renewal(4), v("4"), later(10));
+    let o = Observed::update(Some(o), renewal(3), v("3"), later(12));
+    assert_eq!(o.at, later(12));
+    let o = Observed::update(Some(o), renewal(4), v("4"), later(13));
+    assert_eq!(o.at, later(10));
 }
 
 #[test]
@@ -510,4 +518,90 @@ fn renewals_after_the_wall_clock_stepped_back_are_changes_to_a_client_go_followe
     let before = client_go_raw(&go);
     go.renew_time = Some(MicroTime(stepped_back));
     assert_ne!(client_go_raw(&go), before);
+}
+
+/// The earliest a client-go follower takes our Lease while our leader's term
+/// still holds, for timings `(lease duration, renew deadline, retry period)`
+/// in seconds: `None` if never. Our leader takes the Lease at monotonic 0
+/// (wall clock `phase` past a whole second) and renews every retry period,
+/// each write applied at once, until it is cut off after renewal `k` (its
+/// later writes never land); its term holds until that renewal was sent plus
+/// the renew deadline. The client-go follower reads the Lease 10 ms after
+/// every write (it can: its polls come at any phase) and takes it once the
+/// record it compares (`client_go_raw`: whole seconds) has been unchanged
+/// for the lease duration.
+fn client_go_takes_during_our_term(seconds: i32, rd: f64, rp: f64) -> Option<String> {
+    let ld = f64::from(seconds);
+    let base = wall("2026-12-07T10:00:00Z");
+    for phase_ms in (0..1000).step_by(10) {
+        for k in 0..12_u32 {
+            let at = |mono: f64| {
+                base.checked_add(SignedDuration::from_secs_f64(f64::from(phase_ms) / 1000.0 + mono))
+                    .unwrap()
+            };
+            let mut record = taken(None, "rust", seconds, 1, at(0.0));
+            let mut observed = (client_go_raw(&record), 0.01_f64);
+            for i in 1..=k {
+                let sent = f64::from(i) * rp;
+                record = renewed(&record, seconds, at(sent), Duration::from_secs_f64(rp));
+                let raw = client_go_raw(&record);
+                if raw != observed.0 {
+                    observed = (raw, sent + 0.01);
+                }
+            }
+            let last_sent = f64::from(k) * rp;
+            let takes = observed.1 + ld;
+            let ours_until = last_sent + rd;
+            if takes < ours_until {
+                return Some(format!(
+                    "wall clock {phase_ms} ms past a second, cut off after renewal {k}: the client-go \
+                     follower takes the Lease at {takes:.2}s (the record unchanged to it since \
+                     {:.2}s), our term holds until {ours_until:.2}s (last renewal sent at \
+                     {last_sent:.2}s): {:.2}s with two leaders",
+                    observed.1,
+                    ours_until - takes
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Never two, next to client-go, at a retry period under a second: the
+/// README's rule for mixed fleets ("keep lease duration − renew deadline ≥
+/// retry period") was meant to cover the renewals a client-go follower does
+/// not see (it compares records with times in whole seconds), but at a
+/// retry period under half a second several renewals fall in one wall-clock
+/// second, and the follower's clock can start up to (not quite) a second
+/// before our last renewal: what the margin must cover is a second, not a
+/// retry period. Timings that keep both margins are safe.
+#[test]
+fn a_client_go_follower_never_takes_during_our_term_with_the_documented_margin() {
+    // Timings (LD, RD, RP) as the crate accepts them (LD > RD > 1.2 RP) and
+    // with the documented margin for Go candidates: LD − RD ≥ max(RP, 1 s).
+    let documented = |ld: f64, rd: f64, rp: f64| ld - rd >= rp.max(1.0);
+    for (seconds, rd, rp) in [
+        (15, 10.0, 2.0),
+        (2, 1.0, 0.3),
+        (3, 2.0, 0.5),
+        (2, 1.0, 0.1),
+        (5, 3.0, 2.0),
+        (2, 1.7, 0.3),
+        (2, 1.5, 0.2),
+    ] {
+        let ld = f64::from(seconds);
+        assert!(
+            rd > 1.2 * rp && ld > rd,
+            "({ld}, {rd}, {rp}) is accepted by validate"
+        );
+        if !documented(ld, rd, rp) {
+            continue;
+        }
+        let two = client_go_takes_during_our_term(seconds, rd, rp);
+        assert!(
+            two.is_none(),
+            "two leaders at {ld}/{rd}/{rp} s, timings the README calls safe next to client-go: {}",
+            two.unwrap_or_default()
+        );
+    }
 }

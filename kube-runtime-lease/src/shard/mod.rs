@@ -130,6 +130,13 @@ impl ShardConfig {
     /// `[A-Za-z0-9._-]`. Checked by [`ShardedElector::new`], before any API
     /// call: zero shards is [`ConfigError::NoShards`], and every Lease's
     /// configuration is checked as [`LeaseConfig::validate`] checks one.
+    ///
+    /// Every replica of one election must use the same `shards`. Replicas
+    /// of two counts share the roster but not the shard Leases: an object
+    /// then has an owner of each count (both reconcile it at once), and the
+    /// shards the assignment gives to a replica of the other count have no
+    /// owner. So a change of `shards` is not a rolling update: scale to
+    /// zero (every replica shut down), then start the new count.
     #[must_use]
     pub fn new(lease: LeaseConfig, shards: u16) -> Self {
         ShardConfig {
@@ -645,23 +652,41 @@ impl ShardedElector {
     }
 
     /// Joins the roster, retrying every retry period until it is done or
-    /// shutdown begins (`false`).
+    /// shutdown begins (`false`). Each attempt runs as `State::joining`, as a
+    /// join again does: a `leave` from then on (a shutdown, or this future
+    /// dropped) waits for the write before it reads the entry, so that an
+    /// entry written as the replica stops is not left behind.
     async fn join_until_done(&self, api: &Api<Lease>) -> bool {
         let inner = &self.inner;
         let cfg = &inner.member;
         loop {
-            if inner.state.lock().shutdown {
-                return false;
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            {
+                let mut state = inner.state.lock();
+                if state.shutdown {
+                    return false;
+                }
+                let (this, api) = (self.clone(), api.clone());
+                state.joining = Some(tokio::spawn(async move {
+                    let cfg = &this.inner.member;
+                    let joined = tokio::time::timeout(cfg.renew_deadline, roster::join(&api, cfg)).await;
+                    let _ = tx.send(joined);
+                }));
             }
-            match tokio::time::timeout(cfg.renew_deadline, roster::join(api, cfg)).await {
-                Ok(Ok(())) => {
+            match rx.await {
+                Ok(Ok(Ok(()))) => {
                     info!(lease = %cfg.name, "joined the sharded election");
                     return true;
                 }
-                Ok(Err(e)) => {
+                Ok(Ok(Err(e))) => {
                     warn!(lease = %cfg.name, error = %Chain(&e), "could not join the sharded election; trying again");
                 }
-                Err(_) => warn!(lease = %cfg.name, "joining the sharded election timed out; trying again"),
+                Ok(Err(_)) => {
+                    warn!(lease = %cfg.name, "joining the sharded election timed out; trying again");
+                }
+                Err(_) => {
+                    warn!(lease = %cfg.name, "joining the sharded election was cut short; trying again");
+                }
             }
             tokio::time::sleep(cfg.retry_period).await;
         }
@@ -1018,11 +1043,19 @@ impl ShardedElector {
         });
     }
 
-    /// Drops every shard held or campaigned for, and says so.
-    fn give_up_all(&self) {
+    /// Drops every shard held or campaigned for, and says so. With `grace`,
+    /// the work still running on the shards held (guards from
+    /// [`guard`](Self::guard)) may go on until then, as on a shard handed
+    /// over: [`stop_overdue`](Self::stop_overdue) stops it after that.
+    fn give_up_all(&self, grace: Option<Instant>) {
         let tasks: Vec<JoinHandle<()>> = {
             let mut state = self.inner.state.lock();
-            state.held.clear();
+            let held = std::mem::take(&mut state.held);
+            if let Some(until) = grace {
+                for s in held.into_keys() {
+                    state.handing_over.insert(s, until);
+                }
+            }
             std::mem::take(&mut state.acquiring).into_values().collect()
         };
         for task in tasks {
@@ -1073,7 +1106,8 @@ impl ShardedElector {
     /// others take them within a watch event and a write each.
     pub async fn shutdown(&self, grace: Duration) {
         self.inner.state.lock().shutdown = true;
-        self.give_up_all();
+        // (Each shard's elector ends the work left at the end of `grace`.)
+        self.give_up_all(None);
         self.inner.wake.notify_one();
         // The roster first: the others' shares grow at once, so that they
         // campaign for these shards while they are being released.
@@ -1089,10 +1123,24 @@ struct Leave<'a>(&'a ShardedElector);
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
         debug!("the sharded election's balancer stopped: giving every shard up");
-        self.0.give_up_all();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let this = self.0.clone();
-            runtime.spawn(async move { this.leave().await });
-        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.0.give_up_all(None);
+            return;
+        };
+        // Work still running under the shards' guards (from `guard`: the
+        // controller's reconciles went with its stream) would keep them
+        // renewed by a replica that no longer takes part, for as long as it
+        // runs: it gets the reconcile grace, as on a shard handed over, and is
+        // stopped then (unless a balancer started again took the shard back).
+        let grace = self.0.inner.config.grace();
+        self.0
+            .give_up_all(Some(crate::record::later(Instant::now(), grace)));
+        let this = self.0.clone();
+        runtime.spawn(async move { this.leave().await });
+        let this = self.0.clone();
+        runtime.spawn(async move {
+            tokio::time::sleep(grace).await;
+            this.stop_overdue(Instant::now());
+        });
     }
 }

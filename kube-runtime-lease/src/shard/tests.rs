@@ -325,6 +325,7 @@ fn records_are_fresh_for_their_own_lease_duration_and_not_at_its_end() {
                 ..Default::default()
             },
             changed: tokio::time::Instant::now(),
+            firsts: Vec::new(),
         };
         let (long, none) = (seen(Some(20)), seen(None));
         let start = tokio::time::Instant::now();
@@ -1233,5 +1234,168 @@ fn a_replica_that_leaves_while_joining_again_is_not_left_on_the_roster() {
             }
             never_shared(&[&a, &b], Duration::from_millis(100)).await;
         }
+    });
+}
+
+/// A member that dies is judged by the members watching over its shards,
+/// on the observed-change clock of their shard watch. A re-list of that
+/// watch served by a watch cache one change behind (kube-runtime's watcher
+/// lists with `resourceVersion=0`: after a 410, or at every reselection)
+/// shows the dead member's previous record, then the watch delivers its
+/// last record again (A-B-A): that is no change since the record was last
+/// seen, and must not restart its clock, or the dead member's shards stay
+/// without an owner up to a lease duration longer (the elector's own rule,
+/// `Observed::update`, regressions section 23). Here `a` owns the one shard
+/// and `b` watches over it; `a` is cut off just after a renewal, and `b`'s
+/// shard watch re-lists stale 3 s later: `b` must hold the shard within a
+/// lease duration and a retry period of `a`'s last renewal.
+#[test]
+fn a_stale_re_list_of_the_shard_watch_does_not_restart_a_dead_owners_clock() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let with = |identity: &str| {
+            let (client, id) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", identity)
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            (
+                ShardedElector::new(client, ShardConfig::new(lease, 1)).unwrap(),
+                id,
+            )
+        };
+        let ((a, ida), (b, idb)) = (with("a"), with("b"));
+        // `b` joins last: the roster's last change is its own entry (a stale
+        // list of the roster only hides `b` from itself, which it counts anyway).
+        for r in [&a, &b] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+            sleep(S(1)).await;
+        }
+        never_shared(&[&a, &b], S(20)).await;
+        assert_eq!(held(&[&a, &b]), [BTreeSet::from([0]), BTreeSet::new()]);
+        // Cut `a` off just after one of its renewals lands.
+        let renewals = |fake: &FakeLeaseApi| {
+            fake.requests()
+                .into_iter()
+                .filter(|r| r.client == ida && r.verb == "update")
+                .count()
+        };
+        let before = renewals(&fake);
+        while renewals(&fake) == before {
+            sleep(Duration::from_millis(10)).await;
+        }
+        fake.partition(ida, true);
+        let last_renewal = tokio::time::Instant::now();
+        never_shared(&[&a, &b], S(1)).await;
+        // `b`'s lists from now on are served one change behind; its watches
+        // end with a 410 and re-list.
+        for _ in 0..4 {
+            fake.fault(idb, Some("list"), crate::test_util::Fault::StaleList);
+        }
+        fake.expire_watches();
+        let bound = S(4) + S(1);
+        while !b.held().borrow().contains(&0) {
+            assert!(
+                last_renewal.elapsed() <= bound,
+                "b does not hold the dead a's shard {:?} after a's last renewal (bound {bound:?}: a lease \
+                 duration and a retry period); roster {:?}",
+                last_renewal.elapsed(),
+                roster_members(&fake)
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// A replica shut down while its first join is in flight (a slow API
+/// server; a pod terminated just after it started), whose process then
+/// ends (its balancer dropped right after `shutdown` returned), leaves no
+/// entry on the roster: `leave` waits for that write before it reads the
+/// entry, as it does for a join again after an eviction (section 20).
+/// Otherwise the others count, and hand shards over to, a member that no
+/// longer exists: those shards stay without an owner until it is evicted,
+/// two lease durations after their release.
+#[test]
+fn a_replica_shut_down_during_its_first_join_is_not_left_on_the_roster() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        for r in [&a, &b] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b], S(30)).await;
+        let (client, id) = fake.client();
+        let lease = LeaseConfig::new("default", "ctl", "c")
+            .lease_duration(S(4))
+            .renew_deadline(S(3))
+            .retry_period(S(1));
+        let c = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+        // Its entry's create arrives 2 s after it is sent.
+        fake.fault(id, Some("create"), crate::test_util::Fault::DelayRequest(S(2)));
+        let run = {
+            let c = c.clone();
+            tokio::spawn(async move { c.run().await })
+        };
+        sleep(S(1)).await;
+        c.shutdown(S(1)).await;
+        // The process ends: its balancer goes with it.
+        run.abort();
+        let stopped = tokio::time::Instant::now();
+        while stopped.elapsed() < S(20) {
+            let roster = roster_members(&fake);
+            assert!(
+                !roster.contains("c"),
+                "c on the roster {:?} after its shutdown returned: {roster:?}; shards held {:?}",
+                stopped.elapsed(),
+                held(&[&a, &b])
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+        assert_eq!(held(&[&a, &b]).iter().flatten().count(), 12);
+    });
+}
+
+/// A replica whose balancer is dropped (its controller's stream dropped)
+/// while work it runs under `ShardedElector::guard` goes on (work that ends
+/// only when its shard is lost, as the guard's docs suggest): the replica
+/// no longer takes part, so that work is stopped at the end of the
+/// reconcile grace, as for a shard handed over, and the others take the
+/// shard when its Lease expires. Before, the live guard kept the shard
+/// renewed for as long as the work ran, by a replica off the roster.
+#[test]
+fn work_under_a_shard_guard_does_not_keep_the_shard_once_the_balancer_is_dropped() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        let run_a = {
+            let a = a.clone();
+            tokio::spawn(async move { a.run().await })
+        };
+        {
+            let b = b.clone();
+            tokio::spawn(async move { b.run().await });
+        }
+        never_shared(&[&a, &b], S(60)).await;
+        let s = *a.held().borrow().first().expect("a holds a shard");
+        let work = hung_reconcile(&a, s);
+        let stopped = tokio::time::Instant::now();
+        run_a.abort();
+        // The grace (the renew deadline, 3 s), the lease duration, a retry period.
+        let bound = S(3) + S(4) + S(1);
+        while held(&[&b])[0].len() < 12 {
+            assert!(
+                stopped.elapsed() <= bound,
+                "{:?} after a's balancer was dropped, b holds {:?}: shard {s} still held by a ({:?}), its work \
+                 running: {}",
+                stopped.elapsed(),
+                held(&[&b])[0],
+                a.status().get(&s).map(|st| st.is_leader),
+                !work.is_finished()
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+        assert!(work.is_finished(), "the work was stopped");
     });
 }

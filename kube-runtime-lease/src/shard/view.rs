@@ -16,26 +16,43 @@ pub(super) struct Watched {
     pub(super) lease: Lease,
     /// When its record (spec) last changed here: the observed-change clock.
     pub(super) changed: Instant,
+    /// The last two versions first seen, as `Observed::firsts` keeps them:
+    /// the newest seen again after an older one (a re-list served by a cache
+    /// behind: A-B-A) keeps its clock.
+    pub(super) firsts: Vec<(String, LeaseSpec, Instant)>,
 }
 
 impl Watched {
     /// `lease` seen at `now`, after `old` (the same key's last sighting): the
     /// clock restarts only when the record (spec) changed or it is another
-    /// object.
+    /// object, by the elector's rule (`Observed::update`): the newest version
+    /// seen, seen again after an older one (a re-list from a cache behind),
+    /// keeps the clock of its first sight.
     fn seen(old: Option<&Watched>, lease: Lease, now: Instant) -> Self {
         let holder = lease
             .spec
             .as_ref()
             .and_then(crate::record::holder)
             .map(str::to_owned);
-        let changed = match old {
-            Some(o) if o.lease.spec == lease.spec && o.lease.metadata.uid == lease.metadata.uid => o.changed,
-            _ => now,
-        };
+        let previous = old
+            .filter(|o| o.lease.metadata.uid == lease.metadata.uid)
+            .map(|o| crate::record::Observed {
+                spec: o.lease.spec.clone().unwrap_or_default(),
+                resource_version: o.lease.metadata.resource_version.clone(),
+                at: o.changed,
+                firsts: o.firsts.clone(),
+            });
+        let observed = crate::record::Observed::update(
+            previous,
+            lease.spec.clone().unwrap_or_default(),
+            lease.metadata.resource_version.clone(),
+            now,
+        );
         Watched {
             holder,
             lease,
-            changed,
+            changed: observed.at,
+            firsts: observed.firsts,
         }
     }
 

@@ -750,3 +750,45 @@ fn a_stale_re_list_does_not_restart_a_followers_expiry_clock() {
         });
     }
 }
+
+/// The same, for a follower that joined after the leader's last renewal: its
+/// first read (a GET, from etcd) showed the last record, and the watch's
+/// re-list, served by a cache one change behind, is the first it sees of the
+/// record before it: an older version first seen after the newest one. The
+/// last record, delivered again by the watch, is no change either: nothing
+/// was written since the read. (Before: the older record, the last one
+/// first seen, counted as the newest, and the newest one's clock restarted
+/// when the watch delivered it again.)
+#[test]
+fn a_stale_re_list_after_a_late_join_does_not_restart_the_expiry_clock() {
+    for stale in [false, true] {
+        paused(async move {
+            let fake = free();
+            let (a, a_id) = elector(&fake, config("a"));
+            let (b, b_id) = elector(&fake, config("b"));
+            let guard = a.acquire().await.unwrap();
+            sleep(S(5)).await;
+            fake.partition(a_id, true);
+            let last_renewal = last_sent(&fake, a_id, "update");
+            // b joins now: its first read shows a's last renewal.
+            let mut b_acquire = Box::pin(b.acquire());
+            assert!(timeout(S(8), &mut b_acquire).await.is_err(), "b led within 8 s");
+            if stale {
+                fake.fault(b_id, Some("list"), Fault::StaleList);
+            }
+            fake.expire_watches();
+            let bound = S(15) + MS(4_400) + S(1);
+            let b_guard = timeout(S(60), &mut b_acquire)
+                .await
+                .expect("b never led")
+                .unwrap();
+            let led = last_renewal.elapsed();
+            assert!(
+                led <= bound,
+                "stale re-list {stale}: b (joined after a's last renewal) led {led:?} after it (bound {bound:?})"
+            );
+            assert!(b_guard.is_valid());
+            drop(guard);
+        });
+    }
+}

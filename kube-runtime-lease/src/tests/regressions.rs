@@ -427,6 +427,73 @@ fn a_huge_lease_duration_edited_in_and_renewed_over_does_not_make_the_creation_h
         );
     });
 }
+
+/// Clock offsets between nodes, next to client-go: the Lease was last held by
+/// a client-go candidate `go` with a 60 s lease duration whose node's clock
+/// runs an hour ahead (its `renewTime`s are an hour ahead); it crashed, and
+/// `a` or `b` (15 s) took the record once it expired, and renewed it since.
+/// The Lease is then deleted: its last holder's record says 15 s, so
+/// the re-created Lease is led about 15 s later. Whether a record is a newer
+/// write of its holder must not be told by comparing `renewTime`s written by
+/// different nodes' clocks. (Before: `a`'s renewals, an hour "older" than
+/// go's last, counted as edits of go's write, and the hold lasted go's 60 s.)
+#[test]
+fn a_clock_ahead_on_an_earlier_holders_node_does_not_lengthen_the_creation_hold() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let mut lease = held_by("go", 60);
+        let ahead = k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_hours(1);
+        let spec_ = lease.spec.as_mut().unwrap();
+        spec_.acquire_time = Some(MicroTime(ahead));
+        spec_.renew_time = Some(MicroTime(ahead));
+        fake.put(lease);
+        let (a, _) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let mut a_acquire = pin!(a.acquire());
+        let mut b_acquire = pin!(b.acquire());
+        // Whichever takes go's record once it expired is the leader `l`; the
+        // other keeps campaigning.
+        let (a_led, l_guard) = timeout(S(70), async {
+            tokio::select! {
+                g = &mut a_acquire => (true, g.unwrap()),
+                g = &mut b_acquire => (false, g.unwrap()),
+            }
+        })
+        .await
+        .expect("someone takes go's record once it expired");
+        sleep(S(10)).await;
+        assert_eq!(spec(&fake).lease_duration_seconds, Some(15));
+        assert!(l_guard.is_valid());
+        fake.delete();
+        let deleted = Instant::now();
+        assert_eq!(
+            timeout(S(5), l_guard).await.expect("the leader's term ended"),
+            Lost::Deleted
+        );
+        let (l, mut other) = if a_led { (&a, b_acquire) } else { (&b, a_acquire) };
+        let mut l_again = pin!(l.acquire());
+        let led = timeout(S(120), async {
+            tokio::select! {
+                g = &mut l_again => g.map(|_| "the old leader"),
+                g = &mut other => g.map(|_| "the other"),
+            }
+        })
+        .await
+        .expect("nobody led the re-created Lease in 120 s")
+        .unwrap();
+        let after = deleted.elapsed();
+        let bound = S(15) + MS(4_400) + S(1);
+        assert!(
+            after <= bound,
+            "{led} led the re-created Lease {after:?} after the deletion of a 15 s record (bound {bound:?}; \
+             written leaseDurationSeconds {:?}): the hold counted go's 60 s, an hour-ahead clock's write",
+            fake.lease()
+                .and_then(|l| l.spec)
+                .and_then(|s| s.lease_duration_seconds)
+        );
+    });
+}
+
 // ---- 2. One identity, two processes -----------------------------------------
 
 /// 2: two processes with one identity; the leader stops (here: partitioned,
