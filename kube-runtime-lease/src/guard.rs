@@ -150,10 +150,10 @@ impl LeaseGuard {
     /// without holding the guard: for
     /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
     ///
-    /// Like the guard, it resolves at the renew deadline on its own clock
-    /// (ending the term), even if the elector task never runs again.
+    /// Like the guard, it resolves at the renew deadline on its own clock,
+    /// even if the election task never runs again.
     pub fn lost_signal(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
-        let (term, wake) = self.parts();
+        let term = self.term.clone();
         let mut lost = term.subscribe();
         async move {
             // Without a deadline, or outside a runtime with timers (polled by
@@ -162,20 +162,12 @@ impl LeaseGuard {
                 let _ = lost.await;
                 return;
             }
-            loop {
-                let deadline = term.deadline();
-                if Instant::now() >= deadline {
-                    // Final, as in the guard's `poll`: the term ends for
-                    // every guard, and the elector task ends it its way.
-                    term.lose(&Lost::RenewDeadlineExceeded);
-                    wake.notify_one();
-                    return;
-                }
-                let timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+            // A renewal moves the deadline: checked again at each timer.
+            while term.over().is_none() {
+                let timer = std::pin::pin!(tokio::time::sleep_until(term.deadline()));
                 if let futures::future::Either::Left(_) = futures::future::select(&mut lost, timer).await {
                     return;
                 }
-                // The deadline as set when the timer was: renewed since, or not.
             }
         }
     }
