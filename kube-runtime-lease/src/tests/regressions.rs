@@ -1930,14 +1930,16 @@ fn a_guarded_controller_ended_by_force_with_reconciles_in_flight_is_not_released
     };
 
     const CHILD: &str = "KRL_FORCED_SHUTDOWN_CHILD";
-    const NAME: &str =
-        "tests::regressions::a_guarded_controller_ended_by_force_with_reconciles_in_flight_is_not_released";
     if std::env::var_os(CHILD).is_some() {
         forced_shutdown_in_this_process();
         return;
     }
+    // This test's name as the test harness knows it: its path without the crate's name.
+    let module = module_path!().split_once("::").map_or("", |(_, path)| path);
+    let name =
+        format!("{module}::a_guarded_controller_ended_by_force_with_reconciles_in_flight_is_not_released");
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([NAME, "--exact", "--nocapture", "--test-threads=1"])
+        .args([name.as_str(), "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD, "1")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
