@@ -189,19 +189,19 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
                 None => Poll::Ready(Some(item)),
                 lost => finish(&mut this, lost),
             },
-            // An inner stream that ends once the term is over did not end
-            // on its own: it may have ended because of the loss (an inner
-            // guarded stream, a Controller wrapped again, that saw the renew
-            // deadline pass on its own clock). Its end is the loss, so that
-            // `run_each_term` campaigns again instead of leaving the
-            // election (one clock read, at the end only).
-            Poll::Ready(None) => match guard.over() {
-                None => {
+            // An inner stream that ends once the term is over may have ended
+            // because of the loss (an inner guarded stream, a Controller
+            // wrapped again, that saw the renew deadline pass on its own
+            // clock): its end is the loss, so that `run_each_term` campaigns
+            // again instead of leaving the election (one clock read, at the
+            // end only).
+            Poll::Ready(None) => {
+                let lost = guard.over();
+                if lost.is_none() {
                     debug!("guarded stream ended: giving up leadership");
-                    finish(&mut this, None)
                 }
-                lost => finish(&mut this, lost),
-            },
+                finish(&mut this, lost)
+            }
             // The inner stream is idle: be woken when the term ends (the
             // guard's own timer wakes it at the renew deadline). The guard
             // keeps the last waker it was polled with until the term ends,

@@ -2046,3 +2046,37 @@ fn forced_shutdown_in_this_process() {
         e.shutdown(S(1)).await.ok();
     });
 }
+
+/// 17: the `lost_signal` of a timeless term (the election switched off)
+/// sets no timer: it resolves at the shutdown only, and until then leaves
+/// the runtime idle, so that paused time passes. Bounded in real time: a
+/// signal that spun on a timer would keep paused time from ever passing.
+#[test]
+fn the_lost_signal_of_a_timeless_term_sets_no_timer() {
+    use std::sync::mpsc::RecvTimeoutError;
+
+    let (tx, rx) = std::sync::mpsc::channel();
+    let run = std::thread::spawn(move || {
+        paused(async {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me").enabled(false));
+            let guard = e.acquire().await.unwrap();
+            let mut signal = pin!(guard.lost_signal());
+            let early = timeout(S(3600), &mut signal).await;
+            assert!(early.is_err(), "the signal resolved while the term held");
+            drop(guard);
+            e.shutdown(S(1)).await.unwrap();
+            timeout(S(1), signal)
+                .await
+                .expect("the signal resolves at the shutdown");
+        });
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(()) => {}
+        Err(RecvTimeoutError::Disconnected) => std::panic::resume_unwind(run.join().unwrap_err()),
+        Err(RecvTimeoutError::Timeout) => {
+            panic!("an hour of paused time did not pass in 60 s: the signal of a timeless term spins")
+        }
+    }
+}
