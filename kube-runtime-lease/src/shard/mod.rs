@@ -21,10 +21,18 @@
 //!
 //! Watches, per replica: the roster, and the shard Leases it owns or would
 //! own if their owner left (its backups), selected by label and selected
-//! again when the roster changes; plus each shard elector's own while it
-//! campaigns or leads. So a replica receives, per retry period, at most
-//! about `4 S / L` events (its shards' renewals twice, its backups', the
-//! next member's), whatever the number of replicas at a given `S / L`.
+//! again when the roster changes; the shard Leases of other shard counts
+//! (`shards!=<S>`: none but during a rolling update of `S`, and the old
+//! count's, free and unchanging, after one); plus each shard elector's own
+//! while it campaigns or leads. So a replica receives, per retry period, at
+//! most about `4 S / L` events (its shards' renewals twice, its backups',
+//! the next member's), whatever the number of replicas at a given `S / L`.
+//!
+//! Replicas of two shard counts (a rolling update of `S`): each roster entry
+//! carries its count (`SHARDS_LABEL`; none: an older build, counted as the
+//! reader's own), each count assigns its shards among its own members, and a
+//! replica takes no shard while a Lease of another count is held and fresh
+//! (see [`ShardConfig::new`]).
 //!
 //! A member's death shows in its shards: the members watching over them
 //! (their backups, and the member before it on the roster) see its records
@@ -109,7 +117,9 @@ pub(crate) const ROLE_LABEL: &str = "leases.kube-runtime-lease/role";
 /// The label of a shard's Lease with its number (`NN`, as in its name), by
 /// which a replica selects the shards it watches.
 pub(crate) const SHARD_LABEL: &str = "leases.kube-runtime-lease/shard";
-/// The label of a shard's Lease with the election's shard count.
+/// The label of a shard's Lease, and of a member's roster entry, with the
+/// election's shard count: replicas of two counts (a rolling update of the
+/// count) tell each other's entries and Leases by it.
 pub(crate) const SHARDS_LABEL: &str = "leases.kube-runtime-lease/shards";
 
 /// A sharded election: the base Lease settings (namespace, base name,
@@ -131,12 +141,26 @@ impl ShardConfig {
     /// call: zero shards is [`ConfigError::NoShards`], and every Lease's
     /// configuration is checked as [`LeaseConfig::validate`] checks one.
     ///
-    /// Every replica of one election must use the same `shards`. Replicas
-    /// of two counts share the roster but not the shard Leases: an object
-    /// then has an owner of each count (both reconcile it at once), and the
-    /// shards the assignment gives to a replica of the other count have no
-    /// owner. So a change of `shards` is not a rolling update: scale to
-    /// zero (every replica shut down), then start the new count.
+    /// A change of `shards` may be a rolling update (a Helm upgrade changing
+    /// the count: replicas of both counts run side by side). Each roster
+    /// entry carries its replica's count, and each count assigns its shards
+    /// among its own members only; a replica takes no shard while a shard
+    /// Lease of another count is held with a record that changed within its
+    /// lease duration (or was released lately, while a replica of that
+    /// count is on the roster to take it again), and says so once (info).
+    /// So the new count starts once the old count's last replica has
+    /// released its shards (each once its work ended): never an object with
+    /// an owner of each count. A crashed old replica's shards expire for it
+    /// a lease duration after their last renewal; a new count's first
+    /// takeover then adds the creation hold of its new Leases (one lease
+    /// duration, see [`LeaseConfig::creation_hold`]). Replicas of two counts
+    /// started at once with nothing held (a misconfiguration) may both take
+    /// shards: the lower count gives its shards up, with the reconcile
+    /// grace, as on a handover, so objects may have an owner of each count
+    /// for a watch event, and for up to the grace while work runs. The
+    /// build before (with no count on the roster entry) must not be the old
+    /// side of such an update: it counts the new count's members in its
+    /// assignment; update the build first, then the count.
     #[must_use]
     pub fn new(lease: LeaseConfig, shards: u16) -> Self {
         ShardConfig {
@@ -198,6 +222,7 @@ impl ShardConfig {
         );
         c.label(OF_LABEL, self.lease.name.clone())
             .label(ROLE_LABEL, "member")
+            .label(SHARDS_LABEL, self.shards.to_string())
     }
 
     /// The shard a Lease of this election is for (by its name), if it is one.
@@ -211,6 +236,14 @@ impl ShardConfig {
             .parse::<u16>()
             .ok()?;
         (shard < self.shards).then_some(shard)
+    }
+
+    /// The label selector of the shard Leases of every other shard count.
+    fn foreign_selector(&self) -> String {
+        format!(
+            "{OF_LABEL}={},{ROLE_LABEL}=shard,{SHARDS_LABEL}!={}",
+            self.lease.name, self.shards
+        )
     }
 
     /// The label selector of the shard Leases in `shards` (all of them:
@@ -313,15 +346,74 @@ struct View {
     roster: Listing<String>,
     /// The shards watched (owned or backed up): shard → its Lease.
     shards: Listing<u16>,
+    /// The shard Leases of other shard counts (a rolling update of the
+    /// count): Lease name → what was seen of it.
+    foreign: Listing<String>,
+}
+
+/// What the shard Leases of other shard counts show.
+#[derive(Default)]
+struct Foreign {
+    /// The highest count of a Lease held with a fresh record.
+    held: Option<u16>,
+    /// The counts with a Lease that keeps this replica out now: held with
+    /// a fresh record, or released while watched, its record fresh (and,
+    /// for a count higher than this replica's, a retry period more).
+    active: BTreeSet<u16>,
+    /// When the next of those stops keeping it out.
+    until: Option<Instant>,
 }
 
 impl View {
-    /// The identities the roster names.
-    fn members(&self) -> BTreeSet<String> {
+    /// The identities the roster names with the shard count `shards`: an
+    /// entry's count is its `SHARDS_LABEL`, and an entry without one (written
+    /// by an older version) counts as `shards`.
+    fn members(&self, shards: u16) -> BTreeSet<String> {
         self.roster
             .iter()
+            .filter(|(_, seen)| seen.shard_count().is_none_or(|c| c == shards))
             .filter_map(|(_, seen)| seen.holder.clone())
             .collect()
+    }
+
+    /// The shard Leases of other counts, for a replica of `shards` shards,
+    /// as seen at `now` (`fallback`: the lease duration of a record without
+    /// one). A released record of a higher count keeps a replica out a
+    /// retry period longer than one of a lower count: when replicas of both
+    /// counts hold nothing (both gave their shards up at once), the higher
+    /// count takes its shards first, and the lower one then sees them held.
+    /// A released record counts only while the roster has a member of its
+    /// count (one that may take it again: a replica leaves the roster before
+    /// it releases its shards), so that the last replica of a count leaving
+    /// lets the other count in at once.
+    fn foreign(&self, shards: u16, fallback: Duration, retry: Duration, now: Instant) -> Foreign {
+        let listed: BTreeSet<u16> = self
+            .roster
+            .iter()
+            .filter(|(_, seen)| seen.holder.is_some())
+            .filter_map(|(_, seen)| seen.shard_count())
+            .collect();
+        let mut out = Foreign::default();
+        for (_, seen) in self.foreign.iter() {
+            let count = seen.shard_count().unwrap_or(0);
+            let live = seen.holder.is_some() || (seen.released && listed.contains(&count));
+            if count == shards || !live {
+                continue;
+            }
+            let mut until = seen.expires(fallback);
+            if seen.holder.is_none() && count > shards {
+                until = crate::record::later(until, retry);
+            }
+            if now >= until {
+                continue;
+            }
+            out.active.insert(count);
+            if seen.holder.is_some() {
+                out.held = out.held.max(Some(count));
+            }
+            out.until = Some(out.until.map_or(until, |u| u.min(until)));
+        }
+        out
     }
 
     /// The roster entry naming `identity`.
@@ -510,9 +602,10 @@ impl ShardedElector {
     }
 
     /// Takes part in the election until [`shutdown`](Self::shutdown): joins
-    /// the roster, watches it and the shards this replica owns or backs up,
-    /// campaigns for its shards, hands the others over, and evicts members
-    /// whose shards show they are gone.
+    /// the roster, watches it, the shards this replica owns or backs up and
+    /// the shard Leases of other shard counts, campaigns for its shards
+    /// (once no other count's are held: see [`ShardConfig::new`]), hands the
+    /// others over, and evicts members whose shards show they are gone.
     pub async fn run(&self) {
         let inner = &self.inner;
         let cfg = &inner.config.lease;
@@ -531,11 +624,13 @@ impl ShardedElector {
             return;
         }
         let roster_selector = format!("{OF_LABEL}={},{ROLE_LABEL}=member", cfg.name);
-        let mut roster_events = watcher(api.clone(), watcher::Config::default().labels(&roster_selector))
-            .default_backoff()
-            .boxed();
-        let mut shard_events: BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>> =
-            futures::stream::pending().boxed();
+        let mut roster_events = watch_leases(&api, &roster_selector);
+        let mut shard_events: Events = futures::stream::pending().boxed();
+        // The shard Leases of other counts: none but during a rolling update
+        // of the count (and the old count's, free, after one), so free.
+        let mut foreign_events = watch_leases(&api, &inner.config.foreign_selector());
+        // Waiting for the shards of another count to be released or expire.
+        let mut waiting = false;
         let mut view = View::default();
         let mut members = BTreeSet::new();
         let mut members_since = Instant::now();
@@ -561,6 +656,11 @@ impl ShardedElector {
                         view.shards.event(event, shard_key, Instant::now());
                     }
                 }
+                event = foreign_events.next().fuse() => {
+                    if let Some(Ok(event)) = event {
+                        view.foreign.event(event, member_key, Instant::now());
+                    }
+                }
                 () = inner.wake.notified().fuse() => {}
                 _ = tick.tick().fuse() => {}
                 () = tokio::time::sleep_until(due.unwrap_or(far)).fuse() => {}
@@ -573,7 +673,10 @@ impl ShardedElector {
             // its list) gives this replica the shards of the members not yet
             // seen, and a campaign for a shard free mid-handover may take it,
             // to hand it over again a lease duration later.
-            if !view.roster.synced() {
+            // Nor before the other counts' shard Leases have been listed: a
+            // replica of a new count would take its shards while those of the
+            // old count are held.
+            if !view.roster.synced() || !view.foreign.synced() {
                 continue;
             }
             let now = Instant::now();
@@ -582,7 +685,7 @@ impl ShardedElector {
             if view.entry_of(&me).is_none() {
                 self.join_again(&api);
             }
-            let mut live = view.members();
+            let mut live = view.members(inner.config.shards);
             live.insert(me.clone());
             if live != members {
                 debug!(members = ?live, "the roster changed");
@@ -608,22 +711,115 @@ impl ShardedElector {
                     shard_events = if selected.is_empty() {
                         futures::stream::pending().boxed()
                     } else {
-                        let selector = inner.config.shards_selector(&selected);
-                        watcher(api.clone(), watcher::Config::default().labels(&selector))
-                            .default_backoff()
-                            .boxed()
+                        watch_leases(&api, &inner.config.shards_selector(&selected))
                     };
                 }
             }
             let stable = now.saturating_duration_since(members_since) >= cfg.retry_period;
-            self.rebalance(&view, &duty.assigned, stable, now);
-            due = (view.roster.synced() && view.shards.synced())
-                .then(|| self.evict_if_due(&api, &view, &duty.watch_over, &mut evictions, now))
-                .flatten();
+            due = self.step(&api, &view, &duty, stable, &mut evictions, &mut waiting, now);
             let collect = self.collect_departed(&api, &view, &members, &mut evictions, now);
             let overdue = self.stop_overdue(now);
             due = [due, collect, overdue].into_iter().flatten().min();
         }
+    }
+
+    /// One step of the balancer once the roster is listed: unless replicas
+    /// of another shard count keep this replica out
+    /// ([`yields_to`](Self::yields_to)), campaign for its shards, hand the
+    /// others over, and evict the members its shards show gone. Returns
+    /// when the next step may be due (an eviction, or another count's Lease
+    /// expiring).
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &self,
+        api: &Api<Lease>,
+        view: &View,
+        duty: &Duty,
+        stable: bool,
+        evictions: &mut Evictions,
+        waiting: &mut bool,
+        now: Instant,
+    ) -> Option<Instant> {
+        let cfg = &self.inner.config.lease;
+        let foreign = view.foreign(
+            self.inner.config.shards,
+            cfg.lease_duration,
+            cfg.retry_period,
+            now,
+        );
+        let due = if self.yields_to(&foreign, waiting) {
+            // No campaign; evictions wait too (this count's shards are free
+            // on purpose): their clocks start again afterwards.
+            self.rebalance(view, &BTreeSet::new(), false, now);
+            evictions.unowned_since.clear();
+            None
+        } else {
+            self.rebalance(view, &duty.assigned, stable, now);
+            if foreign.active.is_empty() {
+                (view.roster.synced() && view.shards.synced())
+                    .then(|| self.evict_if_due(api, view, &duty.watch_over, evictions, now))
+                    .flatten()
+            } else {
+                // (Both counts started at once: this count's peers may
+                // wait, their shards free meanwhile.)
+                evictions.unowned_since.clear();
+                None
+            }
+        };
+        [due, foreign.until].into_iter().flatten().min()
+    }
+
+    /// Whether this replica must stay out of the election now because
+    /// replicas of another shard count run (a rolling update of the count):
+    /// while a shard Lease of another count is held, or was released while
+    /// watched, with a record that changed within its lease duration, a
+    /// replica holding no shard takes none (the other count's work may go
+    /// on: its replicas release a shard only once its work has ended), and
+    /// a replica holding shards while a Lease of a higher count is held
+    /// (both counts started at once, with nothing held) gives them up, with
+    /// the reconcile grace, as on a handover. A replica holding shards keeps
+    /// them against a lower count, whose replicas give theirs up. `waiting`:
+    /// whether it was already waiting (said once, when it starts).
+    fn yields_to(&self, foreign: &Foreign, waiting: &mut bool) -> bool {
+        let shards = self.inner.config.shards;
+        // Holding a shard, or campaigning for one (both counts started at
+        // once: a campaign of the higher count goes on).
+        let holds = {
+            let state = self.inner.state.lock();
+            state.held.values().any(|(g, _)| g.is_valid())
+                || state.acquiring.values().any(|t| !t.is_finished())
+        };
+        let outranked = foreign.held.is_some_and(|count| count > shards);
+        let yields = if holds {
+            outranked
+        } else {
+            !foreign.active.is_empty()
+        };
+        if yields && holds {
+            warn!(
+                shards,
+                other = ?foreign.held,
+                "holds shards while shard Leases of a higher shard count are held (replicas of both counts \
+                 started at once): giving every shard up, its work ending within the reconcile grace"
+            );
+            let until = crate::record::later(Instant::now(), self.inner.config.grace());
+            self.give_up_all(Some(until));
+        }
+        if yields && !*waiting {
+            info!(
+                shards,
+                others = ?foreign.active,
+                "waiting for the shard Leases of another shard count to be released or to expire \
+                 (a rolling update of the shard count) before taking any shard"
+            );
+        } else if !yields && *waiting {
+            info!(
+                shards,
+                "no shard Lease of another shard count is held any more: taking this count's shards"
+            );
+        }
+        *waiting = yields;
+        yields
     }
 
     /// The election switched off ([`LeaseConfig::enabled`]`(false)`): this
@@ -961,8 +1157,6 @@ impl ShardedElector {
             }
         }
         for s in plan.take {
-            // Assigned here again: its work, if any still runs, may go on.
-            state.handing_over.remove(&s);
             // The shard elector starts from this watch's observation of the
             // shard's Lease: a dead holder's record expires a lease duration
             // after it last changed here, not after the campaign's first read.
@@ -1002,6 +1196,13 @@ impl ShardedElector {
                         fencing_token = guard.fencing_token(),
                         "holds the shard"
                     );
+                    // Handed over and taken back (assigned here again): its
+                    // work, if any still runs, may go on. Not before the
+                    // campaign won: one called off first (the roster changed
+                    // back at once) leaves that work to be stopped at the
+                    // end of its grace, or it would keep the shard renewed
+                    // here, held by no balancer, for as long as it runs.
+                    state.handing_over.remove(&s);
                     state.held.insert(s, (guard, Instant::now()));
                 }
                 this.publish();
@@ -1114,6 +1315,16 @@ impl ShardedElector {
         self.leave().await;
         futures::future::join_all(self.inner.shards.iter().map(|s| s.shutdown(grace))).await;
     }
+}
+
+/// The events of a watch of the Leases `selector` selects.
+type Events = BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>;
+
+/// A watch of the Leases `selector` selects, with kube-runtime's backoff.
+fn watch_leases(api: &Api<Lease>, selector: &str) -> Events {
+    watcher(api.clone(), watcher::Config::default().labels(selector))
+        .default_backoff()
+        .boxed()
 }
 
 /// Gives every shard up when [`ShardedElector::run`] ends, however it ends,

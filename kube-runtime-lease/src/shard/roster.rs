@@ -25,7 +25,8 @@ pub(super) enum Wrote {
 }
 
 /// Makes `config.identity` the holder of its entry `config.name` (creating
-/// it), as `config` describes it: its labels and annotations.
+/// it), as `config` describes it: its labels (the shard count among them)
+/// and annotations.
 pub(super) async fn join(api: &Api<Lease>, config: &LeaseConfig) -> Result<(), kube_client::Error> {
     let pp = PostParams::default();
     // A conflict means another write came between the read and ours (a
@@ -52,7 +53,20 @@ pub(super) async fn join(api: &Api<Lease>, config: &LeaseConfig) -> Result<(), k
             Some(mut lease) => {
                 let spec = lease.spec.clone().unwrap_or_default();
                 if crate::record::holder(&spec) == Some(config.identity.as_str()) {
-                    return Ok(());
+                    // Held already (this identity's previous process): its
+                    // labels brought up to date, so that a new shard count
+                    // (a StatefulSet's pod restarted by a rolling update) is
+                    // read from it; the record is left as it is.
+                    let mut metadata = lease.metadata.clone();
+                    config.extras.metadata.apply(&mut metadata);
+                    if metadata == lease.metadata {
+                        return Ok(());
+                    }
+                    lease.metadata = metadata;
+                    match api.replace(&config.name, &pp, &lease).await {
+                        Err(e) if is_conflict(&e) => continue,
+                        other => return other.map(drop),
+                    }
                 }
                 let transitions = spec.lease_transitions.unwrap_or(0).saturating_add(1);
                 lease.spec = Some(crate::record::taken(

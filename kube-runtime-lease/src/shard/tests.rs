@@ -326,6 +326,7 @@ fn records_are_fresh_for_their_own_lease_duration_and_not_at_its_end() {
             },
             changed: tokio::time::Instant::now(),
             firsts: Vec::new(),
+            released: false,
         };
         let (long, none) = (seen(Some(20)), seen(None));
         let start = tokio::time::Instant::now();
@@ -1397,5 +1398,336 @@ fn work_under_a_shard_guard_does_not_keep_the_shard_once_the_balancer_is_dropped
             never_shared(&[&a, &b], Duration::from_millis(100)).await;
         }
         assert!(work.is_finished(), "the work was stopped");
+    });
+}
+
+/// A replica of an election of `shards` shards, with `replica`'s timings
+/// (lease duration 4 s, renew deadline 3 s, retry period 1 s).
+fn replica_of(fake: &FakeLeaseApi, identity: &str, shards: u16) -> (ShardedElector, usize) {
+    let (client, id) = fake.client();
+    let lease = LeaseConfig::new("default", "ctl", identity)
+        .lease_duration(S(4))
+        .renew_deadline(S(3))
+        .retry_period(S(1));
+    (
+        ShardedElector::new(client, ShardConfig::new(lease, shards)).unwrap(),
+        id,
+    )
+}
+
+fn start(replicas: &[&ShardedElector]) {
+    for r in replicas {
+        let r = (*r).clone();
+        tokio::spawn(async move { r.run().await });
+    }
+}
+
+/// The shards `r` owns now: held, with a term still valid (as `owns_uid`
+/// tells).
+fn owned(r: &ShardedElector) -> BTreeSet<u16> {
+    r.inner
+        .state
+        .lock()
+        .held
+        .iter()
+        .filter(|(_, (g, _))| g.is_valid())
+        .map(|(s, _)| *s)
+        .collect()
+}
+
+/// 1,000 object UIDs.
+fn uids() -> Vec<String> {
+    (0..1000)
+        .map(|i| format!("4a1b2c3d-0000-4000-8000-{i:012}"))
+        .collect()
+}
+
+/// Whether one of `replicas` owns the object `uid` now.
+fn owned_by(replicas: &[(&ShardedElector, BTreeSet<u16>)], uid: &str) -> bool {
+    replicas
+        .iter()
+        .any(|(r, shards)| shards.contains(&r.shard_of(uid)))
+}
+
+/// The objects of `uids` owned now by a replica of `old` and one of `new` at
+/// once (two shard counts), and those owned by none.
+fn two_and_none<'u>(
+    uids: &'u [String],
+    old: &[&ShardedElector],
+    new: &[&ShardedElector],
+) -> (Vec<&'u str>, Vec<&'u str>) {
+    let (old, new): (Vec<_>, Vec<_>) = (
+        old.iter().map(|r| (*r, owned(r))).collect(),
+        new.iter().map(|r| (*r, owned(r))).collect(),
+    );
+    let mut two = Vec::new();
+    let mut none = Vec::new();
+    for uid in uids {
+        match (owned_by(&old, uid), owned_by(&new, uid)) {
+            (true, true) => two.push(uid.as_str()),
+            (false, false) => none.push(uid.as_str()),
+            _ => {}
+        }
+    }
+    (two, none)
+}
+
+/// Samples for `span` (every 100 ms) that no object is owned by a replica
+/// of each count at once, and no shard by two replicas of one count.
+async fn never_two_counts(old: &[&ShardedElector], new: &[&ShardedElector], span: Duration) {
+    let uids = uids();
+    let until = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < until {
+        let (two, _) = two_and_none(&uids, old, new);
+        assert!(
+            two.is_empty(),
+            "{} of 1000 objects owned by a replica of each shard count at once (old: {:?}, new: {:?}), e.g. {:?}",
+            two.len(),
+            old.iter().map(|r| owned(r)).collect::<Vec<_>>(),
+            new.iter().map(|r| owned(r)).collect::<Vec<_>>(),
+            two.first()
+        );
+        for rs in [old, new] {
+            let each: Vec<BTreeSet<u16>> = rs.iter().map(|r| owned(r)).collect();
+            let total: usize = each.iter().map(BTreeSet::len).sum();
+            let union: BTreeSet<u16> = each.iter().flatten().copied().collect();
+            assert_eq!(total, union.len(), "a shard held twice: {each:?}");
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A rolling update that changes the shard count (12 → 15: the natural way
+/// to change a Deployment's setting) runs replicas of both counts side by
+/// side on one roster. Each object must still have one owner at most, and
+/// each count's shards an owner: no object is reconciled by a replica of
+/// each count at once, and no replica is handed shards it never takes.
+/// (Started at once, with nothing held: the higher count keeps the shards.)
+#[test]
+fn replicas_of_two_shard_counts_never_both_own_an_object() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let ((old, _), (new, _)) = (replica_of(&fake, "a", 12), replica_of(&fake, "b", 15));
+        start(&[&old, &new]);
+        sleep(S(60)).await;
+        let uids = uids();
+        let (both, none) = two_and_none(&uids, &[&old], &[&new]);
+        assert!(
+            both.is_empty(),
+            "{} of 1000 objects owned by a replica of each shard count at once (a holds {:?} of 12, \
+             b {:?} of 15), e.g. {:?}",
+            both.len(),
+            old.held().borrow(),
+            new.held().borrow(),
+            both.first()
+        );
+        assert!(
+            none.is_empty(),
+            "{} of 1000 objects owned by nobody (a holds {:?} of 12, b {:?} of 15), e.g. {:?}",
+            none.len(),
+            old.held().borrow(),
+            new.held().borrow(),
+            none.first()
+        );
+    });
+}
+
+/// A rolling update of the shard count: three replicas of 12 shards run,
+/// three of 15 start (they join the roster and wait, holding nothing, while
+/// the old count's shards are held), then the old ones shut down one by
+/// one (the old count's shards move among the old replicas left). At no
+/// instant is an object owned by a replica of each count, every object has
+/// an owner throughout, and once the last old replica is gone the new count
+/// owns each of its shards within a lease duration and a retry period of
+/// the last release (released Leases of the other count are waited for one
+/// lease duration: an old replica taking a shard an old peer released
+/// makes it held again well within it).
+#[test]
+fn a_rolling_update_of_the_shard_count_never_has_two_owners_or_none() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let old: Vec<ShardedElector> = ["a", "b", "c"]
+            .iter()
+            .map(|i| replica_of(&fake, i, 12).0)
+            .collect();
+        let old: Vec<&ShardedElector> = old.iter().collect();
+        start(&old);
+        never_shared(&old, S(30)).await;
+        assert_eq!(sizes(&held(&old)), [4, 4, 4]);
+        let new: Vec<ShardedElector> = ["d", "e", "f"]
+            .iter()
+            .map(|i| replica_of(&fake, i, 15).0)
+            .collect();
+        let new: Vec<&ShardedElector> = new.iter().collect();
+        start(&new);
+        let uids = uids();
+        never_two_counts(&old, &new, S(20)).await;
+        // The old count still owns everything: the new count waits.
+        assert_eq!(sizes(&held(&old)), [4, 4, 4], "{:?}", held(&old));
+        assert!(held(&new).iter().all(BTreeSet::is_empty), "{:?}", held(&new));
+        for (i, r) in old.iter().enumerate() {
+            let released = tokio::time::Instant::now();
+            r.shutdown(S(1)).await;
+            if i + 1 < old.len() {
+                never_two_counts(&old, &new, S(10)).await;
+                let (_, none) = two_and_none(&uids, &old, &new);
+                assert!(
+                    none.is_empty(),
+                    "{} objects owned by nobody after {i} shutdowns",
+                    none.len()
+                );
+                continue;
+            }
+            // The last old replica is gone: the new count owns each of its
+            // shards within a lease duration and a retry period.
+            while held(&new).iter().flatten().count() < 15 {
+                assert!(
+                    released.elapsed() <= S(5),
+                    "the new count owns {:?} of 15 {:?} after the last old replica's release",
+                    held(&new),
+                    released.elapsed()
+                );
+                never_two_counts(&old, &new, Duration::from_millis(100)).await;
+            }
+        }
+        never_two_counts(&old, &new, S(30)).await;
+        assert_eq!(sizes(&held(&new)), [5, 5, 5], "{:?}", held(&new));
+        let (_, none) = two_and_none(&uids, &old, &new);
+        assert!(none.is_empty());
+    });
+}
+
+/// A replica of the old count that crashes (cut off: its shard Leases stay
+/// held, no longer renewed) during a rolling update of the shard count: the
+/// new count campaigns a lease duration after the crashed replica's last
+/// renewal, not before, and owns every shard a lease duration later (the
+/// creation hold of its Leases, created then: a count that never ran), so
+/// within `2 LD + RP` of the crash; no object has an owner of each count
+/// at once.
+#[test]
+fn the_new_shard_count_takes_over_from_a_crashed_old_replica_within_its_lease_duration() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, id) = replica_of(&fake, "a", 12);
+        start(&[&a]);
+        never_shared(&[&a], S(20)).await;
+        assert_eq!(held(&[&a])[0].len(), 12);
+        let ((b, _), (c, _)) = (replica_of(&fake, "b", 15), replica_of(&fake, "c", 15));
+        start(&[&b, &c]);
+        never_two_counts(&[&a], &[&b, &c], S(20)).await;
+        assert!(
+            held(&[&b, &c]).iter().all(BTreeSet::is_empty),
+            "{:?}",
+            held(&[&b, &c])
+        );
+        let cut = tokio::time::Instant::now();
+        fake.partition(id, true);
+        let mut campaigned: Option<Duration> = None;
+        while held(&[&b, &c]).iter().flatten().count() < 15 {
+            let created = fake.leases().iter().any(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.contains("-s15-shard-"))
+            });
+            if created && campaigned.is_none() {
+                campaigned = Some(cut.elapsed());
+            }
+            assert!(
+                cut.elapsed() <= S(9),
+                "the new count owns {:?} of 15 {:?} after the old replica's crash",
+                held(&[&b, &c]),
+                cut.elapsed()
+            );
+            never_two_counts(&[&a], &[&b, &c], Duration::from_millis(100)).await;
+        }
+        // Its last renewal was at most a retry period before the cut.
+        assert!(
+            campaigned.is_some_and(|at| at >= S(3)),
+            "the new count campaigned {campaigned:?} after the crash, before a lease duration after \
+             the crashed replica's last renewal"
+        );
+        never_two_counts(&[&a], &[&b, &c], S(30)).await;
+        let mut now = sizes(&held(&[&b, &c]));
+        now.sort_unstable();
+        assert_eq!(now, [7, 8]);
+    });
+}
+
+/// Both counts started at once, with nothing held (a misconfiguration, not a
+/// rolling update): both may take shards; a replica holding shards that sees
+/// a held Lease of a higher count gives its shards up, so the higher count
+/// owns everything, and objects have an owner of each count only briefly
+/// (a watch event, and the reconcile grace at most: here no work runs, so a
+/// write).
+#[test]
+fn two_shard_counts_started_at_once_leave_the_shards_to_the_higher_count() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let ((a, _), (b, _)) = (replica_of(&fake, "a", 12), replica_of(&fake, "b", 12));
+        let ((c, _), (d, _)) = (replica_of(&fake, "c", 15), replica_of(&fake, "d", 15));
+        let t0 = tokio::time::Instant::now();
+        start(&[&a, &b, &c, &d]);
+        let uids = uids();
+        let (mut first_two, mut last_two): (Option<Duration>, Option<Duration>) = (None, None);
+        while t0.elapsed() < S(40) {
+            let (two, _) = two_and_none(&uids, &[&a, &b], &[&c, &d]);
+            if !two.is_empty() {
+                first_two = first_two.or(Some(t0.elapsed()));
+                last_two = Some(t0.elapsed());
+            }
+            never_shared(&[&a, &b], Duration::ZERO).await;
+            never_shared(&[&c, &d], Duration::from_millis(100)).await;
+        }
+        // (Nobody leads before the creation hold's end, a lease duration
+        // after the Leases were created; then the overlap lasts a watch event
+        // and a write.)
+        if let (Some(first), Some(last)) = (first_two, last_two) {
+            assert!(
+                last.saturating_sub(first) < S(1),
+                "objects owned by a replica of each count from {first:?} to {last:?} after both started"
+            );
+        }
+        assert!(
+            held(&[&a, &b]).iter().all(BTreeSet::is_empty),
+            "{:?}",
+            held(&[&a, &b])
+        );
+        let mut now = sizes(&held(&[&c, &d]));
+        now.sort_unstable();
+        assert_eq!(now, [7, 8], "{:?}", held(&[&c, &d]));
+        never_two_counts(&[&a, &b], &[&c, &d], S(20)).await;
+    });
+}
+
+/// A roster entry carries its replica's shard count, and an identity that
+/// joins again with another count (a `StatefulSet`'s pod restarted by a
+/// rolling update of the count, its previous process's entry still naming
+/// it) has its entry relabelled, so that the others count it with its new
+/// count.
+#[test]
+fn a_roster_entry_carries_its_replicas_shard_count() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (client, _) = fake.client();
+        let api: kube_client::Api<k8s_openapi::api::coordination::v1::Lease> =
+            kube_client::Api::namespaced(client, "default");
+        let count = |fake: &FakeLeaseApi| -> Vec<Option<String>> {
+            roster_leases(fake)
+                .iter()
+                .map(|l| l.metadata.labels.as_ref()?.get(super::SHARDS_LABEL).cloned())
+                .collect()
+        };
+        for shards in [12, 15] {
+            let lease = LeaseConfig::new("default", "ctl", "ctl-0");
+            let member = ShardConfig::new(lease, shards).member_lease();
+            super::roster::join(&api, &member).await.unwrap();
+            assert_eq!(
+                count(&fake),
+                [Some(shards.to_string())],
+                "after a join with {shards} shards"
+            );
+        }
+        assert_eq!(roster_members(&fake), BTreeSet::from(["ctl-0".to_owned()]));
     });
 }

@@ -1,6 +1,7 @@
-//! What a replica's two watches show: the roster (every member's entry) and
-//! the shards it owns or backs up, each Lease with the instant its record
-//! last changed here (the observed-change clock).
+//! What a replica's three watches show: the roster (every member's entry),
+//! the shards it owns or backs up, and the shard Leases of other shard
+//! counts, each Lease with the instant its record last changed here (the
+//! observed-change clock).
 
 use std::{collections::BTreeMap, time::Duration};
 
@@ -20,6 +21,9 @@ pub(super) struct Watched {
     /// the newest seen again after an older one (a re-list served by a cache
     /// behind: A-B-A) keeps its clock.
     pub(super) firsts: Vec<(String, LeaseSpec, Instant)>,
+    /// Held by nobody, and seen held before by this watch (released or
+    /// cleared while watched), not merely listed free.
+    pub(super) released: bool,
 }
 
 impl Watched {
@@ -34,14 +38,14 @@ impl Watched {
             .as_ref()
             .and_then(crate::record::holder)
             .map(str::to_owned);
-        let previous = old
-            .filter(|o| o.lease.metadata.uid == lease.metadata.uid)
-            .map(|o| crate::record::Observed {
-                spec: o.lease.spec.clone().unwrap_or_default(),
-                resource_version: o.lease.metadata.resource_version.clone(),
-                at: o.changed,
-                firsts: o.firsts.clone(),
-            });
+        let same = old.filter(|o| o.lease.metadata.uid == lease.metadata.uid);
+        let released = holder.is_none() && same.is_some_and(|o| o.holder.is_some() || o.released);
+        let previous = same.map(|o| crate::record::Observed {
+            spec: o.lease.spec.clone().unwrap_or_default(),
+            resource_version: o.lease.metadata.resource_version.clone(),
+            at: o.changed,
+            firsts: o.firsts.clone(),
+        });
         let observed = crate::record::Observed::update(
             previous,
             lease.spec.clone().unwrap_or_default(),
@@ -53,6 +57,7 @@ impl Watched {
             lease,
             changed: observed.at,
             firsts: observed.firsts,
+            released,
         }
     }
 
@@ -79,6 +84,17 @@ impl Watched {
     /// duration.
     pub(super) fn held_fresh(&self, fallback: Duration, now: Instant) -> bool {
         self.holder.is_some() && self.fresh(fallback, now)
+    }
+
+    /// The shard count its `SHARDS_LABEL` names, if any.
+    pub(super) fn shard_count(&self) -> Option<u16> {
+        self.lease
+            .metadata
+            .labels
+            .as_ref()?
+            .get(super::SHARDS_LABEL)?
+            .parse()
+            .ok()
     }
 }
 
