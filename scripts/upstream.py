@@ -111,7 +111,7 @@ STEPS = [
         "files": [
             "record.rs", "record/tests.rs", "error.rs", "term.rs", "guard.rs",
             "elector/mod.rs", "elector/acquire.rs", "elector/api.rs",
-            "elector/memory.rs",
+            "elector/memory.rs", "elector/memory/tests.rs",
             "elector/status.rs", "elector/supervise.rs", "elector/test_hooks.rs",
             "elector/task/mod.rs", "elector/task/campaign.rs", "elector/task/end.rs",
             "elector/task/lead.rs", "elector/task/renew.rs", "elector/task/view.rs",
