@@ -45,21 +45,38 @@ async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
         .and_then(|s| s.holder_identity))
 }
 
-async fn sigterm_path(example: &str) -> Result<()> {
+/// An example running against the shared control plane, in a namespace of
+/// its own, leading its Lease `ex`.
+struct Leading {
+    child: tokio::process::Child,
+    leases: Api<Lease>,
+    log_path: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Leading {
+    /// What the example logged so far.
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+}
+
+/// Builds and starts `example` with short timings in the namespace `ns`,
+/// and waits until it leads (one lease duration after creating the Lease:
+/// the creation hold).
+async fn start_leading(example: &str, ns: &str) -> Result<Leading> {
     let env = shared_env().await?;
     let bin = tokio::task::spawn_blocking({
         let example = example.to_owned();
         move || build("kube-runtime-lease-examples", Target::Example(&example), false)
     })
     .await??;
-    let ns = env
-        .new_namespace(&format!("ex-{}", example.replace('_', "-")))
-        .await?;
+    let ns = env.new_namespace(ns).await?;
     let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
     let dir = tempfile::tempdir()?;
     let log_path = dir.path().join("example.log");
     let log = std::fs::File::create(&log_path)?;
-    let mut child = Command::new(&bin)
+    let child = Command::new(&bin)
         .env("KUBECONFIG", env.kubeconfig_path())
         .env("LEASE_NAMESPACE", &ns)
         .env("LEASE_NAME", "ex")
@@ -80,37 +97,51 @@ async fn sigterm_path(example: &str) -> Result<()> {
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
-    let output = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    // It leads (one lease duration after creating the Lease).
+    let mut running = Leading {
+        child,
+        leases,
+        log_path,
+        _dir: dir,
+    };
     let started = Instant::now();
     loop {
-        if let Some(status) = child.try_wait()? {
-            bail!("{example} exited before leading ({status}):\n{}", output());
+        if let Some(status) = running.child.try_wait()? {
+            bail!(
+                "{example} exited before leading ({status}):\n{}",
+                running.output()
+            );
         }
         // The creation hold has ended (the holder is written at creation).
-        if output().contains("now leading") && holder(&leases).await?.as_deref() == Some(example) {
-            break;
+        if running.output().contains("now leading")
+            && holder(&running.leases).await?.as_deref() == Some(example)
+        {
+            return Ok(running);
         }
         if started.elapsed() > Duration::from_secs(30) {
-            bail!("{example} did not lead within 30 s:\n{}", output());
+            bail!("{example} did not lead within 30 s:\n{}", running.output());
         }
         sleep(Duration::from_millis(100)).await;
     }
+}
+
+async fn sigterm_path(example: &str) -> Result<()> {
+    let ns = format!("ex-{}", example.replace('_', "-"));
+    let mut running = start_leading(example, &ns).await?;
     // Let its work start (a Controller lists, a stream makes its first item).
     sleep(Duration::from_secs(1)).await;
-    send_signal(child.id().context("no pid")?, Sig::Term)?;
+    send_signal(running.child.id().context("no pid")?, Sig::Term)?;
     let signalled = Instant::now();
     let bound = GRACE + Duration::from_secs(10);
-    let status = timeout(bound, child.wait()).await.with_context(|| {
+    let status = timeout(bound, running.child.wait()).await.with_context(|| {
         format!(
             "{example} did not exit within {bound:?} of SIGTERM:\n{}",
-            output()
+            running.output()
         )
     })??;
     ensure!(
         status.success(),
         "{example} exited with {status} after SIGTERM:\n{}",
-        output()
+        running.output()
     );
     // Nothing was in flight: the handover is quick, and the release landed
     // before the process exited.
@@ -119,11 +150,11 @@ async fn sigterm_path(example: &str) -> Result<()> {
         "{example} took {:?} to hand over",
         signalled.elapsed()
     );
-    let after = holder(&leases).await?;
+    let after = holder(&running.leases).await?;
     ensure!(
         after.as_deref() == Some(""),
         "{example} exited without releasing the Lease (holder {after:?}):\n{}",
-        output()
+        running.output()
     );
     Ok(())
 }
@@ -153,48 +184,8 @@ async fn sigterm_handover_does_not_stay_up_out_of_the_election_after_a_loss() ->
     use kube::api::PostParams;
 
     let example = "sigterm_handover";
-    let env = shared_env().await?;
-    let bin = tokio::task::spawn_blocking(move || {
-        build("kube-runtime-lease-examples", Target::Example(example), false)
-    })
-    .await??;
-    let ns = env.new_namespace("ex-lost-sigterm-handover").await?;
-    let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
-    let dir = tempfile::tempdir()?;
-    let log_path = dir.path().join("example.log");
-    let log = std::fs::File::create(&log_path)?;
-    let mut child = Command::new(&bin)
-        .env("KUBECONFIG", env.kubeconfig_path())
-        .env("LEASE_NAMESPACE", &ns)
-        .env("LEASE_NAME", "ex")
-        .env("IDENTITY", example)
-        .env("POD_NAME", example)
-        .env("LEASE_DURATION", "2")
-        .env("RENEW_DEADLINE", "1.5")
-        .env("RETRY_PERIOD", "0.5")
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let output = || std::fs::read_to_string(&log_path).unwrap_or_default();
-    let started = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait()? {
-            bail!("{example} exited before leading ({status}):\n{}", output());
-        }
-        if output().contains("now leading") && holder(&leases).await?.as_deref() == Some(example) {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(30),
-            "{example} did not lead within 30 s:\n{}",
-            output()
-        );
-        sleep(Duration::from_millis(100)).await;
-    }
+    let mut running = start_leading(example, "ex-lost-sigterm-handover").await?;
+    let leases = running.leases.clone();
     sleep(Duration::from_secs(1)).await;
     // Another candidate takes the Lease over, for a long term.
     let mut taken = false;
@@ -219,19 +210,19 @@ async fn sigterm_handover_does_not_stay_up_out_of_the_election_after_a_loss() ->
     ensure!(taken, "the takeover conflicted 20 times");
     let took = Instant::now();
     // Out of the election: it must exit (to restart and campaign again).
-    let exited = timeout(Duration::from_secs(15), child.wait()).await;
+    let exited = timeout(Duration::from_secs(15), running.child.wait()).await;
     let Ok(status) = exited else {
         bail!(
             "{example} still runs {:?} after losing the Lease, no longer campaigning (it waits for \
              SIGTERM):\n{}",
             took.elapsed(),
-            output()
+            running.output()
         );
     };
     ensure!(
         !status?.success(),
         "{example} exited successfully after a loss:\n{}",
-        output()
+        running.output()
     );
     Ok(())
 }
