@@ -1223,16 +1223,21 @@ impl ShardedElector {
         self.publish();
     }
 
-    fn publish(&self) {
-        let held: BTreeSet<u16> = self
-            .inner
+    /// The shards held now with a term still valid (what [`publish`](Self::publish)
+    /// publishes, read afresh).
+    fn owned_now(&self) -> BTreeSet<u16> {
+        self.inner
             .state
             .lock()
             .held
             .iter()
             .filter(|(_, (g, _))| g.is_valid())
             .map(|(s, _)| *s)
-            .collect();
+            .collect()
+    }
+
+    fn publish(&self) {
+        let held = self.owned_now();
         #[cfg(feature = "metrics")]
         if let Some((gauge, _)) = self.inner.metrics.get() {
             gauge.set(i64::try_from(held.len()).unwrap_or(i64::MAX));

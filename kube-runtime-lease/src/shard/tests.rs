@@ -1425,14 +1425,7 @@ fn start(replicas: &[&ShardedElector]) {
 /// The shards `r` owns now: held, with a term still valid (as `owns_uid`
 /// tells).
 fn owned(r: &ShardedElector) -> BTreeSet<u16> {
-    r.inner
-        .state
-        .lock()
-        .held
-        .iter()
-        .filter(|(_, (g, _))| g.is_valid())
-        .map(|(s, _)| *s)
-        .collect()
+    r.owned_now()
 }
 
 /// 1,000 object UIDs.
