@@ -1,13 +1,12 @@
 //! [`LeaseObserver`]: who holds a Lease, for a process that never campaigns.
 
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, Client};
 use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::debug;
 
-use crate::{ConfigError, LeaderStatus, config::names::check_lease};
+use crate::{ConfigError, LeaderStatus, config::names::check_lease, record::Wire};
 
 /// Follows who holds a Lease without ever campaigning: a dashboard, a CLI,
 /// or the webhook-only pods of an operator that want to know the leader.
@@ -53,7 +52,7 @@ impl LeaseObserver {
     pub fn new(client: Client, namespace: &str, name: &str) -> Result<Self, ConfigError> {
         check_lease(namespace, name)?;
         let (tx, status) = watch::channel(LeaderStatus::default());
-        let api: Api<Lease> = Api::namespaced(client, namespace);
+        let api: Api<Wire> = Api::namespaced(client, namespace);
         let mut events = watcher::watch_object(api, name).default_backoff().boxed();
         let task = tokio::spawn(async move {
             while let Some(event) = events.next().await {
@@ -67,7 +66,7 @@ impl LeaseObserver {
                 };
                 tx.send_if_modified(|s| {
                     let before = s.clone();
-                    s.observe(seen.and_then(|l| l.spec).as_ref());
+                    s.observe(seen.and_then(|Wire(l)| l.spec).as_ref());
                     *s != before
                 });
             }

@@ -158,6 +158,9 @@
 //!
 //! - A record with a missing, zero or negative `leaseDurationSeconds` is held
 //!   for this candidate's own lease duration (client-go would take it at once).
+//!   A time past the last instant k8s-openapi's `MicroTime` holds (the end of
+//!   year 9999, a "never expires" sentinel some tools write) is read as that
+//!   instant: a record is judged by when it last changed, as client-go does.
 //! - **The creation hold.** A deleted Lease leaves no trace, and its last
 //!   holder may still believe it leads until its renew deadline. A candidate
 //!   that *creates* the Lease, or takes over a Lease object that replaced one

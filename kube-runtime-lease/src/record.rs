@@ -5,10 +5,60 @@ use std::time::Duration;
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
-    apimachinery::pkg::apis::meta::v1::MicroTime,
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
     jiff::{SignedDuration, Timestamp},
 };
+use serde::{Deserialize, Deserializer, Serialize, de::Error as _};
+use serde_json::Value;
 use tokio::time::Instant;
+
+/// A Lease as the API server serves it, read leniently: a time past the last
+/// instant a `MicroTime` holds (jiff's `Timestamp` ends at 9999-12-30T22:00Z;
+/// Go's time, and so the API server and client-go, at the end of 9999, where
+/// a "never expires" sentinel such as `9999-12-31T23:59:59Z` lies) reads as
+/// [`Timestamp::MAX`]. A record is judged by when it last changed, as
+/// client-go judges it, never by its times against a clock; the strict
+/// decoding failed every read of such a Lease, and its holder kept it for good.
+#[derive(Clone, Debug, Serialize)]
+#[serde(transparent)]
+pub(crate) struct Wire(pub(crate) Lease);
+
+impl<'de> Deserialize<'de> for Wire {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut lease = Value::deserialize(deserializer)?;
+        if let Some(spec) = lease.get_mut("spec").and_then(Value::as_object_mut) {
+            for field in ["acquireTime", "renewTime"] {
+                if let Some(Value::String(time)) = spec.get_mut(field)
+                    && time.parse::<Timestamp>().is_err()
+                {
+                    *time = Timestamp::MAX.to_string();
+                }
+            }
+        }
+        Lease::deserialize(lease).map(Wire).map_err(D::Error::custom)
+    }
+}
+
+impl k8s_openapi::Resource for Wire {
+    const API_VERSION: &'static str = Lease::API_VERSION;
+    const GROUP: &'static str = Lease::GROUP;
+    const KIND: &'static str = Lease::KIND;
+    const VERSION: &'static str = Lease::VERSION;
+    const URL_PATH_SEGMENT: &'static str = Lease::URL_PATH_SEGMENT;
+    type Scope = <Lease as k8s_openapi::Resource>::Scope;
+}
+
+impl k8s_openapi::Metadata for Wire {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.0.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.0.metadata
+    }
+}
 
 /// The holder named by a record, `None` when the Lease is free (no holder, or `""`).
 pub(crate) fn holder(spec: &LeaseSpec) -> Option<&str> {

@@ -29,9 +29,9 @@ use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::{
     Api, Client,
-    api::{ObjectMeta, PostParams},
+    api::{ApiResource, DynamicObject, ObjectMeta, PostParams},
 };
-use kube_runtime_lease::{LeaderElector, LeaseConfig, LeaseGuard, Lost};
+use kube_runtime_lease::{LeaderElector, LeaderStatus, LeaseConfig, LeaseGuard, LeaseObserver, Lost};
 use kube_runtime_lease_harness::{TestEnv, Timings, free_spec, shared_env};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -376,5 +376,58 @@ async fn fencing_tokens_never_repeat_at_the_top_of_the_range_or_after_an_edit_do
     }
     ensure!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
     ensure!(tokens[0] >= i64::from(i32::MAX), "{tokens:?}");
+    Ok(())
+}
+
+/// A Lease whose times lie past the last instant k8s-openapi's `MicroTime`
+/// holds (jiff's `Timestamp` ends at 9999-12-30T22:00Z; Go's time, and so the
+/// API server and client-go, at the end of 9999): `9999-12-31T23:59:59Z` is a
+/// common "never expires" sentinel, written here by hand for a holder that is
+/// gone. client-go reads such a record and takes the Lease one lease duration
+/// after it last saw it change; a candidate that cannot decode it would never
+/// read the Lease, and never lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_dated_at_the_end_of_year_9999_is_read_and_taken_over() -> Result<()> {
+    const END: &str = "9999-12-31T23:59:59.000000Z";
+    let fx = fixture("year-9999").await?;
+    let raw: Api<DynamicObject> =
+        Api::namespaced_with(fx.env.client().await?, &fx.ns, &ApiResource::erase::<Lease>(&()));
+    let lease = serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": { "name": LEASE },
+        "spec": {
+            "holderIdentity": "gone",
+            "leaseDurationSeconds": 2,
+            "acquireTime": END,
+            "renewTime": END,
+            "leaseTransitions": 4,
+        },
+    }))?;
+    let stored = raw.create(&PostParams::default(), &lease).await?;
+    ensure!(
+        stored.data["spec"]["renewTime"] == END,
+        "stored {:?}",
+        stored.data["spec"]
+    );
+    // An observer reads it too.
+    let observer = LeaseObserver::new(fx.env.client().await?, &fx.ns, LEASE)?;
+    let mut seen = observer.subscribe();
+    let holder = |want: &'static str| move |s: &LeaderStatus| s.holder.as_deref() == Some(want);
+    timeout(LEASE_DURATION * 4, seen.wait_for(holder("gone")))
+        .await
+        .context("the observer never read the holder")??;
+
+    let e = fx.candidate(fx.config("a")).await?;
+    let guard = acquire_within(&e, LEASE_DURATION * 4).await?;
+    timeout(LEASE_DURATION * 4, seen.wait_for(holder("a")))
+        .await
+        .context("the observer never saw the takeover")??;
+    let spec = fx.spec().await?;
+    ensure!(spec.holder_identity.as_deref() == Some("a"), "{spec:?}");
+    ensure!(spec.lease_transitions == Some(5), "{spec:?}");
+    ensure!(guard.is_valid(), "the term ended at once");
+    drop(guard);
+    e.shutdown(Duration::from_secs(1)).await?;
     Ok(())
 }

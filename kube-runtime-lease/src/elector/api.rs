@@ -11,11 +11,15 @@ use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use super::task::WatchStream;
-use crate::error::{ApiError, Result};
+use crate::{
+    error::{ApiError, Result},
+    record::Wire,
+};
 
-/// The Lease named by the configuration, in its namespace.
+/// The Lease named by the configuration, in its namespace (read leniently:
+/// [`Wire`]).
 pub(super) struct LeaseApi {
-    pub(super) api: Api<Lease>,
+    pub(super) api: Api<Wire>,
     pub(super) name: String,
     pub(super) contact: Arc<Contact>,
 }
@@ -75,24 +79,28 @@ impl LeaseApi {
         let read = self.request("get", bound, self.api.get(&self.name), ApiError::Get);
         match read.await {
             Err(e) if e.is_gone(&self.name) => Ok(None),
-            read => read.map(Some),
+            read => read.map(|Wire(lease)| Some(lease)),
         }
     }
 
     /// Creates the Lease (`create` has no precondition: it fails with a
     /// conflict, 409, if the object exists).
     pub(super) async fn create(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
-        let params = PostParams::default();
-        let create = self.api.create(&params, lease);
-        self.request("create", bound, create, ApiError::Create).await
+        let (params, lease) = (PostParams::default(), Wire(lease.clone()));
+        let create = self.api.create(&params, &lease);
+        self.request("create", bound, create, ApiError::Create)
+            .await
+            .map(|w| w.0)
     }
 
     /// Replaces the Lease, with the resourceVersion `lease` carries as the
     /// precondition: a lost race is a conflict, never a silent overwrite.
     pub(super) async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
-        let params = PostParams::default();
-        let replace = self.api.replace(&self.name, &params, lease);
-        self.request("update", bound, replace, ApiError::Replace).await
+        let (params, lease) = (PostParams::default(), Wire(lease.clone()));
+        let replace = self.api.replace(&self.name, &params, &lease);
+        self.request("update", bound, replace, ApiError::Replace)
+            .await
+            .map(|w| w.0)
     }
 
     /// Watches the Lease (lazy: no request before it is first polled).
@@ -101,6 +109,7 @@ impl LeaseApi {
         watcher::watch_object(self.api.clone(), &self.name)
             .default_backoff()
             .inspect_ok(move |_| contact.reset())
+            .map_ok(|seen| seen.map(|w| w.0))
             .boxed()
     }
 }

@@ -605,3 +605,34 @@ fn a_client_go_follower_never_takes_during_our_term_with_the_documented_margin()
         );
     }
 }
+
+#[test]
+fn a_lease_is_read_with_times_past_jiffs_range_as_the_last_instant() {
+    let json = |time: &str| {
+        serde_json::json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": { "name": "l", "resourceVersion": "7" },
+            "spec": { "holderIdentity": "gone", "acquireTime": time, "renewTime": time },
+        })
+    };
+    // The end of 9999, as Go writes it: past jiff's last instant.
+    let end = json("9999-12-31T23:59:59.000000Z");
+    assert!(
+        serde_json::from_value::<Lease>(end.clone()).is_err(),
+        "k8s-openapi reads it now"
+    );
+    let Wire(lease) = serde_json::from_value(end).unwrap();
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.renew_time, Some(MicroTime(Timestamp::MAX)));
+    assert_eq!(spec.acquire_time, Some(MicroTime(Timestamp::MAX)));
+    assert_eq!(spec.holder_identity.as_deref(), Some("gone"));
+    assert_eq!(lease.metadata.resource_version.as_deref(), Some("7"));
+    // Any other time is read as it is, and written back as it was read.
+    let Wire(lease) = serde_json::from_value(json("2026-12-06T16:00:00.123456Z")).unwrap();
+    let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.clone()).unwrap();
+    assert_eq!(renewed.0.to_string(), "2026-12-06T16:00:00.123456Z");
+    let written = serde_json::to_value(Wire(lease)).unwrap();
+    assert_eq!(written["spec"]["renewTime"], "2026-12-06T16:00:00.123456Z");
+    assert_eq!(written["kind"], "Lease");
+}

@@ -91,7 +91,7 @@ use std::{
     time::Duration,
 };
 
-use futures::{FutureExt, StreamExt, stream::BoxStream};
+use futures::{FutureExt, StreamExt, TryStreamExt, stream::BoxStream};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, Client};
 use kube_runtime::{WatchStreamExt, watcher};
@@ -108,7 +108,7 @@ use self::{
     assign::Assignment,
     view::{Listing, Watched},
 };
-use crate::{ConfigError, LeaderElector, LeaseConfig, LeaseGuard, error::Chain};
+use crate::{ConfigError, LeaderElector, LeaseConfig, LeaseGuard, error::Chain, record::Wire};
 
 /// The label on every Lease of one sharded election: its base name.
 pub(crate) const OF_LABEL: &str = "leases.kube-runtime-lease/sharded-by";
@@ -624,11 +624,12 @@ impl ShardedElector {
             return;
         }
         let roster_selector = format!("{OF_LABEL}={},{ROLE_LABEL}=member", cfg.name);
-        let mut roster_events = watch_leases(&api, &roster_selector);
+        let wire: Api<Wire> = Api::namespaced(inner.client.clone(), &cfg.namespace);
+        let mut roster_events = watch_leases(&wire, &roster_selector);
         let mut shard_events: Events = futures::stream::pending().boxed();
         // The shard Leases of other counts: none but during a rolling update
         // of the count (and the old count's, free, after one), so free.
-        let mut foreign_events = watch_leases(&api, &inner.config.foreign_selector());
+        let mut foreign_events = watch_leases(&wire, &inner.config.foreign_selector());
         // Waiting for the shards of another count to be released or expire.
         let mut waiting = false;
         let mut view = View::default();
@@ -711,7 +712,7 @@ impl ShardedElector {
                     shard_events = if selected.is_empty() {
                         futures::stream::pending().boxed()
                     } else {
-                        watch_leases(&api, &inner.config.shards_selector(&selected))
+                        watch_leases(&wire, &inner.config.shards_selector(&selected))
                     };
                 }
             }
@@ -1325,10 +1326,19 @@ impl ShardedElector {
 /// The events of a watch of the Leases `selector` selects.
 type Events = BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>;
 
-/// A watch of the Leases `selector` selects, with kube-runtime's backoff.
-fn watch_leases(api: &Api<Lease>, selector: &str) -> Events {
+/// A watch of the Leases `selector` selects, with kube-runtime's backoff,
+/// read leniently as an elector reads its own ([`Wire`]).
+fn watch_leases(api: &Api<Wire>, selector: &str) -> Events {
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
     watcher(api.clone(), watcher::Config::default().labels(selector))
         .default_backoff()
+        .map_ok(|event| match event {
+            Apply(Wire(l)) => Apply(l),
+            Delete(Wire(l)) => Delete(l),
+            InitApply(Wire(l)) => InitApply(l),
+            Init => Init,
+            InitDone => InitDone,
+        })
         .boxed()
 }
 
