@@ -280,6 +280,9 @@
 //!   new object was created (or the lease duration of the deleted record, if
 //!   longer: the longest seen since its holder last wrote it, so that a
 //!   value edited in by someone else counts only until the holder renews).
+//!   A record pinned by hand with a huge duration (to pause the election)
+//!   and then deleted is held that long, as a live holder's would be: to
+//!   resume, delete it while no candidate runs.
 //! - **After a step-down for a `preferredHolder`**: the preferred holder takes
 //!   the record when it expires (one *LD* after its last change); if it never
 //!   comes, the candidates take it one *LD* later (with Coordinated Leader
@@ -314,7 +317,8 @@
 //!   token is stored on the Lease in the annotation
 //!   `leases.kube.rs/fencing-token`, so it goes on past `i32::MAX`, where
 //!   `leaseTransitions` stops (the counter is then written as `i32::MAX`), and
-//!   after the counter was edited down.
+//!   after the counter was edited down (unless others' annotations leave it
+//!   no room: see *Fencing*).
 //!
 //! # Fencing: what a term's writes can rely on
 //! Leader election alone cannot stop a stale write: a process paused (or
@@ -356,6 +360,10 @@
 //!   candidate that never saw an older, deleted Lease object may start again
 //!   from lower numbers. Fenced objects then refuse it (safe), and they
 //!   accept writes again from the next term whose token is larger.
+//! - A Lease whose annotations (someone else's) leave no room under the API
+//!   server's 256 KiB limit for the token's annotation is still taken (a
+//!   warning says so), with the token kept only in memory: a later term of
+//!   another process may then hand out the same token.
 //!
 //! <!-- upstream: omit -->
 //! `examples/fenced_write.rs` is the pattern on a `ConfigMap`

@@ -325,7 +325,8 @@ impl Observed {
     /// Decides whether `asker` may take this record at `now`.
     ///
     /// - A free Lease is taken at once, unless its `preferredHolder` names another
-    ///   candidate: that candidate is given one lease duration to take it.
+    ///   candidate: that candidate is given one lease duration to take it
+    ///   (the record's, at most the asker's own).
     /// - A record of the asker's own term ([`Asker::own_term`]) is taken at
     ///   once, unless its `preferredHolder` names another candidate: the asker
     ///   stepped down (or should), and waits as a third candidate would (the
@@ -359,8 +360,14 @@ impl Observed {
             (Some(h), _) if h == identity && asker.own_term => Verdict::Take,
             // Held, its end of term marked for a third candidate.
             (Some(h), Some(p)) if p != identity && p != h => after(2),
-            // Free but reserved for someone else; held by someone else; or ours
-            // of unknown provenance.
+            // Free but reserved for someone else: one lease duration for the
+            // preferred holder to take it, at most ours. A free record's
+            // duration is no holder's promise (a release writes 1 s; a
+            // record written by hand may say 2^31-1 s, and waiting that out
+            // would leave the Lease without a leader for 68 years, where a
+            // client-go candidate takes a free Lease at once).
+            (None, Some(_)) => after_unchanged(self, duration.min(asker.fallback), now),
+            // Held by someone else; or ours of unknown provenance.
             _ => after(1),
         }
     }

@@ -431,3 +431,103 @@ async fn a_record_dated_at_the_end_of_year_9999_is_read_and_taken_over() -> Resu
     e.shutdown(Duration::from_secs(1)).await?;
     Ok(())
 }
+
+/// The API server's limit on the total size of an object's annotations (keys
+/// and values, in bytes: `TotalAnnotationSizeLimitB`).
+const ANNOTATIONS_LIMIT: usize = 256 * 1024;
+
+/// A free Lease whose annotations (someone else's: `kubectl apply`'s
+/// `last-applied-configuration` of a large object, a tool's state) come close
+/// to the API server's 256 KiB limit. client-go takes it as it is (its write
+/// keeps the metadata it read); every takeover here adds the fencing-token
+/// annotation, which the API server refused at every attempt: the Lease was
+/// left without a leader for good.
+#[tokio::test]
+async fn a_free_lease_with_annotations_near_the_size_limit_gets_a_leader() -> Result<()> {
+    let fx = fixture("big-annotations").await?;
+    let key = "example.com/state";
+    // 10 bytes of room: less than the token annotation's key alone.
+    let value = "x".repeat(ANNOTATIONS_LIMIT - key.len() - 10);
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(LEASE.to_owned()),
+            annotations: Some([(key.to_owned(), value)].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(free_spec()),
+    };
+    fx.leases.create(&PostParams::default(), &lease).await?;
+    let (logs, _log_guard) = support::LogBuf::capture(tracing::Level::WARN);
+    let a = fx.candidate(fx.config("a")).await?;
+    let led = acquire_within(&a, LEASE_DURATION * 5).await;
+    let spec = fx.spec().await?;
+    let guard = led.with_context(|| {
+        let first_warning = logs
+            .text()
+            .lines()
+            .find(|l| l.contains("WARN"))
+            .map(str::to_owned);
+        format!(
+            "the free Lease was never taken: holder {:?}; first warning: {first_warning:?}",
+            spec.holder_identity
+        )
+    })?;
+    ensure!(spec.holder_identity.as_deref() == Some("a"), "{spec:?}");
+    ensure!(
+        logs.text().contains("leave no room for the fencing token"),
+        "no warning that the token is not stored: {}",
+        logs.text()
+    );
+    drop(guard);
+    a.shutdown(Duration::from_secs(1)).await?;
+    Ok(())
+}
+
+/// A Lease taken over by a holder with a long identity (the API server sets
+/// no limit on `holderIdentity`; client-go's candidates accept any string).
+/// The leader that loses it still publishes its "stopped leading" Event
+/// (events.k8s.io/v1 notes are at most 1024 characters; the note quotes the
+/// new holder), and does not blame RBAC for a refusal that is not one.
+#[tokio::test]
+async fn a_takeover_by_a_long_holder_identity_is_published_as_an_event() -> Result<()> {
+    use futures::StreamExt;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::runtime::{WatchStreamExt, events::Reporter, watcher};
+
+    let fx = fixture("long-holder").await?;
+    let events = Api::<Event>::namespaced(fx.env.client().await?, &fx.ns);
+    let (logs, _log_guard) = support::LogBuf::capture(tracing::Level::WARN);
+    let a = fx.candidate(fx.config("a")).await?.with_events(Reporter {
+        controller: "kube-runtime-lease-tests".into(),
+        instance: Some("a".into()),
+    });
+    let guard = acquire_within(&a, LEASE_DURATION * 5).await?;
+    let long = "ü".repeat(1500);
+    fx.modify(|s| {
+        s.holder_identity = Some(long.clone());
+        s.lease_transitions = Some(s.lease_transitions.unwrap_or(0) + 1);
+    })
+    .await?;
+    let lost = timeout(LEASE_DURATION * 5, guard)
+        .await
+        .context("a still leads after its record was taken over")?;
+    ensure!(matches!(lost, Lost::TakenOver { .. }), "{lost:?}");
+    let mut applied = std::pin::pin!(watcher(events, watcher::Config::default()).applied_objects());
+    let taken_over = timeout(LEASE_DURATION * 5, async {
+        while let Some(event) = applied.next().await {
+            if event?.action.as_deref() == Some("TakenOver") {
+                return Ok(());
+            }
+        }
+        bail!("the Events' watch ended")
+    });
+    taken_over.await.with_context(|| {
+        format!(
+            "no TakenOver Event after the loss; the leader logged: {:?}",
+            logs.text().lines().find(|l| l.contains("event"))
+        )
+    })??;
+    ensure!(!logs.text().contains("RBAC"), "RBAC blamed: {}", logs.text());
+    a.shutdown(Duration::from_secs(1)).await?;
+    Ok(())
+}

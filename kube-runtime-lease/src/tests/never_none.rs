@@ -792,3 +792,33 @@ fn a_stale_re_list_after_a_late_join_does_not_restart_the_expiry_clock() {
         });
     }
 }
+
+// ---- 14. A free Lease reserved for someone who never comes ---------------------
+
+/// A free Lease (holder `""`) whose `preferredHolder` names a candidate that
+/// never comes, with the longest `leaseDurationSeconds` (written by hand or
+/// by a tool; the API server keeps `preferredHolder` with the
+/// `CoordinatedLeaderElection` gate on). A non-coordinated client-go
+/// candidate takes a free Lease at once; the crate gives the preferred
+/// holder one lease duration first (crate docs, *Liveness*), but a free
+/// record's duration is nobody's promise (a release writes 1 s): waiting the
+/// record's 2^31-1 s leaves the Lease without a leader for 68 years.
+#[test]
+fn a_free_lease_reserved_for_a_candidate_that_never_comes_with_the_longest_duration_gets_a_leader() {
+    paused(async {
+        let fake = free();
+        let mut lease = fake.lease().unwrap();
+        let spec_ = lease.spec.as_mut().unwrap();
+        spec_.lease_duration_seconds = Some(i32::MAX);
+        spec_.strategy = Some("OldestEmulationVersion".to_owned());
+        spec_.preferred_holder = Some("ghost".to_owned());
+        fake.put(lease);
+        let (a, _) = elector(&fake, config("a"));
+        let led = timeout(S(60), a.acquire()).await;
+        assert!(
+            matches!(led, Ok(Ok(_))),
+            "a did not take the free Lease reserved for a ghost within 60 s (holder {:?})",
+            holder(&fake)
+        );
+    });
+}

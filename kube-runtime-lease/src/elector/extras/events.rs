@@ -75,6 +75,27 @@ impl LeaderElector {
     }
 }
 
+/// The longest note the API server stores (an Event's `message`: at most
+/// 1024 characters).
+const MAX_NOTE: usize = 1024;
+
+/// `note` cut to [`MAX_NOTE`] bytes (so at most as many characters), on a
+/// character boundary, ending with `…` when cut: a note naming a long
+/// `holderIdentity` (someone else's: the API server sets no limit on it)
+/// would otherwise be refused, and the Event lost.
+fn fit_note(mut note: String) -> String {
+    if note.len() <= MAX_NOTE {
+        return note;
+    }
+    let mut end = MAX_NOTE - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    note.truncate(end);
+    note.push('…');
+    note
+}
+
 /// The note, type and action of the Event for the end of a term: why (the
 /// note), whether it is a loss (a warning), and the kind of end as the
 /// action. (The recorder folds repeats of one type, reason and action on one
@@ -116,7 +137,7 @@ impl Observer for Events {
         let event = Event {
             type_,
             reason: "LeaderElection".into(),
-            note: Some(note),
+            note: Some(fit_note(note)),
             action: action.into(),
             secondary: None,
         };
@@ -132,18 +153,26 @@ impl Observer for Events {
         let warned = self.warned.clone();
         tokio::spawn(async move {
             let result = tokio::time::timeout(PUBLISH_TIMEOUT, recorder.publish(&event, &reference)).await;
-            let error = match result {
+            let (error, denied) = match result {
                 Ok(Ok(())) => return,
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => format!("timed out after {PUBLISH_TIMEOUT:?}"),
+                Ok(Err(e)) => {
+                    let denied = matches!(&e, kube_client::Error::Api(s) if matches!(s.code, 401 | 403));
+                    (e.to_string(), denied)
+                }
+                Err(_) => (format!("timed out after {PUBLISH_TIMEOUT:?}"), false),
             };
             if warned.swap(true, Ordering::Relaxed) {
                 debug!(%error, "publishing a leader election event failed");
-            } else {
+            } else if denied {
                 warn!(
                     %error,
                     "publishing a leader election event failed (RBAC: create and patch on `events` in `events.k8s.io`); \
                      further failures are logged at debug level"
+                );
+            } else {
+                warn!(
+                    %error,
+                    "publishing a leader election event failed; further failures are logged at debug level"
                 );
             }
         });

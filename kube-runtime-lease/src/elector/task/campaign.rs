@@ -3,11 +3,11 @@
 //! creation hold that delays leadership on a Lease whose last holder may still
 //! lead.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{Attempt, LeaseView, Rule, Task, Won};
 use crate::{
@@ -16,6 +16,10 @@ use crate::{
     error::Result,
     record::{self, Asker, Observed, Verdict},
 };
+
+/// The API server's limit on an object's annotations, keys and values
+/// together, in bytes (`TotalAnnotationSizeLimitB`).
+const MAX_ANNOTATIONS_SIZE: usize = 256 * 1024;
 
 impl Task {
     /// Campaigns until this candidate leads (`Some`) or nobody wants it
@@ -150,7 +154,8 @@ impl Task {
     /// while reads succeed.
     async fn write_to_acquire(&mut self, lease: Lease, created: bool) -> Result<Attempt> {
         // The configured labels, annotations and owner; the rest is kept.
-        let lease = self.config().extras.prepare(lease);
+        let mut lease = self.config().extras.prepare(lease);
+        self.fit_annotations(&mut lease, created);
         let bound = self.config().renew_deadline;
         if !created {
             self.memory.sent_takeover.clone_from(&lease.spec);
@@ -189,6 +194,33 @@ impl Task {
             }
         });
         Ok(Attempt::Won(Won { lease, sent, created }))
+    }
+
+    /// Keeps the write that acquires within the API server's limit on the
+    /// annotations' total size (256 KiB): a Lease whose annotations
+    /// (someone else's) leave no room for the fencing token (or the
+    /// configured ones) is written with the annotations it has, as client-go
+    /// writes it, instead of being refused with 422 at every attempt, which
+    /// would leave it without a leader for ever. The term's fencing token is
+    /// then not stored (warned): another process may hand out the same one.
+    fn fit_annotations(&self, lease: &mut Lease, created: bool) {
+        let size = |a: Option<&BTreeMap<String, String>>| {
+            a.map_or(0, |a| a.iter().map(|(k, v)| k.len() + v.len()).sum())
+        };
+        if size(lease.metadata.annotations.as_ref()) <= MAX_ANNOTATIONS_SIZE {
+            return;
+        }
+        let before = match (&self.view, created) {
+            (LeaseView::Known { object, .. }, false) => object.metadata.annotations.clone(),
+            _ => None,
+        };
+        warn!(
+            annotations_bytes = size(before.as_ref()),
+            "the lease's annotations leave no room for the fencing token (the API server's limit is 256 KiB): \
+             taking it without writing the token or the configured annotations; fencing tokens may repeat \
+             across processes until the annotations shrink"
+        );
+        lease.metadata.annotations = before;
     }
 
     /// The creation hold for a term beginning on `lease`: until the previous
