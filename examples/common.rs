@@ -113,6 +113,26 @@ pub fn env_seconds(var: &str, default: f64) -> anyhow::Result<Duration> {
     }
 }
 
+/// The boolean in the environment variable `var` (`true`, `false`, `1`, `0`,
+/// `yes`, `no`, `on`, `off`, in any case), or `default` when it is not set
+/// or empty.
+///
+/// # Errors
+/// When the variable holds anything else: a value that was meant to switch
+/// something off (`LEADER_ELECT=0`) must not leave it on without a word.
+pub fn env_bool(var: &str, default: bool) -> anyhow::Result<bool> {
+    match std::env::var(var) {
+        Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
+            "" => Ok(default),
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => anyhow::bail!("{var}={v:?} is not a boolean (true or false)"),
+        },
+        Err(std::env::VarError::NotPresent) => Ok(default),
+        Err(e) => Err(e).with_context(|| format!("{var} is not valid UTF-8")),
+    }
+}
+
 /// The Lease settings of an example, from the environment: `LEASE_NAMESPACE`,
 /// `LEASE_NAME`, `IDENTITY`, the timings (`LEASE_DURATION`, `RENEW_DEADLINE`,
 /// `RETRY_PERIOD`, in seconds), `LEASE_WATCH=false` (poll), `LEADER_ELECT=false`
@@ -121,7 +141,8 @@ pub fn env_seconds(var: &str, default: f64) -> anyhow::Result<Duration> {
 /// `COORDINATED_EMULATION_VERSION` (Coordinated Leader Election).
 ///
 /// # Errors
-/// When a timing variable is not a number.
+/// When a timing variable is not a number, or `LEASE_WATCH` or
+/// `LEADER_ELECT` not a boolean.
 pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
     let namespace = std::env::var("LEASE_NAMESPACE").unwrap_or_else(|_| "default".into());
     let name = std::env::var("LEASE_NAME").unwrap_or_else(|_| default_name.into());
@@ -130,10 +151,10 @@ pub fn lease_config(default_name: &str) -> anyhow::Result<LeaseConfig> {
         .lease_duration(env_seconds("LEASE_DURATION", 15.0)?)
         .renew_deadline(env_seconds("RENEW_DEADLINE", 10.0)?)
         .retry_period(env_seconds("RETRY_PERIOD", 2.0)?)
-        .watch(std::env::var("LEASE_WATCH").map_or(true, |v| v != "false"))
+        .watch(env_bool("LEASE_WATCH", true)?)
         // LEADER_ELECT=false: no election (a local run, a single replica): the
         // same code leads at once and makes no Lease request.
-        .enabled(std::env::var("LEADER_ELECT").map_or(true, |v| v != "false"))
+        .enabled(env_bool("LEADER_ELECT", true)?)
         // Found with `kubectl get lease -l app.kubernetes.io/name=<name>`.
         .label("app.kubernetes.io/name", name);
     // Who holds the Lease, on the Lease: written when a candidate takes it.
@@ -237,6 +258,44 @@ pub fn error_policy<K>(
 
 #[cfg(test)]
 mod tests {
+    /// Review (first hour): `LEADER_ELECT=0` (or `False`, `no`), meant to
+    /// switch the election off for a single replica without Lease RBAC, must
+    /// switch it off, and a value that is no boolean must be an error at
+    /// start, not an election left on without a word (the replica then
+    /// campaigns, is refused, and never leads). Each value is read in a
+    /// child process of this test, as above.
+    #[test]
+    fn leader_elect_off_in_any_spelling_switches_the_election_off_and_nonsense_is_refused() {
+        const VAR: &str = "LEADER_ELECT";
+        const MARK: &str = "KRL_REVIEW_OPS_LEADER_ELECT";
+        if let Ok(expected) = std::env::var(MARK) {
+            let config = super::lease_config("x");
+            match expected.as_str() {
+                "off" => assert!(
+                    !config.as_ref().expect("a valid configuration").is_enabled(),
+                    "{VAR}={:?} left the election on",
+                    std::env::var(VAR)
+                ),
+                _ => assert!(config.is_err(), "{VAR}={:?} accepted", std::env::var(VAR)),
+            }
+            return;
+        }
+        for (value, expected) in [("0", "off"), ("False", "off"), ("no", "off"), ("flase", "error")] {
+            let child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "tests::leader_elect_off_in_any_spelling_switches_the_election_off_and_nonsense_is_refused",
+                    "--exact",
+                    "--nocapture",
+                ])
+                .env(VAR, value)
+                .env(MARK, expected)
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
+            assert!(child.status.success(), "{VAR}={value}:\n{out}");
+        }
+    }
+
     /// A malformed timing in the environment (negative, not a
     /// finite number, too large) is an error at start, not a panic. Each
     /// value is read in a child process of this test (setting the

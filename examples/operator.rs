@@ -14,10 +14,14 @@
 //!   the object with a checksum of its data (`operator.example.com/checksum`:
 //!   the hash a Deployment's pod template carries to roll out on a config
 //!   change), the replica that wrote it (`operator.example.com/reconciled-by`)
-//!   and the term's fencing token (`operator.example.com/fencing-token`), in
+//!   and the term's fencing token (`operator.example.com/fencing-token`,
+//!   with the Lease it counts on, `operator.example.com/fencing-lease`), in
 //!   a merge patch carrying the `resourceVersion` it read, so that a write
 //!   from an older term never lands after a newer one's (the crate docs'
-//!   *Fencing*). One elector, one renewal loop: both controllers start when
+//!   *Fencing*). Tokens are compared only with tokens of the same Lease:
+//!   another Lease's (a renamed `LEASE_NAME`), or a stamp made with the
+//!   election off (`LEADER_ELECT=false`: one replica, token 0), says nothing
+//!   about this one's terms. One elector, one renewal loop: both controllers start when
 //!   the Lease is won and stop when it is lost.
 //! - **Rejoining after any loss**, in process: the controllers are built
 //!   again for each term ([`LeaderElector::run_each_term`]); a replica that
@@ -167,6 +171,9 @@ const MANAGED: &str = "operator.example.com/managed=true";
 const CHECKSUM: &str = "operator.example.com/checksum";
 const RECONCILED_BY: &str = "operator.example.com/reconciled-by";
 const FENCING_TOKEN: &str = "operator.example.com/fencing-token";
+/// The Lease whose terms the stamped token counts (`<namespace>/<name>`), or
+/// `none` when the election is off.
+const FENCING_LEASE: &str = "operator.example.com/fencing-lease";
 
 /// The settings of the shutdown sequence, from the environment.
 #[derive(Clone, Copy, Debug)]
@@ -186,6 +193,18 @@ impl Shutdown {
         let delay = env_seconds("WEBHOOK_DRAIN_DELAY", 5.0)?;
         let drain = env_seconds("WEBHOOK_DRAIN_TIMEOUT", 5.0)?;
         let grace = shutdown_grace()?;
+        // The crate's limit on every duration (`leaseDurationSeconds` is an
+        // `int32`): beyond it, no clock adds the delay to SIGTERM's instant.
+        let longest = Duration::from_secs(2_147_483_647);
+        for (var, value) in [
+            ("WEBHOOK_DRAIN_DELAY", delay),
+            ("WEBHOOK_DRAIN_TIMEOUT", drain),
+            ("SHUTDOWN_GRACE", grace),
+        ] {
+            if value > longest {
+                bail!("{var} ({value:?}) is longer than {longest:?}");
+            }
+        }
         let budget = config.shutdown_budget(grace);
         if drain > grace {
             bail!("WEBHOOK_DRAIN_TIMEOUT ({drain:?}) is longer than the whole grace ({grace:?})");
@@ -482,8 +501,18 @@ where
     info!(kind = %K::kind(&()), object = %reference, token, "reconcile started");
     let annotations = object.annotations();
     let checksum = object.checksum();
-    let stored = annotations.get(FENCING_TOKEN).and_then(|t| t.parse::<i64>().ok());
-    let outcome = if stored.is_some_and(|stored| stored > token) {
+    // Tokens grow along one Lease's terms only: a token stamped under another
+    // Lease (or with the election off) is no newer term of ours.
+    let config = elector.config();
+    let lease = if config.is_enabled() {
+        format!("{}/{}", config.namespace(), config.name())
+    } else {
+        "none".to_owned()
+    };
+    let stored = (annotations.get(FENCING_LEASE) == Some(&lease))
+        .then(|| annotations.get(FENCING_TOKEN).and_then(|t| t.parse::<i64>().ok()))
+        .flatten();
+    let outcome = if config.is_enabled() && stored.is_some_and(|stored| stored > token) {
         "fenced: a newer term wrote it"
     } else if stored == Some(token) && annotations.get(CHECKSUM) == Some(&checksum) {
         "unchanged"
@@ -499,6 +528,7 @@ where
                     CHECKSUM: checksum,
                     RECONCILED_BY: identity,
                     FENCING_TOKEN: token.to_string(),
+                    FENCING_LEASE: lease,
                 },
             },
         });

@@ -123,7 +123,8 @@ impl ApiError {
         self.status() == Some(409)
     }
 
-    /// The RBAC verb a 401/403 answer shows to be missing.
+    /// The RBAC verb a 403 answer shows to be missing. (A 401 is no RBAC
+    /// matter: the API server did not accept the client's credentials.)
     pub(crate) fn forbidden_verb(&self) -> Option<&'static str> {
         let verb = match self {
             ApiError::Get(_) => "get",
@@ -131,7 +132,7 @@ impl ApiError {
             ApiError::Replace(_) => "update",
             ApiError::Timeout { .. } => return None,
         };
-        matches!(self.status(), Some(401 | 403)).then_some(verb)
+        (self.status() == Some(403)).then_some(verb)
     }
 }
 

@@ -725,6 +725,50 @@ impl LogBuf {
     }
 }
 
+/// Review (operator first hour): credentials the API server does not accept
+/// (an expired kubeconfig token, a revoked service-account token) are answered
+/// 401 Unauthorized. That is authentication, not RBAC: the log must not send
+/// the user to grant `get` on `leases` (which cannot help), and must say the
+/// credentials were refused.
+#[tokio::test]
+async fn rejected_credentials_are_not_reported_as_a_missing_rbac_verb() -> Result<()> {
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+
+    let fx = fixture("unauth").await?;
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(fx.env.kubeconfig_path())?,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    // A bearer token the API server never issued, and no client certificate.
+    config.auth_info = kube::config::AuthInfo {
+        token: Some("not-a-token-the-api-server-issued".to_owned().into()),
+        ..kube::config::AuthInfo::default()
+    };
+    let a = LeaderElector::new(Client::try_from(config)?, fx.config("a"))?;
+    let mut acquiring = std::pin::pin!(a.acquire());
+    // Two attempts, both refused with 401.
+    tokio::select! {
+        guard = &mut acquiring => bail!("led with rejected credentials: {guard:?}"),
+        lines = logs.wait_lines("code: 401", 2, Duration::from_secs(10)) => {
+            let lines = lines?;
+            for line in &lines {
+                ensure!(
+                    !line.contains("RBAC needs") && !line.contains("is missing"),
+                    "a 401 (credentials refused) is reported as a missing RBAC verb:\n{line}"
+                );
+            }
+            ensure!(
+                lines.iter().any(|l| l.contains("credentials")),
+                "no line says the credentials were refused:\n{}",
+                lines.join("\n")
+            );
+        }
+    }
+    ensure!(!a.is_leader());
+    Ok(())
+}
+
 // A current-thread runtime: the elector's tasks run on the test's thread, where
 // the scoped subscriber is the default.
 #[tokio::test]

@@ -401,6 +401,11 @@ impl Scenario {
 
     /// Starts replica `name`; once its webhook serves, starts its client.
     async fn spawn(&mut self, name: &str) -> Result<()> {
+        self.spawn_with(name, &[]).await
+    }
+
+    /// [`spawn`](Self::spawn), with `env` set on top of the defaults.
+    async fn spawn_with(&mut self, name: &str, env: &[(&str, &str)]) -> Result<()> {
         let mut command = Command::new(&self.bin);
         command
             .env("KUBECONFIG", &self.kubeconfig)
@@ -420,6 +425,9 @@ impl Scenario {
             // anyway).
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1");
+        for (key, value) in env {
+            command.env(key, value);
+        }
         let process = Process::spawn(name, Flavor::Rust, command, &self.log)?;
         let serving = self
             .log
@@ -980,5 +988,135 @@ async fn run(s: &mut Scenario) -> Result<()> {
     s.notes.push(webhook);
     let reconciling = check_reconciling(&s.log, lost_at, taken_at)?;
     s.notes.push(reconciling);
+    Ok(())
+}
+
+/// Review (operator env handling, never none for the guarded work): the
+/// fencing tokens of one Lease say nothing about another's. An object last
+/// stamped by a term of token 5 (say, before the operator's Lease was renamed
+/// with `LEASE_NAME`, or before the election was switched off with
+/// `LEADER_ELECT=false`, whose term has token 0) must still be reconciled:
+/// the operator must not take the old stamp for "a newer term wrote it" and
+/// skip the object for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_reconciles_objects_stamped_under_another_lease_or_with_the_election_off() -> Result<()> {
+    let cases: [(&str, &[(&str, &str)]); 2] = [
+        ("with LEADER_ELECT=false", &[("LEADER_ELECT", "false")]),
+        ("on a renamed Lease", &[("LEASE_NAME", "operator-renamed")]),
+    ];
+    for (case, env) in cases {
+        let mut s = Scenario::new().await?;
+        // Both managed objects, as a term of token 5 of the earlier Lease left them.
+        let old = serde_json::json!({ "metadata": { "annotations": {
+            "operator.example.com/checksum": "stale",
+            RECONCILED_BY: "an-earlier-replica",
+            FENCING_TOKEN: "5",
+        }}});
+        Api::<ConfigMap>::namespaced(s.client.clone(), &s.namespace)
+            .patch(MANAGED, &PatchParams::default(), &Patch::Merge(&old))
+            .await?;
+        Api::<Secret>::namespaced(s.client.clone(), &s.namespace)
+            .patch(MANAGED, &PatchParams::default(), &Patch::Merge(&old))
+            .await?;
+        s.spawn_with("a", env).await?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let result = loop {
+            let (cm, secret) = s.stamps().await?;
+            if cm.0 == "a" && secret.0 == "a" {
+                break Ok(());
+            }
+            if Instant::now() >= deadline {
+                break Err(anyhow!(
+                    "{case}: the operator did not reconcile the objects stamped under the earlier Lease within 15 s \
+                     (ConfigMap {cm:?}, Secret {secret:?}); its log:\n{}",
+                    s.output("a")
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        s.sigkill("a").await?;
+        result?;
+    }
+    Ok(())
+}
+
+/// Review (operator env handling, no panic on bad input): shutdown settings
+/// that `env_seconds` accepts as durations but that no clock can add up
+/// (`WEBHOOK_DRAIN_DELAY` and `WEBHOOK_DRAIN_TIMEOUT` of 1e19 s under a
+/// `SHUTDOWN_GRACE` of 1.8e19 s) are refused at start with a message naming
+/// them, not a panic at start (`delay + drain` overflows) or, worse, at
+/// SIGTERM (`signalled + delay` overflows an `Instant` after the release,
+/// so the webhook is never drained).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_refuses_shutdown_settings_out_of_range_without_panicking() -> Result<()> {
+    let s = Scenario::new().await?;
+    let cases: [(&str, &[(&str, &str)]); 2] = [
+        (
+            "huge",
+            &[
+                ("SHUTDOWN_GRACE", "1.8e19"),
+                ("WEBHOOK_DRAIN_TIMEOUT", "1e19"),
+                ("WEBHOOK_DRAIN_DELAY", "1e19"),
+            ],
+        ),
+        (
+            "huge-delay",
+            &[
+                ("SHUTDOWN_GRACE", "1.8e19"),
+                ("WEBHOOK_DRAIN_TIMEOUT", "0"),
+                ("WEBHOOK_DRAIN_DELAY", "1e19"),
+            ],
+        ),
+    ];
+    for (name, env) in cases {
+        let mut command = Command::new(&s.bin);
+        command
+            .env("KUBECONFIG", &s.kubeconfig)
+            .env("LEASE_NAMESPACE", &s.namespace)
+            .env("LEASE_NAME", LEASE)
+            .env("IDENTITY", name)
+            .env("WATCH_NAMESPACE", &s.namespace)
+            .env("WEBHOOK_ADDR", "127.0.0.1:0")
+            .env("WEBHOOK_CERT", s.dir.path().join("tls.crt"))
+            .env("WEBHOOK_KEY", s.dir.path().join("tls.key"))
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1");
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut process = Process::spawn(name, Flavor::Rust, command, &s.log)?;
+        // Refused at start, or serving: then SIGTERM, as a rollout would.
+        let first = s
+            .log
+            .wait_for(
+                &format!("{name} to start or exit"),
+                Duration::from_secs(30),
+                |e| {
+                    e.process == name
+                        && (e.kind == Kind::StdoutClosed
+                            || (e.kind == Kind::Stderr && e.detail.contains("over HTTPS")))
+                },
+            )
+            .await?;
+        if first.kind == Kind::Stderr {
+            process.signal(Sig::Term)?;
+        }
+        let status = process.wait_exit(Duration::from_secs(60)).await;
+        let output = s.output(name);
+        let status = status.with_context(|| format!("{name}: did not exit:\n{output}"))?;
+        ensure!(
+            !output.contains("panicked"),
+            "{name}: the operator panicked on its shutdown settings ({status}; {}):\n{output}",
+            if first.kind == Kind::Stderr {
+                "after SIGTERM"
+            } else {
+                "at start"
+            }
+        );
+        ensure!(
+            first.kind == Kind::StdoutClosed && !status.success() && output.contains("WEBHOOK_DRAIN_DELAY"),
+            "{name}: not refused at start with a message naming the setting ({status}):\n{output}"
+        );
+    }
     Ok(())
 }

@@ -380,7 +380,7 @@ impl LeaseCandidate {
                         .get_or_insert_with(|| inner.config.retry_backoff().build())
                         .next()
                         .unwrap_or(inner.config.lease_duration);
-                    if matches!(e.status(), Some(401 | 403)) {
+                    if e.status() == Some(403) {
                         warn!(
                             error = %e,
                             retry_in = ?delay,

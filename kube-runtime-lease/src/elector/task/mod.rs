@@ -148,7 +148,15 @@ impl Task {
     }
 
     pub(in crate::elector) fn log_error(&self, what: &str, e: &ApiError) {
-        if let Some(verb) = e.forbidden_verb() {
+        if e.status() == Some(401) {
+            error!(
+                error = %crate::error::Chain(e),
+                "unauthorized: the API server did not accept this client's credentials (401) for lease {}/{}: \
+                 check the kubeconfig or the service account token (no RBAC grant can fix a 401)",
+                self.config().namespace,
+                self.config().name,
+            );
+        } else if let Some(verb) = e.forbidden_verb() {
             error!(
                 error = %crate::error::Chain(e),
                 "forbidden to {verb} lease {}/{}: RBAC needs verbs get, create, update on resource `leases` in API group `coordination.k8s.io` (and list, watch for watch-driven election); `{verb}` is missing",

@@ -99,7 +99,7 @@ impl Watch {
                 (self.stream, self.sync) = (None, Sync::Listing);
             }
             Some(Err(_)) if self.sync == Sync::Failing => {}
-            Some(Err(e)) if matches!(crate::error::watch_status(&e), Some(401 | 403)) => {
+            Some(Err(e)) if crate::error::watch_status(&e) == Some(403) => {
                 warn!(
                     error = %e,
                     "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \
