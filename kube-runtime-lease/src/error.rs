@@ -76,6 +76,18 @@ pub(crate) fn status_of(e: &kube_client::Error) -> Option<u16> {
     }
 }
 
+/// Whether `e` is the API server's authorization refusing a request: a 403
+/// that names no cause and says nothing was denied (a missing RBAC rule).
+/// Admission refuses with 403 too, but says why (a create in a namespace being
+/// terminated carries the cause `NamespaceTerminating`; a webhook or an
+/// admission policy "denied the request"), and a 401 refuses the client's
+/// credentials: no RBAC rule lets those through.
+pub(crate) fn refused_by_rbac(e: &kube_client::Error) -> bool {
+    matches!(e, kube_client::Error::Api(s) if s.code == 403
+        && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
+        && !s.message.contains("denied"))
+}
+
 /// The HTTP status a watch failed with, if the API answered (its list, its
 /// start, or an error event).
 pub(crate) fn watch_status(e: &kube_runtime::watcher::Error) -> Option<u16> {
@@ -123,8 +135,8 @@ impl ApiError {
         self.status() == Some(409)
     }
 
-    /// The RBAC verb a 403 answer shows to be missing. (A 401 is no RBAC
-    /// matter: the API server did not accept the client's credentials.)
+    /// The RBAC verb a refusal of the API server's authorization shows to be
+    /// missing (see [`refused_by_rbac`]).
     pub(crate) fn forbidden_verb(&self) -> Option<&'static str> {
         let verb = match self {
             ApiError::Get(_) => "get",
@@ -132,7 +144,7 @@ impl ApiError {
             ApiError::Replace(_) => "update",
             ApiError::Timeout { .. } => return None,
         };
-        (self.status() == Some(403)).then_some(verb)
+        self.client_error().is_some_and(refused_by_rbac).then_some(verb)
     }
 }
 
@@ -157,7 +169,7 @@ impl std::fmt::Display for Chain<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ApiError, Chain};
+    use super::{ApiError, Chain, refused_by_rbac};
 
     /// An error that does not print its source.
     #[derive(Debug, thiserror::Error)]
@@ -186,5 +198,33 @@ mod tests {
         // A source that its parent does not print is still shown.
         let line = Chain(&Outer(std::io::Error::other("inner"))).to_string();
         assert_eq!(line, "outer: inner");
+    }
+
+    /// Only authorization's 403 is an RBAC matter: admission's (a namespace
+    /// being deleted names its cause; a webhook denied the request) and a
+    /// 401 (credentials) are not.
+    #[test]
+    fn only_authorizations_403_is_taken_for_a_missing_rbac_rule() {
+        let status = |code: u16, message: &str, cause: Option<&str>| {
+            let mut status = kube_client::core::Status::failure(message, "Forbidden").with_code(code);
+            if let Some(reason) = cause {
+                let details = serde_json::json!({ "causes": [{ "reason": reason }] });
+                status = status.with_details(serde_json::from_value(details).unwrap());
+            }
+            kube_client::Error::Api(Box::new(status))
+        };
+        let rbac = r#"leases.coordination.k8s.io "l" is forbidden: User "u" cannot update resource "leases""#;
+        assert!(refused_by_rbac(&status(403, rbac, None)));
+        let terminating = "unable to create new content in namespace ns because it is being terminated";
+        assert!(!refused_by_rbac(&status(
+            403,
+            terminating,
+            Some("NamespaceTerminating")
+        )));
+        let webhook = r#"admission webhook "w" denied the request: no"#;
+        assert!(!refused_by_rbac(&status(403, webhook, None)));
+        assert!(!refused_by_rbac(&status(401, "Unauthorized", None)));
+        let error = ApiError::Replace(status(403, rbac, None));
+        assert_eq!(error.forbidden_verb(), Some("update"));
     }
 }

@@ -769,6 +769,38 @@ async fn rejected_credentials_are_not_reported_as_a_missing_rbac_verb() -> Resul
     Ok(())
 }
 
+/// The Lease's namespace being deleted: creating the Lease is refused with a
+/// 403 of admission (cause `NamespaceTerminating`), not of authorization. The
+/// candidate, and its Events, must not send the operator to grant an RBAC
+/// verb that is there. (No namespace controller runs here: the namespace
+/// stays terminating for the test.)
+#[tokio::test]
+async fn a_namespace_being_deleted_is_not_reported_as_a_missing_rbac_verb() -> Result<()> {
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+    let fx = fixture("terminating").await?;
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(fx.env.client().await?);
+    namespaces.delete(&fx.ns, &DeleteParams::default()).await?;
+    let a = LeaderElector::new(fx.env.client().await?, fx.config("a"))?.with_events(
+        kube::runtime::events::Reporter {
+            controller: "kube-runtime-lease-tests".into(),
+            instance: None,
+        },
+    );
+    let mut acquiring = std::pin::pin!(a.acquire());
+    tokio::select! {
+        guard = &mut acquiring => bail!("led in a namespace being deleted: {guard:?}"),
+        lines = logs.wait_lines("being terminated", 2, Duration::from_secs(10)) => {
+            for line in lines? {
+                ensure!(
+                    !line.contains("RBAC"),
+                    "a create refused because the namespace is being deleted is reported as RBAC's:\n{line}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 // A current-thread runtime: the elector's tasks run on the test's thread, where
 // the scoped subscriber is the default.
 #[tokio::test]

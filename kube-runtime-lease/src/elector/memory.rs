@@ -53,6 +53,12 @@ pub(super) struct Memory {
     /// The newest resourceVersion seen on it, as a number (see
     /// [`record::rv_number`]).
     pub(super) seen_version: Option<u64>,
+    /// The object last seen go away, and what was remembered of it then:
+    /// restored if that very object (its uid) is seen again, since an
+    /// object never comes back once deleted. Its absence was a stale
+    /// answer (a list served by a watch cache behind the object's
+    /// creation), not a deletion, and leaves no risk and no creation hold.
+    pub(super) gone: Option<Gone>,
     /// The largest `leaseTransitions` seen on this Lease name, any object.
     pub(super) max_transitions: Option<i32>,
     /// The largest fencing token seen on this Lease name, any object
@@ -66,6 +72,18 @@ pub(super) struct Memory {
     /// ours releases the Lease before then: that would let a standby lead
     /// at once, inside the margin.
     pub(super) stopped_until: Option<Instant>,
+}
+
+/// What [`Memory`] knew of an object when it was last seen go away (see
+/// [`Memory::gone`]).
+#[derive(Clone, Debug)]
+pub(super) struct Gone {
+    uid: String,
+    risk_until: Option<Instant>,
+    held: bool,
+    longest: Duration,
+    renewed: Option<MicroTime>,
+    version: Option<u64>,
 }
 
 impl Memory {
@@ -128,7 +146,20 @@ impl Memory {
         let spec = lease.spec.clone().unwrap_or_default();
         self.max_token = self.max_token.max(Some(record::token_of(lease)));
         if self.seen_uid != lease.metadata.uid {
-            self.went_away(now);
+            let back = self.seen_uid.is_none()
+                && lease.metadata.uid.is_some()
+                && self.gone.as_ref().map(|g| Some(&g.uid)) == Some(lease.metadata.uid.as_ref());
+            match self.gone.take().filter(|_| back) {
+                // The object seen go away is back: it never went.
+                Some(gone) => {
+                    self.risk_until = gone.risk_until;
+                    self.seen_held = gone.held;
+                    self.seen_longest = gone.longest;
+                    self.seen_renewed = gone.renewed;
+                    self.seen_version = gone.version;
+                }
+                None => self.went_away(now),
+            }
             self.seen_uid.clone_from(&lease.metadata.uid);
         }
         let duration = record::lease_duration(&spec, fallback);
@@ -169,9 +200,19 @@ impl Memory {
 
     /// The object last seen is gone (seen missing at `now`, or replaced).
     fn went_away(&mut self, now: Instant) {
-        if self.seen_uid.take().is_some() && self.seen_held {
-            let until = record::later(now, self.seen_longest);
-            self.risk_until = self.risk_until.max(Some(until));
+        if let Some(uid) = self.seen_uid.take() {
+            self.gone = Some(Gone {
+                uid,
+                risk_until: self.risk_until,
+                held: self.seen_held,
+                longest: self.seen_longest,
+                renewed: self.seen_renewed.clone(),
+                version: self.seen_version,
+            });
+            if self.seen_held {
+                let until = record::later(now, self.seen_longest);
+                self.risk_until = self.risk_until.max(Some(until));
+            }
         }
         self.seen_held = false;
         self.seen_longest = Duration::ZERO;

@@ -156,7 +156,7 @@ impl Observer for Events {
             let (error, denied) = match result {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => {
-                    let denied = matches!(&e, kube_client::Error::Api(s) if matches!(s.code, 401 | 403));
+                    let denied = crate::error::refused_by_rbac(&e);
                     (e.to_string(), denied)
                 }
                 Err(_) => (format!("timed out after {PUBLISH_TIMEOUT:?}"), false),

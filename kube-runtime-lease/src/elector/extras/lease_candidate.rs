@@ -380,7 +380,7 @@ impl LeaseCandidate {
                         .get_or_insert_with(|| inner.config.retry_backoff().build())
                         .next()
                         .unwrap_or(inner.config.lease_duration);
-                    if e.status() == Some(403) {
+                    if matches!(&e, CallError::Api(e) if crate::error::refused_by_rbac(e)) {
                         warn!(
                             error = %e,
                             retry_in = ?delay,

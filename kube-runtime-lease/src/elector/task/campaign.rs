@@ -152,9 +152,9 @@ impl Task {
     /// 409 (its uid is the precondition), so a 404 here comes from something
     /// in front of it, and retrying at once would be a loop without a delay
     /// while reads succeed.
-    async fn write_to_acquire(&mut self, lease: Lease, created: bool) -> Result<Attempt> {
+    async fn write_to_acquire(&mut self, mut lease: Lease, created: bool) -> Result<Attempt> {
         // The configured labels, annotations and owner; the rest is kept.
-        let mut lease = self.config().extras.prepare(lease);
+        lease = self.config().extras.prepare(lease);
         self.fit_annotations(&mut lease, created);
         let bound = self.config().renew_deadline;
         if !created {

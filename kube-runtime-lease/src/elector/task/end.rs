@@ -76,11 +76,21 @@ impl Task {
     /// retried once after a fresh read, as client-go does.
     pub(in crate::elector) async fn release(&mut self, until: Instant) -> Result<()> {
         let mut retried = false;
+        let mut sent: Option<k8s_openapi::api::coordination::v1::LeaseSpec> = None;
         loop {
             let left = until.saturating_duration_since(Instant::now());
             let Some(mut lease) = self.get(left).await? else {
                 return Ok(());
             };
+            // Our release, applied though answered 409 (a 504 retried by the
+            // client, whose retry met our own write): released.
+            let read = lease.spec.as_ref();
+            if let (Some(read), Some(sent)) = (read, &sent)
+                && record::same_write(read, sent)
+            {
+                info!("released lease (the release answered with a conflict had been applied)");
+                return Ok(());
+            }
             if !self.memory.is_last_term(&lease) {
                 info!(
                     holder = lease.spec.as_ref().and_then(record::holder).unwrap_or(""),
@@ -90,6 +100,7 @@ impl Task {
             }
             let spec = lease.spec.take().unwrap_or_default();
             lease.spec = Some(record::released(&spec, record::now()));
+            sent.clone_from(&lease.spec);
             let left = until.saturating_duration_since(Instant::now());
             match self.inner.api.replace(&lease, left).await {
                 Ok(released) => {

@@ -54,6 +54,15 @@ impl Task {
                     if in_time {
                         self.renewal_told("success", sent);
                         debug!("renewed lease");
+                        // The next renewal carries this answer's
+                        // resourceVersion: two round trips must fit in RD.
+                        if sent.elapsed() > self.config().renew_deadline / 2 {
+                            warn!(
+                                took = ?sent.elapsed(),
+                                "a renewal took more than half the renew deadline: the term ends if the next one \
+                                 takes as long (raise the renew deadline, or find what delays the answers)"
+                            );
+                        }
                     } else if run.term.lost().is_none() {
                         self.renewal_told("late", sent);
                         warn!(
