@@ -152,10 +152,10 @@ impl Task {
     /// 409 (its uid is the precondition), so a 404 here comes from something
     /// in front of it, and retrying at once would be a loop without a delay
     /// while reads succeed.
-    async fn write_to_acquire(&mut self, mut lease: Lease, created: bool) -> Result<Attempt> {
+    async fn write_to_acquire(&mut self, lease: Lease, created: bool) -> Result<Attempt> {
         // The configured labels, annotations and owner; the rest is kept.
-        lease = self.config().extras.prepare(lease);
-        self.fit_annotations(&mut lease, created);
+        let lease = self.config().extras.prepare(lease);
+        let lease = self.fit_annotations(lease, created);
         let bound = self.config().renew_deadline;
         if !created {
             self.memory.sent_takeover.clone_from(&lease.spec);
@@ -203,12 +203,12 @@ impl Task {
     /// writes it, instead of being refused with 422 at every attempt, which
     /// would leave it without a leader for ever. The term's fencing token is
     /// then not stored (warned): another process may hand out the same one.
-    fn fit_annotations(&self, lease: &mut Lease, created: bool) {
+    fn fit_annotations(&self, mut lease: Lease, created: bool) -> Lease {
         let size = |a: Option<&BTreeMap<String, String>>| {
             a.map_or(0, |a| a.iter().map(|(k, v)| k.len() + v.len()).sum())
         };
         if size(lease.metadata.annotations.as_ref()) <= MAX_ANNOTATIONS_SIZE {
-            return;
+            return lease;
         }
         let before = match (&self.view, created) {
             (LeaseView::Known { object, .. }, false) => object.metadata.annotations.clone(),
@@ -221,6 +221,7 @@ impl Task {
              across processes until the annotations shrink"
         );
         lease.metadata.annotations = before;
+        lease
     }
 
     /// The creation hold for a term beginning on `lease`: until the previous
