@@ -225,8 +225,8 @@ async fn replicas_share_twelve_shards_of_600_configmaps_and_rebalance_on_join_an
 }
 
 /// A reconcile of the shard-loss test: (object, shard, start, end or `None`
-/// when it was dropped).
-type Runs = Arc<Mutex<Vec<(String, u16, Instant, Option<Instant>)>>>;
+/// when it was dropped, the fencing token of the shard's term it ran in).
+type Runs = Arc<Mutex<Vec<(String, u16, Instant, Option<Instant>, i64)>>>;
 
 /// Records its reconcile's end, or that it was dropped, when it goes away.
 struct Running {
@@ -266,10 +266,12 @@ async fn a_lost_shard_drops_only_its_own_reconciles_until_it_is_held_again() -> 
     );
     let run = sharded.controller(controller).run(
         |cm: Arc<ConfigMap>, runs: Arc<Runs>| async move {
-            let shard = kube_runtime_lease::shard::current_shard().map_or(u16::MAX, |c| c.shard);
+            let current = kube_runtime_lease::shard::current_shard();
+            let shard = current.map_or(u16::MAX, |c| c.shard);
+            let token = current.map_or(i64::MIN, |c| c.fencing_token);
             let at = {
                 let mut r = runs.lock().expect("runs");
-                r.push((cm.name_any(), shard, Instant::now(), None));
+                r.push((cm.name_any(), shard, Instant::now(), None, token));
                 r.len() - 1
             };
             let mut running = Running {
@@ -296,7 +298,10 @@ async fn a_lost_shard_drops_only_its_own_reconciles_until_it_is_held_again() -> 
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let lost = runs.lock().expect("runs")[0].1;
+    let (lost, lost_term) = {
+        let r = runs.lock().expect("runs");
+        (r[0].1, r[0].4)
+    };
     ensure!(lost < 4, "a reconcile without its shard");
     // Someone else writes the lost shard's Lease (a foreign holder, renewed
     // now, for 3 s): the replica's term on it ends at that watch event.
@@ -370,22 +375,22 @@ async fn a_lost_shard_drops_only_its_own_reconciles_until_it_is_held_again() -> 
         held_again.duration_since(taken)
     );
     // Once held again, its objects are reconciled again (a gained shard
-    // reconciles its objects), and none started in between.
+    // reconciles its objects, in its new term), and none started in between
+    // in the term that was lost. (By the term's token: the reconciles of the
+    // new term may start a moment before the task above wakes to stamp
+    // `held_again`.)
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let snapshot = runs.lock().expect("runs").clone();
         let between: Vec<_> = snapshot
             .iter()
-            .filter(|r| r.1 == lost && r.2 > taken && r.2 < held_again)
+            .filter(|r| r.1 == lost && r.2 > taken && r.4 <= lost_term)
             .collect();
         ensure!(
             between.is_empty(),
-            "reconciles of shard {lost} while it was not held: {between:?}"
+            "reconciles of shard {lost} started in the term it lost: {between:?}"
         );
-        let again = snapshot
-            .iter()
-            .filter(|r| r.1 == lost && r.2 >= held_again)
-            .count();
+        let again = snapshot.iter().filter(|r| r.1 == lost && r.4 > lost_term).count();
         if again >= of_lost.len() {
             break;
         }
@@ -397,5 +402,72 @@ async fn a_lost_shard_drops_only_its_own_reconciles_until_it_is_held_again() -> 
     }
     task.abort();
     sharded.shutdown(Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Someone removes the `shards` label from a shard Lease while it is held
+/// (`kubectl label lease ... leases.kube-runtime-lease/shards-`): the API
+/// server's `shards!=12` selector (the watch of the other counts' shard
+/// Leases) selects a Lease without the label, which then read as "another
+/// shard count" held fresh, and a replica holding nothing waited for it for
+/// as long as its holder renewed it (its renewals kept the labels as
+/// edited). A third replica joining must still get its share (4 of 12)
+/// within 30 s. Before: it held nothing, and the shards handed over to it
+/// had no owner until it was evicted (and again each time it rejoined).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_lease_stripped_of_its_count_label_does_not_keep_a_joiner_out() -> Result<()> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{Patch, PatchParams};
+    let env = shared_env().await?;
+    let ns = env.new_namespace("sharded-label").await?;
+    let admin = env.client().await?;
+    let replica = |name: &'static str| {
+        let ns = ns.clone();
+        async move {
+            let client = env.client().await?;
+            let lease = LeaseConfig::new(&ns, "ctl", name)
+                .lease_duration(Duration::from_secs(4))
+                .renew_deadline(Duration::from_secs(3))
+                .retry_period(Duration::from_secs(1));
+            let r = ShardedElector::new(client, ShardConfig::new(lease, 12))?;
+            let run = r.clone();
+            tokio::spawn(async move { run.run().await });
+            anyhow::Ok(r)
+        }
+    };
+    let (a, b) = (replica("a").await?, replica("b").await?);
+    let sizes = |rs: &[&ShardedElector]| rs.iter().map(|r| r.held().borrow().len()).collect::<Vec<_>>();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while sizes(&[&a, &b]) != [6, 6] {
+        ensure!(
+            Instant::now() < deadline,
+            "not 6 and 6 within 60 s: {:?}",
+            sizes(&[&a, &b])
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let shard = *a.held().borrow().first().context("a holds a shard")?;
+    let leases: Api<Lease> = Api::namespaced(admin, &ns);
+    let patch = serde_json::json!({"metadata": {"labels": {"leases.kube-runtime-lease/shards": null}}});
+    leases
+        .patch(
+            &format!("ctl-s12-shard-{shard:02}"),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    let c = replica("c").await?;
+    let joined = Instant::now();
+    while sizes(&[&a, &b, &c]) != [4, 4, 4] {
+        ensure!(
+            joined.elapsed() < Duration::from_secs(30),
+            "not balanced 30 s after c joined (one shard Lease without its `shards` label): {:?}",
+            [&a, &b, &c].map(|r| r.held().borrow().clone())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for r in [&a, &b, &c] {
+        r.shutdown(Duration::from_secs(1)).await;
+    }
     Ok(())
 }

@@ -73,6 +73,21 @@ impl Extras {
         lease
     }
 
+    /// The configured labels set again on `lease` before a renewal: a
+    /// label someone removed or edited while this candidate holds the
+    /// Lease comes back within a retry period (the sharded election selects
+    /// its shard Leases by label: a Lease its watches no longer see cannot
+    /// be judged, and a wrong count label kept its peers out).
+    pub(crate) fn relabel(&self, lease: &mut Lease) {
+        #[cfg(feature = "lease-metadata")]
+        if !self.metadata.labels.is_empty() {
+            let labels = lease.metadata.labels.get_or_insert_with(Default::default);
+            labels.extend(self.metadata.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        }
+        #[cfg(not(feature = "lease-metadata"))]
+        let _ = lease;
+    }
+
     /// What the extras add to the shutdown's worst case: the deletion of the
     /// `LeaseCandidate` with Coordinated Leader Election.
     pub(crate) fn shutdown_bound(&self) -> Duration {

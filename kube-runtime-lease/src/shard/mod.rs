@@ -316,6 +316,11 @@ struct Inner {
     rebalances: std::sync::atomic::AtomicU64,
     /// A delete of a departed member's entry was refused (403): said once.
     delete_forbidden: std::sync::atomic::AtomicBool,
+    /// Shard Leases held that the shard watch does not show (their labels
+    /// edited by someone else), as an eviction's confirming read last found
+    /// them: shard -> (resourceVersion, when first read so). Such a Lease is
+    /// judged by these reads, by the observed-change rule.
+    unseen: Mutex<BTreeMap<u16, (Option<String>, Instant)>>,
     /// `with_metrics`: the shards-held gauge and the rebalance counter.
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<(
@@ -393,6 +398,9 @@ impl View {
             .filter(|(_, seen)| seen.holder.is_some())
             .filter_map(|(_, seen)| seen.shard_count())
             .collect();
+        // A Lease held by a member of this count (its labels edited by
+        // someone else: no replica of that count holds it) outranks nobody.
+        let ours = self.members(shards);
         let mut out = Foreign::default();
         for (_, seen) in self.foreign.iter() {
             let count = seen.shard_count().unwrap_or(0);
@@ -408,7 +416,7 @@ impl View {
                 continue;
             }
             out.active.insert(count);
-            if seen.holder.is_some() {
+            if seen.holder.as_ref().is_some_and(|h| !ours.contains(h)) {
                 out.held = out.held.max(Some(count));
             }
             out.until = Some(out.until.map_or(until, |u| u.min(until)));
@@ -513,6 +521,7 @@ impl ShardedElector {
                 wake: Notify::new(),
                 rebalances: std::sync::atomic::AtomicU64::new(0),
                 delete_forbidden: std::sync::atomic::AtomicBool::new(false),
+                unseen: Mutex::new(BTreeMap::new()),
                 #[cfg(feature = "metrics")]
                 metrics: std::sync::OnceLock::new(),
             }),
@@ -971,21 +980,47 @@ impl ShardedElector {
             };
             let shard_name = self.inner.shards[usize::from(shard)].config().name.clone();
             let seen_version = seen.and_then(|w| w.lease.metadata.resource_version.clone());
-            let (api, entry, owner, timeout) = (
+            let (api, entry, owner, timeout, fallback) = (
                 api.clone(),
                 entry.lease.clone(),
                 owner.clone(),
                 cfg.renew_deadline,
+                cfg.lease_duration,
             );
+            let this = self.clone();
             tokio::spawn(async move {
                 let evict = async {
                     // Confirm: has the shard's record changed since (its owner,
                     // or someone, renewing or taking it)? Then the watch lagged.
                     let current = api.get_opt(&shard_name).await?;
-                    let moved = current.as_ref().is_some_and(|l| {
-                        l.spec.as_ref().and_then(crate::record::holder).is_some()
-                            && l.metadata.resource_version != seen_version
-                    });
+                    let held = current
+                        .as_ref()
+                        .and_then(|l| l.spec.as_ref())
+                        .is_some_and(|spec| crate::record::holder(spec).is_some());
+                    let moved = match current.as_ref().filter(|_| held) {
+                        None => false,
+                        // Held, and the watch does not show it (its labels
+                        // edited by someone else): judged by these reads, as
+                        // a watch would judge it, the record read unchanged
+                        // for its lease duration evicts its holder.
+                        Some(l) if seen_version.is_none() => {
+                            let rv = l.metadata.resource_version.clone();
+                            let d = l
+                                .spec
+                                .as_ref()
+                                .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback));
+                            let now = Instant::now();
+                            let mut unseen = this.inner.unseen.lock();
+                            match unseen.get(&shard) {
+                                Some((v, at)) if *v == rv => now.saturating_duration_since(*at) < d,
+                                _ => {
+                                    unseen.insert(shard, (rv, now));
+                                    true
+                                }
+                            }
+                        }
+                        Some(l) => l.metadata.resource_version != seen_version,
+                    };
                     if moved {
                         debug!(member = %owner, shard, "not evicted: its shard's record changed since it was seen");
                         return Ok(roster::Wrote::Changed);

@@ -1724,3 +1724,209 @@ fn a_roster_entry_carries_its_replicas_shard_count() {
         assert_eq!(roster_members(&fake), BTreeSet::from(["ctl-0".to_owned()]));
     });
 }
+
+/// The `shard` label removed from every shard Lease while they are held
+/// (`kubectl label leases -l leases.kube-runtime-lease/role=shard
+/// leases.kube-runtime-lease/shard-`), then a replica dies (cut off for
+/// good). Its peers select the shards they watch over by that label
+/// (`shard in (...)`, four replicas of twelve shards: not all of them), so
+/// they no longer see its Leases; they must still evict it and take its
+/// shards within a bound (the crash bound with an eviction is about
+/// 2 LD + RP; 30 s here is generous).
+/// Before: the holders' renewals kept the labels as edited, the peers saw
+/// the dead member's shards as absent, and each eviction's confirming read
+/// found its Lease held with a resourceVersion the watch never saw
+/// ("moved"): nobody was ever evicted, its shards had no owner for good.
+#[test]
+fn a_dead_members_shards_whose_labels_were_removed_get_owners() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let rs: Vec<(ShardedElector, usize)> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| replica_of(&fake, id, 12))
+            .collect();
+        let all: Vec<&ShardedElector> = rs.iter().map(|(r, _)| r).collect();
+        start(&all);
+        never_shared(&all, S(30)).await;
+        assert_eq!(sizes(&held(&all)), [3, 3, 3, 3]);
+        for lease in fake.leases() {
+            let shard = lease
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(super::SHARD_LABEL));
+            if shard.is_some() {
+                let mut lease = lease.clone();
+                lease.metadata.labels.as_mut().unwrap().remove(super::SHARD_LABEL);
+                fake.put(lease);
+            }
+        }
+        // The holders renew on (their renewals keep the labels as edited);
+        // then `a` dies.
+        never_shared(&all, S(5)).await;
+        let lost = a_shards(&all);
+        fake.partition(rs[0].1, true);
+        let died = tokio::time::Instant::now();
+        let rest = &all[1..];
+        while !lost.iter().all(|s| rest.iter().any(|r| owned(r).contains(s))) {
+            assert!(
+                died.elapsed() < S(30),
+                "a's shards {lost:?} have no owner {:?} after its death (their `shard` label removed); \
+                 held {:?}, roster {:?}",
+                died.elapsed(),
+                held(rest),
+                roster_members(&fake)
+            );
+            never_shared(rest, Duration::from_millis(100)).await;
+        }
+    });
+}
+
+fn a_shards(all: &[&ShardedElector]) -> BTreeSet<u16> {
+    all[0].held().borrow().clone()
+}
+
+/// A shard Lease whose `shards` label someone removed while it is held (or
+/// wrote with a typo): it then matches the other counts' selector
+/// (`shards!=12` selects Leases without the label), reads as count 0, and
+/// every replica holding nothing waits for it "to be released or to expire",
+/// which it never is while its holder renews it. A replica that joins must
+/// still get its share (4 of 12 among three) within a bound (30 s).
+/// Before: `c` held nothing for good; the shards the others handed over to
+/// it had no owner until `c` was evicted, then again each time it rejoined.
+#[test]
+fn a_shard_lease_without_its_count_label_does_not_keep_a_joiner_out() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let (a, _) = replica_of(&fake, "a", 12);
+        let (b, _) = replica_of(&fake, "b", 12);
+        start(&[&a, &b]);
+        never_shared(&[&a, &b], S(20)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        let shard = *a.held().borrow().first().unwrap();
+        let name = format!("ctl-s12-shard-{shard:02}");
+        let mut lease = fake.lease_in("default", &name).unwrap();
+        lease
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .remove(super::SHARDS_LABEL);
+        fake.put(lease);
+        never_shared(&[&a, &b], S(3)).await;
+        let (c, _) = replica_of(&fake, "c", 12);
+        start(&[&c]);
+        let joined = tokio::time::Instant::now();
+        while sizes(&held(&[&a, &b, &c])) != [4, 4, 4] {
+            assert!(
+                joined.elapsed() < S(30),
+                "not balanced {:?} after c joined (one shard Lease without its `shards` label): {:?}",
+                joined.elapsed(),
+                held(&[&a, &b, &c])
+            );
+            never_shared(&[&a, &b, &c], Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// As above, but the replica dies right after the labels were removed,
+/// before its next renewal could write them back: its peers' watches never
+/// see its shard Leases again. They must judge them by reading them (a
+/// record read unchanged for its lease duration), evict it and take its
+/// shards within a bound (30 s here, about 6 LD).
+/// Before: the confirming read found each Lease held with a resourceVersion
+/// the watch never saw ("moved"): nobody was ever evicted.
+#[test]
+fn a_member_dying_as_its_shard_labels_are_removed_is_still_evicted() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let rs: Vec<(ShardedElector, usize)> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| replica_of(&fake, id, 12))
+            .collect();
+        let all: Vec<&ShardedElector> = rs.iter().map(|(r, _)| r).collect();
+        start(&all);
+        never_shared(&all, S(30)).await;
+        assert_eq!(sizes(&held(&all)), [3, 3, 3, 3]);
+        let lost = a_shards(&all);
+        fake.partition(rs[0].1, true);
+        for lease in fake.leases() {
+            let shard = lease
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(super::SHARD_LABEL));
+            if shard.is_some() {
+                let mut lease = lease.clone();
+                lease.metadata.labels.as_mut().unwrap().remove(super::SHARD_LABEL);
+                fake.put(lease);
+            }
+        }
+        let died = tokio::time::Instant::now();
+        let rest = &all[1..];
+        while !lost.iter().all(|s| rest.iter().any(|r| owned(r).contains(s))) {
+            assert!(
+                died.elapsed() < S(30),
+                "a's shards {lost:?} have no owner {:?} after its death (their `shard` label removed \
+                 as it died); held {:?}, roster {:?}",
+                died.elapsed(),
+                held(rest),
+                roster_members(&fake)
+            );
+            never_shared(rest, Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// The `shards` label of one held shard Lease edited to another count
+/// (`kubectl label --overwrite lease ... leases.kube-runtime-lease/shards=13`,
+/// a typo, or a tool): no replica of a count 13 runs (the roster has none).
+/// The election must not drop its shards for it: 10 s after the edit, no
+/// shard Lease has changed hands (each term goes on: the same
+/// `leaseTransitions`), and every shard is owned.
+/// Before: every replica read it as a fresh Lease of a higher count ("both
+/// counts started at once"), gave every shard up (each held shard's work
+/// stopped at the reconcile grace) and took them again.
+#[test]
+fn a_shard_lease_labelled_with_another_count_does_not_drop_every_shard() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let (a, _) = replica_of(&fake, "a", 12);
+        let (b, _) = replica_of(&fake, "b", 12);
+        start(&[&a, &b]);
+        never_shared(&[&a, &b], S(20)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        let transitions = || {
+            fake.leases()
+                .into_iter()
+                .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-")))
+                .map(|l| {
+                    let spec = l.spec.unwrap_or_default();
+                    (
+                        l.metadata.name.unwrap_or_default(),
+                        spec.holder_identity,
+                        spec.lease_transitions,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let before = transitions();
+        let shard = *a.held().borrow().first().unwrap();
+        let name = format!("ctl-s12-shard-{shard:02}");
+        let mut lease = fake.lease_in("default", &name).unwrap();
+        lease
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(super::SHARDS_LABEL.to_owned(), "13".to_owned());
+        fake.put(lease);
+        never_shared(&[&a, &b], S(10)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        let after = transitions();
+        assert_eq!(
+            before, after,
+            "shard Leases changed hands after one shard Lease's `shards` label was edited to 13"
+        );
+    });
+}

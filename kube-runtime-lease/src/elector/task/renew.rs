@@ -29,6 +29,7 @@ impl Task {
                 return Err(lost);
             }
             let mut lease = run.cached.clone();
+            self.config().extras.relabel(&mut lease);
             let seconds = self.seconds_to_write(run.phase.hold());
             let (prev, step) = (lease.spec.take().unwrap_or_default(), self.config().retry_period);
             let spec = record::renewed(&prev, seconds, record::now(), step);
