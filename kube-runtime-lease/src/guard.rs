@@ -128,7 +128,7 @@ impl LeaseGuard {
     ///   the Lease: a term's token is larger than that of every term whose
     ///   record its candidate saw, which includes the term it took over (a
     ///   takeover writes on top of the record it read). This holds where
-    ///   `leaseTransitions` cannot: at `i32::MAX`, where the counter stops,
+    ///   `leaseTransitions` cannot: at `i32::MAX`, where the counter starts again,
     ///   and after the counter was edited down. A candidate that never saw an
     ///   older, deleted Lease object may start again from lower numbers, and
     ///   so may one after the annotation was removed.

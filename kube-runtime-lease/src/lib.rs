@@ -188,7 +188,8 @@
 //!   and holder as the write that began our term, with the `renewTime` of our
 //!   last write (an edit by someone else that keeps it, such as a changed
 //!   `leaseTransitions`, leaves the record ours). Every term begins with a new acquisition (`acquireTime = now`,
-//!   `leaseTransitions` above every value seen on the Lease's name), also when
+//!   `leaseTransitions` above every value seen on the Lease's name, starting
+//!   again at 0 at the top of its range), also when
 //!   the record it takes names our identity. So a record written by another
 //!   process with the same identity (a duplicate, a paused leader's successor)
 //!   or by a write of ours that we gave up on (unless it is exactly the
@@ -324,7 +325,9 @@
 //! - **Fencing tokens never repeat** (see [`LeaseGuard::fencing_token`]): the
 //!   token is stored on the Lease in the annotation
 //!   `leases.kube.rs/fencing-token`, so it goes on past `i32::MAX`, where
-//!   `leaseTransitions` stops (the counter is then written as `i32::MAX`), and
+//!   `leaseTransitions` ends (the counter then starts again at 0, so that
+//!   client-go's takeover, which adds one to it as an int32, is not
+//!   refused), and
 //!   after the counter was edited down (unless others' annotations leave it
 //!   no room: see *Fencing*).
 //!

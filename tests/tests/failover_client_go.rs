@@ -293,3 +293,201 @@ async fn a_client_go_candidate_with_the_rust_leaders_identity_ends_its_term() ->
     );
     Ok(())
 }
+
+/// A rollout that changes the timings, next to client-go: candidates of
+/// both implementations with different lease durations, renew deadlines
+/// and retry periods on one Lease. Each taker must go by the record's
+/// duration (the holder's), whoever it is; the leader is killed and
+/// sent SIGTERM in turn, and no two candidates ever lead at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rust_and_client_go_candidates_with_different_timings_never_lead_together() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "timings").await?;
+    let t = |ld: u64, rd: u64, rp: u64| Timings {
+        lease_duration: Duration::from_secs(ld),
+        renew_deadline: Duration::from_millis(rd),
+        retry_period: Duration::from_millis(rp),
+    };
+    let mut procs = vec![
+        ctx.spawn_rust(&log, &lease, "r-fast", T, None)?,
+        ctx.spawn_go(&log, &lease, "g-slow", t(5, 3500, 1000))?,
+        ctx.spawn_rust(&log, &lease, "r-slow", t(4, 3000, 1000), None)?,
+        ctx.spawn_go(&log, &lease, "g-fast", t(3, 2000, 500))?,
+    ];
+    let first = log
+        .wait_for("a first leader", Duration::from_secs(30), |e| {
+            e.kind == Kind::StartedLeading
+        })
+        .await?;
+    let mut leader = first.process;
+    for round in 0..3 {
+        let others: Vec<String> = procs
+            .iter()
+            .map(|p| p.name().to_owned())
+            .filter(|n| *n != leader)
+            .collect();
+        let others: Vec<&str> = others.iter().map(String::as_str).collect();
+        wait_seen_by(&log, &others, &leader, 0, Duration::from_secs(20))
+            .await
+            .with_context(|| log.dump())?;
+        let i = procs.iter().position(|p| p.name() == leader).context("leader")?;
+        let mut victim = procs.remove(i);
+        let at = if round % 2 == 0 {
+            victim.kill().await?
+        } else {
+            victim.signal(Sig::Term)?
+        };
+        let next = log
+            .next_leader(at, victim.name(), Duration::from_secs(15))
+            .await
+            .with_context(|| log.dump())?;
+        if round % 2 == 1 {
+            victim.wait_exit(Duration::from_secs(15)).await?;
+        }
+        leader = next.process;
+    }
+    kube_runtime_lease_harness::check_log(&log).with_context(|| log.dump())?;
+    Ok(())
+}
+
+/// Sets `leaseTransitions` of `lease`'s current record to `to`, keeping the
+/// rest (`kubectl edit`: a read and a replace), retried on conflict.
+async fn edit_transitions(
+    api: &kube::Api<k8s_openapi::api::coordination::v1::Lease>,
+    name: &str,
+    to: i32,
+) -> Result<()> {
+    for _ in 0..20 {
+        let mut lease = api.get(name).await?;
+        lease.spec.get_or_insert_with(Default::default).lease_transitions = Some(to);
+        match api.replace(name, &kube::api::PostParams::default(), &lease).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    anyhow::bail!("could not edit leaseTransitions of {name}: 20 conflicts")
+}
+
+/// Never none, next to client-go: a Lease restored from a backup (or edited)
+/// with `leaseTransitions` at `i32::MAX` cannot be taken by client-go (its
+/// takeover writes the count plus one, which overflows int32 into a negative
+/// value the API server refuses). An admin sets the count back down. From
+/// then on a client-go candidate must be able to take the Lease over from a
+/// Rust leader again, as it would in a fleet of client-go candidates alone:
+/// a Rust candidate's takeover must not write `i32::MAX` back because it
+/// once saw that value on the Lease's name. The fleet then loses its last
+/// Rust candidate (a rollout to the Go implementation, a crash loop), and
+/// the client-go candidate must lead within a lease duration and its poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_go_candidate_takes_over_after_leases_transitions_were_set_back_from_i32_max() -> Result<()>
+{
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "transitions").await?;
+    let api = lease.api(ctx.client.clone());
+    edit_transitions(&api, &lease.name, i32::MAX).await?;
+    let mut rust = vec![
+        ctx.spawn_rust(&log, &lease, "r1", T, None)?,
+        ctx.spawn_rust(&log, &lease, "r2", T, None)?,
+    ];
+    let first = log
+        .wait_for("a Rust candidate leads", Duration::from_secs(30), |e| {
+            e.kind == Kind::StartedLeading
+        })
+        .await?;
+    let _g = ctx.spawn_go(&log, &lease, "g", T)?;
+    wait_seen_by(&log, &["g"], &first.process, 0, Duration::from_secs(15)).await?;
+    // The admin sets the count back down; the leader renews on it.
+    edit_transitions(&api, &lease.name, 1).await?;
+    let fixed = log.note("leaseTransitions set back to 1");
+    log.wait_for("a renewal after the edit", Duration::from_secs(5), |e| {
+        e.kind == Kind::Record
+            && e.at > fixed
+            && e.who == first.process
+            && e.detail.contains("transitions=1 ")
+    })
+    .await
+    .with_context(|| log.dump())?;
+    // A rollout: the Rust leader is shut down and releases; the other Rust
+    // candidate takes the Lease at once.
+    let i = rust
+        .iter()
+        .position(|p| p.name() == first.process)
+        .context("leader")?;
+    let mut leader = rust.remove(i);
+    let termed = leader.signal(Sig::Term)?;
+    let next = log
+        .next_leader(termed, leader.name(), Duration::from_secs(10))
+        .await
+        .with_context(|| log.dump())?;
+    leader.wait_exit(Duration::from_secs(10)).await?;
+    let transitions = api.get(&lease.name).await?.spec.and_then(|s| s.lease_transitions);
+    // The last Rust candidate goes away (a crash).
+    let mut last = rust.pop().context("the other Rust candidate")?;
+    ensure!(
+        next.process == last.name(),
+        "{} took over from {}: {}",
+        next.process,
+        first.process,
+        log.dump()
+    );
+    let killed = last.kill().await?;
+    let latest = T.lease_duration + go_poll() + Duration::from_secs(2);
+    let took = log.next_leader(killed, last.name(), latest).await;
+    ensure!(
+        took.as_ref().is_ok_and(|e| e.process == "g"),
+        "the client-go candidate g did not lead within {latest:?} after the last Rust candidate was killed: \
+         leaseTransitions {transitions:?} after {}'s takeover (the admin had set it back to 1 from i32::MAX; \
+         client-go's takeover writes it plus one, which overflows int32 and is refused), so the Lease has no \
+         leader for as long as no Rust candidate runs\n{}",
+        next.process,
+        log.dump()
+    );
+    kube_runtime_lease_harness::check_log(&log).with_context(|| log.dump())?;
+    Ok(())
+}
+
+/// The other way round from the test above: a client-go candidate leads as
+/// `x`, and a Rust candidate is started with the same identity (a restarted
+/// pod whose predecessor, in Go, still runs). The Rust `x` does not take the
+/// record naming its identity for its own: it waits it out, and while the
+/// client-go `x` renews it never leads; once the client-go `x` releases it,
+/// the Rust `x` takes it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rust_candidate_with_the_client_go_leaders_identity_does_not_lead_beside_it() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "one-identity-go").await?;
+    let go = go_candidate(&ctx.goelect, ctx.env.kubeconfig_path(), &lease, "x", T);
+    let mut go = Process::spawn("x-go", Flavor::Go, go, &log)?;
+    let go_led = log
+        .wait_for("client-go's x leads", Duration::from_secs(30), |e| {
+            e.process == "x-go" && e.kind == Kind::StartedLeading
+        })
+        .await?;
+    let _rust = ctx.spawn_rust(&log, &lease, "x", T, None)?;
+    let rust_led = log
+        .wait_for("the Rust x leads", T.lease_duration * 4, |e| {
+            e.process == "x" && e.kind == Kind::StartedLeading && e.at > go_led.at
+        })
+        .await;
+    ensure!(
+        rust_led.is_err(),
+        "the Rust x led beside client-go's x: {}",
+        log.dump()
+    );
+    let termed = go.signal(Sig::Term)?;
+    let next = log
+        .next_leader(termed, "x-go", Duration::from_secs(5))
+        .await
+        .with_context(|| log.dump())?;
+    ensure!(next.process == "x", "{}", log.dump());
+    go.wait_exit(Duration::from_secs(10)).await?;
+    kube_runtime_lease_harness::check_log(&log).with_context(|| log.dump())?;
+    Ok(())
+}

@@ -221,12 +221,20 @@ impl Memory {
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with
-    /// `prev`: more than anything seen on this name, and never negative (the
-    /// API server refuses a negative count, so one more than a negative
-    /// value seen would be refused at every attempt).
+    /// `prev`: more than anything seen on this name, and within the range
+    /// every implementation can count on from: never negative (the API
+    /// server refuses a negative count, so one more than a negative value
+    /// seen would be refused at every attempt), and never `i32::MAX`, where
+    /// the count starts again at 0. client-go's takeover writes the count it
+    /// read plus one as an int32: after a record of `i32::MAX` (written by
+    /// us, or once seen and remembered here) every one of its takeovers is
+    /// refused, and the Lease has no leader once no candidate of ours runs.
+    /// The fencing token does not depend on the count (its annotation goes on).
     pub(super) fn next_transitions(&self, prev: Option<i32>) -> i32 {
-        prev.max(self.max_transitions)
-            .map_or(0, |t| t.saturating_add(1).max(0))
+        match prev.max(self.max_transitions) {
+            Some(t) if (0..i32::MAX - 1).contains(&t) => t + 1,
+            _ => 0,
+        }
     }
 
     /// The fencing token for a term beginning on a record whose token is

@@ -48,3 +48,23 @@ fn an_edit_keeps_the_longest_duration_and_a_newer_write_sets_its_own() {
     memory.saw(Some(&written("2", 40, 15)), fallback, now);
     assert_eq!(memory.seen_longest, secs(15));
 }
+
+/// The count written is one more than the largest seen, never negative and
+/// never `i32::MAX`: a client-go takeover adds one to it as an int32, so a
+/// record at `i32::MAX` (written, or once seen and remembered) would have
+/// every client-go takeover refused. At the top it starts again at 0.
+#[test]
+fn transitions_stay_where_client_go_can_count_on_from() {
+    let mut memory = Memory::default();
+    assert_eq!(memory.next_transitions(None), 0);
+    assert_eq!(memory.next_transitions(Some(-5)), 0);
+    assert_eq!(memory.next_transitions(Some(7)), 8);
+    assert_eq!(memory.next_transitions(Some(i32::MAX - 2)), i32::MAX - 1);
+    assert_eq!(memory.next_transitions(Some(i32::MAX - 1)), 0);
+    assert_eq!(memory.next_transitions(Some(i32::MAX)), 0);
+    // Once seen on the name, an edit down (an admin's fix) is not undone.
+    memory.max_transitions = Some(i32::MAX);
+    assert_eq!(memory.next_transitions(Some(1)), 0);
+    memory.max_transitions = Some(9);
+    assert_eq!(memory.next_transitions(Some(1)), 10);
+}
