@@ -823,6 +823,43 @@ fn a_free_lease_reserved_for_a_candidate_that_never_comes_with_the_longest_durat
     });
 }
 
+/// Others' annotations that leave the fencing token no room under the API
+/// server's 256 KiB limit: the takeover keeps the annotations it read (the
+/// API server would refuse the token at every attempt, and the Lease would
+/// have no leader), with a warning; any that leave room (here 200 KiB) get
+/// the token as always. (The double enforces no limit: this pins the
+/// candidate's side of it; `tests/tests/never_none.rs` shows the API
+/// server's.)
+#[test]
+fn a_takeover_writes_the_token_unless_others_annotations_leave_it_no_room() {
+    for (kib, stored) in [(200, true), (256, false)] {
+        let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+            paused(async {
+                let fake = free();
+                let mut lease = fake.lease().unwrap();
+                let key = "example.com/state";
+                let value = "x".repeat(kib * 1024 - key.len() - 10);
+                lease.metadata.annotations = Some([(key.to_owned(), value)].into());
+                fake.put(lease);
+                let (a, _) = elector(&fake, config("a"));
+                let _guard = timeout(S(10), a.acquire()).await.unwrap().unwrap();
+                let annotations = fake.lease().unwrap().metadata.annotations.unwrap();
+                assert_eq!(
+                    annotations.contains_key(record::TOKEN_ANNOTATION),
+                    stored,
+                    "{kib} KiB"
+                );
+                assert!(annotations.contains_key(key));
+            });
+        });
+        assert_eq!(
+            logs.contains("leave no room for the fencing token"),
+            !stored,
+            "{kib} KiB: {logs}"
+        );
+    }
+}
+
 // ---- 15. A cache behind the creation; a release answered 409; slow renewals ---
 
 /// A follower that joined just after the Lease was created: its first read
