@@ -696,6 +696,13 @@ async fn helm_on(kubeconfig: &std::path::Path, args: &[&str]) -> Result<std::pro
         .with_context(|| format!("running helm {args:?}"))
 }
 
+/// `helm <verb>` of the release `op` of `chart` in `ns`, with `extra`.
+async fn helm_release(kc: &std::path::Path, verb: &str, chart: &str, ns: &str, extra: &[&str]) -> Result<()> {
+    let mut args = vec![verb, "op", chart, "--namespace", ns, "--timeout", "60s"];
+    args.extend_from_slice(extra);
+    helm_ok(kc, &args).await
+}
+
 async fn helm_ok(kubeconfig: &std::path::Path, args: &[&str]) -> Result<()> {
     let out = helm_on(kubeconfig, args).await?;
     ensure!(
@@ -814,37 +821,17 @@ async fn review_an_upgrade_renews_a_generated_certificate_near_its_expiry_withou
             .0;
         anyhow::Ok((text("ca.crt")?, text("tls.crt")?, String::from_utf8(bundle)?))
     };
-    helm_ok(
+    helm_release(
         kc,
-        &[
-            "install",
-            "op",
-            chart,
-            "--namespace",
-            &ns,
-            "--timeout",
-            "60s",
-            "--set",
-            "webhook.tls.validityDays=1",
-        ],
+        "install",
+        chart,
+        &ns,
+        &["--set", "webhook.tls.validityDays=1"],
     )
     .await?;
     let outcome = async {
         let (old_ca, old_cert, _) = read().await?;
-        helm_ok(
-            kc,
-            &[
-                "upgrade",
-                "op",
-                chart,
-                "--namespace",
-                &ns,
-                "--timeout",
-                "60s",
-                "--reset-values",
-            ],
-        )
-        .await?;
+        helm_release(kc, "upgrade", chart, &ns, &["--reset-values"]).await?;
         let (ca, cert, bundle) = read().await?;
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("tls.crt"), &cert)?;
@@ -881,20 +868,7 @@ async fn review_an_upgrade_renews_a_generated_certificate_near_its_expiry_withou
             "the old certificate does not verify against the renewing upgrade's caBundle"
         );
         // Renewed once: the next upgrade keeps it, and drops the old CA.
-        helm_ok(
-            kc,
-            &[
-                "upgrade",
-                "op",
-                chart,
-                "--namespace",
-                &ns,
-                "--timeout",
-                "60s",
-                "--reset-values",
-            ],
-        )
-        .await?;
+        helm_release(kc, "upgrade", chart, &ns, &["--reset-values"]).await?;
         let (kept_ca, kept_cert, kept_bundle) = read().await?;
         ensure!(
             kept_ca == ca && kept_cert == cert,
@@ -1035,37 +1009,9 @@ async fn review_an_upgrade_to_a_new_given_certificate_keeps_the_old_ca_in_the_bu
         anyhow::Ok(pem_certs(&String::from_utf8(bundle)?))
     };
     let (old, new) = (&files[0], &files[1]);
-    helm_ok(
-        kc,
-        &[
-            "install",
-            "op",
-            chart,
-            "--namespace",
-            &ns,
-            "--timeout",
-            "60s",
-            "-f",
-            &old.1,
-        ],
-    )
-    .await?;
+    helm_release(kc, "install", chart, &ns, &["-f", &old.1]).await?;
     let outcome = async {
-        helm_ok(
-            kc,
-            &[
-                "upgrade",
-                "op",
-                chart,
-                "--namespace",
-                &ns,
-                "--timeout",
-                "60s",
-                "-f",
-                &new.1,
-            ],
-        )
-        .await?;
+        helm_release(kc, "upgrade", chart, &ns, &["-f", &new.1]).await?;
         let certs = bundle().await?;
         ensure!(
             certs.contains(&new.0.trim().to_owned()),
@@ -1077,21 +1023,7 @@ async fn review_an_upgrade_to_a_new_given_certificate_keeps_the_old_ca_in_the_bu
              the old certificate (until the kubelet updates their volume) fail every webhook call"
         );
         // The next upgrade drops the old CA.
-        helm_ok(
-            kc,
-            &[
-                "upgrade",
-                "op",
-                chart,
-                "--namespace",
-                &ns,
-                "--timeout",
-                "60s",
-                "-f",
-                &new.1,
-            ],
-        )
-        .await?;
+        helm_release(kc, "upgrade", chart, &ns, &["-f", &new.1]).await?;
         ensure!(
             bundle().await? == vec![new.0.trim().to_owned()],
             "the old CA stayed in the caBundle"
