@@ -1725,6 +1725,15 @@ fn a_roster_entry_carries_its_replicas_shard_count() {
     });
 }
 
+/// Replicas `a` to `d` of a 12-shard election on `fake` (started with
+/// [`start`]; once settled they hold 3 shards each).
+fn four_of_twelve(fake: &FakeLeaseApi) -> Vec<(ShardedElector, usize)> {
+    ["a", "b", "c", "d"]
+        .iter()
+        .map(|id| replica_of(fake, id, 12))
+        .collect()
+}
+
 /// The `shard` label removed from every shard Lease while they are held
 /// (`kubectl label leases -l leases.kube-runtime-lease/role=shard
 /// leases.kube-runtime-lease/shard-`), then a replica dies (cut off for
@@ -1741,10 +1750,7 @@ fn a_roster_entry_carries_its_replicas_shard_count() {
 fn a_dead_members_shards_whose_labels_were_removed_get_owners() {
     paused(async {
         let fake = FakeLeaseApi::default().with_request_budget(200_000);
-        let rs: Vec<(ShardedElector, usize)> = ["a", "b", "c", "d"]
-            .iter()
-            .map(|id| replica_of(&fake, id, 12))
-            .collect();
+        let rs = four_of_twelve(&fake);
         let all: Vec<&ShardedElector> = rs.iter().map(|(r, _)| r).collect();
         start(&all);
         never_shared(&all, S(30)).await;
@@ -1840,10 +1846,7 @@ fn a_shard_lease_without_its_count_label_does_not_keep_a_joiner_out() {
 fn a_member_dying_as_its_shard_labels_are_removed_is_still_evicted() {
     paused(async {
         let fake = FakeLeaseApi::default().with_request_budget(200_000);
-        let rs: Vec<(ShardedElector, usize)> = ["a", "b", "c", "d"]
-            .iter()
-            .map(|id| replica_of(&fake, id, 12))
-            .collect();
+        let rs = four_of_twelve(&fake);
         let all: Vec<&ShardedElector> = rs.iter().map(|(r, _)| r).collect();
         start(&all);
         never_shared(&all, S(30)).await;
