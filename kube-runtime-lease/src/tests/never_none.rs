@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::{
     LeaderElector, Lost, record,
     test_util::{FakeLeaseApi, Fault},
-    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
+    tests::support::{config, count, elector, first_to_lead, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -952,16 +952,9 @@ fn a_renewal_slower_than_half_the_renew_deadline_is_warned_before_the_term_ends(
             assert_eq!(lost, Lost::RenewDeadlineExceeded);
             // Never none: once the answers are fast again, one of them leads.
             fake.set_latency(a_id, S(0));
-            let mut a_acquire = pin!(a.acquire());
-            let led = timeout(S(30), async {
-                tokio::select! {
-                    g = &mut a_acquire => g.map(|_| "a"),
-                    g = &mut b_acquire => g.map(|_| "b"),
-                }
-            })
-            .await;
+            let led = first_to_lead(pin!(a.acquire()), b_acquire, S(30)).await;
             assert!(
-                matches!(led, Ok(Ok(_))),
+                matches!(led, Some(Ok(_))),
                 "nobody led: {led:?}, holder {:?}",
                 holder(&fake)
             );

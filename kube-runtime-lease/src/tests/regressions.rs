@@ -27,7 +27,7 @@ use crate::{
     test_util::{FakeLeaseApi, Fault},
     tests::{
         runtime::paused_runtime,
-        support::{config, count, elector, free, held_by, holder, paused, spec, taken_by},
+        support::{config, count, elector, first_to_lead, free, held_by, holder, paused, spec, taken_by},
     },
 };
 
@@ -405,16 +405,9 @@ fn a_huge_lease_duration_edited_in_and_renewed_over_does_not_make_the_creation_h
             timeout(S(5), a_guard).await.expect("a's term ended"),
             Lost::Deleted
         );
-        let mut a_acquire = pin!(a.acquire());
-        let led = timeout(S(60), async {
-            tokio::select! {
-                g = &mut a_acquire => g.map(|_| "a"),
-                g = &mut b_acquire => g.map(|_| "b"),
-            }
-        })
-        .await;
+        let led = first_to_lead(pin!(a.acquire()), b_acquire.as_mut(), S(60)).await;
         assert!(
-            matches!(led, Ok(Ok(_))),
+            matches!(led, Some(Ok(_))),
             "nobody led the re-created Lease within 60 s of the deletion of a 15 s record (written: {:?})",
             fake.lease()
                 .and_then(|l| l.spec)
