@@ -35,6 +35,14 @@ use crate::term::{Lost, Term};
 /// [`LeaseGuard::fencing_token`] alongside your changes so that readers can
 /// reject writes from an older term. Neither closes the window completely: a
 /// pause between the check and the side effect is still possible.
+///
+/// # Panics
+/// Polled (the guard, or its [`lost_signal`](Self::lost_signal)) within a
+/// Tokio runtime without timers, or within another runtime after the one
+/// that first polled it shut down: its deadline is a Tokio timer, bound to
+/// the runtime that made it, as kube's own clients need one. Poll a guard
+/// within a runtime with timers (`enable_time`, or `enable_all`) that
+/// outlives it.
 #[must_use = "leadership ends when the guard is dropped"]
 pub struct LeaseGuard {
     term: Arc<Term>,

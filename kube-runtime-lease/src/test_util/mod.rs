@@ -261,6 +261,15 @@ impl FakeLeaseApi {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// The faults of `client`, which must be an index [`client`](Self::client)
+    /// returned: a test's mistake otherwise, told as such.
+    fn client_faults(store: &mut Store, client: usize) -> &mut ClientFaults {
+        let clients = store.clients.len();
+        store.clients.get_mut(client).unwrap_or_else(|| {
+            panic!("FakeLeaseApi: client {client} was never handed out by `client()` ({clients} were)")
+        })
+    }
+
     /// A double that aborts the process after `budget` Lease requests
     /// instead of [`REQUEST_BUDGET`] (for a test that runs for many paused
     /// hours).
@@ -287,8 +296,13 @@ impl FakeLeaseApi {
     }
 
     /// Queues `fault` for `client`'s next request of `verb` (`None`: any verb).
+    ///
+    /// # Panics
+    /// If `client` is not an index [`client`](Self::client) returned.
     pub fn fault(&self, client: usize, verb: Option<&'static str>, fault: Fault) {
-        self.lock().clients[client].queue.push_back((verb, fault));
+        Self::client_faults(&mut self.lock(), client)
+            .queue
+            .push_back((verb, fault));
     }
 
     /// Drops every fault still queued for the next requests.
@@ -300,9 +314,12 @@ impl FakeLeaseApi {
 
     /// Cuts `client` off (every request fails as if the API server were
     /// unreachable, its watches end), or reconnects it.
+    ///
+    /// # Panics
+    /// If `client` is not an index [`client`](Self::client) returned.
     pub fn partition(&self, client: usize, partitioned: bool) {
         let mut s = self.lock();
-        s.clients[client].partitioned = partitioned;
+        Self::client_faults(&mut s, client).partitioned = partitioned;
         if partitioned {
             s.cut_watches(client);
         }
@@ -321,20 +338,29 @@ impl FakeLeaseApi {
     }
 
     /// Delays every request of `client` (other than watches) this long.
+    ///
+    /// # Panics
+    /// If `client` is not an index [`client`](Self::client) returned.
     pub fn set_latency(&self, client: usize, latency: Duration) {
-        self.lock().clients[client].latency = latency;
+        Self::client_faults(&mut self.lock(), client).latency = latency;
     }
 
     /// Refuses `client`'s lists and watches with 403 (RBAC without them).
+    ///
+    /// # Panics
+    /// If `client` is not an index [`client`](Self::client) returned.
     pub fn forbid_watch(&self, client: usize) {
-        self.lock().clients[client].watch_forbidden = true;
+        Self::client_faults(&mut self.lock(), client).watch_forbidden = true;
     }
 
     /// Serves `client`'s lists and watches again after
     /// [`forbid_watch`](Self::forbid_watch) (a 403 that passes, as from an
     /// apiserver whose authorization cache was not synced yet).
+    ///
+    /// # Panics
+    /// If `client` is not an index [`client`](Self::client) returned.
     pub fn allow_watch(&self, client: usize) {
-        self.lock().clients[client].watch_forbidden = false;
+        Self::client_faults(&mut self.lock(), client).watch_forbidden = false;
     }
 
     /// The Events created through this double so far, as JSON,

@@ -6,6 +6,7 @@
 //! And the deterministic simulation (one Lease; elected shards).
 //! <!-- upstream: end -->
 
+mod misuse;
 mod never_none;
 mod regressions;
 pub(crate) mod runtime;

@@ -117,11 +117,16 @@ impl LeaseMetadata {
                 });
             }
         }
+        // Every term writes its fencing token beside them (the reserved key
+        // and an `i64`): configured annotations that leave it no room under
+        // the API server's limit would have every term taken without its
+        // token stored (and without them: see `fit_annotations`).
         let size: usize = self.annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
-        if size > 256 * 1024 {
+        let token = crate::record::TOKEN_ANNOTATION.len() + i64::MIN.to_string().len();
+        if size + token > 256 * 1024 {
             return Err(ConfigError::InvalidAnnotation {
                 key: String::new(),
-                rule: "annotations must be no more than 256 KiB in total",
+                rule: "annotations must be no more than 256 KiB in total, with room for the fencing token's",
             });
         }
         if let Some(owner) = &self.owner {
