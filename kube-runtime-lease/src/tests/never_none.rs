@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep, timeout};
 use crate::{
     LeaderElector, Lost, record,
     test_util::{FakeLeaseApi, Fault},
-    tests::support::{config, count, elector, first_to_lead, free, held_by, holder, paused, spec},
+    tests::support::{config, count, elector, free, held_by, holder, paused, spec},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
@@ -965,4 +965,20 @@ fn a_renewal_slower_than_half_the_renew_deadline_is_warned_before_the_term_ends(
         .expect("no warning");
     let ended = logs.find("giving the term up").unwrap_or(logs.len());
     assert!(warned < ended, "the warning came after the term ended:\n{logs}");
+}
+
+/// Which of two pending acquisitions, `a`'s or `b`'s, completes first within
+/// `within` (`None`: neither).
+pub(super) async fn first_to_lead(
+    a: std::pin::Pin<&mut impl std::future::Future<Output = Result<crate::LeaseGuard, crate::AcquireError>>>,
+    b: std::pin::Pin<&mut impl std::future::Future<Output = Result<crate::LeaseGuard, crate::AcquireError>>>,
+    within: Duration,
+) -> Option<Result<&'static str, crate::AcquireError>> {
+    let first = async {
+        tokio::select! {
+            g = a => g.map(|_| "a"),
+            g = b => g.map(|_| "b"),
+        }
+    };
+    timeout(within, first).await.ok()
 }

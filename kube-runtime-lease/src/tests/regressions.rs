@@ -26,8 +26,9 @@ use crate::{
     term::Term,
     test_util::{FakeLeaseApi, Fault},
     tests::{
+        never_none::first_to_lead,
         runtime::paused_runtime,
-        support::{config, count, elector, first_to_lead, free, held_by, holder, paused, spec, taken_by},
+        support::{config, count, elector, free, held_by, holder, paused, spec, taken_by},
     },
 };
 

@@ -10,14 +10,12 @@
 //! side's `LogBuf` in `tests/tests/support`) and the metrics scrape.
 //! <!-- upstream: end -->
 
-use std::{future::Future, pin::Pin, time::Duration};
-
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_client::core::ObjectMeta;
 use tokio::time::Instant;
 
 pub(crate) use super::runtime::paused;
-use crate::{AcquireError, LeaderElector, LeaseConfig, LeaseGuard, test_util::FakeLeaseApi};
+use crate::{LeaderElector, LeaseConfig, test_util::FakeLeaseApi};
 
 /// The text exposition of `registry`, as a Prometheus scrape reads it.
 #[cfg(feature = "metrics")]
@@ -161,20 +159,4 @@ fn exact_interest() {
     }
     static NOBODY: std::sync::OnceLock<[tracing::Dispatch; 2]> = std::sync::OnceLock::new();
     NOBODY.get_or_init(|| [tracing::Dispatch::new(Nobody), tracing::Dispatch::new(Nobody)]);
-}
-
-/// Which of two pending acquisitions, `a`'s or `b`'s, completes first within
-/// `within` (`None`: neither).
-pub(crate) async fn first_to_lead(
-    a: Pin<&mut impl Future<Output = Result<LeaseGuard, AcquireError>>>,
-    b: Pin<&mut impl Future<Output = Result<LeaseGuard, AcquireError>>>,
-    within: Duration,
-) -> Option<Result<&'static str, AcquireError>> {
-    let first = async {
-        tokio::select! {
-            g = a => g.map(|_| "a"),
-            g = b => g.map(|_| "b"),
-        }
-    };
-    tokio::time::timeout(within, first).await.ok()
 }
