@@ -133,11 +133,12 @@
 //! takes to stop guarded work. Clock *offsets* do not matter: expiry is judged
 //! on each candidate's own monotonic clock, never from `renewTime`.
 //!
-//! A leader keeps its term while its renewals are answered within **half**
-//! the renew deadline (client-go's: within the renew deadline). Each renewal
-//! carries the resourceVersion of the answer to the one before, and the
-//! deadline counts from the instant the last successful renewal was sent, so
-//! two round trips must fit in it; a renewal slower than that logs a warning,
+//! A leader keeps its term while its renewals are answered in less than
+//! **half** the renew deadline (client-go's: within the renew deadline). Each
+//! renewal carries the resourceVersion of the answer to the one before, and
+//! the deadline counts from the instant the last successful renewal was sent,
+//! so two round trips must fit in it; a renewal that takes half of it or more
+//! logs a warning,
 //! and the term ends at the next one as slow (the candidate then takes its
 //! own record back after one read). The price of never acting past it.
 //!

@@ -936,35 +936,41 @@ fn a_release_applied_but_answered_409_is_logged_as_a_release() {
 /// (b does not lead while a's term holds); and a takes its own record back.
 #[test]
 fn a_renewal_slower_than_half_the_renew_deadline_is_warned_before_the_term_ends() {
-    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
-        paused(async {
-            let fake = free();
-            let (a, a_id) = elector(&fake, config("a"));
-            let (b, _) = elector(&fake, config("b"));
-            let guard = a.acquire().await.unwrap();
-            let mut b_acquire = pin!(b.acquire());
-            fake.set_latency(a_id, S(6));
-            let lost = tokio::select! {
-                lost = guard => lost,
-                _ = &mut b_acquire => panic!("b led while a's term held"),
-                () = tokio::time::sleep(S(60)) => panic!("a's term outlived its slow renewals"),
-            };
-            assert_eq!(lost, Lost::RenewDeadlineExceeded);
-            // Never none: once the answers are fast again, one of them leads.
-            fake.set_latency(a_id, S(0));
-            let led = first_to_lead(pin!(a.acquire()), b_acquire, S(30)).await;
-            assert!(
-                matches!(led, Some(Ok(_))),
-                "nobody led: {led:?}, holder {:?}",
-                holder(&fake)
-            );
+    // Exactly half (two round trips end at the deadline) and more.
+    for latency in [S(5), S(6)] {
+        let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+            paused(async {
+                let fake = free();
+                let (a, a_id) = elector(&fake, config("a"));
+                let (b, _) = elector(&fake, config("b"));
+                let guard = a.acquire().await.unwrap();
+                let mut b_acquire = pin!(b.acquire());
+                fake.set_latency(a_id, latency);
+                let lost = tokio::select! {
+                    lost = guard => lost,
+                    _ = &mut b_acquire => panic!("b led while a's term held"),
+                    () = tokio::time::sleep(S(60)) => panic!("a's term outlived its slow renewals"),
+                };
+                assert_eq!(lost, Lost::RenewDeadlineExceeded);
+                // Never none: once the answers are fast again, one of them leads.
+                fake.set_latency(a_id, S(0));
+                let led = first_to_lead(pin!(a.acquire()), b_acquire, S(30)).await;
+                assert!(
+                    matches!(led, Some(Ok(_))),
+                    "nobody led: {led:?}, holder {:?}",
+                    holder(&fake)
+                );
+            });
         });
-    });
-    let warned = logs
-        .find("more than half the renew deadline")
-        .expect("no warning");
-    let ended = logs.find("giving the term up").unwrap_or(logs.len());
-    assert!(warned < ended, "the warning came after the term ended:\n{logs}");
+        let warned = logs
+            .find("half the renew deadline or more")
+            .unwrap_or_else(|| panic!("{latency:?}: no warning"));
+        let ended = logs.find("giving the term up").unwrap_or(logs.len());
+        assert!(
+            warned < ended,
+            "{latency:?}: the warning came after the term ended:\n{logs}"
+        );
+    }
 }
 
 /// Which of two pending acquisitions, `a`'s or `b`'s, completes first within

@@ -57,10 +57,10 @@ impl Task {
                         debug!("renewed lease");
                         // The next renewal carries this answer's
                         // resourceVersion: two round trips must fit in RD.
-                        if sent.elapsed() > self.config().renew_deadline / 2 {
+                        if sent.elapsed() >= self.config().renew_deadline / 2 {
                             warn!(
                                 took = ?sent.elapsed(),
-                                "a renewal took more than half the renew deadline: the term ends if the next one \
+                                "a renewal took half the renew deadline or more: the term ends if the next one \
                                  takes as long (raise the renew deadline, or find what delays the answers)"
                             );
                         }
