@@ -103,6 +103,15 @@ impl LeaseCandidates {
         true
     }
 
+    /// Ends every watch with a `410 Gone` error event (etcd compacted past
+    /// its resourceVersion): watchers re-list.
+    pub(super) fn expire_watches(&mut self) {
+        let line = super::server::gone_event_line();
+        for (_, _, tx) in self.watchers.drain(..) {
+            let _ = tx.unbounded_send(line.clone());
+        }
+    }
+
     /// Deletes `key` (as someone else would), telling its watchers; what it was.
     pub(super) fn delete(&mut self, key: &str) -> Option<Value> {
         let mut object = self.objects.remove(key)?;
@@ -287,6 +296,16 @@ impl FakeLeaseApi {
             .objects
             .as_mut()
             .is_some_and(|c| c.delete(key).is_some())
+    }
+
+    /// Ends every `LeaseCandidate` watch with a `410 Gone` error event, as an
+    /// API server does when etcd compacted past a watch's resourceVersion
+    /// (after a long disconnection): watchers re-list, and what changed
+    /// meanwhile shows only in the list.
+    pub fn expire_lease_candidate_watches(&self) {
+        if let Some(c) = self.lock().candidates.objects.as_mut() {
+            c.expire_watches();
+        }
     }
 
     /// The `LeaseCandidate`s stored now, as JSON, by key: the name in the

@@ -74,7 +74,15 @@ pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 /// 404: the elector logs one warning and falls back to the ordinary election,
 /// so that one binary runs on clusters with and without the gate.
 /// [`LeaderStatus::coordinated`](crate::LeaderStatus::coordinated) says which
-/// election is in force.
+/// election is in force. The fallback needs that 404: an API server with the
+/// gate off that still serves `coordination.k8s.io/v1beta1`
+/// (`--runtime-config`) answers every call and elects nobody, so nobody
+/// leads. Turn both off together, or the candidates' `coordinated` off.
+///
+/// The `LeaseCandidate` is named `<identity>.<lease name>`: an identity and a
+/// Lease name that both contain dots can give two candidates the same name
+/// (`pod.x` on Lease `y`, `pod` on Lease `x.y`), and the second is never
+/// published. Keep dots out of identities (the defaults have none).
 ///
 /// The API server's default strategy, `OldestEmulationVersion`, elects the
 /// candidate with the lowest emulation version, then the lowest binary

@@ -414,12 +414,25 @@ impl LeaseCandidate {
         let mut backoff: Option<ExponentialBackoff> = None;
         // The last ping answered.
         let mut answered: Option<Timestamp> = None;
+        // Whether the watch's current (re-)list showed the object: one that
+        // did not was deleted while the watch was away (a re-list after
+        // `410 Gone` brings no `DELETED` event).
+        let mut listed = false;
         loop {
             // Whether a renewal landed, if one was sent.
             let mut renewed = None;
             let served = futures::select_biased! {
                 event = events.next().fuse() => match event {
+                    Some(Ok(watcher::Event::Init)) => {
+                        listed = false;
+                        true
+                    }
+                    Some(Ok(watcher::Event::InitDone)) if !listed => {
+                        info!("coordinated leader election: the LeaseCandidate is gone (re-listed): publishing it again");
+                        self.publish_again(&mut renewed).await
+                    }
                     Some(Ok(watcher::Event::Apply(object) | watcher::Event::InitApply(object))) => {
+                        listed = true;
                         // Each ping is answered once: an answer that did not
                         // land after it (a clock further behind the API
                         // server's than `PING_AHEAD_MAX`) is not sent again
@@ -434,13 +447,13 @@ impl LeaseCandidate {
                     }
                     Some(Ok(watcher::Event::Delete(_))) => {
                         info!("coordinated leader election: the LeaseCandidate was deleted: publishing it again");
-                        self.publish_again().await
+                        self.publish_again(&mut renewed).await
                     }
                     Some(Ok(_)) => true,
                     Some(Err(e)) => {
                         debug!(error = %Chain(&e), "coordinated leader election: watch of the LeaseCandidate failed");
                         // The list or watch answered 404: is the API still served?
-                        crate::error::watch_status(&e) != Some(404) || self.publish_again().await
+                        crate::error::watch_status(&e) != Some(404) || self.publish_again(&mut renewed).await
                     }
                     None => pending().await,
                 },
@@ -450,8 +463,8 @@ impl LeaseCandidate {
                             renewed = Some(self.renew(object).await);
                             true
                         }
-                        Ok(None) => self.publish_again().await,
-                        Err(e) if e.status() == Some(404) => self.publish_again().await,
+                        Ok(None) => self.publish_again(&mut renewed).await,
+                        Err(e) if e.status() == Some(404) => self.publish_again(&mut renewed).await,
                         Err(e) => {
                             warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed");
                             renewed = Some(false);
@@ -480,12 +493,20 @@ impl LeaseCandidate {
 
     /// Publishes the `LeaseCandidate` again (it is gone, or may be): `false`
     /// when its creation is answered 404 (the API server no longer serves it).
-    async fn publish_again(&self) -> bool {
+    /// Sets `renewed` to whether it landed: a publication that failed is
+    /// tried again after the retry backoff, as a failed renewal is (the
+    /// object may be gone: until it is back, the API server cannot elect
+    /// this candidate).
+    async fn publish_again(&self, renewed: &mut Option<bool>) -> bool {
         match self.publish().await {
-            Ok(()) => true,
+            Ok(()) => {
+                *renewed = Some(true);
+                true
+            }
             Err(CallError::NotServed(_)) => false,
             Err(e) => {
                 warn!(error = %e, "coordinated leader election: publishing the LeaseCandidate failed");
+                *renewed = Some(false);
                 true
             }
         }

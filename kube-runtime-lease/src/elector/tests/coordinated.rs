@@ -952,3 +952,69 @@ fn a_ping_from_an_api_server_whose_clock_is_ahead_is_answered_once_and_counted()
         );
     });
 }
+
+/// The `LeaseCandidate` deleted (by an administrator, a cleanup job) while the
+/// API server fails for a moment: its re-creation, answered 500, is only
+/// logged, and the next try is the five-minute refresh. For those minutes
+/// the API server cannot elect this candidate (if the leader goes, nobody
+/// leads). A failed re-creation must be retried as a failed renewal is,
+/// after the elector's retry backoff.
+#[test]
+fn a_lease_candidate_deleted_while_its_recreation_fails_is_published_again_soon() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (_e, _acquire) = published(&fake).await;
+        fake.set_lease_candidates_refused(Some(500));
+        assert!(fake.delete_lease_candidate(CANDIDATE));
+        sleep(S(1)).await;
+        fake.set_lease_candidates_refused(None);
+        let deleted = tokio::time::Instant::now();
+        let mut waited = Duration::ZERO;
+        while !fake.lease_candidates().contains_key(CANDIDATE) && waited < S(60) {
+            sleep(S(1)).await;
+            waited += S(1);
+        }
+        assert!(
+            fake.lease_candidates().contains_key(CANDIDATE),
+            "not published again within 60 s of the API server answering again (deleted {:?} ago); \
+             LeaseCandidate calls: {:?}",
+            deleted.elapsed(),
+            fake.requests()
+                .iter()
+                .filter(|r| r.verb.starts_with("candidate"))
+                .map(|r| (r.verb, r.at.duration_since(deleted)))
+                .collect::<Vec<_>>()
+        );
+    });
+}
+
+/// The `LeaseCandidate` deleted while its watch was away long enough to be
+/// answered `410 Gone` (etcd compacted past it: an API server restart, a
+/// long disconnection): the re-list shows no object, and no `DELETED`
+/// event ever comes. It must be published again then, not at the
+/// five-minute refresh (until then the API server cannot elect it).
+#[test]
+fn a_lease_candidate_deleted_while_its_watch_was_away_is_published_again_at_the_relist() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (_e, _acquire) = published(&fake).await;
+        fake.expire_lease_candidate_watches();
+        assert!(fake.delete_lease_candidate(CANDIDATE));
+        let deleted = tokio::time::Instant::now();
+        let mut waited = Duration::ZERO;
+        while !fake.lease_candidates().contains_key(CANDIDATE) && waited < S(60) {
+            sleep(S(1)).await;
+            waited += S(1);
+        }
+        assert!(
+            fake.lease_candidates().contains_key(CANDIDATE),
+            "not published again within {:?} of its deletion; LeaseCandidate calls: {:?}",
+            deleted.elapsed(),
+            fake.requests()
+                .iter()
+                .filter(|r| r.verb.starts_with("candidate"))
+                .map(|r| (r.verb, r.at.duration_since(deleted)))
+                .collect::<Vec<_>>()
+        );
+    });
+}
