@@ -1,7 +1,7 @@
 //! Pure record logic: what to write on acquire, renew and release, and when an
 //! observed record has expired. No I/O here; everything is tested exhaustively.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, time::Duration};
 
 use k8s_openapi::{
     api::coordination::v1::{Lease, LeaseSpec},
@@ -58,6 +58,16 @@ impl k8s_openapi::Metadata for Wire {
     fn metadata_mut(&mut self) -> &mut ObjectMeta {
         &mut self.0.metadata
     }
+}
+
+/// The API server's limit on an object's annotations, keys and values
+/// together, in bytes (`TotalAnnotationSizeLimitB`).
+pub(crate) const MAX_ANNOTATIONS_SIZE: usize = 256 * 1024;
+
+/// The size of `annotations` as the API server counts it against
+/// [`MAX_ANNOTATIONS_SIZE`].
+pub(crate) fn annotations_size(annotations: Option<&BTreeMap<String, String>>) -> usize {
+    annotations.map_or(0, |a| a.iter().map(|(k, v)| k.len() + v.len()).sum())
 }
 
 /// The holder named by a record, `None` when the Lease is free (no holder, or `""`).

@@ -80,10 +80,7 @@ impl Extras {
     /// be judged, and a wrong count label kept its peers out).
     pub(crate) fn relabel(&self, lease: &mut Lease) {
         #[cfg(feature = "lease-metadata")]
-        if !self.metadata.labels.is_empty() {
-            let labels = lease.metadata.labels.get_or_insert_with(Default::default);
-            labels.extend(self.metadata.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
+        self.metadata.relabel(&mut lease.metadata);
         #[cfg(not(feature = "lease-metadata"))]
         let _ = lease;
     }

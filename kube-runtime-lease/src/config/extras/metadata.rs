@@ -74,10 +74,7 @@ impl LeaseMetadata {
     /// Sets the configured keys on `meta`, keeping everything else; an owner
     /// reference already there (same `uid`) is not added twice.
     pub(crate) fn apply(&self, meta: &mut ObjectMeta) {
-        if !self.labels.is_empty() {
-            let labels = meta.labels.get_or_insert_with(BTreeMap::new);
-            labels.extend(self.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-        }
+        self.relabel(meta);
         if !self.annotations.is_empty() {
             let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
             annotations.extend(self.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
@@ -87,6 +84,14 @@ impl LeaseMetadata {
             if !owners.iter().any(|o| o.uid == owner.uid) {
                 owners.push(owner.clone());
             }
+        }
+    }
+
+    /// Sets the configured labels on `meta`, keeping every other.
+    pub(crate) fn relabel(&self, meta: &mut ObjectMeta) {
+        if !self.labels.is_empty() {
+            let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+            labels.extend(self.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
     }
 
@@ -121,9 +126,9 @@ impl LeaseMetadata {
         // and an `i64`): configured annotations that leave it no room under
         // the API server's limit would have every term taken without its
         // token stored (and without them: see `fit_annotations`).
-        let size: usize = self.annotations.iter().map(|(k, v)| k.len() + v.len()).sum();
+        let size = crate::record::annotations_size(Some(&self.annotations));
         let token = crate::record::TOKEN_ANNOTATION.len() + i64::MIN.to_string().len();
-        if size + token > 256 * 1024 {
+        if size + token > crate::record::MAX_ANNOTATIONS_SIZE {
             return Err(ConfigError::InvalidAnnotation {
                 key: String::new(),
                 rule: "annotations must be no more than 256 KiB in total, with room for the fencing token's",

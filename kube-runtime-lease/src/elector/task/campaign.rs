@@ -3,7 +3,7 @@
 //! creation hold that delays leadership on a Lease whose last holder may still
 //! lead.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
@@ -16,10 +16,6 @@ use crate::{
     error::Result,
     record::{self, Asker, Observed, Verdict},
 };
-
-/// The API server's limit on an object's annotations, keys and values
-/// together, in bytes (`TotalAnnotationSizeLimitB`).
-const MAX_ANNOTATIONS_SIZE: usize = 256 * 1024;
 
 impl Task {
     /// Campaigns until this candidate leads (`Some`) or nobody wants it
@@ -204,10 +200,7 @@ impl Task {
     /// would leave it without a leader for ever. The term's fencing token is
     /// then not stored (warned): another process may hand out the same one.
     fn fit_annotations(&self, mut lease: Lease, created: bool) -> Lease {
-        let size = |a: Option<&BTreeMap<String, String>>| {
-            a.map_or(0, |a| a.iter().map(|(k, v)| k.len() + v.len()).sum())
-        };
-        if size(lease.metadata.annotations.as_ref()) <= MAX_ANNOTATIONS_SIZE {
+        if record::annotations_size(lease.metadata.annotations.as_ref()) <= record::MAX_ANNOTATIONS_SIZE {
             return lease;
         }
         let before = match (&self.view, created) {
@@ -215,7 +208,7 @@ impl Task {
             _ => None,
         };
         warn!(
-            annotations_bytes = size(before.as_ref()),
+            annotations_bytes = record::annotations_size(before.as_ref()),
             "the lease's annotations leave no room for the fencing token (the API server's limit is 256 KiB): \
              taking it without writing the token or the configured annotations; fencing tokens may repeat \
              across processes until the annotations shrink"
