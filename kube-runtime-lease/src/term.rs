@@ -99,6 +99,21 @@ struct TermInner {
     closed: bool,
 }
 
+impl TermInner {
+    /// Keeps `tx` until the term ends. The senders of dropped guards and
+    /// lost signals are pruned whenever the list would grow (amortised
+    /// constant time), so that a long term whose guards come and go (one
+    /// per reconcile, per `TermTasks` task) keeps only the live ones.
+    fn push(&mut self, tx: oneshot::Sender<Lost>) {
+        if self.senders.len() == self.senders.capacity() {
+            self.senders.retain(|tx| !tx.is_canceled());
+            // Room for as many again before the next pruning.
+            self.senders.reserve(self.senders.len().max(4));
+        }
+        self.senders.push(tx);
+    }
+}
+
 impl Term {
     pub(crate) fn new(token: i64, sent_at: Instant, renew_deadline: Duration) -> Self {
         Term {
@@ -209,6 +224,13 @@ impl Term {
         self.inner.lock().live
     }
 
+    /// Tests: how many senders of the term's end are kept (live guards and
+    /// lost signals, and any not pruned yet).
+    #[cfg(test)]
+    pub(crate) fn senders_for_test(&self) -> usize {
+        self.inner.lock().senders.len()
+    }
+
     /// Waits until every guard of this term has been dropped, or `until`
     /// (whichever comes first: the caller ends the term next, and
     /// [`Term::lose`] tells whether guards were still alive).
@@ -246,7 +268,7 @@ impl Term {
         let (tx, rx) = oneshot::channel::<Lost>();
         let mut inner = self.inner.lock();
         if self.lost.get().is_none() {
-            inner.senders.push(tx);
+            inner.push(tx);
         }
         // Else `tx` is dropped here and `rx` resolves at once.
         rx
@@ -282,7 +304,7 @@ impl Term {
         if inner.closed || self.over().is_some() {
             return None;
         }
-        inner.senders.push(tx);
+        inner.push(tx);
         inner.live += 1;
         Some(rx)
     }
@@ -309,5 +331,24 @@ mod tests {
         assert!(!term.cut(at(1)), "cut again to the same instant");
         assert!(!term.cut(at(5)), "cut to a later instant");
         assert_eq!(term.deadline(), at(1));
+    }
+
+    /// A long term whose guards and lost signals come and go (a guard per
+    /// reconcile, per `TermTasks` task, per `acquire` while leading) keeps
+    /// the senders of the live ones only, not one per guard ever made.
+    #[test]
+    fn a_term_keeps_no_sender_of_a_dropped_guard_or_signal() {
+        let term = Term::new(1, Instant::now(), Duration::from_secs(10));
+        let _live = term.join().unwrap();
+        for _ in 0..10_000 {
+            drop(term.join().unwrap());
+            term.guard_dropped(false);
+            drop(term.subscribe());
+        }
+        let kept = term.inner.lock().senders.len();
+        assert!(
+            kept <= 16,
+            "{kept} senders kept for 1 live guard after 10000 guards and signals dropped"
+        );
     }
 }

@@ -1933,3 +1933,59 @@ fn a_shard_lease_labelled_with_another_count_does_not_drop_every_shard() {
         );
     });
 }
+
+/// Members joining and leaving (shut down, aborted, cut off) leave nothing
+/// running in the replicas that stay: once the departed are gone for a few
+/// lease durations, the runtime's tasks are back at their number before the
+/// churn, and so is the rate of requests of the members that stayed.
+#[test]
+fn members_joining_and_leaving_leave_no_tasks_or_requests_behind() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(400_000);
+        let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+        for r in [&a, &b] {
+            let r = r.clone();
+            tokio::spawn(async move { r.run().await });
+        }
+        never_shared(&[&a, &b], S(30)).await;
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let rate = |fake: &FakeLeaseApi| {
+            let (fake, a, b) = (fake.clone(), a.clone(), b.clone());
+            async move {
+                let before = fake.requests().len();
+                never_shared(&[&a, &b], S(60)).await;
+                fake.requests().len() - before
+            }
+        };
+        let baseline = (metrics.num_alive_tasks(), rate(&fake).await);
+        for i in 0..12 {
+            let (client, id) = fake.client();
+            let lease = LeaseConfig::new("default", "ctl", format!("r{i:02}"))
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1));
+            let r = ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap();
+            let run = {
+                let r = r.clone();
+                tokio::spawn(async move { r.run().await })
+            };
+            sleep(S(8)).await;
+            match i % 3 {
+                0 => r.shutdown(S(1)).await,
+                1 => run.abort(),
+                _ => {
+                    fake.partition(id, true);
+                    run.abort();
+                }
+            }
+            sleep(S(4)).await;
+        }
+        // Three lease durations after the last departure, and more.
+        sleep(S(30)).await;
+        let after = (metrics.num_alive_tasks(), rate(&fake).await);
+        assert!(
+            after.0 <= baseline.0 && after.1 <= baseline.1 + baseline.1 / 10,
+            "(tasks, requests a minute) before the churn {baseline:?}, after it {after:?}"
+        );
+    });
+}

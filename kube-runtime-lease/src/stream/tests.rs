@@ -980,3 +980,41 @@ fn run_each_term_over_a_guarded_stream_rejoins_when_the_inner_adapter_sees_the_d
         assert!(e.is_leader(), "leads again");
     });
 }
+
+/// `run_each_term` through many terms, each taken over by someone else
+/// (who then stops renewing), leaves nothing behind: each term costs the
+/// same tasks as the one before it.
+#[test]
+fn run_each_term_through_many_takeovers_keeps_its_tasks_at_a_baseline() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(
+            &fake,
+            config("me")
+                .lease_duration(S(4))
+                .renew_deadline(S(3))
+                .retry_period(S(1)),
+        );
+        let (terms, _runner) = run_counting_terms(&e, || {
+            stream::repeat(()).then(|()| sleep(Duration::from_millis(100)))
+        });
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let mut status = e.subscribe();
+        let mut tasks = Vec::new();
+        for cycle in 0..150 {
+            tokio::time::timeout(S(60), status.wait_for(|s| s.is_leader))
+                .await
+                .unwrap_or_else(|_| panic!("cycle {cycle}: not leading 60s later"))
+                .unwrap();
+            sleep(S(2)).await;
+            tasks.push(metrics.num_alive_tasks());
+            fake.take_over("other");
+            tokio::time::timeout(S(10), status.wait_for(|s| !s.is_leader))
+                .await
+                .unwrap_or_else(|_| panic!("cycle {cycle}: still leading 10s after a takeover"))
+                .unwrap();
+        }
+        assert!(terms.load(Ordering::SeqCst) >= 150);
+        assert_eq!(tasks[5], tasks[149], "tasks alive in each term: {tasks:?}");
+    });
+}

@@ -440,3 +440,67 @@ fn without_the_creation_hold_a_created_lease_is_led_at_once() {
         assert!(timeout(S(14), b.acquire()).await.is_err(), "held by default");
     });
 }
+
+/// A follower with a watch costs nothing while the leader renews: over ten
+/// minutes it sends no request beyond its watch (and the watch's own
+/// reconnections), however long it waits, while the leader renews once per
+/// retry period.
+#[test]
+fn an_idle_follower_sends_no_requests_beyond_its_watch() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (leader, _) = elector(&fake, config("a"));
+        let _guard = leader.acquire().await.unwrap();
+        let (follower, id) = elector(&fake, config("b"));
+        let mut acquire = pin!(follower.acquire());
+        assert!(
+            timeout(S(30), &mut acquire).await.is_err(),
+            "b led while a renews"
+        );
+        let from = fake.requests().len();
+        assert!(
+            timeout(S(600), &mut acquire).await.is_err(),
+            "b led while a renews"
+        );
+        let sent: Vec<_> = fake.requests()[from..]
+            .iter()
+            .filter(|r| r.client == id)
+            .map(|r| r.verb)
+            .collect();
+        assert!(
+            sent.len() <= 10,
+            "the follower sent {} requests in 10 minutes of an unchanging leader: {:?}",
+            sent.len(),
+            &sent[..sent.len().min(20)]
+        );
+    });
+}
+
+/// Under a storm of 5xx and 429 answers to every request (list, watch, get,
+/// writes), a candidate's requests stay bounded by its retry period and the
+/// watch's backoff: no request loop runs without a delay.
+#[test]
+fn a_storm_of_error_answers_does_not_raise_the_request_rate() {
+    for code in [429, 500, 503, 504] {
+        paused(async move {
+            let fake = FakeLeaseApi::default();
+            let (leader, _) = elector(&fake, config("a"));
+            let _guard = leader.acquire().await.unwrap();
+            let (follower, id) = elector(&fake, config("b"));
+            for _ in 0..100_000 {
+                fake.fault(id, None, Fault::Status(code));
+            }
+            let mut acquire = pin!(follower.acquire());
+            assert!(
+                timeout(S(600), &mut acquire).await.is_err(),
+                "b led while a renews"
+            );
+            let sent = fake.requests().iter().filter(|r| r.client == id).count();
+            // A read every retry period (2 s) at most, and the watch's retries.
+            assert!(
+                sent <= 600 / 2 + 60,
+                "{code}: the candidate sent {sent} requests in 10 minutes"
+            );
+        });
+    }
+}

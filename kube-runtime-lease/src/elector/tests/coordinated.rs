@@ -1018,3 +1018,56 @@ fn a_lease_candidate_deleted_while_its_watch_was_away_is_published_again_at_the_
         );
     });
 }
+
+/// Coordinated leadership acquired and given up many times over leaves
+/// nothing behind: after each cycle the `LeaseCandidate` is gone, the
+/// runtime's tasks (its watch and keeper among them) are back at their
+/// baseline, and each cycle costs the same requests as the one before.
+#[test]
+fn coordinated_acquire_and_drop_many_times_returns_to_a_baseline() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (e, _) = elector(&fake, coordinated("me"));
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let baseline = metrics.num_alive_tasks();
+        let mut costs = Vec::new();
+        for cycle in 0..100 {
+            let before = fake.requests().len();
+            let mut acquire = Box::pin(e.acquire());
+            assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+            assert!(
+                fake.lease_candidates().contains_key(CANDIDATE),
+                "cycle {cycle}: not published"
+            );
+            assign(&fake, CANDIDATE);
+            let guard = tokio::time::timeout(S(30), acquire)
+                .await
+                .unwrap_or_else(|_| panic!("cycle {cycle}: not leading 30s after its assignment"))
+                .expect("leads");
+            drop(guard);
+            tokio::time::timeout(S(30), async {
+                while e.tasks_for_test().0 {
+                    sleep(Duration::from_millis(100)).await;
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("cycle {cycle}: the election task still runs 30s later"));
+            assert!(
+                fake.lease_candidates().is_empty(),
+                "cycle {cycle}: {:?}",
+                fake.lease_candidates()
+            );
+            assert_eq!(
+                metrics.num_alive_tasks(),
+                baseline,
+                "cycle {cycle}: tasks alive after the election task ended"
+            );
+            costs.push(fake.requests().len() - before);
+        }
+        let (first, last) = (costs[10], costs[costs.len() - 1]);
+        assert!(
+            last <= first,
+            "requests per cycle grew from {first} to {last}: {costs:?}"
+        );
+    });
+}

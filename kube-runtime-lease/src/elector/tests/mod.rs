@@ -1646,3 +1646,69 @@ fn a_renewal_answered_not_found_ends_the_term_when_the_read_shows_a_takeover() {
         );
     });
 }
+
+/// A leader whose guards come and go for a long term (an `acquire` while
+/// leading, `current_guard` per reconcile as the guarded and warm
+/// Controllers take it, a lost signal) keeps no memory per guard it ever
+/// handed out: the term's senders stay at the live ones. So does the one
+/// term of a disabled election, which never ends.
+#[test]
+fn a_long_term_keeps_nothing_per_guard_dropped() {
+    for enabled in [true, false] {
+        paused(async move {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me").enabled(enabled));
+            let guard = e.acquire().await.unwrap();
+            for i in 0..5_000 {
+                let g = e.acquire().await.unwrap();
+                drop(g.lost_signal());
+                drop(g);
+                drop(e.current_guard().expect("a guard of the term in force"));
+                if i % 500 == 0 {
+                    sleep(S(1)).await;
+                }
+            }
+            let (term, _) = guard.parts();
+            assert_eq!(guard.lost(), None, "the term goes on");
+            let kept = term.senders_for_test();
+            assert!(
+                kept <= 16,
+                "enabled: {enabled}: {kept} senders of the term's end kept for 1 live guard, \
+                 after 10000 guards and 5000 signals dropped"
+            );
+        });
+    }
+}
+
+/// A long term with a follower watching costs the same every five minutes
+/// (of the most paused time a test may take): the same requests (a
+/// renewal per retry period, the follower's watch) and the same tasks.
+#[test]
+fn a_long_term_costs_the_same_every_five_minutes() {
+    paused(async {
+        let fake = free();
+        let (leader, _) = elector(&fake, config("a"));
+        let guard = leader.acquire().await.unwrap();
+        let (follower, _) = elector(&fake, config("b"));
+        let mut acquire = std::pin::pin!(follower.acquire());
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let mut costs = Vec::new();
+        let mut tasks = Vec::new();
+        for _ in 0..10 {
+            let from = fake.requests().len();
+            assert!(
+                tokio::time::timeout(S(300), &mut acquire).await.is_err(),
+                "b led while a renews"
+            );
+            costs.push(fake.requests().len() - from);
+            tasks.push(metrics.num_alive_tasks());
+        }
+        assert_eq!(guard.lost(), None, "the term goes on");
+        let (first, last) = (costs[1], costs[9]);
+        assert!(
+            last <= first + first / 100,
+            "requests every five minutes grew from {first} to {last}: {costs:?}"
+        );
+        assert_eq!(tasks[1], tasks[9], "tasks alive every five minutes: {tasks:?}");
+    });
+}

@@ -129,3 +129,49 @@ fn a_task_dropped_mid_term_leaves_the_next_one_its_record() {
         assert!(again.is_valid());
     });
 }
+
+/// Ends when no election task runs, within `bound` of paused time.
+async fn task_ended(e: &crate::LeaderElector, bound: Duration, what: &str) {
+    timeout(bound, async {
+        while e.tasks_for_test().0 {
+            sleep(MS(100)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{what}: the election task still runs {bound:?} later"));
+}
+
+/// Leadership acquired and given up many times over leaves nothing behind:
+/// after each cycle (the task lingers a retry period, releases and ends) the
+/// runtime's tasks are back at their baseline, and each cycle costs the
+/// same requests as the one before.
+#[test]
+fn acquire_and_drop_many_times_returns_to_a_baseline() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let baseline = metrics.num_alive_tasks();
+        let mut costs = Vec::new();
+        for cycle in 0..300 {
+            let before = fake.requests().len();
+            let guard = timeout(S(30), e.acquire())
+                .await
+                .unwrap_or_else(|_| panic!("cycle {cycle}: not leading 30s later"))
+                .unwrap();
+            drop(guard);
+            task_ended(&e, S(30), &format!("cycle {cycle}")).await;
+            costs.push(fake.requests().len() - before);
+            assert_eq!(
+                metrics.num_alive_tasks(),
+                baseline,
+                "cycle {cycle}: tasks alive after the election task ended"
+            );
+        }
+        let (first, last) = (costs[10], costs[costs.len() - 1]);
+        assert!(
+            last <= first,
+            "requests per cycle grew from {first} to {last}: {costs:?}"
+        );
+    });
+}
