@@ -148,10 +148,13 @@ impl LeaseGuard {
         self.term.token
     }
 
-    /// Why the term ended, or `None` while it holds.
+    /// Why the term ended, or `None` while it holds: past the renew
+    /// deadline, [`Lost::RenewDeadlineExceeded`] at once, on this guard's
+    /// clock (as [`is_valid`](Self::is_valid) says), even before the election
+    /// task or this guard's timer noticed.
     #[must_use]
     pub fn lost(&self) -> Option<Lost> {
-        self.term.lost()
+        self.term.over()
     }
 
     /// A `Send + Sync + 'static` future that resolves when this term ends,

@@ -51,10 +51,10 @@ type LastRenewals = Arc<Mutex<BTreeMap<LeaseLabels, Instant>>>;
 /// | metric | type | meaning |
 /// |---|---|---|
 /// | `leader_election_is_leader` | gauge | 1 while this replica leads; summed over replicas it should be 1 |
-/// | `leader_election_transitions_total` | counter | changes of holder observed by this replica |
+/// | `leader_election_transitions_total` | counter | changes of holder observed by this replica (its first look at the Lease is none) |
 /// | `leader_election_renewals_total{outcome}` | counter | renewal writes by outcome: `success`, `late` (answered after the renew deadline), `conflict`, `not_found`, `error` |
 /// | `leader_election_renew_duration_seconds` | histogram | latency of renewal writes |
-/// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal was sent |
+/// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal (or the write that began the term) was sent |
 /// | `leader_election_coordinated` | gauge | 1 while Coordinated Leader Election is in force ([`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), served by the API server), 0 for the ordinary election |
 ///
 /// With the `unstable-shards` feature, a sharded election
@@ -242,21 +242,40 @@ impl LeaderElector {
             labels,
             go,
         };
-        observer.metrics.is_leader.get_or_create(&observer.labels).set(0);
-        observer.metrics.master_status.get_or_create(&observer.go).set(0);
-        let coordinated = observer
-            .metrics
-            .coordinated
-            .get_or_create(&observer.labels)
-            .clone();
-        // Added first, read second: a change of election in between is told
-        // to the observer, and read here, either way the same. Metrics given
-        // to a later call are not recorded into, but start at the truth.
-        self.add_observer(observer);
-        #[cfg(feature = "coordinated")]
-        coordinated.set(i64::from(self.status().coordinated));
-        #[cfg(not(feature = "coordinated"))]
-        coordinated.set(0);
+        let gauges = (
+            observer.metrics.is_leader.get_or_create(&observer.labels).clone(),
+            observer.metrics.master_status.get_or_create(&observer.go).clone(),
+            observer
+                .metrics
+                .coordinated
+                .get_or_create(&observer.labels)
+                .clone(),
+        );
+        for gauge in [&gauges.0, &gauges.1, &gauges.2] {
+            gauge.set(0);
+        }
+        // The counters' series exist from the start, at 0: a first
+        // increment is then an increase to Prometheus, not a new series.
+        let m = &observer.metrics;
+        let _ = m.transitions.get_or_create(&observer.labels);
+        let _ = m.slowpath.get_or_create(&observer.go);
+        for outcome in ["success", "late", "conflict", "not_found", "error"] {
+            let _ = m.renewals.get_or_create(&RenewalLabels {
+                namespace: observer.labels.namespace.clone(),
+                lease: observer.labels.lease.clone(),
+                outcome,
+            });
+        }
+        // Added, the observer is told the last state told (whether this
+        // candidate leads, which election is in force) before any later
+        // change: its series start at the truth. Metrics given to a later
+        // call are not recorded into, but start at the truth too.
+        if !self.add_observer(observer) {
+            let (leading, coordinated) = self.told_state();
+            gauges.0.set(i64::from(leading));
+            gauges.1.set(i64::from(leading));
+            gauges.2.set(i64::from(coordinated));
+        }
         self
     }
 }
@@ -296,9 +315,17 @@ impl Observer for ElectorMetrics {
                 m.renew_duration
                     .get_or_create(labels)
                     .observe(latency.as_secs_f64());
-                if outcome == "success" {
-                    m.last_renewal.lock().insert(labels.clone(), sent);
+                if outcome == "success"
+                    && let Some(last) = m.last_renewal.lock().get_mut(labels)
+                {
+                    *last = sent;
                 }
+            }
+            // From the write that began the term: a leader stuck before its
+            // first renewal shows it too. (Renewals during a creation hold,
+            // when this candidate does not lead, are not shown.)
+            Transition::TermBegan { sent, .. } => {
+                m.last_renewal.lock().insert(labels.clone(), sent);
             }
             Transition::HolderChanged => {
                 m.transitions.get_or_create(labels).inc();
@@ -306,7 +333,7 @@ impl Observer for ElectorMetrics {
             Transition::Coordinated(coordinated) => {
                 m.coordinated.get_or_create(labels).set(i64::from(coordinated));
             }
-            Transition::TermBegan { .. } | Transition::TermEnded { .. } => {}
+            Transition::TermEnded { .. } => {}
         }
     }
 }

@@ -103,9 +103,11 @@ impl<S> WithLeaderElection<S> {
         self.project().lost.take()
     }
 
-    /// Whether this candidate leads and the inner stream runs.
+    /// Whether this candidate leads and the inner stream runs: false once
+    /// the term is over (its renew deadline passed, or it ended), even before
+    /// this stream is polled again and drops the inner stream.
     pub fn is_leading(&self) -> bool {
-        matches!(self.state, State::Leading(_))
+        matches!(&self.state, State::Leading(guard) if guard.is_valid())
     }
 
     /// Whether this stream has ended (leadership lost or the inner stream finished).

@@ -91,6 +91,13 @@ impl super::LeaderElector {
     pub(crate) fn add_observer(&self, observer: impl super::Observer) -> bool {
         self.inner.observers.add(observer)
     }
+
+    /// The last state told to the observers: whether this candidate leads,
+    /// and whether Coordinated Leader Election is in force.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn told_state(&self) -> (bool, bool) {
+        self.inner.observers.state()
+    }
 }
 
 impl super::api::LeaseApi {

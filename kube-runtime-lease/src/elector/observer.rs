@@ -17,8 +17,10 @@ pub(crate) enum Transition<'a> {
     /// the election switched off), `false` when it ends or can no longer
     /// hold (shutdown begun, the task stopped).
     Leading(bool),
-    /// A term on the Lease object `uid` began (the election is on).
-    TermBegan { uid: Option<&'a str> },
+    /// A term on the Lease object `uid` began (the election is on); `sent`:
+    /// the instant before its last successful write was sent (the one that
+    /// won it, or the last renewal of its creation hold).
+    TermBegan { uid: Option<&'a str>, sent: Instant },
     /// A term that had begun on the Lease object `uid` ended, for `reason`.
     TermEnded { reason: &'a Lost, uid: Option<&'a str> },
     /// A renewal write: its outcome (`success`, `late`, `conflict`,
@@ -43,27 +45,69 @@ pub(crate) trait Observer: Send + Sync + 'static {
 }
 
 /// The observers of one elector: at most one of each type, the first one
-/// added (so that one added twice does not count twice).
+/// added (so that one added twice does not count twice), and the last state
+/// told ([`Transition::Leading`], [`Transition::Coordinated`]), which an
+/// observer added later is told first: it starts at the truth.
 #[derive(Default)]
-pub(crate) struct Observers(RwLock<Vec<(TypeId, Arc<dyn Observer>)>>);
+pub(crate) struct Observers(RwLock<Told>);
+
+#[derive(Default)]
+struct Told {
+    all: Vec<(TypeId, Arc<dyn Observer>)>,
+    leading: Option<bool>,
+    coordinated: Option<bool>,
+}
 
 impl Observers {
-    /// Adds `observer` unless one of its type is there already; whether it
-    /// was added.
+    /// Adds `observer` unless one of its type is there already, telling it
+    /// the last state told; whether it was added.
     pub(crate) fn add<O: Observer>(&self, observer: O) -> bool {
-        let mut all = self.0.write();
-        if all.iter().any(|(t, _)| *t == TypeId::of::<O>()) {
+        let mut told = self.0.write();
+        if told.all.iter().any(|(t, _)| *t == TypeId::of::<O>()) {
             return false;
         }
-        all.push((TypeId::of::<O>(), Arc::new(observer)));
+        // Under the lock that the changes of state are told under: none is
+        // told between this and the observer's first transition.
+        if let Some(leading) = told.leading {
+            observer.observe(Transition::Leading(leading));
+        }
+        if let Some(coordinated) = told.coordinated {
+            observer.observe(Transition::Coordinated(coordinated));
+        }
+        told.all.push((TypeId::of::<O>(), Arc::new(observer)));
         true
     }
 
-    /// Tells every observer of `transition`.
+    /// Tells every observer of `transition`. A change of state is
+    /// remembered, and told under the write lock, so that an observer being
+    /// added sees it either in the replay or told, not missed or reordered.
     pub(crate) fn tell(&self, transition: Transition<'_>) {
-        for (_, observer) in self.0.read().iter() {
-            observer.observe(transition);
+        match transition {
+            Transition::Leading(_) | Transition::Coordinated(_) => {
+                let mut told = self.0.write();
+                match transition {
+                    Transition::Leading(leading) => told.leading = Some(leading),
+                    Transition::Coordinated(coordinated) => told.coordinated = Some(coordinated),
+                    _ => {}
+                }
+                for (_, observer) in &told.all {
+                    observer.observe(transition);
+                }
+            }
+            _ => {
+                for (_, observer) in &self.0.read().all {
+                    observer.observe(transition);
+                }
+            }
         }
+    }
+
+    /// The last state told: whether this candidate leads, and whether
+    /// Coordinated Leader Election is in force.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn state(&self) -> (bool, bool) {
+        let told = self.0.read();
+        (told.leading == Some(true), told.coordinated == Some(true))
     }
 }
 

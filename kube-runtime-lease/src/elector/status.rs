@@ -161,8 +161,19 @@ impl Inner {
         self.observers.tell(Transition::Leading(false));
     }
 
-    /// Changes the published status; a change of holder is logged.
+    /// The Lease observed now holds the record `spec` (`None`: it does not
+    /// exist): the status shows its holder. The first look at the Lease is
+    /// no change of holder for the observers (a replica started beside a
+    /// leader has seen none).
+    pub(super) fn observe(&self, spec: Option<&LeaseSpec>) {
+        self.update_status(|s| s.observe(spec));
+        self.observed.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Changes the published status; a change of holder is logged, and told
+    /// once the Lease was observed before.
     pub(super) fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
+        let observed = self.observed.load(std::sync::atomic::Ordering::Relaxed);
         self.status.send_if_modified(|s| {
             let before = s.clone();
             f(s);
@@ -173,7 +184,9 @@ impl Inner {
                     info!("lease observed free or missing");
                 }
                 // And told to the observers (metrics, Events).
-                self.observers.tell(Transition::HolderChanged);
+                if observed {
+                    self.observers.tell(Transition::HolderChanged);
+                }
             }
             *s != before
         });

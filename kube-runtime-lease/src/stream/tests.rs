@@ -1018,3 +1018,32 @@ fn run_each_term_through_many_takeovers_keeps_its_tasks_at_a_baseline() {
         assert_eq!(tasks[5], tasks[149], "tasks alive in each term: {tasks:?}");
     });
 }
+
+/// `is_leading` is false once the term is over, even before the stream is
+/// polled again (a consumer busy elsewhere): past the renew deadline, and
+/// after a takeover the elector task saw.
+#[test]
+fn is_leading_is_false_once_the_term_is_over_even_before_the_stream_is_polled_again() {
+    for case in ["deadline", "takeover"] {
+        paused(async {
+            let fake = free();
+            let (e, id) = elector(&fake, config("me"));
+            let (probe, _, _) = Probe::start();
+            let mut guarded = pin!(probe.with_leader_election(&e));
+            assert_eq!(guarded.next().await, Some(0));
+            assert!(guarded.is_leading());
+            match case {
+                "deadline" => fake.partition(id, true),
+                _ => fake.take_over("other"),
+            }
+            // Not polled meanwhile.
+            sleep(S(11)).await;
+            let valid = guarded.guard().is_some_and(crate::LeaseGuard::is_valid);
+            assert!(
+                !guarded.is_leading(),
+                "{case}: is_leading() says true though the term is over (guard valid: {valid}, e.is_leader(): {})",
+                e.is_leader()
+            );
+        });
+    }
+}

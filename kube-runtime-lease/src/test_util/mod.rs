@@ -364,8 +364,9 @@ impl FakeLeaseApi {
     }
 
     /// The Events created through this double so far, as JSON,
-    /// in order (every Event POST is accepted; updates of an Event series are
-    /// answered 404, so a repeat is created anew).
+    /// in order (every Event POST is accepted; an update of an Event series,
+    /// a merge patch, is applied to the Event it names, as the API server
+    /// does).
     #[must_use]
     pub fn events(&self) -> Vec<serde_json::Value> {
         self.lock().events.clone()

@@ -60,6 +60,9 @@ impl FakeLeaseApi {
         if target.resource == "events" && method == Method::POST {
             return Ok(self.event_posted(&body));
         }
+        if target.resource == "events" && method == Method::PATCH {
+            return Ok(self.event_patched(target.name.as_deref(), &body));
+        }
         #[cfg(feature = "coordinated")]
         if target.resource == "leasecandidates" {
             return Ok(self
@@ -198,6 +201,41 @@ impl FakeLeaseApi {
                 created(&event)
             }
             Err(_) => status(400, "BadRequest", "not JSON"),
+        }
+    }
+
+    /// An Event series updated (a JSON merge patch, as kube-runtime's
+    /// `Recorder` sends for a repeat): applied to the Event created under
+    /// `name`, as the API server does, answered 200 with the result.
+    fn event_patched(&self, name: Option<&str>, body: &[u8]) -> Response<ResBody> {
+        fn merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+            match (target.as_object_mut(), patch.as_object()) {
+                (Some(target), Some(patch)) => {
+                    for (k, v) in patch {
+                        if v.is_null() {
+                            target.remove(k);
+                        } else {
+                            merge(target.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                        }
+                    }
+                }
+                _ => *target = patch.clone(),
+            }
+        }
+        let Ok(patch) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return status(400, "BadRequest", "not JSON");
+        };
+        let mut s = self.lock();
+        let event = s
+            .events
+            .iter_mut()
+            .find(|e| name.is_some() && e["metadata"]["name"].as_str() == name);
+        match event {
+            Some(event) => {
+                merge(event, &patch);
+                ok(event)
+            }
+            None => status(404, "NotFound", "no such event"),
         }
     }
 }

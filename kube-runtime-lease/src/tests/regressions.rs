@@ -1139,6 +1139,30 @@ fn an_election_task_on_a_runtime_no_longer_driven_does_not_hang_the_elector() {
     });
 }
 
+/// 9: a guard says why its term is over as soon as it is over, on its own
+/// clock: past the renew deadline, with the election task not driven and the
+/// guard not polled, `lost()` is the deadline, as `is_valid()` and
+/// `time_left()` say (before: `None`, "while it holds", though it did not).
+#[test]
+fn a_guard_not_polled_tells_the_renew_deadline_as_its_loss_without_the_election_task() {
+    let fake = free();
+    let main = paused_runtime();
+    let (e, _) = main.block_on(async { elector(&fake, config("me")) });
+    let (guard, helper) = main.block_on(acquire_on_a_helper_runtime(&e));
+    main.block_on(async {
+        assert_eq!(guard.lost(), None, "the term holds");
+        tokio::time::sleep(S(11)).await;
+        assert!(!guard.is_valid(), "past the renew deadline");
+        assert_eq!(guard.time_left(), Duration::ZERO);
+        assert_eq!(
+            guard.lost(),
+            Some(Lost::RenewDeadlineExceeded),
+            "the term is over (is_valid: false, time left 0), but lost() does not say why"
+        );
+    });
+    drop(helper);
+}
+
 /// 7: `shutdown` while the only task is stuck on a runtime no longer driven.
 #[test]
 fn shutdown_is_bounded_when_the_election_task_is_not_driven() {

@@ -26,7 +26,12 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Publishes the Events: an observer of the election's transitions.
 struct Events {
-    recorder: Recorder,
+    /// Where and as whom to publish: a `Recorder` of its own for each Event
+    /// (one kept would fold a repeat of a type, reason and action on the
+    /// Lease, within minutes, into the first Event's series, which keeps
+    /// the first note: a second takeover would name the first's holder).
+    client: kube_client::Client,
+    reporter: Reporter,
     /// The candidate's identity, and the Lease the Events are about.
     identity: String,
     namespace: String,
@@ -65,7 +70,8 @@ impl LeaderElector {
     pub fn with_events(self, reporter: Reporter) -> Self {
         let config = &self.inner.config;
         self.add_observer(Events {
-            recorder: Recorder::new(self.inner.api.client(), reporter),
+            client: self.inner.api.client(),
+            reporter,
             identity: config.identity.clone(),
             namespace: config.namespace.clone(),
             name: config.name.clone(),
@@ -98,9 +104,7 @@ fn fit_note(mut note: String) -> String {
 
 /// The note, type and action of the Event for the end of a term: why (the
 /// note), whether it is a loss (a warning), and the kind of end as the
-/// action. (The recorder folds repeats of one type, reason and action on one
-/// object into a series that keeps its first note: the action tells ends
-/// apart.)
+/// action.
 fn ended(reason: &Lost) -> (String, bool, &'static str) {
     match reason {
         Lost::Shutdown => ("the elector was shut down".to_owned(), false, "Shutdown"),
@@ -117,7 +121,7 @@ impl Observer for Events {
     fn observe(&self, transition: Transition<'_>) {
         let identity = &self.identity;
         let (type_, note, action, uid) = match transition {
-            Transition::TermBegan { uid } => (
+            Transition::TermBegan { uid, .. } => (
                 EventType::Normal,
                 format!("{identity} became leader"),
                 "BecameLeader",
@@ -149,7 +153,7 @@ impl Observer for Events {
             uid: uid.map(str::to_owned),
             ..ObjectReference::default()
         };
-        let recorder = self.recorder.clone();
+        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
         let warned = self.warned.clone();
         tokio::spawn(async move {
             let result = tokio::time::timeout(PUBLISH_TIMEOUT, recorder.publish(&event, &reference)).await;

@@ -130,7 +130,7 @@ impl Task {
         let fallback = self.inner.config.lease_duration;
         self.memory.saw(lease.as_ref(), fallback, Instant::now());
         let Some(lease) = lease else {
-            self.inner.update_status(|s| s.observe(None));
+            self.inner.observe(None);
             let before = std::mem::replace(&mut self.view, LeaseView::Missing);
             return !matches!(before, LeaseView::Missing);
         };
@@ -143,7 +143,7 @@ impl Task {
             _ => None,
         };
         let changed = previous.as_ref().is_none_or(|p| p.spec != spec);
-        self.inner.update_status(|s| s.observe(Some(&spec)));
+        self.inner.observe(Some(&spec));
         self.view = LeaseView::Known {
             observed: Box::new(Observed::update(
                 previous,

@@ -127,3 +127,55 @@ fn events_are_about_the_lease_object() {
         );
     });
 }
+
+/// Each transition is an Event of its own, naming its own cause: a second
+/// takeover within minutes of the first names its new holder, and a second
+/// term is published too. (kube-runtime's `Recorder` folds a repeat of one
+/// type, reason and action on one object into the first Event's series,
+/// which keeps the first note: the second takeover read "taken over by
+/// \"b\"" though `c` took it.)
+#[test]
+fn each_transition_is_an_event_naming_its_own_cause() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let e = e.with_events(kube_runtime::events::Reporter {
+            controller: "test".into(),
+            instance: None,
+        });
+        for holder in ["b", "c"] {
+            let guard = tokio::time::timeout(S(60), e.acquire())
+                .await
+                .expect("leads within 60 s")
+                .expect("leads");
+            fake.take_over(holder);
+            assert_eq!(
+                tokio::time::timeout(S(5), guard)
+                    .await
+                    .expect("the loss seen within 5 s"),
+                crate::tests::support::taken_by(holder)
+            );
+            sleep(MS(10)).await;
+        }
+        let events: Vec<(String, String)> = fake
+            .events()
+            .iter()
+            .map(|e| {
+                (
+                    e["action"].as_str().unwrap_or_default().to_owned(),
+                    e["note"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        let actions: Vec<&str> = events.iter().map(|(a, _)| a.as_str()).collect();
+        assert_eq!(
+            actions,
+            ["BecameLeader", "TakenOver", "BecameLeader", "TakenOver"],
+            "one Event per transition: {events:?}"
+        );
+        assert!(
+            events[3].1.contains(r#""c""#),
+            "the second takeover's Event names another holder than `c`: {events:?}"
+        );
+    });
+}

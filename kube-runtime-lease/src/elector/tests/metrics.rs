@@ -114,3 +114,123 @@ fn a_disabled_election_stops_leading_in_its_metrics_at_shutdown() {
         assert_scraped(&registry, &format!("{SERIES} 0"));
     });
 }
+
+/// Metrics given to an elector that already leads start at the truth: the
+/// leader gauges say 1, for the first metrics given and for later ones alike
+/// (`with_metrics` is a builder on a cloneable handle: a replica may add its
+/// metrics after it began leading).
+#[test]
+fn metrics_given_to_an_elector_that_already_leads_start_at_the_truth() {
+    paused(async {
+        use crate::tests::support::assert_scraped;
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let _guard = e.acquire().await.unwrap();
+        assert!(e.is_leader());
+        for _ in 0..2 {
+            let mut registry = prometheus_client::registry::Registry::default();
+            let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
+            let _ = e.clone().with_metrics(&metrics);
+            assert_scraped(
+                &registry,
+                r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#,
+            );
+            assert_scraped(&registry, r#"leader_election_master_status{name="lease"} 1"#);
+        }
+    });
+}
+
+/// `leader_election_seconds_since_last_renewal` is there exactly while this
+/// replica leads: from the write that began the term (a leader stuck before
+/// its first renewal is the one its alert is for), and not during the
+/// creation hold, when it renews but does not lead.
+#[test]
+fn seconds_since_last_renewal_is_reported_exactly_while_leading() {
+    paused(async {
+        use crate::tests::support::scrape;
+        const SERIES: &str =
+            r#"leader_election_seconds_since_last_renewal{namespace="default",lease="lease"}"#;
+        const LEADER: &str = r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#;
+        {
+            // A term taken at once: from its first write.
+            let mut registry = prometheus_client::registry::Registry::default();
+            let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
+            let fake = free();
+            let (e, _) = elector(&fake, config("me"));
+            let _guard = e.with_metrics(&metrics).acquire().await.unwrap();
+            let text = scrape(&registry);
+            assert!(text.contains(LEADER), "{text}");
+            assert!(
+                text.contains(&format!("{SERIES} 0")),
+                "no seconds since the last renewal at the start of a term:\n{text}"
+            );
+        }
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
+        // No Lease: the candidate creates it, and holds it one lease
+        // duration (renewing it) before it leads.
+        let fake = FakeLeaseApi::default();
+        let (e, _) = elector(&fake, config("me"));
+        let e = e.with_metrics(&metrics);
+        let acquire = tokio::spawn({
+            let e = e.clone();
+            async move { e.acquire().await }
+        });
+        sleep(S(5)).await;
+        let text = scrape(&registry);
+        assert!(
+            !e.is_leader() && !text.contains(LEADER),
+            "leading during the hold:\n{text}"
+        );
+        assert!(
+            !text.contains(SERIES),
+            "seconds since the last renewal reported during the creation hold, while not leading:\n{text}"
+        );
+        let guard = tokio::time::timeout(S(20), acquire)
+            .await
+            .expect("no term 20 s after the creation hold began")
+            .unwrap()
+            .unwrap();
+        let text = scrape(&registry);
+        assert!(text.contains(LEADER), "{text}");
+        assert!(
+            text.contains(SERIES),
+            "no seconds since the last renewal at the start of a term:\n{text}"
+        );
+        drop(guard);
+        e.shutdown(S(1)).await.unwrap();
+        let text = scrape(&registry);
+        assert!(!text.contains(SERIES), "{text}");
+    });
+}
+
+/// `leader_election_transitions_total` counts changes of holder, not the
+/// first look at the Lease: a replica started beside a leader has seen no
+/// change (a rollout of N replicas would otherwise count N); the takeover it
+/// makes later is one.
+#[test]
+fn the_first_look_at_the_lease_is_no_transition() {
+    paused(async {
+        use crate::tests::support::{assert_scraped, held_by};
+        const SERIES: &str = r#"leader_election_transitions_total{namespace="default",lease="lease"}"#;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("other", 15));
+        let (e, _) = elector(&fake, config("me"));
+        let e = e.with_metrics(&metrics);
+        let acquire = tokio::spawn({
+            let e = e.clone();
+            async move { e.acquire().await }
+        });
+        sleep(S(5)).await;
+        assert_eq!(e.status().holder.as_deref(), Some("other"));
+        assert_scraped(&registry, &format!("{SERIES} 0"));
+        let _guard = tokio::time::timeout(S(30), acquire)
+            .await
+            .expect("takes the expired record within 30 s")
+            .unwrap()
+            .unwrap();
+        assert_scraped(&registry, &format!("{SERIES} 1"));
+    });
+}
