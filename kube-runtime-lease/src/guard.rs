@@ -56,6 +56,9 @@ pub struct LeaseGuard {
     /// stream whose inner stream has not ended): dropped so, the work was
     /// stopped, not finished.
     pub(crate) unfinished: bool,
+    /// Handed to a waiting `acquire` that has not received it yet
+    /// ([`deliver`](Self::deliver)): it guards no work.
+    undelivered: bool,
 }
 
 impl LeaseGuard {
@@ -65,13 +68,38 @@ impl LeaseGuard {
     /// in a loop would spin on it instead of waiting for the next term).
     /// `wake` wakes the elector task when the guard is dropped.
     pub(crate) fn of(term: &Arc<Term>, wake: Arc<Notify>) -> Option<Self> {
-        term.join().map(|rx| LeaseGuard {
+        Self::joining(term, wake, false)
+    }
+
+    /// A guard of `term` for a waiting `acquire`, which has not received it
+    /// yet: it counts as wanting leadership, but guards no work until the
+    /// `acquire` takes it ([`deliver`](Self::deliver)). Dropped before that
+    /// (the `acquire` dropped, or refusing it once the shutdown began), it
+    /// neither holds the shutdown back nor keeps the Lease from its release.
+    pub(crate) fn undelivered(term: &Arc<Term>, wake: Arc<Notify>) -> Option<Self> {
+        Self::joining(term, wake, true)
+    }
+
+    fn joining(term: &Arc<Term>, wake: Arc<Notify>, undelivered: bool) -> Option<Self> {
+        term.join(undelivered).map(|rx| LeaseGuard {
             term: term.clone(),
             wake,
             rx,
             timer: None,
             unfinished: false,
+            undelivered,
         })
+    }
+
+    /// The waiting `acquire` receives this guard: `false` if its term is over
+    /// already (the guard is then dropped, still undelivered, and the
+    /// `acquire` waits for the next term).
+    pub(crate) fn deliver(&mut self) -> bool {
+        if !self.undelivered {
+            return true;
+        }
+        self.undelivered = !self.term.deliver();
+        !self.undelivered
     }
 
     /// The term this guard belongs to, and the elector task's wake-up: what
@@ -241,7 +269,7 @@ impl Future for LeaseGuard {
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        self.term.guard_dropped(self.unfinished);
+        self.term.guard_dropped(self.unfinished, self.undelivered);
         self.wake.notify_one();
     }
 }

@@ -89,6 +89,9 @@ struct TermInner {
     senders: Vec<oneshot::Sender<Lost>>,
     /// Guards of this term not yet dropped.
     live: usize,
+    /// Of those, the guards handed to a waiting `acquire` that has not
+    /// received them yet (see [`Term::deliver`]): no work runs under them.
+    undelivered: usize,
     /// Whether guarded work was stopped rather than finished: a guard was
     /// still alive when the term ended, or was dropped only after the renew
     /// deadline had passed. Requests that work sent may still land.
@@ -125,6 +128,7 @@ impl Term {
             inner: Mutex::new(TermInner {
                 senders: Vec::new(),
                 live: 0,
+                undelivered: 0,
                 stopped_work: false,
                 closed: false,
             }),
@@ -231,14 +235,23 @@ impl Term {
         self.inner.lock().senders.len()
     }
 
-    /// Waits until every guard of this term has been dropped, or `until`
-    /// (whichever comes first: the caller ends the term next, and
-    /// [`Term::lose`] tells whether guards were still alive).
+    /// Guards that may have work running under them: the live ones, but
+    /// those still on their way to a waiting `acquire`.
+    fn working_guards(&self) -> usize {
+        let inner = self.inner.lock();
+        inner.live - inner.undelivered
+    }
+
+    /// Waits until every guard of this term that may guard work has been
+    /// dropped, or `until` (whichever comes first: the caller ends the term
+    /// next, and [`Term::lose`] tells whether guards were still alive). A
+    /// guard not yet received by its `acquire` guards no work: it is not
+    /// waited for (once the shutdown began, that `acquire` drops it).
     pub(crate) async fn guards_dropped(&self, until: Instant) {
         loop {
             let mut notified = std::pin::pin!(self.dropped.notified());
             notified.as_mut().enable();
-            if self.live_guards() == 0 || tokio::time::timeout_at(until, notified).await.is_err() {
+            if self.working_guards() == 0 || tokio::time::timeout_at(until, notified).await.is_err() {
                 return;
             }
         }
@@ -252,8 +265,10 @@ impl Term {
                 return;
             }
             // Guards are only created under this lock, and only while the term
-            // holds: the count cannot grow from here on.
-            inner.stopped_work |= inner.live > 0;
+            // holds: the count cannot grow from here on. A guard not yet
+            // received by its `acquire` guards no work (nor will it: see
+            // `deliver`).
+            inner.stopped_work |= inner.live > inner.undelivered;
             std::mem::take(&mut inner.senders)
         };
         for tx in senders {
@@ -279,10 +294,15 @@ impl Term {
     /// deadline, or if its work was `unfinished` (its future or stream
     /// dropped before it finished): requests it sent may still land, so the
     /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
-    pub(crate) fn guard_dropped(&self, unfinished: bool) {
+    /// A guard never received by its `acquire` (`undelivered`) guarded no work.
+    pub(crate) fn guard_dropped(&self, unfinished: bool, undelivered: bool) {
         let mut inner = self.inner.lock();
-        // (A guard alive when the term ended was counted by `lose`.)
-        inner.stopped_work |= unfinished || self.over().is_some();
+        if undelivered {
+            inner.undelivered -= 1;
+        } else {
+            // (A guard alive when the term ended was counted by `lose`.)
+            inner.stopped_work |= unfinished || self.over().is_some();
+        }
         inner.live -= 1;
         drop(inner);
         self.dropped.notify_waiters();
@@ -298,7 +318,9 @@ impl Term {
     /// A new guard joins the term (see [`LeaseGuard::of`](crate::LeaseGuard::of)):
     /// counted, and told why the term ends; `None`, under the term's lock, if
     /// the term is over or its elector's shutdown began.
-    pub(crate) fn join(&self) -> Option<oneshot::Receiver<Lost>> {
+    /// `undelivered`: the guard is on its way to a waiting `acquire`, which
+    /// has not received it yet ([`deliver`](Self::deliver)).
+    pub(crate) fn join(&self, undelivered: bool) -> Option<oneshot::Receiver<Lost>> {
         let (tx, rx) = oneshot::channel();
         let mut inner = self.inner.lock();
         if inner.closed || self.over().is_some() {
@@ -306,7 +328,22 @@ impl Term {
         }
         inner.push(tx);
         inner.live += 1;
+        inner.undelivered += usize::from(undelivered);
         Some(rx)
+    }
+
+    /// A guard handed to a waiting `acquire` is received by it: from now on
+    /// work may run under it. `false`, changing nothing, if the term is over
+    /// already (ended, or its renew deadline passed, before the `acquire`
+    /// was polled again): such a guard is not handed out (see
+    /// [`LeaseGuard::of`](crate::LeaseGuard::of)), and did no work.
+    pub(crate) fn deliver(&self) -> bool {
+        let mut inner = self.inner.lock();
+        if self.over().is_some() {
+            return false;
+        }
+        inner.undelivered -= 1;
+        true
     }
 }
 
@@ -339,10 +376,10 @@ mod tests {
     #[test]
     fn a_term_keeps_no_sender_of_a_dropped_guard_or_signal() {
         let term = Term::new(1, Instant::now(), Duration::from_secs(10));
-        let _live = term.join().unwrap();
+        let _live = term.join(false).unwrap();
         for _ in 0..10_000 {
-            drop(term.join().unwrap());
-            term.guard_dropped(false);
+            drop(term.join(false).unwrap());
+            term.guard_dropped(false, false);
             drop(term.subscribe());
         }
         let kept = term.inner.lock().senders.len();

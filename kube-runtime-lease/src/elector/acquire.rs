@@ -39,53 +39,70 @@ impl Future for Acquire {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        let rx = if let Some(rx) = &mut this.rx {
-            rx
-        } else {
-            let mut state = this.inner.lock();
-            if state.shutdown {
-                return Poll::Ready(Err(AcquireError::Shutdown));
-            }
-            let wake = &this.inner.wake;
-            if let Some(guard) = state.term.as_ref().and_then(|t| LeaseGuard::of(t, wake.clone())) {
-                return Poll::Ready(Ok(guard));
-            }
-            if !this.inner.config.enabled {
-                return Poll::Ready(this.inner.lead_unelected(state));
-            }
-            // Before any change of state: polled outside a runtime (a
-            // programming error, as for `tokio::spawn`), this panics
-            // without leaving the elector waiting for a task that never ran.
-            let spawn = (!state.running).then(|| {
-                let runtime = tokio::runtime::Handle::try_current()
-                    .expect("`LeaderElector::acquire` must be polled within a Tokio runtime");
-                state.running = true;
-                state.spawned += 1;
-                (runtime, state.spawned)
+        loop {
+            let rx = if let Some(rx) = &mut this.rx {
+                rx
+            } else {
+                let mut state = this.inner.lock();
+                if state.shutdown {
+                    return Poll::Ready(Err(AcquireError::Shutdown));
+                }
+                let wake = &this.inner.wake;
+                if let Some(guard) = state.term.as_ref().and_then(|t| LeaseGuard::of(t, wake.clone())) {
+                    return Poll::Ready(Ok(guard));
+                }
+                if !this.inner.config.enabled {
+                    return Poll::Ready(this.inner.lead_unelected(state));
+                }
+                // Before any change of state: polled outside a runtime (a
+                // programming error, as for `tokio::spawn`), this panics
+                // without leaving the elector waiting for a task that never ran.
+                let spawn = (!state.running).then(|| {
+                    let runtime = tokio::runtime::Handle::try_current()
+                        .expect("`LeaderElector::acquire` must be polled within a Tokio runtime");
+                    state.running = true;
+                    state.spawned += 1;
+                    (runtime, state.spawned)
+                });
+                let (tx, rx) = oneshot::channel();
+                state.waiters.push(tx);
+                drop(state);
+                if let Some((runtime, n)) = spawn {
+                    this.inner.spawn(&runtime, n);
+                }
+                // A running task re-counts who wants leadership.
+                this.inner.wake.notify_one();
+                this.rx.insert(rx)
+            };
+            let received = ready!(Pin::new(rx).poll(cx));
+            this.rx = None;
+            // Waiters are dropped by `shutdown`, or by the task when it is
+            // dropped without exiting (runtime shut down, panic). A guard sent
+            // before the shutdown began and received after it is dropped
+            // unused, still undelivered: no work starts once the shutdown
+            // began, and the shutdown neither waits for it nor keeps the
+            // Lease from its release. Decided under the state's lock, which
+            // the shutdown takes to begin: either it began first, or it
+            // waits for the work of the guard delivered here.
+            let state = this.inner.lock();
+            let shutdown = state.shutdown;
+            return Poll::Ready(match received {
+                Ok(mut guard) if !shutdown => {
+                    if !guard.deliver() {
+                        // The term ended (or its renew deadline passed)
+                        // before this poll: its guard would end at once.
+                        // Dropped undelivered, it did no work; wait for
+                        // the next term instead.
+                        drop(state);
+                        drop(guard);
+                        continue;
+                    }
+                    Ok(guard)
+                }
+                _ if shutdown => Err(AcquireError::Shutdown),
+                _ => Err(AcquireError::ElectorStopped),
             });
-            let (tx, rx) = oneshot::channel();
-            state.waiters.push(tx);
-            drop(state);
-            if let Some((runtime, n)) = spawn {
-                this.inner.spawn(&runtime, n);
-            }
-            // A running task re-counts who wants leadership.
-            this.inner.wake.notify_one();
-            this.rx.insert(rx)
-        };
-        let received = ready!(Pin::new(rx).poll(cx));
-        this.rx = None;
-        // Waiters are dropped by `shutdown`, or by the task when it is
-        // dropped without exiting (runtime shut down, panic). A guard sent
-        // before the shutdown began and received after it is dropped unused:
-        // no work starts once the shutdown began (its drop counts as
-        // finished work, so the release is not held back).
-        let shutdown = this.inner.lock().shutdown;
-        Poll::Ready(match received {
-            Ok(guard) if !shutdown => Ok(guard),
-            _ if shutdown => Err(AcquireError::Shutdown),
-            _ => Err(AcquireError::ElectorStopped),
-        })
+        }
     }
 }
 

@@ -274,6 +274,50 @@ fn a_replica_whose_balancer_is_dropped_gives_its_shards_up() {
     });
 }
 
+/// A balancer (`run`) dropped after any number of polls, 250 ms of paused
+/// time apart, while `b` runs beside it: whatever `a` was doing (joining the
+/// roster, campaigning, holding its share, a write in flight), `b` holds
+/// all 12 shards within a lease duration (4 s) and a second after the drop,
+/// no shard is ever held twice, and `a` renews nothing.
+#[test]
+fn a_balancer_dropped_after_any_number_of_polls_leaves_nothing_held() {
+    let mut found = Vec::new();
+    for polls in 0..48 {
+        let outcome = std::sync::Arc::new(parking_lot::Mutex::new(None));
+        let out = outcome.clone();
+        paused(async move {
+            let fake = FakeLeaseApi::default();
+            let (a, b) = (replica(&fake, "a"), replica(&fake, "b"));
+            {
+                let b = b.clone();
+                tokio::spawn(async move { b.run().await });
+            }
+            {
+                let mut run_a = std::pin::pin!(a.run());
+                for _ in 0..polls {
+                    if futures::poll!(run_a.as_mut()).is_ready() {
+                        break;
+                    }
+                    sleep(Duration::from_millis(250)).await;
+                }
+            }
+            let dropped = tokio::time::Instant::now();
+            while sizes(&held(&[&a, &b])) != [0, 12] && dropped.elapsed() < S(5) {
+                never_shared(&[&a, &b], Duration::from_millis(10)).await;
+            }
+            let renews = a.status().values().filter(|s| s.is_leader).count();
+            *out.lock() = Some((held(&[&a, &b]), dropped.elapsed(), renews));
+        });
+        let (held, after, renews) = outcome.lock().take().unwrap();
+        if sizes(&held) != [0, 12] || renews > 0 {
+            found.push(format!(
+                "dropped after {polls} polls: {after:?} later, held {held:?}, a leads {renews} shards"
+            ));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
 /// Every shard's election is in the metrics, one series per shard Lease: the
 /// shards a replica holds are their sum.
 #[cfg(feature = "metrics")]

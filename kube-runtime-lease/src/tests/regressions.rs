@@ -13,6 +13,7 @@ use std::{
         Arc,
         atomic::{AtomicBool, AtomicUsize, Ordering},
     },
+    task::Poll,
     time::Duration,
 };
 
@@ -2097,4 +2098,502 @@ fn the_lost_signal_of_a_timeless_term_sets_no_timer() {
             panic!("an hour of paused time did not pass in 60 s: the signal of a timeless term spins")
         }
     }
+}
+
+// ---- 18. Dropped at any poll point ------------------------------------------
+
+/// An `acquire` polled once waits for the Lease; the term begins and its
+/// guard is sent to the waiter, but the future is kept unpolled (a
+/// `select!` that took another branch and keeps it pinned for later) while
+/// the shutdown runs. No work can start under that guard (a later poll
+/// answers `AcquireError::Shutdown`, section 16), so the shutdown has no
+/// work to wait for: it must not wait its grace for a guard nobody holds,
+/// nor leave the Lease to expire as if work had been stopped.
+#[test]
+fn an_acquire_served_but_not_polled_does_not_hold_the_shutdown_back() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let mut acquire = pin!(e.acquire());
+        assert!(poll!(acquire.as_mut()).is_pending(), "a waiter registers");
+        timeout(S(5), async {
+            while !e.is_leader() {
+                sleep(MS(1)).await;
+            }
+        })
+        .await
+        .expect("never led");
+        let began = Instant::now();
+        let result = timeout(S(60), e.shutdown(S(10))).await.expect("shutdown hangs");
+        let took = began.elapsed();
+        let holder = holder(&fake);
+        let later = poll!(acquire.as_mut());
+        assert!(
+            took < S(1)
+                && holder.as_deref() == Some("")
+                && matches!(later, Poll::Ready(Err(AcquireError::Shutdown))),
+            "shutdown(10 s) returned {result:?} after {took:?} and the Lease holder is {holder:?} (not \
+             released), with no guard in anyone's hands: the only one sat unreceived in an acquire \
+             (polled afterwards: {later:?})"
+        );
+    });
+}
+
+/// 18: an `acquire` served a guard that it has not received yet is not
+/// handed a term that ended meanwhile: a guard of it would end at once
+/// (`LeaseGuard::of` refuses one for that reason), and one that ended
+/// before the work could start is no stopped work. It waits for the next
+/// term instead.
+#[test]
+fn an_acquire_served_a_term_that_ended_before_it_was_polled_waits_for_the_next_one() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let mut acquire = pin!(e.acquire());
+        assert!(poll!(acquire.as_mut()).is_pending(), "a waiter registers");
+        timeout(S(5), async {
+            while !e.is_leader() {
+                sleep(MS(1)).await;
+            }
+        })
+        .await
+        .expect("never led");
+        fake.take_over("b");
+        timeout(S(5), async {
+            while e.is_leader() {
+                sleep(MS(1)).await;
+            }
+        })
+        .await
+        .expect("the takeover was never seen");
+        let later = poll!(acquire.as_mut());
+        let served = match &later {
+            Poll::Ready(Ok(guard)) => Some((guard.is_valid(), guard.lost())),
+            _ => None,
+        };
+        assert!(
+            later.is_pending(),
+            "the acquire resolved to {later:?} (valid, lost: {served:?}) after its term was taken over by b: \
+             a guard of a term already over"
+        );
+        // b's record expires: the same acquire leads the next term.
+        let guard = timeout(S(60), acquire)
+            .await
+            .expect("the acquire never led the next term")
+            .unwrap();
+        assert!(guard.is_valid(), "the next term holds");
+    });
+}
+
+/// What to set up before a future of the election is polled, for the tests
+/// that drop it after any number of polls.
+#[derive(Clone, Copy, Debug)]
+enum Before {
+    /// A free Lease: won at the first write.
+    Free,
+    /// No Lease: this candidate creates it and holds it first (the
+    /// creation hold) for a lease duration.
+    Missing,
+    /// The first write is answered 3 s after it took effect (dropped
+    /// with the request in flight).
+    SlowWrite,
+    /// The first write is answered 409 (a retry after a read).
+    Conflict,
+    /// The watch's initial list is answered after 3 s.
+    SlowList,
+}
+
+impl Before {
+    const ALL: [Before; 5] = [
+        Before::Free,
+        Before::Missing,
+        Before::SlowWrite,
+        Before::Conflict,
+        Before::SlowList,
+    ];
+
+    fn fake(self) -> FakeLeaseApi {
+        match self {
+            Before::Missing => FakeLeaseApi::default(),
+            _ => free(),
+        }
+    }
+
+    fn fault(self, fake: &FakeLeaseApi, id: usize) {
+        match self {
+            Before::Free | Before::Missing => {}
+            Before::SlowWrite => fake.fault(id, Some("update"), Fault::DelayResponse(S(3))),
+            Before::Conflict => fake.fault(id, Some("update"), Fault::Status(409)),
+            Before::SlowList => fake.fault(id, Some("list"), Fault::DelayResponse(S(3))),
+        }
+    }
+}
+
+/// Polls `work` `polls` times, 250 ms of paused time apart (or until it
+/// ends), then drops it.
+async fn poll_then_drop<F: std::future::Future>(work: F, polls: usize) {
+    let mut work = pin!(work);
+    for _ in 0..polls {
+        if poll!(work.as_mut()).is_ready() {
+            break;
+        }
+        sleep(MS(250)).await;
+    }
+}
+
+/// After a future of the election was dropped at `dropped` and nothing
+/// else wants leadership: at most one write follows (a release), within a
+/// lease duration and a half the election goes quiet (no task, no request
+/// for the next 40 s), the Lease is free, expired or was never written, and
+/// a new `acquire` leads within `allowance`; then `shutdown` is bounded. The
+/// problems found, or nothing.
+async fn left_behind(
+    fake: &FakeLeaseApi,
+    e: &LeaderElector,
+    id: usize,
+    dropped: Instant,
+    allowance: Duration,
+) -> Vec<String> {
+    let mut found = Vec::new();
+    sleep(S(25)).await;
+    let writes = count(fake, id, "update", dropped) + count(fake, id, "create", dropped);
+    if writes > 1 {
+        found.push(format!(
+            "{writes} writes within 25 s after the drop (holder {:?})",
+            holder(fake)
+        ));
+    }
+    let quiet = Instant::now();
+    sleep(S(40)).await;
+    let sent: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.client == id && r.at > quiet)
+        .map(|r| r.verb)
+        .collect();
+    if !sent.is_empty() {
+        found.push(format!("requests 25 s to 65 s after the drop: {sent:?}"));
+    }
+    let (running, _) = e.tasks_for_test();
+    if running {
+        found.push("an election task still runs 65 s after the drop".into());
+    }
+    match timeout(allowance, e.acquire()).await {
+        Ok(Ok(guard)) => drop(guard),
+        Ok(Err(err)) => found.push(format!("a later acquire failed: {err:?}")),
+        Err(_) => found.push(format!(
+            "a later acquire did not lead within {allowance:?} (holder {:?})",
+            holder(fake)
+        )),
+    }
+    match timeout(S(60), e.shutdown(S(1))).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => found.push(format!("shutdown failed: {err:?}")),
+        Err(_) => found.push("shutdown(1 s) did not return within 60 s".into()),
+    }
+    found
+}
+
+/// Runs `make`'s future against every setup of [`Before`], polled 0 to 23
+/// times (up to 5.75 s: through the first write, its answer, the creation
+/// hold's start, a retry), dropped, and checks what it [left behind]. The
+/// problems found, by setup and polls.
+fn drop_at_every_poll<F: std::future::Future + 'static>(
+    make: fn(&FakeLeaseApi, &LeaderElector) -> F,
+) -> Vec<String> {
+    let found = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for before in Before::ALL {
+        for polls in 0..24 {
+            let found = found.clone();
+            paused(async move {
+                let fake = before.fake();
+                let (e, id) = elector(&fake, config("me"));
+                before.fault(&fake, id);
+                poll_then_drop(make(&fake, &e), polls).await;
+                // Never polled, the future did nothing: the later `acquire`
+                // is the first, and meets the setup (a creation hold, a slow
+                // write).
+                let allowance = if polls == 0 { S(20) } else { S(2) };
+                for problem in left_behind(&fake, &e, id, Instant::now(), allowance).await {
+                    found
+                        .lock()
+                        .push(format!("{before:?}, dropped after {polls} polls: {problem}"));
+                }
+            });
+        }
+    }
+    found.lock().clone()
+}
+
+/// 18: an `acquire` dropped at any poll point (waiting, with a write in
+/// flight, during a 409 retry, the creation hold or the watch's initial
+/// list; or resolved, its guard dropped) leaves nothing behind.
+#[test]
+fn an_acquire_dropped_at_any_poll_point_leaves_nothing_behind() {
+    let found = drop_at_every_poll(|_, e| {
+        let acquire = e.acquire();
+        async move {
+            let _guard = acquire.await;
+        }
+    });
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// 18: the same for the futures built on guards: `with_lease`, a guarded
+/// stream and `run_each_term`, each dropped while waiting or while its work
+/// runs (stopped, not finished: the Lease is left to expire).
+#[test]
+fn guarded_work_dropped_at_any_poll_point_leaves_nothing_behind() {
+    static RECONCILES: AtomicUsize = AtomicUsize::new(0);
+    let mut found = drop_at_every_poll(|_, e| {
+        let e = e.clone();
+        async move {
+            let _ = e.with_lease(futures::future::pending::<()>()).await;
+        }
+    });
+    found.extend(drop_at_every_poll(|_, e| {
+        let e = e.clone();
+        async move {
+            let mut guarded = pin!(stream::pending::<()>().with_leader_election(&e));
+            while guarded.next().await.is_some() {}
+        }
+    }));
+    found.extend(drop_at_every_poll(|_, e| {
+        let e = e.clone();
+        async move {
+            e.run_each_term(stream::pending::<()>).await;
+        }
+    }));
+    // A guarded Controller of the Leases themselves: a reconcile of 1 s at
+    // every write, each holding its own guard.
+    found.extend(drop_at_every_poll(|fake, e| {
+        use k8s_openapi::api::coordination::v1::Lease;
+        use kube_runtime::{Controller, controller::Action, watcher};
+
+        use crate::LeaderElectionControllerExt;
+
+        let (client, _) = fake.client();
+        let controller = Controller::new(
+            kube_client::Api::<Lease>::namespaced(client, "default"),
+            watcher::Config::default(),
+        )
+        .with_leader_election(e)
+        .run(
+            |_, _: Arc<()>| async move {
+                RECONCILES.fetch_add(1, Ordering::SeqCst);
+                sleep(S(1)).await;
+                Ok::<_, kube_client::Error>(Action::await_change())
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        );
+        async move {
+            let mut controller = pin!(controller);
+            while controller.next().await.is_some() {}
+        }
+    }));
+    let reconciles = RECONCILES.load(Ordering::SeqCst);
+    assert!(
+        reconciles > 100,
+        "the guarded Controller reconciled {reconciles} times in all"
+    );
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// 18: the last guard dropped while a new `acquire` comes, at every step of
+/// the task's giving up (k yields apart, the release answered at once or
+/// after 3 s): the new `acquire` leads within a second (the term kept, or
+/// the Lease released and taken again), or once the release in flight is
+/// answered (the release is bounded by `release_timeout`; the Lease is free
+/// for others meanwhile), and the term it leads is renewed.
+#[test]
+fn the_last_guard_dropped_as_a_new_acquire_comes_leads_again_at_once() {
+    let found = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for slow_release in [false, true] {
+        for yields in 0..40 {
+            let found = found.clone();
+            paused(async move {
+                let fake = free();
+                let (e, id) = elector(&fake, config("me"));
+                let guard = e.acquire().await.unwrap();
+                sleep(S(3)).await;
+                if slow_release {
+                    fake.fault(id, Some("update"), Fault::DelayResponse(S(3)));
+                }
+                drop(guard);
+                for _ in 0..yields {
+                    tokio::task::yield_now().await;
+                }
+                let asked = Instant::now();
+                let allowance = if slow_release { S(4) } else { S(1) };
+                let problem = match timeout(allowance, e.acquire()).await {
+                    Err(_) => Some(format!(
+                        "did not lead within {allowance:?} (holder {:?})",
+                        holder(&fake)
+                    )),
+                    Ok(Err(err)) => Some(format!("failed: {err:?}")),
+                    Ok(Ok(guard)) => {
+                        let took = asked.elapsed();
+                        sleep(S(20)).await;
+                        (!guard.is_valid() || holder(&fake).as_deref() != Some("me")).then(|| {
+                            format!(
+                                "led after {took:?}, but 20 s later valid {} lost {:?}, holder {:?}",
+                                guard.is_valid(),
+                                guard.lost(),
+                                holder(&fake)
+                            )
+                        })
+                    }
+                };
+                if let Some(problem) = problem {
+                    found.lock().push(format!(
+                        "slow release {slow_release}, {yields} yields after the drop: the new acquire {problem}"
+                    ));
+                }
+                timeout(S(60), e.shutdown(S(1)))
+                    .await
+                    .expect("shutdown is bounded")
+                    .unwrap();
+            });
+        }
+    }
+    let found = found.lock().clone();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// 18: `shutdown` dropped by its caller (a timeout around it) after any
+/// number of polls, with a guard alive: the shutdown has begun for good
+/// (`acquire` fails, `is_leader` is false), the term goes on while the
+/// guard's work runs, and once the guard is dropped the Lease is released
+/// and the task ends; a second `shutdown` returns within its budget.
+#[test]
+fn a_shutdown_dropped_at_any_poll_point_still_hands_over() {
+    let found = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for slow_release in [false, true] {
+        // (Never polled, a shutdown has not begun: from one poll on.)
+        for polls in 1..30 {
+            let found = found.clone();
+            paused(async move {
+                let fake = free();
+                let (e, id) = elector(&fake, config("me"));
+                let guard = e.acquire().await.unwrap();
+                sleep(S(1)).await;
+                if slow_release {
+                    fake.fault(id, Some("update"), Fault::DelayResponse(S(3)));
+                }
+                // The guard's work ends 4 s into the shutdown's 10 s grace.
+                let work = tokio::spawn(async move {
+                    sleep(S(4)).await;
+                    drop(guard);
+                });
+                poll_then_drop(e.shutdown(S(10)), polls).await;
+                let mut problems = Vec::new();
+                if !matches!(e.acquire().await, Err(AcquireError::Shutdown)) || e.is_leader() {
+                    problems.push("the shutdown did not stay begun".to_owned());
+                }
+                work.await.unwrap();
+                sleep(S(10)).await;
+                if holder(&fake).as_deref() != Some("") {
+                    problems.push(format!("not released (holder {:?})", holder(&fake)));
+                }
+                let budget = e.config().shutdown_budget(S(1));
+                let began = Instant::now();
+                match timeout(S(120), e.shutdown(S(1))).await {
+                    Ok(Ok(())) if began.elapsed() <= budget => {}
+                    other => problems.push(format!(
+                        "a second shutdown returned {other:?} after {:?} (budget {budget:?})",
+                        began.elapsed()
+                    )),
+                }
+                if e.tasks_for_test().0 {
+                    problems.push("a task still runs".to_owned());
+                }
+                for problem in problems {
+                    found.lock().push(format!(
+                        "slow release {slow_release}, shutdown dropped after {polls} polls: {problem}"
+                    ));
+                }
+            });
+        }
+    }
+    let found = found.lock().clone();
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// 18: three guards of one term (the `acquire`'s, `current_guard`'s, and one
+/// moved into another task) and the elector's handles, dropped in every
+/// order: the term holds and is renewed while any guard is alive (whether or
+/// not a handle is), and once the last guard goes the Lease is released and
+/// the election goes quiet; another candidate then leads at once.
+#[test]
+fn guards_and_handles_dropped_in_any_order_release_after_the_last_guard() {
+    // 0, 1: guards kept here; 2: a guard moved to another task; 3: the handles.
+    let orders = [
+        [0, 1, 2, 3],
+        [0, 2, 1, 3],
+        [1, 0, 2, 3],
+        [2, 1, 0, 3],
+        [3, 0, 1, 2],
+        [3, 2, 1, 0],
+        [0, 3, 2, 1],
+        [2, 3, 0, 1],
+        [1, 2, 3, 0],
+    ];
+    let found = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    for order in orders {
+        let found = found.clone();
+        paused(async move {
+            let fake = free();
+            let (e, id) = elector(&fake, config("me"));
+            let (b, _) = elector(&fake, config("b"));
+            let first = e.acquire().await.unwrap();
+            let mut guards = [Some(first), e.current_guard(), None];
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            let moved = e.current_guard().expect("a third guard");
+            let elsewhere = tokio::spawn(async move {
+                let _moved = moved;
+                let _ = rx.await;
+            });
+            let mut tx = Some(tx);
+            let mut elsewhere = Some(elsewhere);
+            let mut handle = Some(e);
+            let mut live = 3;
+            for (step, which) in order.into_iter().enumerate() {
+                sleep(S(7)).await;
+                match which {
+                    0 | 1 => drop(guards[which].take()),
+                    2 => {
+                        drop(tx.take());
+                        elsewhere.take().unwrap().await.unwrap();
+                    }
+                    _ => drop(handle.take()),
+                }
+                if which != 3 {
+                    live -= 1;
+                }
+                let dropped = Instant::now();
+                sleep(S(20)).await;
+                let h = holder(&fake);
+                let renewals = count(&fake, id, "update", dropped);
+                let ok = if live > 0 {
+                    h.as_deref() == Some("me") && renewals >= 5
+                } else {
+                    h.as_deref() == Some("") && count(&fake, id, "update", dropped + S(1)) == 0
+                };
+                if !ok {
+                    found.lock().push(format!(
+                        "order {order:?}, after step {step} ({live} guards left): holder {h:?}, {renewals} \
+                         writes in the 20 s since"
+                    ));
+                }
+            }
+            if timeout(S(1), b.acquire()).await.is_err() {
+                found
+                    .lock()
+                    .push(format!("order {order:?}: b did not lead at once"));
+            }
+        });
+    }
+    let found = found.lock().clone();
+    assert!(found.is_empty(), "{}", found.join("\n"));
 }

@@ -275,7 +275,7 @@ impl Task {
         // A waiter that cannot get a guard (the renew deadline already
         // passed) keeps waiting, for the next term.
         for tx in std::mem::take(&mut state.waiters) {
-            match LeaseGuard::of(term, self.inner.wake.clone()) {
+            match LeaseGuard::undelivered(term, self.inner.wake.clone()) {
                 Some(guard) => drop(tx.send(guard)),
                 None => state.waiters.push(tx),
             }
