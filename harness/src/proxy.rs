@@ -1,5 +1,10 @@
-//! [`Proxy`]: a TCP proxy to the apiserver that can partition, delay and drop
-//! the connections of the candidates behind it.
+//! [`Proxy`]: a TCP proxy to the apiserver that can partition, delay, jitter,
+//! trickle, stall and drop the connections of the candidates behind it.
+//!
+//! The proxy forwards TLS bytes: it cannot read requests. kube's client speaks
+//! HTTP/1.1 (one request at a time per connection, the watch on a connection
+//! of its own), so a fault can still pick connections by how they are used:
+//! [`Proxy::stall_streams`] stalls the ones the server streams to (watches).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -18,6 +23,7 @@ use tokio::time::Instant;
 const PASS: u8 = 0;
 const BLACK_HOLE: u8 = 1;
 const REFUSE: u8 = 2;
+const ANSWERS_LOST: u8 = 3;
 
 /// A network partition mode of the [`Proxy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +35,21 @@ pub enum Partition {
     /// Refusal: existing connections are reset at once, new ones are reset
     /// right after they are accepted.
     Refuse,
+    /// One-way loss: bytes to the apiserver are forwarded (requests on
+    /// established connections reach it and are applied), bytes back are
+    /// swallowed (no answer, no reset). New connections never finish their
+    /// TLS handshake. [`Proxy::heal`] closes the connections that lost bytes.
+    AnswersLost,
+}
+
+/// A slow link back to the clients: each chunk of an answer is written
+/// `bytes` at a time, one piece every `every` (on top of any latency).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Trickle {
+    /// Bytes per piece (at least 1).
+    pub bytes: usize,
+    /// Pause after each piece.
+    pub every: Duration,
 }
 
 /// Counters of a [`Proxy`].
@@ -45,8 +66,11 @@ pub struct ProxyStats {
     /// apiserver and no answer forwarded back yet, on an established
     /// connection (past the TLS handshake).
     pub dropped_in_flight: u64,
-    /// Chunks swallowed by a black hole.
+    /// Chunks swallowed by a black hole, a one-way loss or a stall.
     pub swallowed_chunks: u64,
+    /// Connections stalled by [`Proxy::stall_streams`] or
+    /// [`Proxy::stall_open`].
+    pub stalled: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -63,18 +87,59 @@ struct ConnState {
     to_client_chunks: AtomicU64,
     /// Bytes were swallowed: the stream is corrupt, never forward again.
     poisoned: AtomicBool,
+    /// Answers were swallowed (one-way loss): never forward to the client
+    /// again; requests still go through while the loss lasts.
+    answers_cut: AtomicBool,
+    /// Chunks forwarded to the client 100 ms or more after the last chunk to
+    /// the server (a server pushing, not answering): 2+ is a stream (a watch).
+    streamed: AtomicU64,
+    /// When the last chunk went to the server, in microseconds since the
+    /// proxy started.
+    last_request_us: AtomicU64,
 }
 
 impl ConnState {
     fn request_in_flight(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) && self.to_client_chunks.load(Ordering::Acquire) >= 2
     }
+
+    /// Whether to swallow a chunk going `to_server` (or back), marking the
+    /// connection broken when so.
+    fn swallows(&self, shared: &ProxyShared, to_server: bool) -> bool {
+        let mode = shared.mode.load(Ordering::Acquire);
+        if mode == BLACK_HOLE || self.poisoned.load(Ordering::Acquire) {
+            self.poisoned.store(true, Ordering::Release);
+            return true;
+        }
+        if !to_server && (mode == ANSWERS_LOST || self.answers_cut.load(Ordering::Acquire)) {
+            self.answers_cut.store(true, Ordering::Release);
+            return true;
+        }
+        false
+    }
+
+    fn streaming(&self) -> bool {
+        self.streamed.load(Ordering::Acquire) >= 2
+    }
+
+    fn broken(&self) -> bool {
+        self.poisoned.load(Ordering::Acquire) || self.answers_cut.load(Ordering::Acquire)
+    }
 }
 
 struct ProxyShared {
     upstream: SocketAddr,
     mode: AtomicU8,
-    latency_us: AtomicU64,
+    /// Latency to the server and back, in microseconds.
+    latency_us: [AtomicU64; 2],
+    /// Up to this much more per chunk, uniformly drawn.
+    jitter_us: AtomicU64,
+    /// More latency back to the client on streams (watches).
+    stream_latency_us: AtomicU64,
+    started: Instant,
+    /// [`Trickle`]: bytes per piece (0: off) and the pause in microseconds.
+    trickle: [AtomicU64; 2],
+    rng: AtomicU64,
     control: watch::Receiver<Control>,
     conns: Mutex<HashMap<u64, Arc<ConnState>>>,
     next_id: AtomicU64,
@@ -99,9 +164,40 @@ impl ProxyShared {
         self.mode.load(Ordering::Acquire) == BLACK_HOLE
     }
 
-    fn latency(&self) -> Duration {
-        Duration::from_micros(self.latency_us.load(Ordering::Acquire))
+    /// The delay of a chunk going `to_server` (or back): the latency of its
+    /// direction plus the jitter drawn for it.
+    fn delay(&self, to_server: bool) -> Duration {
+        let base = self.latency_us[usize::from(!to_server)].load(Ordering::Acquire);
+        let jitter = self.jitter_us.load(Ordering::Acquire);
+        let extra = if jitter == 0 {
+            0
+        } else {
+            self.next_random() % (jitter + 1)
+        };
+        Duration::from_micros(base.saturating_add(extra))
     }
+
+    /// xorshift64: enough for jitter.
+    fn next_random(&self) -> u64 {
+        let mut x = self.rng.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.rng.store(x, Ordering::Relaxed);
+        x
+    }
+
+    fn trickle(&self) -> Option<Trickle> {
+        let bytes = self.trickle[0].load(Ordering::Acquire);
+        (bytes > 0).then(|| Trickle {
+            bytes: usize::try_from(bytes).unwrap_or(usize::MAX),
+            every: Duration::from_micros(self.trickle[1].load(Ordering::Acquire)),
+        })
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// A TCP proxy on `127.0.0.1:<free port>` to the apiserver, for the
@@ -147,7 +243,20 @@ impl Proxy {
         let shared = Arc::new(ProxyShared {
             upstream: SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port)),
             mode: AtomicU8::new(PASS),
-            latency_us: AtomicU64::new(0),
+            latency_us: [AtomicU64::new(0), AtomicU64::new(0)],
+            jitter_us: AtomicU64::new(0),
+            stream_latency_us: AtomicU64::new(0),
+            started: Instant::now(),
+            trickle: [AtomicU64::new(0), AtomicU64::new(0)],
+            rng: AtomicU64::new(
+                u64::from(std::process::id()) << 32
+                    | u64::from(
+                        std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(1, |d| d.subsec_nanos())
+                            | 1,
+                    ),
+            ),
             control: control_rx,
             conns: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
@@ -198,6 +307,7 @@ impl Proxy {
     pub fn partition(&self, how: Partition) {
         match how {
             Partition::BlackHole => self.shared.mode.store(BLACK_HOLE, Ordering::Release),
+            Partition::AnswersLost => self.shared.mode.store(ANSWERS_LOST, Ordering::Release),
             Partition::Refuse => {
                 self.shared.mode.store(REFUSE, Ordering::Release);
                 self.drop_connections();
@@ -205,17 +315,12 @@ impl Proxy {
         }
     }
 
-    /// Ends a partition: forwards again, and closes the connections that lost
-    /// bytes to a black hole (their TLS streams are broken) so that clients
-    /// reconnect at once.
+    /// Ends a partition (and the stalls): forwards again, and closes the
+    /// connections that lost bytes to a black hole, a one-way loss or a stall
+    /// (their TLS streams are broken) so that clients reconnect at once.
     pub fn heal(&self) {
         self.shared.mode.store(PASS, Ordering::Release);
-        let poisoned = self
-            .shared
-            .conns()
-            .values()
-            .filter(|c| c.poisoned.load(Ordering::Acquire))
-            .count();
+        let poisoned = self.shared.conns().values().filter(|c| c.broken()).count();
         self.shared.stats().dropped += poisoned as u64;
         self.control.send_modify(|c| c.heal += 1);
     }
@@ -223,10 +328,75 @@ impl Proxy {
     /// Delays every chunk, in both directions, by `latency` (order kept; no
     /// throughput limit). Applies to chunks read from now on.
     pub fn set_latency(&self, latency: Duration) {
-        self.shared.latency_us.store(
-            u64::try_from(latency.as_micros()).unwrap_or(u64::MAX),
-            Ordering::Release,
-        );
+        self.set_latency_each(latency, latency);
+    }
+
+    /// Delays the chunks to the apiserver by `to_server` and the chunks back
+    /// by `to_client`. Applies to chunks read from now on.
+    pub fn set_latency_each(&self, to_server: Duration, to_client: Duration) {
+        self.shared.latency_us[0].store(micros(to_server), Ordering::Release);
+        self.shared.latency_us[1].store(micros(to_client), Ordering::Release);
+    }
+
+    /// Adds to each chunk's latency a delay drawn uniformly from `0..=jitter`;
+    /// the order within a connection is kept (a chunk never overtakes the one
+    /// before it), connections are delayed independently.
+    pub fn set_jitter(&self, jitter: Duration) {
+        self.shared.jitter_us.store(micros(jitter), Ordering::Release);
+    }
+
+    /// Delays the chunks back to the client on streams (a watch: see
+    /// [`Proxy::stall_streams`]) by `latency` more: a watch that lags while
+    /// requests are answered at once. Applies to chunks read from now on.
+    pub fn set_stream_latency(&self, latency: Duration) {
+        self.shared
+            .stream_latency_us
+            .store(micros(latency), Ordering::Release);
+    }
+
+    /// Dribbles the answers (see [`Trickle`]); `None` ends it. Applies to
+    /// chunks written from now on.
+    pub fn set_trickle(&self, trickle: Option<Trickle>) {
+        let (bytes, every) = trickle.map_or((0, 0), |t| (t.bytes.max(1) as u64, micros(t.every)));
+        self.shared.trickle[1].store(every, Ordering::Release);
+        self.shared.trickle[0].store(bytes, Ordering::Release);
+    }
+
+    /// Stalls, silently and for good, the connections a server streams to
+    /// (two chunks or more pushed 100 ms or more after the client last wrote:
+    /// a watch; a list's answer comes at once),
+    /// while the others and new ones keep working; returns how many.
+    /// [`Proxy::heal`] closes them.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is for the callers that want it"
+    )]
+    pub fn stall_streams(&self) -> u64 {
+        self.stall(ConnState::streaming)
+    }
+
+    /// Stalls, silently and for good, every open connection (a NAT or
+    /// conntrack entry lost: the kept-alive connections of a client's pool
+    /// die unnoticed), while new ones work; returns how many.
+    /// [`Proxy::heal`] closes them.
+    #[allow(
+        clippy::must_use_candidate,
+        reason = "called for its effect; the value is for the callers that want it"
+    )]
+    pub fn stall_open(&self) -> u64 {
+        self.stall(|_| true)
+    }
+
+    fn stall(&self, which: impl Fn(&ConnState) -> bool) -> u64 {
+        let n = self
+            .shared
+            .conns()
+            .values()
+            .filter(|c| which(c))
+            .map(|c| c.poisoned.store(true, Ordering::Release))
+            .count() as u64;
+        self.shared.stats().stalled += n;
+        n
     }
 
     /// Closes (resets) every open connection now; returns how many there were
@@ -368,6 +538,7 @@ async fn pump(
         let (shared, state) = (shared.clone(), state.clone());
         async move {
             let mut buf = vec![0; 16 * 1024];
+            let mut due = Instant::now();
             loop {
                 let n = match r.read(&mut buf).await {
                     Ok(0) | Err(_) => {
@@ -376,15 +547,17 @@ async fn pump(
                     }
                     Ok(n) => n,
                 };
-                if shared.black_holed() || state.poisoned.load(Ordering::Acquire) {
-                    state.poisoned.store(true, Ordering::Release);
+                if state.swallows(&shared, to_server) {
                     shared.stats().swallowed_chunks += 1;
                     continue;
                 }
-                if tx
-                    .send((Instant::now() + shared.latency(), Some(buf[..n].to_vec())))
-                    .is_err()
-                {
+                let mut delay = shared.delay(to_server);
+                if !to_server && state.streaming() {
+                    delay += Duration::from_micros(shared.stream_latency_us.load(Ordering::Acquire));
+                }
+                // Never before the chunk ahead of it: jitter keeps the order.
+                due = due.max(Instant::now() + delay);
+                if tx.send((due, Some(buf[..n].to_vec()))).is_err() {
                     break;
                 }
             }
@@ -398,15 +571,20 @@ async fn pump(
                 break;
             };
             // A partition that began while the chunk waited swallows it too.
-            if shared.black_holed() || state.poisoned.load(Ordering::Acquire) {
-                state.poisoned.store(true, Ordering::Release);
+            if state.swallows(&shared, to_server) {
                 shared.stats().swallowed_chunks += 1;
                 continue;
             }
-            if w.write_all(&bytes).await.is_err() {
+            if write(&mut w, &bytes, if to_server { None } else { shared.trickle() })
+                .await
+                .is_err()
+            {
                 break;
             }
+            let now_us = micros(shared.started.elapsed());
             if to_server {
+                state.streamed.store(0, Ordering::Release);
+                state.last_request_us.store(now_us, Ordering::Release);
                 state.in_flight.store(true, Ordering::Release);
                 if state.to_client_chunks.load(Ordering::Acquire) >= 2 {
                     shared.request_sent.notify_waiters();
@@ -414,10 +592,25 @@ async fn pump(
             } else {
                 state.in_flight.store(false, Ordering::Release);
                 state.to_client_chunks.fetch_add(1, Ordering::AcqRel);
+                if now_us.saturating_sub(state.last_request_us.load(Ordering::Acquire)) >= 100_000 {
+                    state.streamed.fetch_add(1, Ordering::AcqRel);
+                }
             }
         }
     };
     tokio::join!(reader, writer);
+}
+
+/// Writes `bytes`, dribbled when `trickle` says so.
+async fn write(w: &mut OwnedWriteHalf, bytes: &[u8], trickle: Option<Trickle>) -> std::io::Result<()> {
+    let Some(t) = trickle else {
+        return w.write_all(bytes).await;
+    };
+    for piece in bytes.chunks(t.bytes.max(1)) {
+        w.write_all(piece).await?;
+        tokio::time::sleep(t.every).await;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -502,5 +695,171 @@ mod tests {
         ));
         let stats = proxy.stats();
         assert!(stats.refused >= 1 && stats.swallowed_chunks >= 2, "{stats:?}");
+    }
+
+    /// A server that echoes, and answers `watch` with an event (2 bytes) every 30 ms
+    /// for good (a stream); returns its port.
+    async fn streaming_server() -> u16 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0; 64];
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        if &buf[..n] == b"watch" {
+                            loop {
+                                tokio::time::sleep(Duration::from_millis(30)).await;
+                                if s.write_all(b"ev").await.is_err() {
+                                    return;
+                                }
+                            }
+                        } else if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    async fn read_exact(s: &mut TcpStream, n: usize, timeout: Duration) -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0; n];
+        match tokio::time::timeout(timeout, s.read_exact(&mut buf)).await {
+            Ok(r) => r.map(|_| buf),
+            Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn proxy_delays_each_way_jitters_and_trickles() {
+        let proxy = Proxy::start(echo_server().await).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        proxy.set_latency_each(Duration::from_millis(150), Duration::ZERO);
+        let t = Instant::now();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+        assert!(t.elapsed() >= Duration::from_millis(150), "{:?}", t.elapsed());
+        proxy.set_latency_each(Duration::ZERO, Duration::ZERO);
+
+        // Jitter keeps the order of a connection's bytes.
+        proxy.set_jitter(Duration::from_millis(40));
+        let sent: Vec<u8> = (0..200u8).collect();
+        for b in &sent {
+            s.write_all(&[*b]).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(
+            read_exact(&mut s, sent.len(), Duration::from_secs(10))
+                .await
+                .unwrap(),
+            sent
+        );
+        proxy.set_jitter(Duration::ZERO);
+
+        // A trickle: 40 bytes, 10 at a time, 100 ms apart: the first piece
+        // comes at once, the whole takes 300 ms or more.
+        proxy.set_trickle(Some(Trickle {
+            bytes: 10,
+            every: Duration::from_millis(100),
+        }));
+        let t = Instant::now();
+        s.write_all(&[7; 40]).await.unwrap();
+        let first = read_exact(&mut s, 10, Duration::from_secs(5)).await.unwrap();
+        let first_at = t.elapsed();
+        read_exact(&mut s, 30, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(first, [7; 10]);
+        assert!(
+            first_at < Duration::from_millis(100) && t.elapsed() >= Duration::from_millis(300),
+            "first piece after {first_at:?}, all after {:?}",
+            t.elapsed()
+        );
+        proxy.set_trickle(None);
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+    }
+
+    #[tokio::test]
+    async fn proxy_loses_answers_and_stalls_streams() {
+        let upstream = streaming_server().await;
+        let proxy = Proxy::start(upstream).await.unwrap();
+        let mut s = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut s, Duration::from_secs(5)).await.unwrap(), 4);
+
+        // One-way loss: the request reaches the server (its answer is
+        // swallowed), new connections get no answer either; healing closes
+        // the connection that lost answers.
+        proxy.partition(Partition::AnswersLost);
+        let err = round_trip(&mut s, Duration::from_millis(300)).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        let mut fresh = TcpStream::connect(proxy.addr).await.unwrap();
+        let err = round_trip(&mut fresh, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(proxy.stats().swallowed_chunks >= 2, "{:?}", proxy.stats());
+        proxy.heal();
+        assert!(matches!(
+            round_trip(&mut s, Duration::from_secs(5)).await,
+            Ok(0) | Err(_)
+        ));
+
+        // A stalled stream: the watch connection goes silent, a request
+        // connection keeps working, and so does a new one.
+        let mut watch = TcpStream::connect(proxy.addr).await.unwrap();
+        let mut requests = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(
+            round_trip(&mut requests, Duration::from_secs(5)).await.unwrap(),
+            4
+        );
+        watch.write_all(b"watch").await.unwrap();
+        read_exact(&mut watch, 20, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(proxy.stall_streams(), 1);
+        watch.write_all(b"watch").await.unwrap();
+        let err = read_exact(&mut watch, 2, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            round_trip(&mut requests, Duration::from_secs(5)).await.unwrap(),
+            4
+        );
+
+        // A lagging stream: a new watch's events come late once it streams,
+        // requests on the other connection are answered at once.
+        let mut watch = TcpStream::connect(proxy.addr).await.unwrap();
+        watch.write_all(b"watch").await.unwrap();
+        read_exact(&mut watch, 20, Duration::from_secs(5)).await.unwrap();
+        proxy.set_stream_latency(Duration::from_millis(400));
+        let mut gap = Duration::ZERO;
+        for _ in 0..20 {
+            let t = Instant::now();
+            read_exact(&mut watch, 2, Duration::from_secs(5)).await.unwrap();
+            gap = gap.max(t.elapsed());
+        }
+        assert!(
+            gap >= Duration::from_millis(300),
+            "longest gap between events {gap:?}"
+        );
+        let t = Instant::now();
+        assert_eq!(
+            round_trip(&mut requests, Duration::from_secs(5)).await.unwrap(),
+            4
+        );
+        assert!(t.elapsed() < Duration::from_millis(400), "{:?}", t.elapsed());
+        proxy.set_stream_latency(Duration::ZERO);
+        drop(watch);
+
+        // Every open connection stalled: the old ones are silent, a new one
+        // works.
+        // (The connections healed above may not be gone yet.)
+        let open = proxy.stall_open();
+        assert!(open >= 2, "{open} stalled");
+        let err = round_trip(&mut requests, Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        let mut fresh = TcpStream::connect(proxy.addr).await.unwrap();
+        assert_eq!(round_trip(&mut fresh, Duration::from_secs(5)).await.unwrap(), 4);
+        assert_eq!(proxy.stats().stalled, 1 + open, "{:?}", proxy.stats());
     }
 }

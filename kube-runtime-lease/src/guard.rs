@@ -19,9 +19,7 @@ use crate::term::{Lost, Term};
 ///
 /// Obtained from [`LeaderElector::acquire`](crate::LeaderElector::acquire).
 /// The lease is renewed by the elector's own background task, however often
-/// (or seldom) this guard or the work it guards is polled. The guard is
-/// `Send + Sync + 'static`, so [`LeaseGuard::lost_signal`] can feed
-/// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
+/// (or seldom) this guard or the work it guards is polled.
 ///
 /// Dropping the guard says "I no longer need leadership": when the last guard
 /// of the term is dropped and nobody else waits to acquire, the elector stops
@@ -186,11 +184,20 @@ impl LeaseGuard {
     }
 
     /// A `Send + Sync + 'static` future that resolves when this term ends,
-    /// without holding the guard: for
-    /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on).
+    /// without holding the guard.
     ///
     /// Like the guard, it resolves at the renew deadline on its own clock,
     /// even if the election task never runs again.
+    ///
+    /// It only tells. Given to
+    /// [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on),
+    /// it stops the Controller from starting new reconciles, but lets those
+    /// in flight run to their end, after the term ended and past the instant
+    /// another replica may take the Lease: to stop a Controller's reconciles
+    /// with the term, guard it with
+    /// [`with_leader_election`](crate::LeaderElectionControllerExt::with_leader_election)
+    /// (each reconcile races a guard of its term), or race the work with the
+    /// guard itself.
     pub fn lost_signal(&self) -> impl Future<Output = ()> + Send + Sync + 'static {
         let term = self.term.clone();
         let mut lost = term.subscribe();

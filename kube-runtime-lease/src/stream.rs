@@ -58,15 +58,24 @@ enum State {
 /// out, and the stream ends. So a busy inner stream cannot delay the reaction
 /// to a loss: it stops within one item of the deadline, even if the elector
 /// task has not run yet (after a process pause, or when its runtime is not
-/// driven). That one item's work may run after the deadline (within the
-/// margin lease duration − renew deadline); its result is never handed out.
+/// driven). That one item's work may run after the deadline: its step in
+/// progress (up to its next `.await`) runs to its end, and only lease
+/// duration − renew deadline is left before another candidate may lead, so
+/// a longer synchronous step (CPU-bound, a blocking call) runs beside the
+/// next leader; its result is never handed out.
 ///
 /// ## Warning
 /// The inner stream is dropped when this stream is polled after the loss; the
 /// elector wakes it at once, so a consumer awaiting `next()` (such as
 /// `for_each`) reacts within the same instant. A consumer that does not poll
-/// (a `for_each` body that blocks for long) delays the drop; work that must not
-/// outlive leadership should also check [`LeaseGuard::is_valid`].
+/// (a `for_each` body that blocks, or awaits something slow) delays the drop;
+/// work that must not outlive leadership should also check
+/// [`LeaseGuard::is_valid`]. Work that runs outside the inner stream's poll
+/// goes on meanwhile: a [`Controller`](kube_runtime::Controller)'s
+/// reconciles are tasks of their own, so guard a Controller with
+/// [`LeaderElectionControllerExt::with_leader_election`](crate::LeaderElectionControllerExt::with_leader_election)
+/// (each reconcile races a guard of its term and stops at the renew
+/// deadline) rather than this adapter on its `run` stream.
 #[pin_project(project = WithLeaderElectionProj)]
 #[must_use = "streams do nothing unless polled"]
 pub struct WithLeaderElection<S> {

@@ -390,13 +390,45 @@ async fn check_cut_off(log: &EventLog, cut: u64, latest: Duration) -> Result<Str
 
 /// Partitions the leader `a` from the apiserver: it stops within its renew
 /// deadline, and `b` takes over after the lease duration, after `a` stopped.
-/// Once healed, `a` follows `b`.
+/// Once healed, `a` follows `b`. With `AnswersLost`, `a`'s requests still
+/// reach the apiserver (its first renewal after the cut is applied, unanswered):
+/// the same bounds hold.
 async fn partition_run(ctx: &Fixture, log: &EventLog, how: Partition) -> Result<String> {
     let (proxy, _procs, _lease) = proxied_pair(ctx, log, "partition").await?;
+    if how == Partition::AnswersLost {
+        // Renewals over a kept-alive connection first: a request sent on a
+        // new connection after the cut is lost with its TLS handshake.
+        let began = now_ns();
+        log.wait_for("two renewals of a", Duration::from_secs(10), |e| {
+            e.kind == Kind::Record && e.who == "a" && e.at > began
+        })
+        .await?;
+        log.wait_for("two renewals of a", Duration::from_secs(10), |e| {
+            e.kind == Kind::Record && e.who == "a" && e.at > began + ns(T.retry_period / 2)
+        })
+        .await?;
+    }
     let cut = now_ns();
     proxy.partition(how);
     log.record("test", Kind::Note, cut, "", &format!("partition a ({how:?})"));
     let summary = check_cut_off(log, cut, T.lease_duration + Duration::from_secs(1)).await?;
+    if how == Partition::AnswersLost {
+        // a's renewals still reached the apiserver (one applied within a
+        // retry period of the cut, its answer lost), and b waited the last
+        // one out.
+        let last = log.last_write_seen("a", now_ns()).unwrap_or(0);
+        ensure!(
+            last + ns(T.retry_period) > cut,
+            "no renewal of a was applied near the cut ({}): the one-way loss was not exercised",
+            d(cut, last)
+        );
+        let b_start = log.next_leader(cut, "a", Duration::from_secs(1)).await?;
+        ensure!(
+            b_start.at >= last + ns(T.lease_duration.saturating_sub(SLACK)),
+            "b led {} after a's last applied renewal: before the lease duration",
+            fmt_ms(b_start.at.saturating_sub(last))
+        );
+    }
     let healed = log.note("heal");
     proxy.heal();
     wait_seen_by(log, &["a"], "b", cut, Duration::from_secs(20))
@@ -414,7 +446,7 @@ async fn partition_run(ctx: &Fixture, log: &EventLog, how: Partition) -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partition_leader() -> Result<()> {
-    const HOW: [Partition; 2] = [Partition::BlackHole, Partition::Refuse];
+    const HOW: [Partition; 3] = [Partition::BlackHole, Partition::Refuse, Partition::AnswersLost];
     scenario("partition the leader from the apiserver", async |ctx, log, i| {
         partition_run(ctx, log, HOW[i % HOW.len()]).await
     })
@@ -483,6 +515,85 @@ async fn sigterm_partitioned_run(ctx: &Fixture, log: &EventLog) -> Result<String
 async fn sigterm_partitioned_leader() -> Result<()> {
     scenario("sigterm a partitioned leader", async |ctx, log, _| {
         sigterm_partitioned_run(ctx, log).await
+    })
+    .await
+}
+
+/// A leader `a` talking to the apiserver directly and a follower `b` behind a
+/// fresh proxy, whose watch then stalls (`lag`: `None`) or lags (every event
+/// `lag` late, the requests on its other connections answered at once); `a` is
+/// killed (SIGKILL) after the fault held for a while: `b` leads within the
+/// lease duration and 2.2 retry periods (a jittered one) of the kill, the bound
+/// a client-go follower keeps by polling, and never before `a`'s last renewal
+/// expired.
+async fn watch_fault_run(ctx: &Fixture, log: &EventLog, lag: Option<Duration>) -> Result<String> {
+    let lease = ctx.lease(log, "watch-fault").await?;
+    let mut a = ctx.spawn_rust(log, &lease, "a", T, None)?;
+    log.wait_for("a to lead", Duration::from_secs(30), |e| {
+        e.kind == Kind::StartedLeading && e.process == "a"
+    })
+    .await?;
+    let proxy = Proxy::start(ctx.env.apiserver_port()).await?;
+    let kubeconfig = proxy.kubeconfig(ctx.env.kubeconfig_path(), ctx.dir.path())?;
+    let _b = ctx.spawn_rust(log, &lease, "b", T, Some(&kubeconfig))?;
+    wait_seen_by(log, &["b"], "a", 0, Duration::from_secs(15)).await?;
+    let fault = lag.map_or_else(|| "stalled".to_owned(), |lag| format!("lagging {lag:?}"));
+    let held = if let Some(lag) = lag {
+        proxy.set_stream_latency(lag);
+        lag + Duration::from_secs(2)
+    } else {
+        // b's watch streams a's renewals (one a retry period): stall it once
+        // the proxy tells it from b's request connections.
+        let began = now_ns();
+        while proxy.stall_streams() == 0 {
+            ensure!(
+                now_ns() - began < ns(Duration::from_secs(10)),
+                "b's watch did not stream through the proxy within 10 s: {:?}",
+                proxy.stats()
+            );
+            tokio::time::sleep(T.retry_period / 5).await;
+        }
+        Duration::from_secs(3)
+    };
+    log.note(&format!("b's watch {fault}"));
+    // The fault holds (b's view under it), then the leader dies.
+    tokio::time::sleep(held).await;
+    let killed = a.kill().await?;
+    let latest = T.lease_duration + T.retry_period.mul_f64(2.2) + 2 * SLACK;
+    let next = log
+        .next_leader(killed, "a", latest + held + Duration::from_secs(5))
+        .await?;
+    let delay = next.at - killed;
+    ensure!(
+        delay >= ns(T.lease_duration.saturating_sub(T.retry_period)),
+        "watch {fault}: b took over {} after a was killed: before a's last renewal expired",
+        fmt_ms(delay)
+    );
+    ensure!(
+        delay <= ns(latest),
+        "watch {fault}: b took over only {} after a was killed (expected within {latest:?}: the lease duration and 2.2 retry periods, as a polling client-go follower); proxy {:?}",
+        fmt_ms(delay),
+        proxy.stats()
+    );
+    if lag.is_none() {
+        // The stall is told in b's log.
+        ensure!(
+            log.find(|e| e.process == "b" && e.detail.contains("lease watch delivered nothing"))
+                .is_some(),
+            "b's log does not tell that its watch stalled"
+        );
+    }
+    Ok(format!(
+        "watch {fault}: b led {} after a was killed; proxy {:?}",
+        fmt_ms(delay),
+        proxy.stats()
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_watch_stalled() -> Result<()> {
+    scenario("a follower's watch stalled", async |ctx, log, _| {
+        watch_fault_run(ctx, log, None).await
     })
     .await
 }

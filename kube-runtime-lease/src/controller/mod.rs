@@ -68,10 +68,17 @@ pub trait LeaderElectionControllerExt<K: ControllerResource> {
     /// ## Warning
     /// What happens to reconciles in flight:
     /// - **On loss of leadership** (renew deadline passed, taken over, deleted,
-    ///   stepped down): the controller's stream is dropped at once, which
-    ///   aborts every reconcile in flight at its next `.await`. A reconcile
-    ///   that is between two `.await`s finishes that step. This is what keeps
-    ///   two replicas from reconciling at the same time.
+    ///   stepped down): every reconcile in flight is dropped at its next
+    ///   `.await` (each races a guard of its term, which ends at the renew
+    ///   deadline on its own timer, whether or not the stream is polled
+    ///   then), and the controller's stream is dropped when it is next
+    ///   polled. A reconcile that is between two `.await`s finishes that step:
+    ///   a synchronous step (CPU-bound, or a blocking call) runs to its end,
+    ///   past the renew deadline, and only lease duration − renew deadline
+    ///   is left before another replica may lead; check
+    ///   [`LeaseGuard::is_valid`](crate::LeaseGuard::is_valid) after such a
+    ///   step. This is what keeps two replicas from reconciling at the same
+    ///   time.
     /// - **On [`LeaderElector::shutdown`]** (SIGTERM handover): the controller
     ///   is shut down gracefully (it is wired to
     ///   [`LeaderElector::shutdown_requested`] through
@@ -196,18 +203,24 @@ impl<K: ControllerResource> ControllerWithLeaderElection<K> {
         // (aborted as the stream is dropped, also when kube-runtime ended the
         // stream itself, by a forceful shutdown) leaves the Lease to expire
         // rather than released, whatever the stream's own end looked like.
+        // And it races that guard: kube-runtime spawns each reconcile as a
+        // task, which the stream's drop aborts only once the stream is
+        // polled again; a consumer busy elsewhere would let it run past the
+        // renew deadline. At the term's end the reconciler's future is
+        // dropped at its next `.await`, and the task waits for the stream's
+        // drop to abort it (it has no output to give).
         let elector = self.elector.clone();
         let reconciler = move |object: Arc<K>, ctx: Arc<Ctx>| {
             let guard = elector.current_guard();
             let work = TryFutureExt::into_future(reconciler(object, ctx));
             async move {
-                let Some(mut guard) = guard else {
+                let Some(guard) = guard else {
                     return work.await;
                 };
-                guard.unfinished = true;
-                let result = work.await;
-                guard.unfinished = false;
-                result
+                match guard.while_holds(work).await {
+                    Ok(result) => result,
+                    Err(_) => futures::future::pending().await,
+                }
             }
         };
         let stream = self

@@ -54,7 +54,9 @@ impl LeaderElector {
     /// reconciles in flight finish within its grace instead of aborting them.
     /// The two wrappings hold guards of the same term: one election task, one
     /// renewal loop, no extra request. Without the inner wrapping a shutdown
-    /// still ends the work, by dropping it.
+    /// still ends the work, by dropping it, and the reconciles (tasks of
+    /// their own) stop only when the stream is dropped, not on their own at
+    /// the renew deadline.
     ///
     /// Returns why it stopped ([`RunEnded`]): every other end of a term
     /// ([`Lost`] other than [`Lost::Shutdown`]) is followed by a new campaign.

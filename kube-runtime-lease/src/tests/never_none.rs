@@ -635,6 +635,49 @@ fn a_candidate_whose_watch_stalls_takes_over_within_a_lease_duration_of_the_last
     }
 }
 
+/// The same stall is told in the follower's log, once: a watch silent for
+/// two retry periods while a read shows the Lease changed since its last
+/// item. (Before: nothing was logged; the follower polled silently, its watch
+/// dead for good.)
+#[test]
+fn a_stalled_watch_is_warned_once() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = free();
+            let (a, _) = elector(&fake, config("a"));
+            let (b, b_id) = elector(&fake, config("b"));
+            let _guard = a.acquire().await.unwrap();
+            let mut b_acquire = Box::pin(b.acquire());
+            assert!(timeout(S(3), &mut b_acquire).await.is_err());
+            fake.stall_watches(b_id);
+            assert!(timeout(S(30), &mut b_acquire).await.is_err(), "b led beside a");
+        });
+    });
+    let warned = logs.matches("lease watch delivered nothing").count();
+    assert_eq!(warned, 1, "expected one warning of the stalled watch:\n{logs}");
+    // A healthy watch silent because the holder died is not warned.
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = free();
+            let (a, a_id) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let _guard = a.acquire().await.unwrap();
+            let mut b_acquire = Box::pin(b.acquire());
+            assert!(timeout(S(3), &mut b_acquire).await.is_err());
+            fake.partition(a_id, true);
+            let b_guard = timeout(S(30), &mut b_acquire)
+                .await
+                .expect("b never led")
+                .unwrap();
+            assert!(b_guard.is_valid());
+        });
+    });
+    assert!(
+        !logs.contains("lease watch delivered nothing"),
+        "a healthy watch was warned as stalled:\n{logs}"
+    );
+}
+
 // ---- 12. A term ended during a renewal ---------------------------------------
 
 /// A leader shuts down (its work already ended) while a renewal is in

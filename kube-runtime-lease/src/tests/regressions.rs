@@ -1437,6 +1437,97 @@ fn a_busy_guarded_stream_stops_within_one_item_after_the_renew_deadline() {
     });
 }
 
+/// 12: a guarded Controller's reconcile in flight stops at the renew
+/// deadline on its own clock, as the gated reconciles of warm standby do,
+/// not only when the Controller's stream is next polled. kube-runtime spawns
+/// each reconcile as a task: dropping the stream aborts them, but a consumer
+/// busy with an item (here: writing a status to an API server that does not
+/// answer) does not poll the stream, and the reconcile went on past the
+/// instant another candidate took the Lease.
+#[test]
+fn a_guarded_controllers_reconcile_stops_at_the_renew_deadline_while_its_stream_is_not_polled() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::ResourceExt;
+    use kube_runtime::{Controller, controller::Action, watcher};
+    use parking_lot::Mutex;
+
+    use crate::LeaderElectionControllerExt;
+
+    paused(async {
+        let fake = free();
+        // A second object, whose reconcile ends at once: the consumer then
+        // spends a minute on its item.
+        let mut other = held_by("", 1);
+        other.metadata.name = Some("other".to_owned());
+        fake.put(other);
+        let (a, a_client) = elector(&fake, config("a"));
+        let (client, _) = fake.client();
+        let started = Arc::new(AtomicBool::new(false));
+        let wrote = Arc::new(Mutex::new(Vec::<Instant>::new()));
+        let controller = Controller::new(
+            kube_client::Api::<Lease>::namespaced(client, "default"),
+            watcher::Config::default(),
+        )
+        .with_leader_election(&a)
+        .run(
+            {
+                let (started, wrote) = (started.clone(), wrote.clone());
+                move |lease: Arc<Lease>, _: Arc<()>| {
+                    let slow = lease.name_any() == "lease";
+                    let (started, wrote) = (started.clone(), wrote.clone());
+                    async move {
+                        if slow {
+                            started.store(true, Ordering::SeqCst);
+                            // A request that takes 30 s, then a write.
+                            sleep(S(30)).await;
+                            wrote.lock().push(Instant::now());
+                        }
+                        Ok::<_, kube_client::Error>(Action::await_change())
+                    }
+                }
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        );
+        let consumer = tokio::spawn(async move {
+            let mut controller = pin!(controller);
+            while controller.next().await.is_some() {
+                sleep(S(60)).await;
+            }
+        });
+        timeout(S(30), async {
+            while !started.load(Ordering::SeqCst) {
+                sleep(MS(10)).await;
+            }
+        })
+        .await
+        .expect("the guarded Controller never reconciled");
+        // `a`'s renewals fail from now on; `b` takes the Lease once it expires.
+        fake.partition(a_client, true);
+        let (b, _) = elector(&fake, config("b"));
+        let b_guard = timeout(S(60), b.acquire())
+            .await
+            .expect("b never led")
+            .expect("b's acquire failed");
+        let b_led = Instant::now();
+        sleep(S(60)).await;
+        let late: Vec<_> = wrote
+            .lock()
+            .iter()
+            .filter(|at| **at >= b_led)
+            .map(|at| at.duration_since(b_led))
+            .collect();
+        assert!(
+            late.is_empty(),
+            "two leaders: a's reconcile wrote {late:?} after b took the Lease (a's term: {:?}); \
+             its Controller's stream was not polled meanwhile",
+            a.status()
+        );
+        drop(b_guard);
+        consumer.abort();
+    });
+}
+
 // ---- 13. Wake-up storms, and a release that meets a conflict -----------------
 
 /// 13: a storm of wake-ups (guards and acquisitions created and dropped

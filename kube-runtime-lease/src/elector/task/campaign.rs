@@ -77,6 +77,11 @@ impl Task {
         let trusted = self.watch.trusted(cfg.retry_period * 2);
         if !trusted || self.needs_read || matches!(self.view, LeaseView::Unknown) {
             self.get(cfg.renew_deadline).await?;
+            let read = match &self.view {
+                LeaseView::Known { observed, .. } => observed.resource_version.as_deref(),
+                LeaseView::Missing | LeaseView::Unknown => None,
+            };
+            self.watch.check_silence(read, cfg.retry_period * 2);
         }
         let now = Instant::now();
         // The rule for a record: the ordinary election's, unless Coordinated

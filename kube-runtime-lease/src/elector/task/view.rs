@@ -41,6 +41,12 @@ pub(in crate::elector) struct Watch {
     sync: Sync,
     /// When the watch last delivered the Lease's state.
     heard: Instant,
+    /// The resourceVersion it last delivered (`None`: the Lease gone, or
+    /// nothing yet).
+    version: Option<String>,
+    /// A silence while the Lease changed was warned, and the watch has not
+    /// delivered since.
+    silence_warned: bool,
 }
 
 /// How far an open watch got.
@@ -61,6 +67,30 @@ impl Watch {
             stream,
             sync: Sync::Listing,
             heard: Instant::now(),
+            version: None,
+            silence_warned: false,
+        }
+    }
+
+    /// After a read made because the watch in sync was silent for `silence`
+    /// or more: warns, once until it delivers again, when the Lease read
+    /// (`read`: its resourceVersion, `None` when gone) is not the one the
+    /// watch delivered last: a watch that misses changes is stalled (a dead
+    /// connection that neither ends nor fails), and only reads keep the view
+    /// fresh meanwhile.
+    pub(in crate::elector) fn check_silence(&mut self, read: Option<&str>, silence: Duration) {
+        let silent_for = self.heard.elapsed();
+        if self.sync == Sync::Synced
+            && !self.silence_warned
+            && silent_for >= silence
+            && read != self.version.as_deref()
+        {
+            warn!(
+                ?silent_for,
+                "lease watch delivered nothing while the Lease changed: it may be stalled; \
+                 reading before every attempt until it delivers again"
+            );
+            self.silence_warned = true;
         }
     }
 
@@ -92,6 +122,10 @@ impl Watch {
                 }
                 let news = std::mem::replace(&mut self.sync, Sync::Synced) != Sync::Synced;
                 self.heard = now;
+                self.version = lease.as_ref().and_then(|l| l.metadata.resource_version.clone());
+                if std::mem::take(&mut self.silence_warned) {
+                    info!("lease watch delivers again");
+                }
                 return Some(Delivered { lease, news });
             }
             None => {
