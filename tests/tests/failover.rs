@@ -775,3 +775,13 @@ async fn apiserver_restart() -> Result<()> {
     )
     .await
 }
+
+/// A follower whose watch lags (every event 4 s late, its reads answered at
+/// once) takes over as promptly as a polling client-go follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_watch_lagging() -> Result<()> {
+    scenario("a follower's watch lagging", async |ctx, log, _| {
+        watch_fault_run(ctx, log, Some(Duration::from_secs(4))).await
+    })
+    .await
+}

@@ -134,7 +134,10 @@ impl Task {
         let view = super::extras::handed_view(&mut state).unwrap_or(view);
         drop(state);
         Task {
-            watch: Watch::new(inner.config.watch.then(|| inner.api.watch())),
+            watch: Watch::new(
+                inner.config.watch.then(|| inner.api.watch()),
+                inner.config.retry_period,
+            ),
             inner,
             view,
             needs_read: true,

@@ -11,7 +11,10 @@ use tokio::time::{Instant, sleep_until};
 use tracing::{info, warn};
 
 use super::{LeaseView, Task};
-use crate::{error::Result, record::Observed};
+use crate::{
+    error::Result,
+    record::{self, Observed},
+};
 
 /// What the watch yields: the Lease as it is now, or `None` once it is gone
 /// (kube-runtime's `watch_object`).
@@ -47,6 +50,12 @@ pub(in crate::elector) struct Watch {
     /// A silence while the Lease changed was warned, and the watch has not
     /// delivered since.
     silence_warned: bool,
+    /// A record delivered more than this after its `renewTime` (the retry
+    /// period) was delivered late.
+    late_after: Duration,
+    /// The last record was delivered late: a watch that lags (or a clock
+    /// ahead of the holder's) is not trusted, and reads decide meanwhile.
+    lagging: bool,
 }
 
 /// How far an open watch got.
@@ -61,14 +70,18 @@ pub(in crate::elector) enum Sync {
 }
 
 impl Watch {
-    /// A watch on `stream` (`None`: no watch), nothing delivered yet.
-    pub(in crate::elector) fn new(stream: Option<WatchStream>) -> Self {
+    /// A watch on `stream` (`None`: no watch), nothing delivered yet,
+    /// trusted only while it delivers records within `late_after` of their
+    /// `renewTime`.
+    pub(in crate::elector) fn new(stream: Option<WatchStream>, late_after: Duration) -> Self {
         Watch {
             stream,
             sync: Sync::Listing,
             heard: Instant::now(),
             version: None,
             silence_warned: false,
+            late_after,
+            lagging: false,
         }
     }
 
@@ -95,9 +108,33 @@ impl Watch {
     }
 
     /// Whether the watch delivered the Lease's state, has not failed since,
-    /// and was heard from within `silence`.
+    /// was heard from within `silence`, and its last record was not late.
     pub(in crate::elector) fn trusted(&self, silence: Duration) -> bool {
-        self.sync == Sync::Synced && self.heard.elapsed() < silence
+        self.sync == Sync::Synced && self.heard.elapsed() < silence && !self.lagging
+    }
+
+    /// Tells whether `lease` was delivered late: more than `late_after`
+    /// after its `renewTime`, by this node's clock. A watch that lags (a
+    /// slow watch cache, a congested connection) keeps a follower seeing a
+    /// dead holder's last renewals as news, and so waiting the lag out on
+    /// top of the lease duration; the follower reads before every attempt
+    /// instead, as client-go does, until a record comes in time. Expiry is
+    /// still judged on this node's monotonic clock only: a clock ahead of
+    /// the holder's costs reads, never safety.
+    fn check_lag(&mut self, lease: Option<&Lease>) {
+        let renewed = lease.and_then(|l| l.spec.as_ref()?.renew_time.as_ref());
+        let late = renewed.and_then(|t| Duration::try_from(record::now().duration_since(t.0)).ok());
+        let lagging = late.is_some_and(|late| late > self.late_after);
+        if lagging && !self.lagging {
+            warn!(
+                late = ?late.unwrap_or_default(),
+                "lease watch delivered a record late (or this node's clock is ahead of the holder's); \
+                 reading before every attempt until it delivers in time"
+            );
+        } else if self.lagging && !lagging {
+            info!("lease watch delivers in time again");
+        }
+        self.lagging = lagging;
     }
 
     /// The next item of an open watch, stepped; never, without one.
@@ -126,6 +163,7 @@ impl Watch {
                 if std::mem::take(&mut self.silence_warned) {
                     info!("lease watch delivers again");
                 }
+                self.check_lag(lease.as_ref());
                 return Some(Delivered { lease, news });
             }
             None => {

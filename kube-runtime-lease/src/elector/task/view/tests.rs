@@ -13,7 +13,10 @@ use crate::tests::support::logs_during;
 fn open(sync: Sync) -> Watch {
     Watch {
         sync,
-        ..Watch::new(Some(futures::stream::empty().boxed()))
+        ..Watch::new(
+            Some(futures::stream::empty().boxed()),
+            std::time::Duration::from_secs(2),
+        )
     }
 }
 
@@ -139,4 +142,73 @@ fn a_recovery_is_logged_once_and_the_first_sync_is_not_a_recovery() {
         watch.step(Some(Ok(None)), now);
     });
     assert_eq!(logs.matches("lease watch recovered").count(), 1, "{logs}");
+}
+
+/// A Lease renewed `ago` before now (by this node's clock).
+fn renewed_ago(ago: std::time::Duration) -> Lease {
+    use k8s_openapi::{api::coordination::v1::LeaseSpec, apimachinery::pkg::apis::meta::v1::MicroTime};
+    let at = crate::record::now() - ago;
+    Lease {
+        spec: Some(LeaseSpec {
+            holder_identity: Some("a".into()),
+            renew_time: Some(MicroTime(at)),
+            ..LeaseSpec::default()
+        }),
+        ..Lease::default()
+    }
+}
+
+/// A watch that delivers records late (more than a retry period after their
+/// `renewTime`: a lagging watch keeps a follower seeing a dead holder's last
+/// renewals as news) is not trusted, warned once, until a record comes in
+/// time again; a record without `renewTime`, or one renewed "in the future"
+/// (a clock behind the holder's), is in time.
+#[test]
+fn a_watch_that_delivers_late_is_not_trusted_until_it_delivers_in_time() {
+    use std::time::Duration;
+    let now = Instant::now();
+    let silence = Duration::from_secs(4);
+    let mut watch = open(Sync::Listing);
+    watch.step(Some(Ok(Some(renewed_ago(Duration::from_millis(10))))), now);
+    assert!(watch.trusted(silence), "a record delivered in time");
+    let logs = logs_during(tracing::Level::INFO, || {
+        watch.step(Some(Ok(Some(renewed_ago(Duration::from_secs(5))))), now);
+        watch.step(Some(Ok(Some(renewed_ago(Duration::from_secs(4))))), now);
+    });
+    assert!(!watch.trusted(silence), "a record delivered 5 s late is trusted");
+    assert_eq!(
+        logs.matches("lease watch delivered a record late").count(),
+        1,
+        "{logs}"
+    );
+    let logs = logs_during(tracing::Level::INFO, || {
+        watch.step(Some(Ok(Some(renewed_ago(Duration::from_millis(1_900))))), now);
+    });
+    assert!(
+        watch.trusted(silence),
+        "a record delivered within the retry period is not trusted"
+    );
+    assert_eq!(
+        logs.matches("lease watch delivers in time again").count(),
+        1,
+        "{logs}"
+    );
+    watch.step(Some(Ok(Some(renewed_ago(Duration::from_secs(5))))), now);
+    watch.step(Some(Ok(Some(Lease::default()))), now);
+    assert!(watch.trusted(silence), "a record without renewTime");
+    let ahead = Lease {
+        spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+            renew_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                crate::record::now() + Duration::from_secs(60),
+            )),
+            ..Default::default()
+        }),
+        ..Lease::default()
+    };
+    watch.step(Some(Ok(Some(renewed_ago(Duration::from_secs(5))))), now);
+    watch.step(Some(Ok(Some(ahead))), now);
+    assert!(
+        watch.trusted(silence),
+        "a record renewed ahead of this node's clock"
+    );
 }
