@@ -136,7 +136,12 @@ impl LeaseConfig {
     /// takeover at once. Without `watch`/`list` permission on Leases the
     /// elector falls back to polling with one warning while kube-runtime's
     /// watcher retries with its default backoff (up to 30 s, jittered); set
-    /// this to `false` to poll from the start.
+    /// this to `false` to poll from the start. A follower trusts the watch
+    /// only while it is heard from (within two retry periods) and in time
+    /// (its last record delivered within a retry period of its `renewTime`,
+    /// by this node's clock); otherwise it reads before every attempt, as
+    /// client-go does, with one warning (a stalled or lagging watch, or a
+    /// clock ahead of the holder's: reads, never safety).
     #[must_use]
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;
