@@ -96,7 +96,8 @@ impl super::LeaderElector {
     /// and whether Coordinated Leader Election is in force.
     #[cfg(feature = "metrics")]
     pub(crate) fn told_state(&self) -> (bool, bool) {
-        self.inner.observers.state()
+        let told = self.inner.observers.0.read();
+        (told.leading == Some(true), told.coordinated == Some(true))
     }
 }
 

@@ -49,13 +49,13 @@ pub(crate) trait Observer: Send + Sync + 'static {
 /// told ([`Transition::Leading`], [`Transition::Coordinated`]), which an
 /// observer added later is told first: it starts at the truth.
 #[derive(Default)]
-pub(crate) struct Observers(RwLock<Told>);
+pub(crate) struct Observers(pub(super) RwLock<Told>);
 
 #[derive(Default)]
-struct Told {
+pub(super) struct Told {
     all: Vec<(TypeId, Arc<dyn Observer>)>,
-    leading: Option<bool>,
-    coordinated: Option<bool>,
+    pub(super) leading: Option<bool>,
+    pub(super) coordinated: Option<bool>,
 }
 
 impl Observers {
@@ -100,14 +100,6 @@ impl Observers {
                 }
             }
         }
-    }
-
-    /// The last state told: whether this candidate leads, and whether
-    /// Coordinated Leader Election is in force.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn state(&self) -> (bool, bool) {
-        let told = self.0.read();
-        (told.leading == Some(true), told.coordinated == Some(true))
     }
 }
 
