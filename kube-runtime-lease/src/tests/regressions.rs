@@ -1438,8 +1438,8 @@ fn a_busy_guarded_stream_stops_within_one_item_after_the_renew_deadline() {
 }
 
 /// 12: a guarded Controller's reconcile in flight stops at the renew
-/// deadline on its own clock, as the gated reconciles of warm standby do,
-/// not only when the Controller's stream is next polled. kube-runtime spawns
+/// deadline on its own clock, not only when the Controller's stream is next
+/// polled. kube-runtime spawns
 /// each reconcile as a task: dropping the stream aborts them, but a consumer
 /// busy with an item (here: writing a status to an API server that does not
 /// answer) does not poll the stream, and the reconcile went on past the
