@@ -1031,3 +1031,98 @@ pub(super) async fn first_to_lead(
     };
     timeout(within, first).await.ok()
 }
+
+// ---- 16. The watch's lateness, judged by the wall clock ----------------------
+
+/// A record as a holder whose wall clock is `offset` behind this node's
+/// writes it now: renewed by `holder`, `renewTime` = now − `offset`.
+fn renewed_behind(holder: &str, offset: Duration) -> k8s_openapi::api::coordination::v1::Lease {
+    let mut lease = held_by(holder, 15);
+    let at = k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(record::now() - offset);
+    let spec = lease.spec.as_mut().unwrap();
+    spec.acquire_time = Some(at.clone());
+    spec.renew_time = Some(at);
+    lease
+}
+
+/// A Lease left by a holder that died an hour ago (not released) is old,
+/// not late: the watch's first item (its list) is the Lease as it is. A
+/// candidate starting on it takes it over within a lease duration and
+/// jittered retry period, and does not warn of a lagging watch or a clock
+/// ahead of the holder's. (Before: `lease watch delivered a record late (or
+/// this node's clock is ahead of the holder's)` at every start on a Lease
+/// not renewed within the last retry period: a cold start after any
+/// downtime, then "delivers in time again" once it led.)
+#[test]
+fn a_lease_left_long_ago_is_not_warned_as_delivered_late() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            fake.put(renewed_behind("z", S(3600)));
+            let (a, _) = elector(&fake, config("a"));
+            let started = Instant::now();
+            let guard = timeout(S(15) + MS(4_400) + MS(100), a.acquire())
+                .await
+                .expect("a did not take over the dead holder's Lease within LD + 2.2 RP")
+                .unwrap();
+            assert!(
+                guard.is_valid(),
+                "a's guard is not valid {:?} after it started",
+                started.elapsed()
+            );
+        });
+    });
+    assert!(
+        !logs.contains("delivered a record late"),
+        "a Lease renewed an hour ago was warned as delivered late:\n{logs}"
+    );
+}
+
+/// A holder whose wall clock is a minute behind this node's (so every record
+/// it writes looks late here): the follower's watch is not trusted, and it
+/// reads before each attempt, as client-go's candidates do, at client-go's
+/// pace (one attempt per jittered retry period: 1 to 2.2 RP, 1.6 on
+/// average), not one read per renewal delivered. Once the holder dies, the
+/// follower still takes over within a lease duration and 2.2 retry periods
+/// of its last renewal. (Before: 30 reads in 60 s, one per renewal, 1.6
+/// times client-go's.)
+#[test]
+fn a_follower_ahead_of_the_holders_clock_reads_at_client_gos_pace() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(renewed_behind("h", S(60)));
+        let (b, b_id) = elector(&fake, config("b"));
+        let renewing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let holder_task = tokio::spawn({
+            let (fake, renewing) = (fake.clone(), renewing.clone());
+            async move {
+                while renewing.load(Ordering::SeqCst) {
+                    sleep(S(2)).await;
+                    let mut lease = renewed_behind("h", S(60));
+                    lease.metadata.uid = fake.lease().and_then(|l| l.metadata.uid);
+                    fake.put(lease);
+                }
+            }
+        });
+        let mut b_acquire = pin!(b.acquire());
+        assert!(timeout(S(5), &mut b_acquire).await.is_err(), "b led beside h");
+        let since = Instant::now();
+        assert!(timeout(S(60), &mut b_acquire).await.is_err(), "b led beside h");
+        let reads = count(&fake, b_id, "get", since);
+        // client-go: 60 s / 3.2 s ≈ 19 on average; at most 30 if every
+        // jitter were 0.
+        assert!(
+            reads <= 25,
+            "b read {reads} times in 60 s beside a live holder (one read per renewal delivered); \
+             client-go's candidates read about 19 times (one per 1.6 retry periods on average)"
+        );
+        renewing.store(false, Ordering::SeqCst);
+        holder_task.await.unwrap();
+        let died = Instant::now();
+        let guard = timeout(S(15) + MS(4_400) + MS(100), &mut b_acquire)
+            .await
+            .expect("b did not take over within LD + 2.2 RP of h's last renewal")
+            .unwrap();
+        assert!(guard.is_valid(), "{:?}", died.elapsed());
+    });
+}

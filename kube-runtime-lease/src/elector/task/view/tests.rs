@@ -212,3 +212,57 @@ fn a_watch_that_delivers_late_is_not_trusted_until_it_delivers_in_time() {
         "a record renewed ahead of this node's clock"
     );
 }
+
+/// A lateness that hovers around the retry period (renewals whose writes
+/// take about that long, a clock offset close to it) is warned once, not at
+/// every crossing: the watch is still untrusted whenever the last record
+/// came late. (Before: a warning and an info line for every crossing, 10 of
+/// each for 20 records.)
+#[test]
+fn a_lateness_around_the_retry_period_is_warned_once_not_in_a_loop() {
+    use std::time::Duration;
+    let now = Instant::now();
+    let silence = Duration::from_secs(4);
+    let mut watch = open(Sync::Listing);
+    watch.step(Some(Ok(Some(renewed_ago(Duration::from_millis(10))))), now);
+    let logs = logs_during(tracing::Level::INFO, || {
+        for i in 0..20 {
+            let late = if i % 2 == 0 { 2_100 } else { 1_900 };
+            watch.step(Some(Ok(Some(renewed_ago(Duration::from_millis(late))))), now);
+            assert_eq!(
+                watch.trusted(silence),
+                i % 2 == 1,
+                "after a record {late} ms late"
+            );
+        }
+    });
+    assert_eq!(
+        logs.matches("lease watch delivered a record late").count(),
+        1,
+        "{logs}"
+    );
+    assert_eq!(
+        logs.matches("lease watch delivers in time again").count(),
+        1,
+        "{logs}"
+    );
+}
+
+/// The first item after a (re-)list is the Lease as it is, not a renewal
+/// delivered late; an edit that keeps `renewTime` is no renewal either.
+#[test]
+fn only_renewals_delivered_after_the_sync_are_judged_late() {
+    use std::time::Duration;
+    let now = Instant::now();
+    let silence = Duration::from_secs(4);
+    let mut watch = open(Sync::Listing);
+    let old = renewed_ago(Duration::from_secs(3600));
+    watch.step(Some(Ok(Some(old.clone()))), now);
+    assert!(watch.trusted(silence), "a record an hour old, listed");
+    let mut edited = old;
+    edited.metadata.labels = Some([("edited".to_owned(), "yes".to_owned())].into());
+    watch.step(Some(Ok(Some(edited))), now);
+    assert!(watch.trusted(silence), "an edit of it keeping its renewTime");
+    watch.step(Some(Ok(Some(renewed_ago(Duration::from_secs(5))))), now);
+    assert!(!watch.trusted(silence), "a renewal delivered 5 s late");
+}
