@@ -138,10 +138,10 @@ impl LeaseConfig {
     /// watcher retries with its default backoff (up to 30 s, jittered); set
     /// this to `false` to poll from the start. A follower trusts the watch
     /// only while it is heard from (within two retry periods) and in time
-    /// (its last record delivered within a retry period of its `renewTime`,
-    /// by this node's clock); otherwise it reads before every attempt, as
-    /// client-go does, with one warning (a stalled or lagging watch, or a
-    /// clock ahead of the holder's: reads, never safety).
+    /// (the last renewal it delivered came within a retry period of its
+    /// `renewTime`, by this node's clock); otherwise it reads before every
+    /// attempt, at client-go's pace, with a warning (a stalled or lagging
+    /// watch, or a clock ahead of the holder's: reads, never safety).
     #[must_use]
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;
