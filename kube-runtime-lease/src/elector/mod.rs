@@ -81,9 +81,6 @@ pub(crate) struct Inner {
     shutdown_rx: Shared<oneshot::Receiver<()>>,
     /// Told of every transition (none unless an observer was added).
     observers: Observers,
-    /// Whether the Lease was observed (read, written or delivered) yet: the
-    /// first look at it is no change of holder.
-    observed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -139,7 +136,6 @@ impl LeaderElector {
         Ok(LeaderElector {
             inner: Arc::new(Inner {
                 observers: Observers::default(),
-                observed: std::sync::atomic::AtomicBool::new(false),
                 api: LeaseApi {
                     api: Api::namespaced(client, &config.namespace),
                     name: config.name.clone(),

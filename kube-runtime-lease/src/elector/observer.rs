@@ -56,6 +56,9 @@ pub(super) struct Told {
     all: Vec<(TypeId, Arc<dyn Observer>)>,
     pub(super) leading: Option<bool>,
     pub(super) coordinated: Option<bool>,
+    /// The Lease was looked at: a change of holder is one from then on (a
+    /// replica's first look at a held Lease is none).
+    looked: bool,
 }
 
 impl Observers {
@@ -83,6 +86,7 @@ impl Observers {
     /// added sees it either in the replay or told, not missed or reordered.
     pub(crate) fn tell(&self, transition: Transition<'_>) {
         match transition {
+            Transition::HolderChanged if !self.0.read().looked => {}
             Transition::Leading(_) | Transition::Coordinated(_) => {
                 let mut told = self.0.write();
                 match transition {
@@ -99,6 +103,14 @@ impl Observers {
                     observer.observe(transition);
                 }
             }
+        }
+    }
+
+    /// The Lease was looked at (read, written or delivered): the changes of
+    /// holder told from now on are changes.
+    pub(crate) fn looked(&self) {
+        if !self.0.read().looked {
+            self.0.write().looked = true;
         }
     }
 }

@@ -167,13 +167,12 @@ impl Inner {
     /// leader has seen none).
     pub(super) fn observe(&self, spec: Option<&LeaseSpec>) {
         self.update_status(|s| s.observe(spec));
-        self.observed.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.observers.looked();
     }
 
     /// Changes the published status; a change of holder is logged, and told
-    /// once the Lease was observed before.
+    /// (once the Lease was looked at before: `Observers::looked`).
     pub(super) fn update_status(&self, f: impl FnOnce(&mut LeaderStatus)) {
-        let observed = self.observed.load(std::sync::atomic::Ordering::Relaxed);
         self.status.send_if_modified(|s| {
             let before = s.clone();
             f(s);
@@ -184,9 +183,7 @@ impl Inner {
                     info!("lease observed free or missing");
                 }
                 // And told to the observers (metrics, Events).
-                if observed {
-                    self.observers.tell(Transition::HolderChanged);
-                }
+                self.observers.tell(Transition::HolderChanged);
             }
             *s != before
         });

@@ -106,7 +106,7 @@ impl Task {
                 info!(?left, "{why}");
                 Phase::Holding { until }
             }
-            None => self.begin_term(&term, lease.metadata.uid.as_deref(), sent),
+            None => self.begin_term(&term, lease.metadata.uid.as_deref()),
         };
         let mut run = TermRun {
             term,
@@ -153,9 +153,7 @@ impl Task {
                     .await
                 {
                     Err(lost) => return lost,
-                    Ok(Read::Ours) => {
-                        self.begin_term(&run.term, run.cached.metadata.uid.as_deref(), run.sent)
-                    }
+                    Ok(Read::Ours) => self.begin_term(&run.term, run.cached.metadata.uid.as_deref()),
                     Ok(Read::Unknown) => Phase::Holding {
                         until: Instant::now() + period,
                     },
@@ -256,12 +254,11 @@ impl Task {
     }
 
     /// Publishes `term`, free of any hold, on the Lease object `uid` (logged
-    /// with it: which incarnation of the Lease, after a re-creation), whose
-    /// last successful write was sent at `sent`: hands
+    /// with it: which incarnation of the Lease, after a re-creation): hands
     /// guards to every waiter; its phase is then `Leading`. Not once the
     /// shutdown began (`Withheld`): no guard, status or observer may see a
     /// term then.
-    fn begin_term(&mut self, term: &Arc<Term>, uid: Option<&str>, sent: Instant) -> Phase {
+    fn begin_term(&mut self, term: &Arc<Term>, uid: Option<&str>) -> Phase {
         let mut state = self.inner.lock();
         if state.shutdown {
             info!("won the lease as the shutdown began: not leading, releasing it");
@@ -287,7 +284,12 @@ impl Task {
             lease.uid = uid,
             "acquired lease, now leading"
         );
-        self.inner.observers.tell(Transition::TermBegan { uid, sent });
+        // `sent`: the instant before its last successful write was sent, one
+        // renew deadline before the term's deadline.
+        self.inner.observers.tell(Transition::TermBegan {
+            uid,
+            sent: term.deadline() - self.config().renew_deadline,
+        });
         Phase::Leading
     }
 
