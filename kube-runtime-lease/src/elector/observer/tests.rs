@@ -42,6 +42,9 @@ fn one_observer_of_each_type_is_added_and_each_is_told_once() {
     );
     assert!(observers.add(Other(other.clone())), "one of another type");
     observers.tell(Transition::Leading(true));
+    // The first look at the Lease is no change of holder; later ones are.
+    observers.tell(Transition::HolderChanged);
+    observers.looked();
     observers.tell(Transition::HolderChanged);
     assert_eq!(first.load(Ordering::SeqCst), 2);
     assert_eq!(
