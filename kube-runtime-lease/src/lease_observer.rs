@@ -1,10 +1,13 @@
 //! [`LeaseObserver`]: who holds a Lease, for a process that never campaigns.
 
+use std::time::Duration;
+
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, Client};
 use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{sync::watch, task::JoinHandle};
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use crate::{ConfigError, LeaderStatus, config::names::check_lease, record::Wire};
 
@@ -17,8 +20,12 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease, record::Wire}
 /// `leases`. The watch is kube-runtime's `watch_object`, with its default
 /// backoff. `holder` is the holder the record names, as an elector shows
 /// it: a holder that has stopped renewing is still named until someone
-/// takes the Lease over. The watch runs in a task of its own, stopped when
-/// the observer is dropped.
+/// takes the Lease over. A watch silent for the held record's lease
+/// duration (15 s when the Lease is free or missing) is checked with a
+/// read: one that shows a record the watch did not deliver (a stalled
+/// watch: open, neither ending nor failing) is reported, warned once, and
+/// the watch is started again. The watch runs in a task of its own, stopped
+/// when the observer is dropped.
 ///
 /// ```no_run
 /// use kube_runtime_lease::LeaseObserver;
@@ -53,22 +60,69 @@ impl LeaseObserver {
         check_lease(namespace, name)?;
         let (tx, status) = watch::channel(LeaderStatus::default());
         let api: Api<Wire> = Api::namespaced(client, namespace);
-        let mut events = watcher::watch_object(api, name).default_backoff().boxed();
+        let name = name.to_owned();
         let task = tokio::spawn(async move {
-            while let Some(event) = events.next().await {
-                // The Lease as it is now (`None`: it does not exist).
-                let seen = match event {
-                    Ok(seen) => seen,
-                    Err(e) => {
+            let open = || {
+                watcher::watch_object(api.clone(), &name)
+                    .default_backoff()
+                    .boxed()
+            };
+            let mut events = open();
+            // The last record delivered or read (`None`: none, or gone), and
+            // whether a silence was warned since the watch last delivered.
+            let mut last: Option<Lease> = None;
+            let mut warned = false;
+            loop {
+                let silence = silence(last.as_ref());
+                let seen = match tokio::time::timeout(silence, events.next()).await {
+                    Ok(None) => return,
+                    Ok(Some(Ok(seen))) => {
+                        if std::mem::take(&mut warned) {
+                            info!("lease observer: the watch delivers again");
+                        }
+                        seen.map(|Wire(l)| l)
+                    }
+                    Ok(Some(Err(e))) => {
                         debug!(error = %crate::error::Chain(&e), "lease observer: watch failed; retrying");
                         continue;
                     }
+                    // Silent for the record's lease duration: a held record
+                    // is renewed well within it, so the watch may be
+                    // stalled (open, neither ending nor failing). A read
+                    // tells; one that shows what the watch did not starts
+                    // the watch again (its stale events never come).
+                    Err(_) => match api.get_opt(&name).await {
+                        Ok(read) => {
+                            let read = read.map(|Wire(l)| l);
+                            let version = |l: &Option<Lease>| {
+                                l.as_ref().and_then(|l| l.metadata.resource_version.clone())
+                            };
+                            if version(&read) == version(&last) {
+                                continue;
+                            }
+                            if !warned {
+                                warn!(
+                                    ?silence,
+                                    "lease observer: the watch delivered nothing while the Lease changed: it may \
+                                     be stalled; reporting the Lease as read, and watching it anew"
+                                );
+                                warned = true;
+                            }
+                            events = open();
+                            read
+                        }
+                        Err(e) => {
+                            debug!(error = %crate::error::Chain(&e), "lease observer: reading the Lease failed");
+                            continue;
+                        }
+                    },
                 };
                 tx.send_if_modified(|s| {
                     let before = s.clone();
-                    s.observe(seen.and_then(|Wire(l)| l.spec).as_ref());
+                    s.observe(seen.as_ref().and_then(|l| l.spec.as_ref()));
                     *s != before
                 });
+                last = seen;
             }
         });
         Ok(LeaseObserver { status, task })
@@ -84,6 +138,20 @@ impl LeaseObserver {
     #[must_use]
     pub fn subscribe(&self) -> watch::Receiver<LeaderStatus> {
         self.status.clone()
+    }
+}
+
+/// How long a watch may be silent before a read checks it: a held record's
+/// lease duration (its holder renews well within it); otherwise (free,
+/// missing, or no duration) the default lease duration, 15 s: a free
+/// Lease changes only when taken, so a read every 15 s at most.
+fn silence(last: Option<&Lease>) -> Duration {
+    const DEFAULT: Duration = Duration::from_secs(15);
+    match last.and_then(|l| l.spec.as_ref()) {
+        Some(spec) if crate::record::holder(spec).is_some() => {
+            crate::record::lease_duration(spec, DEFAULT).max(Duration::from_secs(1))
+        }
+        _ => DEFAULT,
     }
 }
 

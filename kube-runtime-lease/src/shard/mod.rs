@@ -77,6 +77,17 @@
 //!   while it watches over that shard for the same owner (not across its own
 //!   restarts: a shard watched over only by members that each live less
 //!   than `2 LD` is not judged).
+//! - **A watch that stalls** (open and silent, neither ending nor failing)
+//!   is caught by the reads it would have made unnecessary: an eviction's
+//!   confirming read that shows a newer record than the shard watch, or a
+//!   roster entry that changed since the roster watch showed it (the
+//!   eviction's write conflicts), starts the roster and shard watches again
+//!   (warned), and the shard's holder is judged by those reads meanwhile (the
+//!   same version read a lease duration apart evicts it); another count's
+//!   Lease that stopped changing on the watch is read before it lets this
+//!   replica in. An eviction's own write is taken into the view at once,
+//!   without waiting for the roster watch. Not yet a watch that lags (every
+//!   event late by `N`): a dead member's shards are taken about `N` late.
 
 mod assign;
 mod controller;
@@ -238,6 +249,11 @@ impl ShardConfig {
         (shard < self.shards).then_some(shard)
     }
 
+    /// The label selector of the roster's entries.
+    fn roster_selector(&self) -> String {
+        format!("{OF_LABEL}={},{ROLE_LABEL}=member", self.lease.name)
+    }
+
     /// The label selector of the shard Leases of every other shard count.
     fn foreign_selector(&self) -> String {
         format!(
@@ -321,6 +337,14 @@ struct Inner {
     /// them: shard -> (resourceVersion, when first read so). Such a Lease is
     /// judged by these reads, by the observed-change rule.
     unseen: Mutex<BTreeMap<u16, (Option<String>, Instant)>>,
+    /// An eviction's confirming read showed a record the shard watch did not
+    /// (stalled or lagging): the balancer starts its roster and shard
+    /// watches again.
+    relist: std::sync::atomic::AtomicBool,
+    /// Roster entries this replica's evictions wrote, for the balancer's
+    /// view at its next turn, without waiting for the roster watch (which
+    /// may lag).
+    written: Mutex<Vec<Lease>>,
     /// `with_metrics`: the shards-held gauge and the rebalance counter.
     #[cfg(feature = "metrics")]
     metrics: std::sync::OnceLock<(
@@ -354,6 +378,9 @@ struct View {
     /// The shard Leases of other shard counts (a rolling update of the
     /// count): Lease name → what was seen of it.
     foreign: Listing<String>,
+    /// Those of them read unchanged since they stopped changing on the
+    /// watch: Lease name → the resourceVersion read.
+    confirmed: BTreeMap<String, Option<String>>,
 }
 
 /// What the shard Leases of other shard counts show.
@@ -392,29 +419,19 @@ impl View {
     /// it releases its shards), so that the last replica of a count leaving
     /// lets the other count in at once.
     fn foreign(&self, shards: u16, fallback: Duration, retry: Duration, now: Instant) -> Foreign {
-        let listed: BTreeSet<u16> = self
-            .roster
-            .iter()
-            .filter(|(_, seen)| seen.holder.is_some())
-            .filter_map(|(_, seen)| seen.shard_count())
-            .collect();
+        let listed = self.listed_counts();
         // A Lease held by a member of this count (its labels edited by
         // someone else: no replica of that count holds it) outranks nobody.
         let ours = self.members(shards);
         let mut out = Foreign::default();
         for (_, seen) in self.foreign.iter() {
-            let count = seen.shard_count().unwrap_or(0);
-            let live = seen.holder.is_some() || (seen.released && listed.contains(&count));
-            if count == shards || !live {
+            let Some(until) = keeps_out_until(seen, shards, &listed, fallback, retry) else {
                 continue;
-            }
-            let mut until = seen.expires(fallback);
-            if seen.holder.is_none() && count > shards {
-                until = crate::record::later(until, retry);
-            }
+            };
             if now >= until {
                 continue;
             }
+            let count = seen.shard_count().unwrap_or(0);
             out.active.insert(count);
             if seen.holder.as_ref().is_some_and(|h| !ours.contains(h)) {
                 out.held = out.held.max(Some(count));
@@ -424,6 +441,36 @@ impl View {
         out
     }
 
+    /// The shard Leases of other counts that kept a replica of `shards`
+    /// shards out until their record stopped changing on this watch, and
+    /// now let it in (see [`foreign`](Self::foreign)): their names and the
+    /// resourceVersions the watch last showed.
+    fn lapsed_foreign(
+        &self,
+        shards: u16,
+        fallback: Duration,
+        retry: Duration,
+        now: Instant,
+    ) -> Vec<(String, Option<String>)> {
+        let listed = self.listed_counts();
+        self.foreign
+            .iter()
+            .filter(|(_, seen)| {
+                keeps_out_until(seen, shards, &listed, fallback, retry).is_some_and(|until| now >= until)
+            })
+            .map(|(name, seen)| (name.clone(), seen.lease.metadata.resource_version.clone()))
+            .collect()
+    }
+
+    /// The shard counts of the members on the roster.
+    fn listed_counts(&self) -> BTreeSet<u16> {
+        self.roster
+            .iter()
+            .filter(|(_, seen)| seen.holder.is_some())
+            .filter_map(|(_, seen)| seen.shard_count())
+            .collect()
+    }
+
     /// The roster entry naming `identity`.
     fn entry_of(&self, identity: &str) -> Option<&Watched> {
         self.roster
@@ -431,6 +478,32 @@ impl View {
             .map(|(_, seen)| seen)
             .find(|seen| seen.holder.as_deref() == Some(identity))
     }
+}
+
+/// Until when the shard Lease `seen` of another count keeps a replica of
+/// `shards` shards out, unless its record changes (`None`: it does not):
+/// held, or released while watched while a member of its count is on the
+/// roster (`listed`), for its lease duration after it last changed here,
+/// and a released one of a higher count a retry period more (see
+/// [`View::foreign`]).
+fn keeps_out_until(
+    seen: &Watched,
+    shards: u16,
+    listed: &BTreeSet<u16>,
+    fallback: Duration,
+    retry: Duration,
+) -> Option<Instant> {
+    let count = seen.shard_count().unwrap_or(0);
+    let live = seen.holder.is_some() || (seen.released && listed.contains(&count));
+    if count == shards || !live {
+        return None;
+    }
+    let until = seen.expires(fallback);
+    Some(if seen.holder.is_none() && count > shards {
+        crate::record::later(until, retry)
+    } else {
+        until
+    })
 }
 
 /// This replica's part of an assignment.
@@ -522,6 +595,8 @@ impl ShardedElector {
                 rebalances: std::sync::atomic::AtomicU64::new(0),
                 delete_forbidden: std::sync::atomic::AtomicBool::new(false),
                 unseen: Mutex::new(BTreeMap::new()),
+                relist: std::sync::atomic::AtomicBool::new(false),
+                written: Mutex::new(Vec::new()),
                 #[cfg(feature = "metrics")]
                 metrics: std::sync::OnceLock::new(),
             }),
@@ -632,9 +707,8 @@ impl ShardedElector {
         if !self.join_until_done(&api).await {
             return;
         }
-        let roster_selector = format!("{OF_LABEL}={},{ROLE_LABEL}=member", cfg.name);
         let wire: Api<Wire> = Api::namespaced(inner.client.clone(), &cfg.namespace);
-        let mut roster_events = watch_leases(&wire, &roster_selector);
+        let mut roster_events = watch_leases(&wire, &inner.config.roster_selector());
         let mut shard_events: Events = futures::stream::pending().boxed();
         // The shard Leases of other counts: none but during a rolling update
         // of the count (and the old count's, free, after one), so free.
@@ -678,15 +752,19 @@ impl ShardedElector {
             if inner.state.lock().shutdown {
                 return;
             }
+            self.relisted(&wire, &mut roster_events, &mut members, &mut selected, &mut view);
             // Nothing before the roster has been listed once: an assignment
             // computed from part of it (the watch's first event comes before
             // its list) gives this replica the shards of the members not yet
             // seen, and a campaign for a shard free mid-handover may take it,
-            // to hand it over again a lease duration later.
-            // Nor before the other counts' shard Leases have been listed: a
-            // replica of a new count would take its shards while those of the
-            // old count are held.
-            if !view.roster.synced() || !view.foreign.synced() {
+            // to hand it over again a lease duration later. Nor before the
+            // other counts' shard Leases have been listed (and those that
+            // stopped changing here read): a new count would take its shards
+            // while those of the old count are held.
+            if !view.roster.synced()
+                || !view.foreign.synced()
+                || !self.confirm_lapsed(&wire, &mut view, &mut foreign_events).await
+            {
                 continue;
             }
             let now = Instant::now();
@@ -731,6 +809,75 @@ impl ShardedElector {
             let overdue = self.stop_overdue(now);
             due = [due, collect, overdue].into_iter().flatten().min();
         }
+    }
+
+    /// Reads each shard Lease of another count that kept this replica out
+    /// and now lets it in because its record stopped changing on the watch
+    /// ([`View::lapsed_foreign`]), once per version: a watch that stalled
+    /// (open, silent) shows the other count's renewals as a dead replica's
+    /// record, and this count would take its shards beside theirs. A read
+    /// showing the version the watch showed confirms it
+    /// (`View::confirmed`); one showing another (or the Lease gone) is what
+    /// the watch missed: taken into the view (its clock starts again),
+    /// warned, and the watch (`events`) started again. `false` while a read
+    /// fails or the reads take longer than the renew deadline (those done
+    /// are kept): the balancer's step waits meanwhile.
+    async fn confirm_lapsed(&self, wire: &Api<Wire>, view: &mut View, events: &mut Events) -> bool {
+        let cfg = &self.inner.config.lease;
+        let lapsed = view.lapsed_foreign(
+            self.inner.config.shards,
+            cfg.lease_duration,
+            cfg.retry_period,
+            Instant::now(),
+        );
+        view.confirmed
+            .retain(|name, _| lapsed.iter().any(|(n, _)| n == name));
+        let mut missed = false;
+        // Every read of this turn within one renew deadline: the balancer
+        // waits for them.
+        let deadline = Instant::now() + cfg.renew_deadline;
+        for (name, version) in lapsed {
+            if view.confirmed.get(&name) == Some(&version) {
+                continue;
+            }
+            let read = match tokio::time::timeout_at(deadline, wire.get_opt(&name)).await {
+                Ok(Ok(read)) => read.map(|Wire(l)| l),
+                Ok(Err(e)) => {
+                    debug!(lease = %name, error = %Chain(&e), "reading a shard Lease of another shard count failed");
+                    return false;
+                }
+                Err(_) => {
+                    debug!(lease = %name, "reading a shard Lease of another shard count timed out");
+                    return false;
+                }
+            };
+            let now = Instant::now();
+            match read {
+                Some(lease) if lease.metadata.resource_version == version => {
+                    view.confirmed.insert(name, version);
+                }
+                Some(lease) => {
+                    missed = true;
+                    view.foreign
+                        .event(watcher::Event::Apply(lease), |l| l.metadata.name.clone(), now);
+                }
+                None => {
+                    missed = true;
+                    let mut gone = Lease::default();
+                    gone.metadata.name = Some(name);
+                    view.foreign
+                        .event(watcher::Event::Delete(gone), |l| l.metadata.name.clone(), now);
+                }
+            }
+        }
+        if missed {
+            warn!(
+                "the watch of the other shard counts' Leases did not show changes a read shows: it may be stalled \
+                 or lagging; watching them anew"
+            );
+            *events = watch_leases(wire, &self.inner.config.foreign_selector());
+        }
+        true
     }
 
     /// One step of the balancer once the roster is listed: unless replicas
@@ -997,35 +1144,25 @@ impl ShardedElector {
                         .as_ref()
                         .and_then(|l| l.spec.as_ref())
                         .is_some_and(|spec| crate::record::holder(spec).is_some());
-                    let moved = match current.as_ref().filter(|_| held) {
-                        None => false,
-                        // Held, and the watch does not show it (its labels
-                        // edited by someone else): judged by these reads, as
-                        // a watch would judge it, the record read unchanged
-                        // for its lease duration evicts its holder.
-                        Some(l) if seen_version.is_none() => {
-                            let rv = l.metadata.resource_version.clone();
-                            let d = l
-                                .spec
-                                .as_ref()
-                                .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback));
-                            let now = Instant::now();
-                            let mut unseen = this.inner.unseen.lock();
-                            match unseen.get(&shard) {
-                                Some((v, at)) if *v == rv => now.saturating_duration_since(*at) < d,
-                                _ => {
-                                    unseen.insert(shard, (rv, now));
-                                    true
-                                }
-                            }
-                        }
-                        Some(l) => l.metadata.resource_version != seen_version,
-                    };
+                    let current = current.filter(|_| held);
+                    let moved = this.moved_since(shard, current.as_ref(), seen_version.as_ref(), fallback);
                     if moved {
                         debug!(member = %owner, shard, "not evicted: its shard's record changed since it was seen");
                         return Ok(roster::Wrote::Changed);
                     }
-                    roster::clear(&api, &entry).await
+                    let cleared = roster::clear_to(&api, &entry).await.map(|w| this.evicted(w));
+                    if matches!(cleared, Ok(roster::Wrote::Changed)) {
+                        // The entry changed since the roster watch showed it
+                        // (the member left or joined again, or a peer evicted
+                        // it): a watch still showing it after its lease
+                        // duration may be stalled, and the assignment it
+                        // feeds gives shards to a member that no longer
+                        // takes them.
+                        this.relist(&format!(
+                            "the roster entry of {owner} changed since the roster watch showed it"
+                        ));
+                    }
+                    cleared
                 };
                 match tokio::time::timeout(timeout, evict).await {
                     Ok(Ok(roster::Wrote::Done)) => {
@@ -1040,6 +1177,101 @@ impl ShardedElector {
             });
         }
         due
+    }
+
+    /// Whether the shard's Lease `current` (as read, held; `None`: free or
+    /// gone) shows that its holder renews, for an eviction judged on the
+    /// watch's record `seen_version`. Held, and the watch does not show it
+    /// (its labels edited by someone else), or shows an older record (the
+    /// watch stalled or lags: the record changed since, or it would not
+    /// look expired), it is judged by these reads, as a watch would judge
+    /// it: the record read unchanged for its lease duration evicts its
+    /// holder; and a watch behind is started again.
+    fn moved_since(
+        &self,
+        shard: u16,
+        current: Option<&Lease>,
+        seen_version: Option<&String>,
+        fallback: Duration,
+    ) -> bool {
+        let Some(l) = current.filter(|l| l.metadata.resource_version.as_ref() != seen_version) else {
+            return false;
+        };
+        if seen_version.is_some() {
+            self.relist(&format!(
+                "the shard watch did not show a change of shard {shard} a read shows"
+            ));
+        }
+        let rv = l.metadata.resource_version.clone();
+        let d = l
+            .spec
+            .as_ref()
+            .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback));
+        let now = Instant::now();
+        let mut unseen = self.inner.unseen.lock();
+        match unseen.get(&shard) {
+            Some((v, at)) if *v == rv => now.saturating_duration_since(*at) < d,
+            _ => {
+                unseen.insert(shard, (rv, now));
+                true
+            }
+        }
+    }
+
+    /// Takes the roster entries this replica's evictions wrote into the
+    /// view ([`evicted`](Self::evicted)); starts the roster watch again
+    /// (`roster_events`) if asked to (see [`relist`](Self::relist)), and
+    /// then forgets the members counted and the shards selected, so that
+    /// `run` selects the shards anew, with a watch of its own.
+    fn relisted(
+        &self,
+        wire: &Api<Wire>,
+        roster_events: &mut Events,
+        members: &mut BTreeSet<String>,
+        selected: &mut BTreeSet<u16>,
+        view: &mut View,
+    ) {
+        for entry in std::mem::take(&mut *self.inner.written.lock()) {
+            view.roster.event(
+                watcher::Event::Apply(entry),
+                |l| l.metadata.name.clone(),
+                Instant::now(),
+            );
+        }
+        if self
+            .inner
+            .relist
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            *roster_events = watch_leases(wire, &self.inner.config.roster_selector());
+            members.clear();
+            selected.clear();
+        }
+    }
+
+    /// An eviction's write answered (`written`: the entry as written;
+    /// `None`: it changed since it was read): the entry is taken into the
+    /// view at the balancer's next turn, so that the evicted member's shards
+    /// are reassigned without waiting for the roster watch, which may lag.
+    fn evicted(&self, written: Option<Lease>) -> roster::Wrote {
+        let Some(entry) = written else {
+            return roster::Wrote::Changed;
+        };
+        self.inner.written.lock().push(entry);
+        self.inner.wake.notify_one();
+        roster::Wrote::Done
+    }
+
+    /// Has the balancer start its roster and shard watches again (`run`, at
+    /// its next turn: every roster member counted anew, the shards selected
+    /// anew): a read or a write showed what they did not (`what`), so they
+    /// may be stalled (open and silent) or lagging. Warned.
+    fn relist(&self, what: &str) {
+        warn!("{what}: the watch may be stalled or lagging; watching the roster and the shards anew");
+        self.inner
+            .relist
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.inner.wake.notify_one();
     }
 
     /// Deletes the roster entries of departed members: an entry held by

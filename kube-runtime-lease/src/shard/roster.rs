@@ -91,15 +91,20 @@ pub(super) async fn join(api: &Api<Lease>, config: &LeaseConfig) -> Result<(), k
 /// refused if it changed since), so that its member no longer counts: when
 /// a member leaves, or a peer evicts it.
 pub(super) async fn clear(api: &Api<Lease>, seen: &Lease) -> Result<Wrote, kube_client::Error> {
+    Ok(clear_to(api, seen).await?.map_or(Wrote::Changed, |_| Wrote::Done))
+}
+
+/// [`clear`], with the entry as written (`None`: it changed since `seen`).
+pub(super) async fn clear_to(api: &Api<Lease>, seen: &Lease) -> Result<Option<Lease>, kube_client::Error> {
     let Some(name) = seen.metadata.name.as_deref() else {
-        return Ok(Wrote::Changed);
+        return Ok(None);
     };
     let mut lease = seen.clone();
     let spec = lease.spec.clone().unwrap_or_default();
     lease.spec = Some(crate::record::released(&spec, crate::record::now()));
     match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(Wrote::Done),
-        Err(e) if is_conflict(&e) || is_not_found(&e) => Ok(Wrote::Changed),
+        Ok(written) => Ok(Some(written)),
+        Err(e) if is_conflict(&e) || is_not_found(&e) => Ok(None),
         Err(e) => Err(e),
     }
 }

@@ -2033,3 +2033,136 @@ fn members_joining_and_leaving_leave_no_tasks_or_requests_behind() {
         );
     });
 }
+
+/// A replica of a new shard count (a rolling update from 15 shards down to
+/// 12) whose watch of the other counts' shard Leases stalls (open, silent:
+/// a dead connection behind a proxy) while it waits for the old count: the
+/// old count's records, renewed every retry period, look unchanged to it,
+/// and after their lease duration expired. It must not take its shards
+/// while the old count still holds and renews its own (never two: an
+/// object owned by a replica of each count). (From 12 up to 15 the same
+/// stall makes the new count start early and push the old count out, as if
+/// both had started at once.)
+#[test]
+fn a_new_count_whose_watch_of_the_old_count_stalls_does_not_take_its_shards() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, _) = replica_of(&fake, "a", 15);
+        start(&[&a]);
+        never_shared(&[&a], S(20)).await;
+        assert_eq!(held(&[&a])[0].len(), 15);
+        let (b, b_id) = replica_of(&fake, "b", 12);
+        start(&[&b]);
+        never_two_counts(&[&a], &[&b], S(10)).await;
+        assert!(held(&[&b])[0].is_empty(), "{:?}", held(&[&b]));
+        // Every watch b has open now stalls (its roster, shard and
+        // other-count watches); those it opens later work.
+        fake.stall_watches(b_id);
+        never_two_counts(&[&a], &[&b], S(30)).await;
+        assert_eq!(held(&[&a])[0].len(), 15, "a still holds its 15 shards");
+    });
+}
+
+/// A member dies while its backup's watch of its shards is stalled (open,
+/// silent): the backup's view shows the member's last renewal before the
+/// stall, so its eviction's confirming read finds a newer record (the
+/// renewals the watch missed) and takes that for a live owner, at every
+/// try. The dead member's shards must still get an owner (never none)
+/// within the eviction's bound, `2 LD + RP` of the death: the reads
+/// themselves tell that the record no longer changes, and a read that
+/// shows what the watch did not starts the watches again.
+#[test]
+fn a_dead_members_shards_get_owners_though_the_backups_watch_is_stalled() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, a_id) = replica_of(&fake, "a", 12);
+        let (b, b_id) = replica_of(&fake, "b", 12);
+        start(&[&a, &b]);
+        never_shared(&[&a, &b], S(30)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        let a_shards = held(&[&a])[0].clone();
+        // b's watches stall; a renews twice more, then dies.
+        fake.stall_watches(b_id);
+        never_shared(&[&a, &b], Duration::from_millis(2500)).await;
+        fake.partition(a_id, true);
+        let died = tokio::time::Instant::now();
+        while !a_shards.is_subset(&held(&[&b])[0]) {
+            assert!(
+                died.elapsed() <= S(9),
+                "a's shards {a_shards:?} have no owner {:?} after its death (b's watches stalled; b holds {:?}, \
+                 roster {:?})",
+                died.elapsed(),
+                held(&[&b])[0],
+                roster_leases(&fake)
+                    .iter()
+                    .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
+                    .collect::<Vec<_>>()
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// A member leaves (shut down: it leaves the roster and releases its
+/// shards) while its peer's watches are stalled (open, silent): the peer's
+/// roster still names it, so the assignment still gives it its shards; the
+/// peer's eviction of it meets a conflict (the entry changed since the
+/// watch showed it), which said nothing and changed nothing, at every try.
+/// Its shards must still get an owner (never none) within the eviction's
+/// bound, `2 LD + RP`: a conflict starts the roster watch again.
+#[test]
+fn a_members_shards_get_owners_after_it_leaves_though_its_peers_roster_watch_is_stalled() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, _) = replica_of(&fake, "a", 12);
+        let (b, b_id) = replica_of(&fake, "b", 12);
+        start(&[&a, &b]);
+        never_shared(&[&a, &b], S(30)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        fake.stall_watches(b_id);
+        let left = tokio::time::Instant::now();
+        a.shutdown(S(1)).await;
+        while held(&[&b])[0].len() < 12 {
+            assert!(
+                left.elapsed() <= S(9),
+                "{} of 12 shards owned {:?} after a left (b's watches stalled; b holds {:?})",
+                held(&[&b])[0].len(),
+                left.elapsed(),
+                held(&[&b])[0],
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+    });
+}
+
+/// A member dies while its backup's watches lag a lease duration (every
+/// event delivered 4 s late: a slow watch cache): the backup must still own
+/// the dead member's shards within the eviction's bound, `2 LD + RP` of the
+/// death. Its eviction's own write is taken into its view at once, not
+/// when the lagging roster watch delivers it (before, the lag counted
+/// twice). (A lag well beyond a lease duration still passes the bound: the
+/// shard watch delivers the last renewal that late.)
+#[test]
+fn a_dead_members_shards_get_owners_though_the_backups_watches_lag_a_lease_duration() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, a_id) = replica_of(&fake, "a", 12);
+        let (b, b_id) = replica_of(&fake, "b", 12);
+        fake.set_watch_latency(b_id, S(4));
+        start(&[&a, &b]);
+        never_shared(&[&a, &b], S(30)).await;
+        assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+        let a_shards = held(&[&a])[0].clone();
+        fake.partition(a_id, true);
+        let died = tokio::time::Instant::now();
+        while !a_shards.is_subset(&held(&[&b])[0]) {
+            assert!(
+                died.elapsed() <= S(9),
+                "a's shards {a_shards:?} have no owner {:?} after its death (b's watches 4 s late; b holds {:?})",
+                died.elapsed(),
+                held(&[&b])[0],
+            );
+            never_shared(&[&a, &b], Duration::from_millis(100)).await;
+        }
+    });
+}

@@ -55,6 +55,8 @@ pub(super) struct LeaseCandidates {
     history: Vec<(u64, String, &'static str, Value)>,
     /// Watches: the namespace they watch, a name (`None`: all), their events.
     watchers: Vec<(String, Option<String>, mpsc::UnboundedSender<Bytes>)>,
+    /// Watches stalled: open, told nothing.
+    stalled: Vec<mpsc::UnboundedSender<Bytes>>,
 }
 
 fn event_line(kind: &str, object: &Value) -> Bytes {
@@ -110,6 +112,12 @@ impl LeaseCandidates {
         for (_, _, tx) in self.watchers.drain(..) {
             let _ = tx.unbounded_send(line.clone());
         }
+    }
+
+    /// Keeps every watch open but silent from now on (a stalled connection).
+    pub(super) fn stall_watches(&mut self) {
+        let stalled = self.watchers.drain(..).map(|(_, _, tx)| tx);
+        self.stalled.extend(stalled);
     }
 
     /// Deletes `key` (as someone else would), telling its watchers; what it was.
@@ -305,6 +313,15 @@ impl FakeLeaseApi {
     pub fn expire_lease_candidate_watches(&self) {
         if let Some(c) = self.lock().candidates.objects.as_mut() {
             c.expire_watches();
+        }
+    }
+
+    /// Keeps every `LeaseCandidate` watch open now silent from now on, neither
+    /// ending nor failing (a connection that stalled); watches opened later
+    /// are told as usual.
+    pub fn stall_lease_candidate_watches(&self) {
+        if let Some(c) = self.lock().candidates.objects.as_mut() {
+            c.stall_watches();
         }
     }
 

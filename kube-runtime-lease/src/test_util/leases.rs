@@ -404,7 +404,11 @@ impl FakeLeaseApi {
                     }
                 }
                 s.watchers.push(Watcher { client, filter, tx });
-                watch_response(rx)
+                let lag = s
+                    .clients
+                    .get(client)
+                    .map_or(std::time::Duration::ZERO, |c| c.watch_latency);
+                watch_response(super::wire::lagging(rx, lag))
             }
             "create" => {
                 let Ok(mut lease) = serde_json::from_slice::<Lease>(body) else {

@@ -242,6 +242,9 @@ struct ClientFaults {
     partitioned: bool,
     /// Every request (other than watches) is delayed this long before it is handled.
     latency: Duration,
+    /// Every event of the Lease watches opened from now on is delivered this
+    /// long after it happened (a watch that lags).
+    watch_latency: Duration,
     /// Watches are refused with 403.
     watch_forbidden: bool,
 }
@@ -343,6 +346,17 @@ impl FakeLeaseApi {
     /// If `client` is not an index [`client`](Self::client) returned.
     pub fn set_latency(&self, client: usize, latency: Duration) {
         Self::client_faults(&mut self.lock(), client).latency = latency;
+    }
+
+    /// Delivers every event of `client`'s Lease watches opened from now on
+    /// `latency` after it happened, in order (a watch that lags: a slow
+    /// watch cache or a congested connection); its other requests are
+    /// answered as before.
+    ///
+    /// # Panics
+    /// If `client` is not an index [`client`](Self::client) returned.
+    pub fn set_watch_latency(&self, client: usize, latency: Duration) {
+        Self::client_faults(&mut self.lock(), client).watch_latency = latency;
     }
 
     /// Refuses `client`'s lists and watches with 403 (RBAC without them).

@@ -25,6 +25,32 @@ pub(super) fn watch_response(events: mpsc::UnboundedReceiver<Bytes>) -> Response
         .unwrap()
 }
 
+/// `events`, each delivered `lag` after it was sent, in order (none: as
+/// they come).
+pub(super) fn lagging(
+    events: mpsc::UnboundedReceiver<Bytes>,
+    lag: std::time::Duration,
+) -> mpsc::UnboundedReceiver<Bytes> {
+    if lag.is_zero() {
+        return events;
+    }
+    let (stamped_tx, stamped) = mpsc::unbounded();
+    let (out_tx, out) = mpsc::unbounded();
+    // Stamped as they come, delivered at their time.
+    tokio::spawn(events.for_each(move |line| {
+        let _ = stamped_tx.unbounded_send((tokio::time::Instant::now() + lag, line));
+        async {}
+    }));
+    tokio::spawn(stamped.for_each(move |(at, line)| {
+        let out = out_tx.clone();
+        async move {
+            tokio::time::sleep_until(at).await;
+            let _ = out.unbounded_send(line);
+        }
+    }));
+    out
+}
+
 /// A watch that stays open and silent (of a resource or Lease not served).
 pub(super) fn idle_watch(s: &mut Store) -> Response<ResBody> {
     let (tx, rx) = mpsc::unbounded::<Bytes>();

@@ -216,7 +216,8 @@ fn shard_configs_at_their_extremes() {
 }
 
 /// The test kit given a client index it never handed out (`fault`,
-/// `partition`, `set_latency`, `forbid_watch`, `allow_watch`): a panic that
+/// `partition`, `set_latency`, `set_watch_latency`, `forbid_watch`,
+/// `allow_watch`): a panic that
 /// says what was wrong, as its docs say, not an index out of bounds from
 /// inside the double.
 #[test]
@@ -224,12 +225,16 @@ fn the_test_kit_names_an_unknown_client() {
     use crate::test_util::{FakeLeaseApi, Fault};
     type Call = Box<dyn Fn(&FakeLeaseApi)>;
     let fake = FakeLeaseApi::default();
-    let calls: [(&str, Call); 5] = [
+    let calls: [(&str, Call); 6] = [
         ("fault", Box::new(|f| f.fault(3, None, Fault::Status(500)))),
         ("partition", Box::new(|f| f.partition(3, true))),
         (
             "set_latency",
             Box::new(|f| f.set_latency(3, Duration::from_secs(1))),
+        ),
+        (
+            "set_watch_latency",
+            Box::new(|f| f.set_watch_latency(3, Duration::from_secs(1))),
         ),
         ("forbid_watch", Box::new(|f| f.forbid_watch(3))),
         ("allow_watch", Box::new(|f| f.allow_watch(3))),
