@@ -1668,7 +1668,7 @@ fn a_long_term_keeps_nothing_per_guard_dropped() {
                     sleep(S(1)).await;
                 }
             }
-            let (term, _) = guard.parts();
+            let term = e.inner.lock().term.clone().expect("the term in force");
             assert_eq!(guard.lost(), None, "the term goes on");
             let kept = term.senders_for_test();
             assert!(
