@@ -72,8 +72,9 @@ impl LeaderElector {
 /// - **Waited for**: each such future or task holds a guard of the term while
 ///   it runs. [`LeaderElector::shutdown`] waits up to its grace for them to
 ///   finish, and the Lease is released only if they all had finished when the
-///   term ended; work that had to be stopped leaves the Lease to expire, so
-///   that no other candidate leads while requests it sent may still land.
+///   term ended; work that had to be stopped (or was dropped unfinished less
+///   than lease duration − renew deadline before) leaves the Lease to expire,
+///   so that no other candidate leads while requests it sent may still land.
 /// - **What can still land after a loss**: a request that stopped work had
 ///   already sent. The protocol leaves lease duration − renew deadline for
 ///   it; writes that must never land late carry the fencing token (see the

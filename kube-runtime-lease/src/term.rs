@@ -92,10 +92,11 @@ struct TermInner {
     /// Of those, the guards handed to a waiting `acquire` that has not
     /// received them yet (see [`Term::deliver`]): no work runs under them.
     undelivered: usize,
-    /// Whether guarded work was stopped rather than finished: a guard was
-    /// still alive when the term ended, or was dropped only after the renew
-    /// deadline had passed. Requests that work sent may still land.
-    stopped_work: bool,
+    /// When guarded work was last stopped rather than finished: a guard
+    /// still alive when the term ended, dropped after that, or dropped with
+    /// its work unfinished (a guarded future or stream cancelled). Requests
+    /// that work sent may still land for a while after it.
+    stopped_at: Option<Instant>,
     /// Set once the elector's shutdown began: no new guard joins the term
     /// (no new work under it), so that the shutdown waits only for the work
     /// in flight.
@@ -129,7 +130,7 @@ impl Term {
                 senders: Vec::new(),
                 live: 0,
                 undelivered: 0,
-                stopped_work: false,
+                stopped_at: None,
                 closed: false,
             }),
             dropped: Notify::new(),
@@ -214,9 +215,10 @@ impl Term {
         self.deadline_nanos.store(0, Ordering::Release);
     }
 
-    /// Whether guards were still alive when the term ended (see [`Term::lose`]).
-    pub(crate) fn stopped_work(&self) -> bool {
-        self.inner.lock().stopped_work
+    /// When guarded work of this term was last stopped rather than finished
+    /// (see [`Term::lose`], [`Term::guard_dropped`]).
+    pub(crate) fn stopped_at(&self) -> Option<Instant> {
+        self.inner.lock().stopped_at
     }
 
     /// Why the term ended, or `None` while it has not (read without the lock).
@@ -268,7 +270,9 @@ impl Term {
             // holds: the count cannot grow from here on. A guard not yet
             // received by its `acquire` guards no work (nor will it: see
             // `deliver`).
-            inner.stopped_work |= inner.live > inner.undelivered;
+            if inner.live > inner.undelivered {
+                inner.stopped_at = Some(Instant::now());
+            }
             std::mem::take(&mut inner.senders)
         };
         for tx in senders {
@@ -293,7 +297,7 @@ impl Term {
     /// guarded work marked as stopped by it if it was kept past the renew
     /// deadline, or if its work was `unfinished` (its future or stream
     /// dropped before it finished): requests it sent may still land, so the
-    /// Lease is not released (see [`stopped_work`](Self::stopped_work)).
+    /// Lease is not released for a while (see [`stopped_at`](Self::stopped_at)).
     /// A guard never received by its `acquire` (`undelivered`) guarded no work.
     pub(crate) fn guard_dropped(&self, unfinished: bool, undelivered: bool) {
         let mut inner = self.inner.lock();
@@ -301,7 +305,9 @@ impl Term {
             inner.undelivered -= 1;
         } else {
             // (A guard alive when the term ended was counted by `lose`.)
-            inner.stopped_work |= unfinished || self.over().is_some();
+            if unfinished || self.over().is_some() {
+                inner.stopped_at = Some(Instant::now());
+            }
         }
         inner.live -= 1;
         drop(inner);

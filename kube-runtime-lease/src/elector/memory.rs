@@ -66,11 +66,11 @@ pub(super) struct Memory {
     pub(super) max_token: Option<i64>,
     /// The largest fencing token handed out.
     pub(super) last_token: Option<i64>,
-    /// Guarded work of a term that ended was stopped, not finished: requests
-    /// it sent may land until then (lease duration − renew deadline after the
-    /// term ended, the margin the protocol leaves for it). No later term of
-    /// ours releases the Lease before then: that would let a standby lead
-    /// at once, inside the margin.
+    /// Guarded work was stopped, not finished: requests it sent may land
+    /// until then (lease duration − renew deadline after it stopped, the
+    /// margin the protocol leaves for it). No term of ours releases the
+    /// Lease before then: that would let a standby lead at once, inside the
+    /// margin.
     pub(super) stopped_until: Option<Instant>,
 }
 
@@ -87,18 +87,17 @@ pub(super) struct Gone {
 }
 
 impl Memory {
-    /// `term` ended: if its guarded work was stopped, not finished (see
-    /// `Term::stopped_work`), no later term releases the Lease for lease
-    /// duration − renew deadline (see [`Memory::stopped_until`]). Both ends
-    /// of a term call it: `end_term`, and the drop of a task whose runtime
-    /// shut down under it.
+    /// `term` ended: if any of its guarded work was stopped, not finished
+    /// (see `Term::stopped_at`), no term releases the Lease until lease
+    /// duration − renew deadline after that (see [`Memory::stopped_until`]),
+    /// this one included. Both ends of a term call it: `end_term`, and the
+    /// drop of a task whose runtime shut down under it.
     pub(super) fn term_ended(&mut self, term: &Term, config: &LeaseConfig) {
-        if !term.stopped_work() {
+        let Some(stopped) = term.stopped_at() else {
             return;
-        }
+        };
         let margin = config.lease_duration.saturating_sub(config.renew_deadline);
-        let until = record::later(Instant::now(), margin);
-        self.stopped_until = self.stopped_until.max(Some(until));
+        self.stopped_until = self.stopped_until.max(Some(record::later(stopped, margin)));
     }
 
     /// Whether `lease` holds the record of our last term (see [`TermId`]),

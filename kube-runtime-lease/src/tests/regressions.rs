@@ -2688,3 +2688,60 @@ fn guards_and_handles_dropped_in_any_order_release_after_the_last_guard() {
     let found = found.lock().clone();
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+// ---- 19. Several guarded works on one term ---------------------------------
+
+/// 19: two guarded streams share a term (two controllers under one Lease).
+/// One is cancelled mid-term; the other ends on its own long after. The
+/// cancelled one's requests may land for lease duration − renew deadline
+/// after it stopped, not after the term ends: past that margin the Lease is
+/// released at once, as if neither had been cancelled. (Before: a cancelled
+/// stream marked the whole term, and the Lease was left to expire, so a
+/// standby waited a lease duration.) Cancelled inside the margin, the Lease
+/// is still left to expire.
+#[test]
+fn a_stream_cancelled_long_before_its_sibling_ends_does_not_keep_the_lease_from_its_release() {
+    paused(async {
+        // Lease duration 15 s, renew deadline 10 s: a margin of 5 s.
+        for (cancelled_before_end, released) in [(S(20), true), (S(2), false)] {
+            let fake = free();
+            let (a, _) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let mut cancelled = Box::pin(stream::pending::<()>().with_leader_election(&a));
+            let (done, finish) = futures::channel::oneshot::channel::<u8>();
+            let mut sibling = Box::pin(stream::once(finish).with_leader_election(&a));
+            assert!(timeout(S(1), cancelled.next()).await.is_err(), "a leads");
+            assert!(timeout(MS(10), sibling.next()).await.is_err(), "the sibling runs");
+            assert!(cancelled.is_leading() && sibling.is_leading());
+            drop(cancelled);
+            sleep(cancelled_before_end).await;
+            assert!(a.is_leader(), "the sibling keeps the term");
+            let mut b_acquire = pin!(b.acquire());
+            assert!(timeout(MS(100), &mut b_acquire).await.is_err(), "b waits");
+            done.send(7).unwrap();
+            let items: Vec<_> = timeout(S(1), sibling.by_ref().collect::<Vec<_>>())
+                .await
+                .expect("the sibling ends");
+            assert_eq!(items, [Ok(7)]);
+            let ended = Instant::now();
+            let _b = timeout(S(30), &mut b_acquire)
+                .await
+                .expect("b leads once the Lease is released or expires")
+                .unwrap();
+            let waited = ended.elapsed();
+            if released {
+                assert!(
+                    waited < S(1),
+                    "b led {waited:?} after the last stream ended, its sibling cancelled \
+                     {cancelled_before_end:?} before that (the margin is 5 s): the Lease was not released"
+                );
+            } else {
+                assert!(
+                    waited >= S(10),
+                    "b led {waited:?} after the last stream ended, its sibling cancelled \
+                     {cancelled_before_end:?} before that, inside the 5 s margin: released too early"
+                );
+            }
+        }
+    });
+}

@@ -48,16 +48,10 @@ impl Task {
         } else if run.phase.hold().is_some() {
             info!("not releasing during the creation hold: the lease will expire instead");
             Ok(())
-        } else if term.stopped_work() {
-            warn!(
-                "guarded work was stopped, not finished, when the term ended (requests it sent may still land): \
-                 not releasing; the lease will expire after its lease duration"
-            );
-            Ok(())
         } else if let Some(until) = self.memory.stopped_until.filter(|u| *u > Instant::now()) {
             warn!(
                 left = ?until.saturating_duration_since(Instant::now()),
-                "guarded work of an earlier term was stopped, not finished, too recently: \
+                "guarded work was stopped, not finished, too recently (requests it sent may still land): \
                  not releasing; the lease will expire after its lease duration"
             );
             Ok(())

@@ -32,11 +32,11 @@
 //!    nobody wants it has no guard left to see its reason); a task dropped
 //!    with its runtime ends its term as `Lost::ElectorStopped`.
 //! 5. **Release only after the guarded work ended.** The Lease is written free
-//!    (`end_term`, `release`) only if no guard of the term was alive when it
-//!    ended, never during a creation hold, never within lease duration −
-//!    renew deadline of stopped work (`Memory::stopped_until`), and only if a
-//!    fresh read still shows our own term's record, renewed last by us
-//!    (`Memory::is_last_term`).
+//!    (`end_term`, `release`) never within lease duration − renew deadline of
+//!    stopped work (a guard alive when a term ended, work dropped unfinished:
+//!    `Term::stopped_at`, `Memory::stopped_until`), never during a creation
+//!    hold, and only if a fresh read still shows our own term's record,
+//!    renewed last by us (`Memory::is_last_term`).
 //! 6. **"Ours" is our own term's record**: the same object and holder as
 //!    the write that began the term (`TermId`), with the `renewTime` of our
 //!    last write (`Memory::is_last_term`), whatever else an edit changed;
