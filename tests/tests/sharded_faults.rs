@@ -271,6 +271,64 @@ async fn partitioned_replica_stops_before_its_shards_are_taken() -> Result<()> {
     .await
 }
 
+/// `b`'s watches lag (every chunk of its watch streams delivered [`LAG`]
+/// late, its requests answered at once), then `a` is killed: `b` takes `a`'s
+/// shards within the lease duration and 2.2 retry periods of the kill, the
+/// bound of a client-go follower, which polls: the last renewal read within
+/// a (jittered) retry period of the kill, expired a lease duration later,
+/// the eviction's read and write and the takeover's write at once after it.
+/// Never before that renewal expired (`check_log`: one owner per shard). A
+/// lease duration of 4 s: a lag of most of it never leaves the watch silent
+/// for a lease duration (which an eviction's confirming reads would catch),
+/// and still takes a renewal more than a retry period to arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_members_shards_are_taken_in_time_though_the_backups_watches_lag() -> Result<()> {
+    const T: Timings = Timings {
+        lease_duration: Duration::from_secs(4),
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_millis(500),
+    };
+    const LAG: Duration = Duration::from_secs(3);
+    scenario("sharded: the backup's watches lag, then a is killed", async |ctx, log| {
+        let lease = election(ctx, "shards-lag").await?;
+        let proxy = Proxy::start(ctx.env.apiserver_port()).await?;
+        let through = proxy.kubeconfig(ctx.env.kubeconfig_path(), ctx.dir.path())?;
+        let mut a = ctx.spawn_rust_sharded(log, &lease, "a", T, SHARDS, None)?;
+        let _b = ctx.spawn_rust_sharded(log, &lease, "b", T, SHARDS, Some(&through))?;
+        wait_balanced(log, &["a", "b"], SHARDS, QUIET, SETTLE)
+            .await
+            .context("at the start")?;
+        let had = held_by_a(log);
+        log.note(&format!("b's watches {LAG:?} late"));
+        proxy.set_stream_latency(LAG);
+        // The lag holds long enough for b's view to be all under it.
+        tokio::time::sleep(LAG + Duration::from_secs(2)).await;
+        let killed = a.kill().await?;
+        let bound = T.lease_duration + T.retry_period.mul_f64(2.2) + 2 * SLACK;
+        let covered = wait_covered(log, &["b"], SHARDS, bound + LAG + Duration::from_secs(10)).await?;
+        let took = covered.saturating_sub(killed);
+        ensure!(
+            took <= ns(bound),
+            "a's shards {had:?} taken by b only {} after a was killed (b's watches {LAG:?} late; expected \
+             within {bound:?}: the lease duration and 2.2 retry periods, as a polling client-go follower); \
+             proxy {:?}",
+            fmt_ms(took),
+            proxy.stats()
+        );
+        ensure!(
+            took + ns(T.retry_period + SLACK) >= ns(T.lease_duration),
+            "a's shards taken {} after the kill: before they expired",
+            fmt_ms(took)
+        );
+        Ok(format!(
+            "a held {had:?}; b held all {SHARDS} shards {} after SIGKILL, its watches {LAG:?} late; proxy {:?}",
+            fmt_ms(took),
+            proxy.stats()
+        ))
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apiserver_restart_leaves_one_owner_per_shard() -> Result<()> {
     scenario("sharded: restart the apiserver", async |ctx, log| {

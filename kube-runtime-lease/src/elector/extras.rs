@@ -44,6 +44,10 @@ pub(super) struct State {
     /// Which election is in force.
     #[cfg(feature = "coordinated")]
     pub(super) election: lease_candidate::Election,
+    /// Since when the campaign has found the coordinated Lease missing, free
+    /// or expired (the API server's election due), if it does.
+    #[cfg(feature = "coordinated")]
+    pub(super) election_due: Option<tokio::time::Instant>,
     /// A record of the Lease that the shards' own watch saw, unchanged since
     /// the instant with it, for the next election task to start from.
     #[cfg(feature = "unstable-shards")]

@@ -86,8 +86,12 @@
 //!   same version read a lease duration apart evicts it); another count's
 //!   Lease that stopped changing on the watch is read before it lets this
 //!   replica in. An eviction's own write is taken into the view at once,
-//!   without waiting for the roster watch. Not yet a watch that lags (every
-//!   event late by `N`): a dead member's shards are taken about `N` late.
+//!   without waiting for the roster watch. A shard watch that lags (a
+//!   renewal delivered more than `RP` after its `renewTime`) is not
+//!   trusted: the shards it selects are read every `RP` instead, as a
+//!   client-go follower polls, until it delivers in time, so that a dead
+//!   member's shards are taken within about `LD + 2 RP` of its death, not
+//!   the lag later.
 
 mod assign;
 mod controller;
@@ -117,7 +121,7 @@ use tracing::{debug, info, warn};
 pub use self::controller::{CurrentShard, ShardedController, current_shard};
 use self::{
     assign::Assignment,
-    view::{Listing, Watched},
+    view::{Lag, Listing, Watched},
 };
 use crate::{ConfigError, LeaderElector, LeaseConfig, LeaseGuard, error::Chain, record::Wire};
 
@@ -728,6 +732,7 @@ impl ShardedElector {
         // expiring), so that it is judged then, not at the next tick.
         let mut due: Option<Instant> = None;
         let far = crate::record::later(Instant::now(), crate::config::MAX_DURATION);
+        let mut lag = Lag::new(cfg.retry_period);
         loop {
             futures::select_biased! {
                 event = roster_events.next().fuse() => {
@@ -737,7 +742,7 @@ impl ShardedElector {
                 }
                 event = shard_events.next().fuse() => {
                     if let Some(Ok(event)) = event {
-                        view.shards.event(event, shard_key, Instant::now());
+                        lag.take(&mut view.shards, event, shard_key);
                     }
                 }
                 event = foreign_events.next().fuse() => {
@@ -746,7 +751,7 @@ impl ShardedElector {
                     }
                 }
                 () = inner.wake.notified().fuse() => {}
-                _ = tick.tick().fuse() => {}
+                _ = tick.tick().fuse() => self.read_shards(&wire, &lag, &selected, &mut view).await,
                 () = tokio::time::sleep_until(due.unwrap_or(far)).fuse() => {}
             }
             if inner.state.lock().shutdown {
@@ -878,6 +883,38 @@ impl ShardedElector {
             *events = watch_leases(wire, &self.inner.config.foreign_selector());
         }
         true
+    }
+
+    /// While the shard watch lags ([`Lag`]), at every tick (a retry
+    /// period): reads the shard Leases `selected` into the view, as a watch
+    /// would show them, what the balancer judges them by meanwhile. A read
+    /// that fails or takes longer than the renew deadline changes nothing.
+    async fn read_shards(&self, wire: &Api<Wire>, lag: &Lag, selected: &BTreeSet<u16>, view: &mut View) {
+        if !lag.lagging || selected.is_empty() {
+            return;
+        }
+        let selector = self.inner.config.shards_selector(selected);
+        let params = kube_client::api::ListParams::default().labels(&selector);
+        let read = tokio::time::timeout(self.inner.config.lease.renew_deadline, wire.list(&params)).await;
+        let Ok(Ok(list)) = read else {
+            debug!("reading the shard Leases failed or timed out");
+            return;
+        };
+        let now = Instant::now();
+        let key = |l: &Lease| self.inner.config.shard_of_lease(l);
+        let read: Vec<Lease> = list.items.into_iter().map(|Wire(l)| l).collect();
+        let gone: Vec<Lease> = view
+            .shards
+            .iter()
+            .filter(|(s, _)| !read.iter().any(|l| key(l).as_ref() == Some(*s)))
+            .map(|(_, w)| w.lease.clone())
+            .collect();
+        for lease in read {
+            view.shards.event(watcher::Event::Apply(lease), key, now);
+        }
+        for lease in gone {
+            view.shards.event(watcher::Event::Delete(lease), key, now);
+        }
     }
 
     /// One step of the balancer once the roster is listed: unless replicas

@@ -8,6 +8,7 @@ use std::{collections::BTreeMap, time::Duration};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube_runtime::watcher;
 use tokio::time::Instant;
+use tracing::{debug, info, warn};
 
 /// A Lease of the election as a watch showed it.
 pub(super) struct Watched {
@@ -174,5 +175,88 @@ impl<K: Ord> Listing<K> {
         self.objects.retain(|k, _| keep(k));
         self.pending = None;
         self.synced = false;
+    }
+}
+
+/// Whether the shard watch lags: a renewal it delivers more than `after`
+/// (the retry period) after its `renewTime`, by this node's clock, makes
+/// it untrusted, as the elector's own watch (`Watch::check_lag`): it shows
+/// a dead owner's last renewals as news, and an eviction would wait the lag
+/// out on top of the lease duration. Meanwhile the balancer reads the
+/// shards it watches every retry period, at client-go's pace, and takes in
+/// only what the watch delivers in time. Expiry is still judged on the
+/// monotonic clock: a clock ahead of the owners' costs reads, never safety.
+pub(super) struct Lag {
+    after: Duration,
+    /// The last renewal delivered was late.
+    pub(super) lagging: bool,
+    /// When a lag was last warned: once per ten minutes, then at debug.
+    warned_at: Option<Instant>,
+}
+
+impl Lag {
+    /// Lagging once a renewal comes more than `after` late.
+    pub(super) fn new(after: Duration) -> Self {
+        Lag {
+            after,
+            lagging: false,
+            warned_at: None,
+        }
+    }
+
+    /// Takes `event` into `listing` (`key`: the object's key) unless it
+    /// comes late: anything while the watch is in time, and a list (the
+    /// Leases as they are, not news) always; a renewal, if delivered in time.
+    pub(super) fn take<K: Ord>(
+        &mut self,
+        listing: &mut Listing<K>,
+        event: watcher::Event<Lease>,
+        key: impl Fn(&Lease) -> Option<K>,
+    ) {
+        if self.admits(listing, &event, &key) {
+            listing.event(event, key, Instant::now());
+        }
+    }
+
+    fn admits<K: Ord>(
+        &mut self,
+        listing: &Listing<K>,
+        event: &watcher::Event<Lease>,
+        key: impl Fn(&Lease) -> Option<K>,
+    ) -> bool {
+        let renew_time = |l: &Lease| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0);
+        let lease = match event {
+            watcher::Event::Apply(lease) => lease,
+            watcher::Event::Delete(_) => return !self.lagging,
+            _ => return true,
+        };
+        let renewed = renew_time(lease);
+        let before = key(lease)
+            .and_then(|k| listing.get(&k))
+            .and_then(|w| renew_time(&w.lease));
+        let Some(renewed) = renewed.filter(|r| before != Some(*r)) else {
+            return !self.lagging;
+        };
+        let late = Duration::try_from(crate::record::now().duration_since(renewed)).unwrap_or_default();
+        let lagging = late > self.after;
+        if lagging && !self.lagging {
+            if self
+                .warned_at
+                .is_some_and(|at| at.elapsed() < Duration::from_secs(600))
+            {
+                debug!(?late, "the shard watch delivered a renewal late again");
+            } else {
+                self.warned_at = Some(Instant::now());
+                warn!(
+                    ?late,
+                    "the shard watch delivered a renewal late (or this node's clock is ahead of the owner's); \
+                     reading the shards every retry period until it delivers in time"
+                );
+            }
+        } else if self.lagging && !lagging {
+            info!("the shard watch delivers in time again");
+        }
+        self.lagging = lagging;
+        !lagging
     }
 }

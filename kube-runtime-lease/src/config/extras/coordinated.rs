@@ -45,7 +45,10 @@ pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 ///   that one object, once per ping, with a `renewTime` just after the
 ///   ping's when the API server's clock is ahead of ours by up to 5 s (its
 ///   election duration), since it counts only an answer after its ping; it also refreshes `renewTime` every five minutes, as
-///   client-go's candidate does;
+///   client-go's candidate does. While the Lease stays missing, free or
+///   expired for 20 s (two of the API server's elections), it watches the
+///   object anew (a watch that stalled misses pings; the re-list shows
+///   one), then after 40 s, doubling up to five minutes;
 /// - never creates the Lease and never takes it over: it leads when the API
 ///   server's election names it holder (a record written by the API server,
 ///   without `acquireTime`), and from then on renews it as in an ordinary

@@ -67,6 +67,44 @@ const PING_AHEAD_MAX: Duration = Duration::from_secs(5);
 /// window), 5 s each (`leaderelection_controller.go`).
 const API_SERVER_ELECTION: Duration = Duration::from_secs(10);
 
+/// When to watch the `LeaseCandidate` anew while the API server's election
+/// stays due (the Lease missing, free or expired): a watch that stalled
+/// (open and silent) misses the API server's pings, and the API server
+/// elects only candidates that answered, then pings again only once a
+/// `LeaseCandidate` changes. A re-list shows a ping missed (answered at
+/// once), and the new watch the next one. First once the election has
+/// been due for two of the API server's ([`API_SERVER_ELECTION`]: one
+/// missed, or late by this candidate's view of the Lease), then after a
+/// wait doubling up to [`REFRESH`]: a LIST and a WATCH each, while a
+/// coordinated Lease has no leader (no GET: the refreshes' pace is kept).
+#[derive(Default)]
+struct Rewatch {
+    /// The last re-watch, and the wait after it.
+    last: Option<(tokio::time::Instant, Duration)>,
+}
+
+impl Rewatch {
+    /// Whether to watch anew at `now`, the election due since `since`
+    /// (`None`: not due, which starts the backoff again).
+    fn due(&mut self, since: Option<tokio::time::Instant>, now: tokio::time::Instant) -> bool {
+        let Some(since) = since else {
+            self.last = None;
+            return false;
+        };
+        let (from, wait) = self.last.unwrap_or((since, API_SERVER_ELECTION * 2));
+        if now < from + wait {
+            return false;
+        }
+        info!(
+            due_for = ?now.saturating_duration_since(since),
+            "coordinated leader election: the Lease still has no leader; watching the LeaseCandidate anew, \
+             in case its watch missed a ping"
+        );
+        self.last = Some((now, wait.saturating_mul(2).min(REFRESH)));
+        true
+    }
+}
+
 /// How many times one publication goes round create, read, replace when the
 /// object keeps changing under it (created or deleted by someone else).
 const PUBLISH_ROUNDS: usize = 3;
@@ -185,11 +223,29 @@ pub(in crate::elector) enum Election {
 /// else `ordinary`.
 pub(in crate::elector) fn rule(task: &Task, ordinary: Rule, now: Instant) -> Result<Rule, Instant> {
     let wait = now + task.inner.config.retry_period;
-    match task.inner.lock().extras.election {
-        Election::Pending => Err(wait),
-        Election::Coordinated if matches!(task.view, LeaseView::Missing) => Err(wait),
-        Election::Coordinated => Ok(coordinated_verdict),
-        Election::Ordinary | Election::FellBack { .. } => Ok(ordinary),
+    let mut state = task.inner.lock();
+    if state.extras.election != Election::Coordinated {
+        return if state.extras.election == Election::Pending {
+            Err(wait)
+        } else {
+            Ok(ordinary)
+        };
+    }
+    // Noted for `keep`: an election due for long may be one whose ping the
+    // `LeaseCandidate`'s watch missed.
+    let due = match &task.view {
+        LeaseView::Known { observed, .. } => {
+            let d = record::lease_duration(&observed.spec, task.inner.config.lease_duration);
+            record::holder(&observed.spec).is_none() || now >= record::later(observed.at, d)
+        }
+        LeaseView::Missing => true,
+        LeaseView::Unknown => false,
+    };
+    state.extras.election_due = due.then(|| state.extras.election_due.unwrap_or(now));
+    if matches!(task.view, LeaseView::Missing) {
+        Err(wait)
+    } else {
+        Ok(coordinated_verdict)
     }
 }
 
@@ -409,7 +465,16 @@ impl LeaseCandidate {
     /// answer starts it again.
     async fn keep(&self, inner: &Inner) {
         let config = watcher::Config::default().fields(&format!("metadata.name={}", self.name));
-        let mut events = watcher(self.api.clone(), config).default_backoff().boxed();
+        let watch = || {
+            watcher(self.api.clone(), config.clone())
+                .default_backoff()
+                .boxed()
+        };
+        let mut events = watch();
+        // Each retry period, whether the API server's election has been due
+        // long enough to watch the candidate anew (`Rewatch`).
+        let mut due_check = tokio::time::interval(inner.config.retry_period);
+        let mut rewatch = Rewatch::default();
         let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
         let mut backoff: Option<ExponentialBackoff> = None;
         // The last ping answered.
@@ -457,6 +522,13 @@ impl LeaseCandidate {
                     }
                     None => pending().await,
                 },
+                _ = due_check.tick().fuse() => {
+                    let due = inner.lock().extras.election_due;
+                    if rewatch.due(due, tokio::time::Instant::now()) {
+                        events = watch();
+                    }
+                    true
+                }
                 _ = refresh.tick().fuse() => {
                     match bounded(self.api.get_opt(&self.name)).await {
                         Ok(Some(object)) => {

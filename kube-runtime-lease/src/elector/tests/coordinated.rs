@@ -1071,3 +1071,31 @@ fn coordinated_acquire_and_drop_many_times_returns_to_a_baseline() {
         );
     });
 }
+
+/// A ping that comes while the candidate's `LeaseCandidate` watch is
+/// stalled (open and silent: a dead connection that neither ends nor
+/// fails) is still answered within two of the API server's elections of
+/// the Lease going missing, not at kube-runtime's idle timeout of the
+/// watch (295 s) or the five-minute refresh: the API server elects only
+/// candidates that answered, so a Lease whose only live candidate missed
+/// its ping has no leader meanwhile. The candidate watches its
+/// `LeaseCandidate` anew (a re-list shows the ping) once the Lease has
+/// been missing or expired that long, then with a backoff.
+#[test]
+fn a_ping_is_answered_though_the_lease_candidate_watch_stalls() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (_e, _acquire) = published(&fake).await;
+        fake.stall_lease_candidate_watches();
+        sleep(S(5)).await;
+        assert!(fake.ping_lease_candidate(CANDIDATE));
+        let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
+        sleep(S(20)).await;
+        let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
+        assert!(
+            renew > ping,
+            "a ping not answered 20 s after it (the LeaseCandidate's watch stalled): renewTime {renew}, \
+             pingTime {ping}"
+        );
+    });
+}
