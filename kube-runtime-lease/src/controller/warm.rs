@@ -49,6 +49,18 @@ where
     ///   (no [`run_each_term`](LeaderElector::run_each_term) needed);
     /// - on [`LeaderElector::shutdown`] the Controller shuts down gracefully
     ///   (reconciles in flight finish within the grace), and the stream ends.
+    ///
+    /// ## Warning
+    /// A new term reconciles from the store as it is when the term begins,
+    /// without waiting for it to catch up: a watch that lags or has stalled
+    /// (it is reconnected only at kube-runtime's idle timeout, minutes) hands
+    /// the reconciler objects older than the previous leader's last writes.
+    /// controller-runtime's warm informers behave the same way; a cold
+    /// [`with_leader_election`](crate::LeaderElectionControllerExt::with_leader_election)
+    /// LISTs at the takeover instead. Write as the crate's *Fencing* section
+    /// says (the resourceVersion that was read as the precondition): a write
+    /// made from a stale object then fails with a conflict and is retried
+    /// once the watch delivers the newer one, instead of undoing that write.
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
