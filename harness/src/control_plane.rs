@@ -319,6 +319,57 @@ impl TestEnv {
     }
 }
 
+impl TestEnv {
+    /// Takes a snapshot of etcd's data into `to` (a directory that must not
+    /// exist): kube-apiserver and etcd are killed for the copy and started
+    /// again, so the control plane is down for a few seconds.
+    ///
+    /// # Errors
+    /// For an external cluster, when the copy fails, or when the apiserver
+    /// is not ready again.
+    pub async fn snapshot_etcd(&self, to: &Path) -> Result<()> {
+        let Mode::Local(l) = &self.mode else {
+            bail!("snapshot_etcd is not supported with KRL_TEST_KUBECONFIG")
+        };
+        l.with_etcd_stopped(|data| copy_dir(data, to)).await
+    }
+
+    /// Restarts kube-apiserver and etcd on the data of a snapshot taken by
+    /// [`TestEnv::snapshot_etcd`] (kept, so it can be restored again), as
+    /// an etcd restored from a backup without `--bump-revision`: every
+    /// object, and the revision, as they were then.
+    ///
+    /// # Errors
+    /// As [`TestEnv::snapshot_etcd`].
+    pub async fn restore_etcd(&self, from: &Path) -> Result<()> {
+        let Mode::Local(l) = &self.mode else {
+            bail!("restore_etcd is not supported with KRL_TEST_KUBECONFIG")
+        };
+        l.with_etcd_stopped(|data| {
+            std::fs::remove_dir_all(data).with_context(|| format!("removing {}", data.display()))?;
+            copy_dir(from, data)
+        })
+        .await
+    }
+}
+
+/// Copies the directory `from` to `to` (which must not exist), keeping modes.
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    let status = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .context("running cp")?;
+    anyhow::ensure!(
+        status.success(),
+        "cp -a {} {}: {status}",
+        from.display(),
+        to.display()
+    );
+    Ok(())
+}
+
 /// A client from the kubeconfig file at `path`.
 ///
 /// # Errors

@@ -20,6 +20,7 @@ pub(super) struct Local {
     pub(super) bin_dir: PathBuf,
     pki: Pki,
     pub(super) etcd_port: u16,
+    etcd_args: Vec<String>,
     pub(super) apiserver_port: u16,
     pub(super) kubeconfig: PathBuf,
     users: AtomicU32,
@@ -81,6 +82,7 @@ impl Local {
             bin_dir,
             pki,
             etcd_port,
+            etcd_args,
             apiserver_port,
             kubeconfig,
             users: AtomicU32::new(0),
@@ -125,6 +127,32 @@ impl Local {
             )?);
         }
         self.wait_ready().await
+    }
+
+    /// etcd's data directory.
+    pub(super) fn etcd_data(&self) -> PathBuf {
+        self.dir.path().join("etcd")
+    }
+
+    /// Kills kube-apiserver, then etcd (SIGKILL each, waiting for it to
+    /// exit), runs `between` with etcd's data directory, and starts both
+    /// again on it, waiting until the apiserver is ready.
+    pub(super) async fn with_etcd_stopped(&self, between: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+        drop(lock(&self.apiserver).take());
+        drop(lock(&self.etcd).take());
+        between(&self.etcd_data())?;
+        let n = self.restarts.fetch_add(1, Ordering::Relaxed);
+        let log = self.dir.path().join("logs").join(format!("etcd.{}.log", n + 1));
+        let mut etcd = Managed::spawn(
+            "etcd",
+            &self.bin_dir.join(CONTROL_PLANE_BIN),
+            &self.etcd_args,
+            &log,
+            cleanup_dir(&self.dir),
+        )?;
+        wait_for_port(&mut etcd, self.etcd_port, Duration::from_secs(30)).await?;
+        *lock(&self.etcd) = Some(etcd);
+        self.start_apiserver().await
     }
 
     async fn wait_ready(&self) -> Result<()> {

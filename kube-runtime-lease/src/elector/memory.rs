@@ -116,6 +116,17 @@ impl Memory {
     /// takeover sent (see [`Memory::sent_takeover`]).
     pub(super) fn is_ours(&self, lease: &Lease) -> bool {
         let Some(spec) = &lease.spec else { return false };
+        // A version older than one already seen on this object was brought
+        // back (etcd restored from a snapshot): whoever wrote the newer one
+        // may lead now, so the record is waited out like anyone else's.
+        let version = lease
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(record::rv_number);
+        if version.zip(self.seen_version).is_some_and(|(v, seen)| v < seen) {
+            return false;
+        }
         if spec.renew_time.is_some() && self.is_last_term(lease) {
             return true;
         }
@@ -130,10 +141,18 @@ impl Memory {
     }
 
     /// `lease` is our last term's record as we wrote or verified it: its
-    /// `renewTime` is the one we wrote last, until we send another.
+    /// `renewTime` is the one we wrote last, until we send another. It is
+    /// the newest version of the object, even below one seen before etcd
+    /// was restored from a snapshot.
     pub(super) fn confirmed(&mut self, lease: &Lease) {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.clone());
         self.last_renewed = renewed.into_iter().collect();
+        let version = lease
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(record::rv_number);
+        self.seen_version = version.or(self.seen_version);
     }
 
     /// Remembers the Lease as seen at `now` (`None`: missing).

@@ -315,6 +315,15 @@ impl Store {
         }
     }
 
+    /// etcd restored from a snapshot taken at resourceVersion `rv`: every
+    /// Lease as it was then, and the revision back at `rv`, so later writes
+    /// reuse the versions written since.
+    pub(super) fn restore(&mut self, rv: u64) {
+        self.leases = self.at(rv);
+        self.history.retain(|(v, _, _)| *v <= rv);
+        self.rv = rv;
+    }
+
     /// The Leases as they were at resourceVersion `rv` (the history replayed).
     fn at(&self, rv: u64) -> BTreeMap<Key, Lease> {
         let mut leases = BTreeMap::new();

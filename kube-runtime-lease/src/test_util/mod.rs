@@ -340,6 +340,16 @@ impl FakeLeaseApi {
         self.lock().end_watches(&server::gone_event_line());
     }
 
+    /// The API server restarted on etcd data restored from a snapshot taken
+    /// at resourceVersion `rv`: the Leases as they were then, the revision
+    /// moved back (later writes reuse versions already seen), and every
+    /// watch ended with `410 Gone`.
+    pub fn restore(&self, rv: u64) {
+        let mut s = self.lock();
+        s.restore(rv);
+        s.end_watches(&server::gone_event_line());
+    }
+
     /// Delays every request of `client` (other than watches) this long.
     ///
     /// # Panics

@@ -2745,3 +2745,130 @@ fn a_stream_cancelled_long_before_its_sibling_ends_does_not_keep_the_lease_from_
         }
     });
 }
+
+// ---- 20. etcd restored from an older snapshot -------------------------------
+
+/// The resourceVersion of the Lease on `fake` now, as a number.
+fn version_now(fake: &FakeLeaseApi) -> u64 {
+    let lease = fake.lease().expect("a Lease");
+    lease.metadata.resource_version.unwrap().parse().unwrap()
+}
+
+/// 20: the API server comes back on etcd restored from a snapshot taken
+/// during a's term: the Lease shows an older renewal of that very term, at
+/// an older resourceVersion, and a's next renewal conflicts. client-go's
+/// leader reads the record, sees its identity and renews on; ours must too,
+/// not give its term up and leave the Lease without a leader for a lease
+/// duration.
+#[test]
+fn a_leader_keeps_its_term_when_etcd_is_restored_to_an_older_renewal_of_it() {
+    paused(async {
+        let fake = free();
+        let (a, id) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        sleep(S(5)).await;
+        let snapshot = version_now(&fake);
+        sleep(S(5)).await;
+        fake.restore(snapshot);
+        let restored = Instant::now();
+        let ended = timeout(S(30), guard).await;
+        assert!(
+            ended.is_err(),
+            "a's term ended {:?} after etcd was restored to an older renewal of it ({:?}); client-go's leader \
+             renews on",
+            restored.elapsed(),
+            ended.unwrap()
+        );
+        assert!(
+            count(&fake, id, "update", restored) >= 10,
+            "a did not renew on the restored record"
+        );
+        assert_eq!(holder(&fake).as_deref(), Some("a"));
+    });
+}
+
+/// 20: etcd restored to a snapshot of a's term after a's term ended and b
+/// took the Lease over: the record names a again while b leads. a must not
+/// take it at once as its own (client-go's candidate would, since it names
+/// its identity: two leaders until b's next renewal conflicts); b gives its
+/// term up at that conflict, and a leads only after the restored record
+/// was seen unchanged for a lease duration.
+#[test]
+fn a_restored_record_of_an_ended_term_is_not_taken_back_beside_the_leader() {
+    paused(async {
+        let fake = free();
+        let (a, a_id) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        sleep(S(3)).await;
+        let snapshot = version_now(&fake);
+        fake.partition(a_id, true);
+        timeout(S(30), guard)
+            .await
+            .expect("a's term ends once it is cut off");
+        let (b, _) = elector(&fake, config("b"));
+        let b_guard = timeout(S(60), b.acquire()).await.expect("b leads").unwrap();
+        fake.partition(a_id, false);
+        let mut a_leads = Box::pin(a.acquire());
+        assert!(
+            timeout(S(5), &mut a_leads).await.is_err(),
+            "a led beside b before the restore"
+        );
+        fake.restore(snapshot);
+        let restored = Instant::now();
+        let mut b_guard = pin!(b_guard);
+        tokio::select! {
+            biased;
+            lost = &mut b_guard => assert_eq!(lost, taken_by("a"), "b's term ended"),
+            _ = &mut a_leads => panic!(
+                "two leaders: a led {:?} after etcd was restored to a record of its ended term, while b's term held",
+                restored.elapsed()
+            ),
+            () = sleep(S(30)) => panic!("b's term still holds 30 s after the restore"),
+        }
+        let b_ended = restored.elapsed();
+        let a_guard = timeout(S(30), a_leads)
+            .await
+            .expect("a leads after the restored record expires")
+            .unwrap();
+        assert!(a_guard.is_valid());
+        assert!(
+            restored.elapsed() <= S(15) + S(3),
+            "a led {:?} after the restore (b's term ended at {b_ended:?}): later than a lease duration and a retry period",
+            restored.elapsed()
+        );
+    });
+}
+
+/// 20: after etcd was restored to an older renewal of a's term, a renews on
+/// at resourceVersions below those it saw before the restore. Its own last
+/// write is still its own: cut off past its renew deadline and healed, a
+/// takes its record back at once, as before the restore, and not after a
+/// lease duration as if the record had been brought back from a snapshot.
+#[test]
+fn after_a_restore_a_leaders_own_last_write_is_still_its_own() {
+    paused(async {
+        let fake = free();
+        let (a, id) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        sleep(S(5)).await;
+        let snapshot = version_now(&fake);
+        // Ten renewals after the snapshot, fewer after the restore.
+        sleep(S(20)).await;
+        fake.restore(snapshot);
+        sleep(S(5)).await;
+        fake.partition(id, true);
+        timeout(S(30), guard)
+            .await
+            .expect("a's term ends once it is cut off");
+        fake.partition(id, false);
+        let healed = Instant::now();
+        let again = timeout(S(5), a.acquire()).await;
+        assert!(
+            again.is_ok(),
+            "a did not take its own last write back within 5 s of the heal (holder {:?}, resourceVersion {})",
+            holder(&fake),
+            version_now(&fake)
+        );
+        assert!(healed.elapsed() <= S(3));
+    });
+}

@@ -77,6 +77,19 @@ impl TermRun {
         let version = &object.metadata.resource_version;
         version.is_some() && *version == self.cached.metadata.resource_version
     }
+
+    /// Whether `object` holds this term's record at a resourceVersion older
+    /// than our last write's: a version we wrote over, which a read shows
+    /// again only when etcd was restored from a snapshot taken during the
+    /// term. Nobody else took the Lease in between (our last write was on
+    /// top of it), so the term goes on from it, as client-go's leader renews
+    /// a record naming it; giving the term up would leave the Lease without
+    /// a leader for a lease duration.
+    fn restored(&self, object: &Lease) -> bool {
+        let version = |l: &Lease| l.metadata.resource_version.as_deref().and_then(record::rv_number);
+        self.id.matches(object)
+            && matches!((version(object), version(&self.cached)), (Some(o), Some(c)) if o < c)
+    }
 }
 
 impl Task {
@@ -225,7 +238,7 @@ impl Task {
             // Our term's record: news only once the watch caught up with
             // our last write (before, it may be older than that write).
             Some(object) if run.id.matches(&object) => {
-                if run.caught_up {
+                if run.caught_up && !run.restored(&object) {
                     if !self.memory.is_last_term(&object) {
                         // Written after our last write, by another process with
                         // our identity renewing our term as its own.
@@ -306,7 +319,7 @@ impl Task {
         };
         match read {
             Ok(None) => Err(Lost::Deleted),
-            Ok(Some(lease)) if self.memory.is_last_term(&lease) => {
+            Ok(Some(lease)) if self.memory.is_last_term(&lease) || run.restored(&lease) => {
                 self.ours(run, lease);
                 Ok(Read::Ours)
             }
