@@ -136,6 +136,11 @@ fn metrics_given_to_an_elector_that_already_leads_start_at_the_truth() {
                 r#"leader_election_is_leader{namespace="default",lease="lease"} 1"#,
             );
             assert_scraped(&registry, r#"leader_election_master_status{name="lease"} 1"#);
+            // Not coordinated: the truth is 0 there (a mutant told 1).
+            assert_scraped(
+                &registry,
+                r#"leader_election_coordinated{namespace="default",lease="lease"} 0"#,
+            );
         }
     });
 }
