@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
+use k8s_openapi::{apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp};
 use kube_runtime_lease_harness::{
     EventLog, Fixture, Kind, LeaseRecorder, Partition, Process, Proxy, Runs, Sig, Timings, fmt_delta, fmt_ms,
     now_ns, ns, serial, take_process, wait_seen_by, wait_settled,
@@ -588,6 +589,100 @@ async fn watch_fault_run(ctx: &Fixture, log: &EventLog, lag: Option<Duration>) -
         fmt_ms(delay),
         proxy.stats()
     ))
+}
+
+/// A follower whose watch lags 4 s behind a holder whose clock is 4 s ahead
+/// of this node's: the holder is this test, renewing every retry period
+/// through the apiserver with a `renewTime` 4 s ahead, so every record the
+/// watch delivers looks fresh and the lag cannot be seen from `renewTime`.
+/// Once the holder stops (dies), the follower takes over as promptly as a
+/// polling client-go follower, not the lag later. (A lag that grows step
+/// by step, never leaving the watch silent, is not found: see
+/// docs/regressions.md, section 47.)
+async fn lag_hidden_by_a_clock_ahead_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
+    let lag = Duration::from_secs(4);
+    let lease = ctx.lease(log, "clock-ahead").await?;
+    let api = lease.lease.api(ctx.client.clone());
+    let name = lease.lease.name.clone();
+    // One renewal by "h", its clock `lag` ahead; returns when it was sent.
+    let renew = async || -> Result<u64> {
+        let mut current = api.get(&name).await?;
+        let spec = current.spec.get_or_insert_with(Default::default);
+        let ahead = MicroTime(Timestamp::now() + lag);
+        if spec.holder_identity.as_deref() != Some("h") {
+            spec.holder_identity = Some("h".into());
+            spec.acquire_time = Some(ahead.clone());
+        }
+        spec.lease_duration_seconds = Some(i32::try_from(T.lease_duration.as_secs())?);
+        spec.renew_time = Some(ahead);
+        let sent = now_ns();
+        api.replace(&name, &kube::api::PostParams::default(), &current)
+            .await?;
+        Ok(sent)
+    };
+    renew().await?;
+    let proxy = Proxy::start(ctx.env.apiserver_port()).await?;
+    let kubeconfig = proxy.kubeconfig(ctx.env.kubeconfig_path(), ctx.dir.path())?;
+    let _b = ctx.spawn_rust(log, &lease, "b", T, Some(&kubeconfig))?;
+    let began = now_ns();
+    let mut last = 0;
+    while now_ns() - began < ns(Duration::from_secs(15))
+        && log
+            .find(|e| e.process == "b" && e.kind == Kind::NewLeader)
+            .is_none()
+    {
+        last = renew().await?;
+        tokio::time::sleep(T.retry_period).await;
+    }
+    wait_seen_by(log, &["b"], "h", 0, Duration::from_secs(1)).await?;
+    let mut latency = Duration::ZERO;
+    // h renews beside b while the lag grows, and for a while under it (b's
+    // view under the lag), then dies.
+    let mut lagged = None;
+    while lagged.is_none_or(|at| now_ns() - at < ns(lag * 2)) {
+        if latency < lag {
+            latency = lag;
+            proxy.set_stream_latency(latency);
+        } else if lagged.is_none() {
+            lagged = Some(now_ns());
+            log.note(&format!("b's watch lagging {lag:?}, h's clock {lag:?} ahead"));
+        }
+        last = renew().await?;
+        tokio::time::sleep(T.retry_period).await;
+    }
+    log.note("h stopped renewing");
+    let latest = T.lease_duration + T.retry_period.mul_f64(2.2) + 2 * SLACK;
+    let next = log
+        .next_leader(last, "h", latest + lag + Duration::from_secs(5))
+        .await?;
+    let delay = next.at - last;
+    ensure!(
+        delay >= ns(T.lease_duration),
+        "b took over {} after h's last renewal: before it expired",
+        fmt_ms(delay)
+    );
+    ensure!(
+        delay <= ns(latest),
+        "b took over only {} after h's last renewal (expected within {latest:?}: the lease duration and 2.2 \
+         retry periods, as a polling client-go follower; its watch {lag:?} late, hidden by h's clock ahead); \
+         proxy {:?}",
+        fmt_ms(delay),
+        proxy.stats()
+    );
+    Ok(format!(
+        "b led {} after h's last renewal; proxy {:?}",
+        fmt_ms(delay),
+        proxy.stats()
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_watch_lagging_behind_a_holder_whose_clock_is_ahead() -> Result<()> {
+    scenario(
+        "a follower's watch lagging behind a clock ahead",
+        async |ctx, log, _| lag_hidden_by_a_clock_ahead_run(ctx, log).await,
+    )
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -139,9 +139,11 @@ impl LeaseConfig {
     /// this to `false` to poll from the start. A follower trusts the watch
     /// only while it is heard from (within two retry periods) and in time
     /// (the last renewal it delivered came within a retry period of its
-    /// `renewTime`, by this node's clock); otherwise it reads before every
-    /// attempt, at client-go's pace, with a warning (a stalled or lagging
-    /// watch, or a clock ahead of the holder's: reads, never safety).
+    /// `renewTime`, by this node's clock, and the last version a read showed
+    /// first came within a retry period of that read); otherwise it reads
+    /// before every attempt, at client-go's pace, with a warning (a stalled
+    /// or lagging watch, or a clock ahead of the holder's: reads, never
+    /// safety).
     #[must_use]
     pub fn watch(mut self, watch: bool) -> Self {
         self.watch = watch;

@@ -1126,3 +1126,49 @@ fn a_follower_ahead_of_the_holders_clock_reads_at_client_gos_pace() {
         assert!(guard.is_valid(), "{:?}", died.elapsed());
     });
 }
+
+/// A follower whose watch lags 8 s behind a holder whose clock is ahead of
+/// this node's by about as much (in paused time the wall clock stands still,
+/// so every record the holder writes looks fresh when it is delivered): the
+/// lag cannot be seen from `renewTime`, only on this node's monotonic clock,
+/// by a version read and then delivered by the watch more than a retry
+/// period later. Once the holder dies, the follower takes over within a
+/// lease duration and 2.2 retry periods of its last renewal, as client-go's
+/// polling candidates do, not the lag later.
+#[test]
+fn a_lag_hidden_by_a_holders_clock_ahead_does_not_delay_the_takeover() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(renewed_behind("h", Duration::ZERO));
+        let (b, b_id) = elector(&fake, config("b"));
+        fake.set_watch_latency(b_id, S(8));
+        let renewing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let holder_task = tokio::spawn({
+            let (fake, renewing) = (fake.clone(), renewing.clone());
+            async move {
+                while renewing.load(Ordering::SeqCst) {
+                    sleep(S(2)).await;
+                    let mut lease = renewed_behind("h", Duration::ZERO);
+                    lease.metadata.uid = fake.lease().and_then(|l| l.metadata.uid);
+                    fake.put(lease);
+                }
+            }
+        });
+        let mut b_acquire = pin!(b.acquire());
+        assert!(timeout(S(60), &mut b_acquire).await.is_err(), "b led beside h");
+        renewing.store(false, Ordering::SeqCst);
+        holder_task.await.unwrap();
+        let died = Instant::now();
+        let guard = timeout(S(60), &mut b_acquire)
+            .await
+            .expect("b did not lead within 60 s of h's death")
+            .unwrap();
+        let after = died.elapsed();
+        assert!(
+            after <= S(15) + MS(4_500),
+            "b took over {after:?} after h's last renewal (expected within LD + 2.2 RP = 19.4 s, as client-go): \
+             its watch, 8 s late, was trusted because h's clock ahead hid the lag"
+        );
+        assert!(guard.is_valid());
+    });
+}

@@ -66,6 +66,13 @@ pub(in crate::elector) struct Watch {
     lag_warned_at: Option<Instant>,
     /// The lateness in force was warned: its end is told at info.
     lag_warned: bool,
+    /// A version a read showed before the watch delivered it, and when: the
+    /// watch delivering it more than `late_after` later lags by this node's
+    /// monotonic clock, which no holder's clock ahead can hide.
+    read_ahead: Option<(u64, Instant)>,
+    /// How late the watch delivered a version a read had showed, if more
+    /// than `late_after` and no read found it up to date since.
+    behind: Option<Duration>,
 }
 
 /// How often a watch that keeps turning late again is warned of it.
@@ -98,6 +105,8 @@ impl Watch {
             renewed: None,
             lag_warned_at: None,
             lag_warned: false,
+            read_ahead: None,
+            behind: None,
         }
     }
 
@@ -124,9 +133,39 @@ impl Watch {
     }
 
     /// Whether the watch delivered the Lease's state, has not failed since,
-    /// was heard from within `silence`, and its last record was not late.
+    /// was heard from within `silence`, its last record was not late, and it
+    /// is not behind a read by more than `late_after`.
     pub(in crate::elector) fn trusted(&self, silence: Duration) -> bool {
-        self.sync == Sync::Synced && self.heard.elapsed() < silence && !self.lagging
+        self.sync == Sync::Synced
+            && self.heard.elapsed() < silence
+            && !self.lagging
+            && self.behind.is_none()
+            && self
+                .read_ahead
+                .is_none_or(|(_, at)| at.elapsed() <= self.late_after)
+    }
+
+    /// After a read that showed the resourceVersion `read` (`None`: the Lease
+    /// gone): remembers it if the watch has not delivered it yet, to tell
+    /// how late the watch does (only while it is in sync: a watch that
+    /// fails or lists is not trusted anyway); a watch that already delivered
+    /// it is not behind.
+    pub(in crate::elector) fn saw_read(&mut self, read: Option<&str>) {
+        let Some(read) = read.and_then(record::rv_number) else {
+            return;
+        };
+        if self
+            .version
+            .as_deref()
+            .and_then(record::rv_number)
+            .is_some_and(|v| v >= read)
+        {
+            let was = self.lagging || self.behind.is_some();
+            self.behind = None;
+            self.tell_lag(was, None);
+        } else if self.read_ahead.is_none() && self.sync == Sync::Synced {
+            self.read_ahead = Some((read, Instant::now()));
+        }
     }
 
     /// Tells whether `lease` was delivered late: more than `late_after`
@@ -144,17 +183,39 @@ impl Watch {
     /// released or left by a dead holder long ago is old, not late. An edit
     /// that keeps `renewTime` (labels, a `preferredHolder` mark) is no
     /// renewal either.
-    fn check_lag(&mut self, lease: Option<&Lease>, listed: bool) {
+    ///
+    /// A version a read showed before the watch delivered it is judged too,
+    /// on this node's monotonic clock: delivered (or passed) more than
+    /// `late_after` after the read, the watch is behind. A holder whose clock
+    /// is ahead of this node's by about the lag hides it from `renewTime`.
+    fn check_lag(&mut self, lease: Option<&Lease>, listed: bool, now: Instant) {
+        let was = self.lagging || self.behind.is_some();
+        let mut late = None;
+        let delivered = self.version.as_deref().and_then(record::rv_number);
+        if let Some((read, at)) = self.read_ahead
+            && delivered.is_none_or(|v| v >= read)
+        {
+            self.read_ahead = None;
+            late = Some(now.saturating_duration_since(at));
+            self.behind = late.filter(|late| *late > self.late_after);
+        }
         let renewed = lease
             .and_then(|l| l.spec.as_ref()?.renew_time.as_ref())
             .map(|t| t.0);
         let before = std::mem::replace(&mut self.renewed, renewed);
-        if listed || (lease.is_some() && renewed == before) {
-            return;
+        if !listed && (lease.is_none() || renewed != before) {
+            let by_clock = renewed.and_then(|t| Duration::try_from(record::now().duration_since(t)).ok());
+            self.lagging = by_clock.is_some_and(|late| late > self.late_after);
+            late = late.max(by_clock);
         }
-        let late = renewed.and_then(|t| Duration::try_from(record::now().duration_since(t)).ok());
-        let lagging = late.is_some_and(|late| late > self.late_after);
-        if lagging && !self.lagging {
+        self.tell_lag(was, late);
+    }
+
+    /// Tells a change of the watch's lateness (`was`: late before), warned
+    /// once per [`LAG_WARN_EVERY`]; `late`: by how much, as far as known.
+    fn tell_lag(&mut self, was: bool, late: Option<Duration>) {
+        let lagging = self.lagging || self.behind.is_some();
+        if lagging && !was {
             let warned = self.lag_warned_at.is_some_and(|at| at.elapsed() < LAG_WARN_EVERY);
             self.lag_warned = !warned;
             if warned {
@@ -167,14 +228,13 @@ impl Watch {
                      reading before every attempt until it delivers in time"
                 );
             }
-        } else if self.lagging && !lagging {
+        } else if was && !lagging {
             if std::mem::take(&mut self.lag_warned) {
                 info!("lease watch delivers in time again");
             } else {
                 debug!("lease watch delivers in time again");
             }
         }
-        self.lagging = lagging;
     }
 
     /// The next item of an open watch, stepped; never, without one.
@@ -203,7 +263,7 @@ impl Watch {
                 if std::mem::take(&mut self.silence_warned) {
                     info!("lease watch delivers again");
                 }
-                self.check_lag(lease.as_ref(), news);
+                self.check_lag(lease.as_ref(), news, now);
                 return Some(Delivered { lease, news });
             }
             None => {
@@ -224,6 +284,8 @@ impl Watch {
                 self.sync = Sync::Failing;
             }
         }
+        // Its recovery, after the watcher's backoff, is not a lag.
+        self.read_ahead = None;
         None
     }
 }
@@ -232,6 +294,10 @@ impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         (self.inner.api.get(bound).await).inspect(|lease| {
             self.needs_read = false;
+            let version = lease
+                .as_ref()
+                .and_then(|l| l.metadata.resource_version.as_deref());
+            self.watch.saw_read(version);
             self.see(lease.clone(), Instant::now());
         })
     }

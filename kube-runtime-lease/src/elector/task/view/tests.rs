@@ -266,3 +266,58 @@ fn only_renewals_delivered_after_the_sync_are_judged_late() {
     watch.step(Some(Ok(Some(renewed_ago(Duration::from_secs(5))))), now);
     assert!(!watch.trusted(silence), "a renewal delivered 5 s late");
 }
+
+/// A version a read showed, delivered by the watch more than a retry period
+/// after that read, is a lag on this node's monotonic clock, however fresh
+/// its `renewTime` looks (a holder's clock ahead by about the lag): the
+/// watch is not trusted, warned once, until a read finds it up to date. A
+/// failure drops the read: the recovery, after the watcher's backoff, is no
+/// lag.
+#[test]
+fn a_version_read_then_delivered_late_is_a_lag_whatever_its_renew_time_says() {
+    use std::time::Duration;
+    let versioned = |rv: &str| {
+        let mut lease = renewed_ago(Duration::from_millis(10));
+        lease.metadata.resource_version = Some(rv.into());
+        lease
+    };
+    let silence = Duration::from_secs(4);
+    let mut watch = open(Sync::Listing);
+    watch.step(Some(Ok(Some(versioned("10")))), Instant::now());
+    watch.saw_read(Some("10"));
+    watch.saw_read(Some("11"));
+    assert!(
+        watch.trusted(silence),
+        "a version read just now, not delivered yet"
+    );
+    let logs = logs_during(tracing::Level::INFO, || {
+        watch.step(
+            Some(Ok(Some(versioned("11")))),
+            Instant::now() + Duration::from_secs(3),
+        );
+    });
+    assert!(
+        !watch.trusted(silence),
+        "a version delivered 3 s after a read showed it (its renewTime fresh) is trusted"
+    );
+    assert_eq!(
+        logs.matches("lease watch delivered a record late").count(),
+        1,
+        "{logs}"
+    );
+    watch.saw_read(Some("11"));
+    assert!(
+        watch.trusted(silence),
+        "a watch a read finds up to date is not trusted"
+    );
+    watch.saw_read(Some("12"));
+    watch.step(Some(Err(broken())), Instant::now());
+    watch.step(
+        Some(Ok(Some(versioned("12")))),
+        Instant::now() + Duration::from_secs(30),
+    );
+    assert!(
+        watch.trusted(silence),
+        "a watch recovered after its backoff is judged late"
+    );
+}
