@@ -150,7 +150,14 @@ async fn main() -> anyhow::Result<()> {
                 led = true;
                 println!("EVENT started-leading {} {identity}", now_ns());
             }
-            println!("WORK {}", now_ns());
+            // Stamped before a last check that the term holds, as in the
+            // other modes: a process stopped (SIGSTOP) between the item and
+            // its line prints no WORK once it resumes past the term, and a
+            // line printed late carries the time of its check, in the term.
+            let at = now_ns();
+            if guarded.is_leading() {
+                println!("WORK {at}");
+            }
         }
         if term_ended(led, guarded.lost().as_ref(), &identity) {
             break;
