@@ -169,6 +169,14 @@ fn seconds_since_last_renewal_is_reported_exactly_while_leading() {
                 text.contains(&format!("{SERIES} 0")),
                 "no seconds since the last renewal at the start of a term:\n{text}"
             );
+            // Counted from the write that began the term (the first renewal
+            // comes a retry period, 2 s, after it).
+            sleep(Duration::from_millis(1500)).await;
+            let text = scrape(&registry);
+            assert!(
+                text.contains(&format!("{SERIES} 1")),
+                "not 1.5 s since the write that began the term, 1.5 s after it:\n{text}"
+            );
         }
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
