@@ -10,17 +10,17 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{
     Api, ResourceExt,
-    api::{ObjectMeta, PostParams},
+    api::PostParams,
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
 use kube_runtime_lease_harness::shared_env;
-use support::fast_config;
+use support::{configmap, fast_config, wait_until};
 use tokio::time::{Instant, timeout};
 
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
@@ -33,15 +33,6 @@ fn v_of(cm: &ConfigMap) -> String {
         .unwrap_or_default()
 }
 
-async fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + within;
-    while !ok() {
-        ensure!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
-}
-
 /// The old leader writes `v: 2` and then hands the Lease over: a cold
 /// guarded Controller's first reconcile reads `v: 2`, since its watch starts
 /// (with a consistent LIST) only once the Lease is won.
@@ -51,14 +42,7 @@ async fn a_cold_guarded_controller_reads_the_old_leaders_last_write_at_takeover(
     let ns = env.new_namespace("cold-takeover").await?;
     let admin = env.client().await?;
     let cms = Api::<ConfigMap>::namespaced(admin.clone(), &ns);
-    let cm = ConfigMap {
-        metadata: ObjectMeta {
-            name: Some("cm-0".into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([("v".to_owned(), "1".to_owned())])),
-        ..ConfigMap::default()
-    };
+    let cm = configmap("cm-0", "1");
     cms.create(&PostParams::default(), &cm).await?;
     let other = LeaderElector::new(env.client().await?, fast_config(&ns, "other"))?;
     let other_guard = timeout(Duration::from_secs(10), other.acquire()).await??;

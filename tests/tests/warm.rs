@@ -13,41 +13,21 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result};
 use futures::StreamExt;
 use k8s_openapi::api::{coordination::v1::Lease, core::v1::ConfigMap};
 use kube::{
     Api, ResourceExt,
-    api::{DeleteParams, ObjectMeta, PostParams},
+    api::{DeleteParams, PostParams},
     runtime::{Controller, controller::Action, watcher},
 };
 use kube_runtime_lease::{LeaderElectionControllerExt, LeaderElector};
 use kube_runtime_lease_harness::{Timings, configmap_lists, shared_env};
-use support::fast_config;
-use tokio::time::{Instant, timeout};
+use support::{configmap, fast_config, wait_until};
+use tokio::time::timeout;
 
 /// Reconciles seen: name → the `data.v` value the reconcile read.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
-
-fn configmap(name: &str, v: &str) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([("v".to_owned(), v.to_owned())])),
-        ..ConfigMap::default()
-    }
-}
-
-async fn wait_until(what: &str, within: Duration, mut ok: impl FnMut() -> bool) -> Result<()> {
-    let deadline = Instant::now() + within;
-    while !ok() {
-        ensure!(Instant::now() < deadline, "{what}: not within {within:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
-}
 
 #[tokio::test]
 #[allow(clippy::too_many_lines, reason = "one scenario, phase by phase")]

@@ -53,3 +53,33 @@ impl LogBuf {
         String::from_utf8_lossy(&self.0.lock().expect("log buffer")).into_owned()
     }
 }
+
+/// Waits until `ok()` holds, checking every 10 ms: an error naming `what`
+/// if it does not within `within`.
+pub async fn wait_until(
+    what: &str,
+    within: std::time::Duration,
+    mut ok: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + within;
+    while !ok() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not within {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+/// A `ConfigMap` `name` whose `data.v` is `v`.
+pub fn configmap(name: &str, v: &str) -> k8s_openapi::api::core::v1::ConfigMap {
+    k8s_openapi::api::core::v1::ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..kube::api::ObjectMeta::default()
+        },
+        data: Some(std::collections::BTreeMap::from([("v".to_owned(), v.to_owned())])),
+        ..k8s_openapi::api::core::v1::ConfigMap::default()
+    }
+}
