@@ -2746,6 +2746,57 @@ fn a_stream_cancelled_long_before_its_sibling_ends_does_not_keep_the_lease_from_
     });
 }
 
+/// 19: two `acquire`s wait; the term begins and serves both; one is
+/// received and its work runs, the other is polled again only after the
+/// shutdown began. That one resolves to `Shutdown` (no work starts once the
+/// shutdown began), and its guard, dropped unused, is not counted against
+/// the working one: the shutdown still waits for the work, and the Lease is
+/// released only after it. (Two survivors of the mutation run: `!shutdown`
+/// as `true` in `Acquire::poll`, and the undelivered count never going down
+/// in `Term::guard_dropped`, which let the shutdown end the term under the
+/// working guard and release the Lease at once.)
+#[test]
+fn an_acquire_served_before_the_shutdown_and_polled_after_it_leaves_the_shutdown_waiting_for_the_work() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let mut first = Box::pin(e.acquire());
+        let mut second = Box::pin(e.acquire());
+        assert!(poll!(first.as_mut()).is_pending() && poll!(second.as_mut()).is_pending());
+        let work = timeout(S(1), first).await.expect("a term").unwrap();
+        sleep(MS(10)).await;
+        let shutting = tokio::spawn({
+            let e = e.clone();
+            async move { e.shutdown(S(10)).await }
+        });
+        sleep(MS(10)).await;
+        let late = timeout(S(1), second).await.expect("the second acquire resolves");
+        assert!(
+            matches!(late, Err(AcquireError::Shutdown)),
+            "an acquire polled after the shutdown began resolved to {late:?}"
+        );
+        sleep(S(3)).await;
+        assert!(
+            !shutting.is_finished() && work.is_valid(),
+            "the shutdown ended the term under the working guard: {:?}, holder {:?}",
+            work.lost(),
+            holder(&fake)
+        );
+        assert_eq!(
+            holder(&fake).as_deref(),
+            Some("me"),
+            "released under the working guard"
+        );
+        drop(work);
+        timeout(S(1), shutting)
+            .await
+            .expect("the shutdown ends once the work ended")
+            .unwrap()
+            .unwrap();
+        assert_eq!(holder(&fake).as_deref(), Some(""), "released once the work ended");
+    });
+}
+
 // ---- 20. etcd restored from an older snapshot -------------------------------
 
 /// The resourceVersion of the Lease on `fake` now, as a number.
