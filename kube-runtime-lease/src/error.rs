@@ -106,13 +106,16 @@ impl ApiError {
     /// The HTTP status of the API's answer, if the API answered.
     #[must_use]
     pub fn status(&self) -> Option<u16> {
-        self.client_error().and_then(status_of)
+        self.client_error().and_then(|(_, e)| status_of(e))
     }
 
-    /// The client's error, unless the request timed out.
-    fn client_error(&self) -> Option<&kube_client::Error> {
+    /// The RBAC verb of the request and the client's error, unless the
+    /// request timed out.
+    fn client_error(&self) -> Option<(&'static str, &kube_client::Error)> {
         match self {
-            ApiError::Get(e) | ApiError::Create(e) | ApiError::Replace(e) => Some(e),
+            ApiError::Get(e) => Some(("get", e)),
+            ApiError::Create(e) => Some(("create", e)),
+            ApiError::Replace(e) => Some(("update", e)),
             ApiError::Timeout { .. } => None,
         }
     }
@@ -122,7 +125,7 @@ impl ApiError {
     /// details naming that Lease (the API server always fills them in for an
     /// object it looked up).
     pub(crate) fn is_gone(&self, name: &str) -> bool {
-        let Some(kube_client::Error::Api(status)) = self.client_error() else {
+        let Some((_, kube_client::Error::Api(status))) = self.client_error() else {
             return false;
         };
         status.reason == "NotFound"
@@ -138,13 +141,8 @@ impl ApiError {
     /// The RBAC verb a refusal of the API server's authorization shows to be
     /// missing (see [`refused_by_rbac`]).
     pub(crate) fn forbidden_verb(&self) -> Option<&'static str> {
-        let verb = match self {
-            ApiError::Get(_) => "get",
-            ApiError::Create(_) => "create",
-            ApiError::Replace(_) => "update",
-            ApiError::Timeout { .. } => return None,
-        };
-        self.client_error().is_some_and(refused_by_rbac).then_some(verb)
+        let (verb, e) = self.client_error()?;
+        refused_by_rbac(e).then_some(verb)
     }
 }
 

@@ -93,10 +93,9 @@ impl LeaseGuard {
     /// already (the guard is then dropped, still undelivered, and the
     /// `acquire` waits for the next term).
     pub(crate) fn deliver(&mut self) -> bool {
-        if !self.undelivered {
-            return true;
+        if self.undelivered && self.term.deliver() {
+            self.undelivered = false;
         }
-        self.undelivered = !self.term.deliver();
         !self.undelivered
     }
 
@@ -111,11 +110,6 @@ impl LeaseGuard {
     #[must_use]
     pub fn is_valid(&self) -> bool {
         self.term.over().is_none()
-    }
-
-    /// Whether the term is over now, and why (see [`Term::over_at`]).
-    pub(crate) fn over(&self) -> Option<Lost> {
-        self.term.over()
     }
 
     /// Whether the term is over as far as can be told without reading the

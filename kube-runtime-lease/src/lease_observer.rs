@@ -91,31 +91,29 @@ impl LeaseObserver {
                     // stalled (open, neither ending nor failing). A read
                     // tells; one that shows what the watch did not starts
                     // the watch again (its stale events never come).
-                    Err(_) => match api.get_opt(&name).await {
-                        Ok(read) => {
-                            let read = read.map(|Wire(l)| l);
-                            let version = |l: &Option<Lease>| {
-                                l.as_ref().and_then(|l| l.metadata.resource_version.clone())
-                            };
-                            if version(&read) == version(&last) {
+                    Err(_) => {
+                        let read = match api.get_opt(&name).await {
+                            Ok(read) => read.map(|Wire(l)| l),
+                            Err(e) => {
+                                debug!(error = %crate::error::Chain(&e), "lease observer: reading the Lease failed");
                                 continue;
                             }
-                            if !warned {
-                                warn!(
-                                    ?silence,
-                                    "lease observer: the watch delivered nothing while the Lease changed: it may \
-                                     be stalled; reporting the Lease as read, and watching it anew"
-                                );
-                                warned = true;
-                            }
-                            events = open();
-                            read
-                        }
-                        Err(e) => {
-                            debug!(error = %crate::error::Chain(&e), "lease observer: reading the Lease failed");
+                        };
+                        let version =
+                            |l: &Option<Lease>| l.as_ref().and_then(|l| l.metadata.resource_version.clone());
+                        if version(&read) == version(&last) {
                             continue;
                         }
-                    },
+                        if !std::mem::replace(&mut warned, true) {
+                            warn!(
+                                ?silence,
+                                "lease observer: the watch delivered nothing while the Lease changed: it may \
+                                 be stalled; reporting the Lease as read, and watching it anew"
+                            );
+                        }
+                        events = open();
+                        read
+                    }
                 };
                 tx.send_if_modified(|s| {
                     let before = s.clone();

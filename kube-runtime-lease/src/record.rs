@@ -235,11 +235,8 @@ impl TermId {
 /// duration (the API rejects 0), `acquireTime = renewTime = now`, transitions
 /// and every other field unchanged.
 pub(crate) fn released(prev: &LeaseSpec, now: Timestamp) -> LeaseSpec {
-    let mut next = prev.clone();
-    next.holder_identity = Some(String::new());
-    next.lease_duration_seconds = Some(1);
-    next.acquire_time = Some(MicroTime(now));
-    next.renew_time = Some(MicroTime(now));
+    let mut next = taken(Some(prev), "", 1, 0, now);
+    next.lease_transitions = prev.lease_transitions;
     next
 }
 
@@ -361,15 +358,14 @@ impl Observed {
         match (holder(spec), preferred_holder(spec)) {
             // Free, and reserved for nobody or for us.
             (None, p) if p.is_none_or(|p| p == identity) => Verdict::Take,
-            // Our own term's record, its end marked for another candidate
-            // (we stepped down, or should): as a third candidate would, we
-            // give the preferred holder one lease duration after the record
-            // expires (it takes it at expiry) before we take it back.
-            (Some(h), Some(p)) if h == identity && asker.own_term && p != identity => after(2),
+            // Held, its end of term marked for a third candidate; or our own
+            // term's record, its end marked for another candidate (we
+            // stepped down, or should): as a third candidate would, we give
+            // the preferred holder one lease duration after the record
+            // expires (it takes it at expiry) before we take it (back).
+            (Some(h), Some(p)) if p != identity && p != h => after(2),
             // Our own term's record.
             (Some(h), _) if h == identity && asker.own_term => Verdict::Take,
-            // Held, its end of term marked for a third candidate.
-            (Some(h), Some(p)) if p != identity && p != h => after(2),
             // Free but reserved for someone else: one lease duration for the
             // preferred holder to take it, at most ours. A free record's
             // duration is no holder's promise (a release writes 1 s; a
@@ -387,6 +383,11 @@ impl Observed {
 /// revision); `None` for any other.
 pub(crate) fn rv_number(version: &str) -> Option<u64> {
     version.parse().ok()
+}
+
+/// `lease`'s resourceVersion as a number ([`rv_number`]).
+pub(crate) fn version_of(lease: &Lease) -> Option<u64> {
+    lease.metadata.resource_version.as_deref().and_then(rv_number)
 }
 
 /// Take once `observed` has stayed unchanged for `wait`, else wait until then.

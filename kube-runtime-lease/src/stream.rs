@@ -196,7 +196,7 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             // before this poll (the consumer paused, or a busy stream never
             // idled) or inside it (a pause while the inner stream made it).
             // So the stream stops within one item of the deadline.
-            Poll::Ready(Some(item)) => match guard.over() {
+            Poll::Ready(Some(item)) => match guard.lost() {
                 None => Poll::Ready(Some(item)),
                 lost => finish(&mut this, lost),
             },
@@ -207,10 +207,7 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             // again instead of leaving the election (one clock read, at the
             // end only).
             Poll::Ready(None) => {
-                let lost = guard.over();
-                if lost.is_none() {
-                    debug!("guarded stream ended: giving up leadership");
-                }
+                let lost = guard.lost();
                 finish(&mut this, lost)
             }
             // The inner stream is idle: be woken when the term ends (the
@@ -268,6 +265,7 @@ fn finish<S: Stream>(this: &mut WithLeaderElectionProj<'_, S>, lost: Option<Lost
         *this.lost = Some(lost);
     } else if let State::Leading(guard) = this.state {
         // The inner stream ended: its work finished.
+        debug!("guarded stream ended: giving up leadership");
         guard.unfinished = false;
     }
     this.inner.set(None);

@@ -85,6 +85,7 @@ fn nanos_after(base: Instant, t: Instant) -> u64 {
     u64::try_from(t.saturating_duration_since(base).as_nanos()).unwrap_or(u64::MAX)
 }
 
+#[derive(Default)]
 struct TermInner {
     senders: Vec<oneshot::Sender<Lost>>,
     /// Guards of this term not yet dropped.
@@ -126,13 +127,7 @@ impl Term {
             lost: OnceLock::new(),
             base: sent_at,
             deadline_nanos: AtomicU64::new(nanos_after(sent_at, sent_at + renew_deadline)),
-            inner: Mutex::new(TermInner {
-                senders: Vec::new(),
-                live: 0,
-                undelivered: 0,
-                stopped_at: None,
-                closed: false,
-            }),
+            inner: Mutex::default(),
             dropped: Notify::new(),
         }
     }
@@ -164,7 +159,7 @@ impl Term {
     }
 
     /// Moves the renew deadline earlier, to `until` (never later): our record
-    /// came to let others take the Lease sooner (see `cut_short`). Whether it
+    /// came to let others take the Lease sooner (see `Task::ours`). Whether it
     /// moved.
     pub(crate) fn cut(&self, until: Instant) -> bool {
         let _inner = self.inner.lock();
@@ -303,11 +298,9 @@ impl Term {
         let mut inner = self.inner.lock();
         if undelivered {
             inner.undelivered -= 1;
-        } else {
+        } else if unfinished || self.over().is_some() {
             // (A guard alive when the term ended was counted by `lose`.)
-            if unfinished || self.over().is_some() {
-                inner.stopped_at = Some(Instant::now());
-            }
+            inner.stopped_at = Some(Instant::now());
         }
         inner.live -= 1;
         drop(inner);

@@ -85,23 +85,19 @@ impl Future for Acquire {
             // the shutdown takes to begin: either it began first, or it
             // waits for the work of the guard delivered here.
             let state = this.inner.lock();
-            let shutdown = state.shutdown;
-            return Poll::Ready(match received {
-                Ok(mut guard) if !shutdown => {
-                    if !guard.deliver() {
-                        // The term ended (or its renew deadline passed)
-                        // before this poll: its guard would end at once.
-                        // Dropped undelivered, it did no work; wait for
-                        // the next term instead.
-                        drop(state);
-                        drop(guard);
-                        continue;
-                    }
-                    Ok(guard)
-                }
-                _ if shutdown => Err(AcquireError::Shutdown),
-                _ => Err(AcquireError::ElectorStopped),
-            });
+            let mut guard = match received {
+                _ if state.shutdown => return Poll::Ready(Err(AcquireError::Shutdown)),
+                Ok(guard) => guard,
+                Err(_) => return Poll::Ready(Err(AcquireError::ElectorStopped)),
+            };
+            if guard.deliver() {
+                return Poll::Ready(Ok(guard));
+            }
+            // The term ended (or its renew deadline passed) before this poll:
+            // its guard would end at once. Dropped undelivered, it did no
+            // work; wait for the next term instead.
+            drop(state);
+            drop(guard);
         }
     }
 }

@@ -51,19 +51,19 @@ impl LeaseApi {
     /// answer of the API server's own: an object, or a `Status` below 500 (a
     /// 5xx may come from a proxy in front of it, and a timeout or a
     /// connection error is no answer).
-    async fn request<T>(
+    async fn request(
         &self,
         verb: &'static str,
         bound: Duration,
-        fut: impl Future<Output = kube_client::Result<T>>,
+        fut: impl Future<Output = kube_client::Result<Wire>>,
         wrap: fn(kube_client::Error) -> ApiError,
-    ) -> Result<T> {
+    ) -> Result<Lease> {
         let result = bounded(bound, fut, wrap, || ApiError::Timeout { verb, after: bound }).await;
         match &result {
             Err(e) if e.status().is_none_or(|s| s >= 500) => {}
             _ => self.contact.reset(),
         }
-        result
+        result.map(|Wire(lease)| lease)
     }
 
     /// Reads the Lease; `None` if it does not exist.
@@ -79,7 +79,7 @@ impl LeaseApi {
         let read = self.request("get", bound, self.api.get(&self.name), ApiError::Get);
         match read.await {
             Err(e) if e.is_gone(&self.name) => Ok(None),
-            read => read.map(|Wire(lease)| Some(lease)),
+            read => read.map(Some),
         }
     }
 
@@ -88,9 +88,7 @@ impl LeaseApi {
     pub(super) async fn create(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
         let (params, lease) = (PostParams::default(), Wire(lease.clone()));
         let create = self.api.create(&params, &lease);
-        self.request("create", bound, create, ApiError::Create)
-            .await
-            .map(|w| w.0)
+        self.request("create", bound, create, ApiError::Create).await
     }
 
     /// Replaces the Lease, with the resourceVersion `lease` carries as the
@@ -98,9 +96,7 @@ impl LeaseApi {
     pub(super) async fn replace(&self, lease: &Lease, bound: Duration) -> Result<Lease> {
         let (params, lease) = (PostParams::default(), Wire(lease.clone()));
         let replace = self.api.replace(&self.name, &params, &lease);
-        self.request("update", bound, replace, ApiError::Replace)
-            .await
-            .map(|w| w.0)
+        self.request("update", bound, replace, ApiError::Replace).await
     }
 
     /// Watches the Lease (lazy: no request before it is first polled).

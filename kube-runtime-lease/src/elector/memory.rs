@@ -43,16 +43,8 @@ pub(super) struct Memory {
     /// Until when the last holder of a Lease object that went away (deleted,
     /// or replaced by another object) may still believe it leads.
     pub(super) risk_until: Option<Instant>,
-    /// The Lease object last seen, whether its last record named a holder,
-    /// and the longest lease duration seen on it since its holder last
-    /// wrote it (the `renewTime` of that write: `seen_renewed`).
-    pub(super) seen_uid: Option<String>,
-    pub(super) seen_held: bool,
-    pub(super) seen_longest: Duration,
-    pub(super) seen_renewed: Option<MicroTime>,
-    /// The newest resourceVersion seen on it, as a number (see
-    /// [`record::rv_number`]).
-    pub(super) seen_version: Option<u64>,
+    /// What was seen of the Lease object last seen.
+    pub(super) seen: Seen,
     /// The object last seen go away, and what was remembered of it then:
     /// restored if that very object (its uid) is seen again, since an
     /// object never comes back once deleted. Its absence was a stale
@@ -74,16 +66,28 @@ pub(super) struct Memory {
     pub(super) stopped_until: Option<Instant>,
 }
 
-/// What [`Memory`] knew of an object when it was last seen go away (see
-/// [`Memory::gone`]).
-#[derive(Clone, Debug)]
-pub(super) struct Gone {
-    uid: String,
-    risk_until: Option<Instant>,
+/// What [`Memory`] saw of the Lease object last seen (see [`Memory::seen`]).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Seen {
+    /// The object (its uid; `None`: none seen, or it went away).
+    uid: Option<String>,
+    /// Whether its last record named a holder.
     held: bool,
+    /// The longest lease duration seen on it since its holder last wrote it
+    /// (the `renewTime` of that write: `renewed`).
     longest: Duration,
     renewed: Option<MicroTime>,
+    /// The newest resourceVersion seen on it, as a number (see
+    /// [`record::rv_number`]).
     version: Option<u64>,
+}
+
+/// What [`Memory`] knew of an object when it was last seen go away (see
+/// [`Memory::gone`]): what it saw of it, and the risk in force then.
+#[derive(Clone, Debug)]
+pub(super) struct Gone {
+    seen: Seen,
+    risk_until: Option<Instant>,
 }
 
 impl Memory {
@@ -93,11 +97,9 @@ impl Memory {
     /// this one included. Both ends of a term call it: `end_term`, and the
     /// drop of a task whose runtime shut down under it.
     pub(super) fn term_ended(&mut self, term: &Term, config: &LeaseConfig) {
-        let Some(stopped) = term.stopped_at() else {
-            return;
-        };
         let margin = config.lease_duration.saturating_sub(config.renew_deadline);
-        self.stopped_until = self.stopped_until.max(Some(record::later(stopped, margin)));
+        let until = term.stopped_at().map(|stopped| record::later(stopped, margin));
+        self.stopped_until = self.stopped_until.max(until);
     }
 
     /// Whether `lease` holds the record of our last term (see [`TermId`]),
@@ -119,12 +121,8 @@ impl Memory {
         // A version older than one already seen on this object was brought
         // back (etcd restored from a snapshot): whoever wrote the newer one
         // may lead now, so the record is waited out like anyone else's.
-        let version = lease
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(record::rv_number);
-        if version.zip(self.seen_version).is_some_and(|(v, seen)| v < seen) {
+        let version = record::version_of(lease);
+        if version.zip(self.seen.version).is_some_and(|(v, seen)| v < seen) {
             return false;
         }
         if spec.renew_time.is_some() && self.is_last_term(lease) {
@@ -147,12 +145,7 @@ impl Memory {
     pub(super) fn confirmed(&mut self, lease: &Lease) {
         let renewed = lease.spec.as_ref().and_then(|s| s.renew_time.clone());
         self.last_renewed = renewed.into_iter().collect();
-        let version = lease
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(record::rv_number);
-        self.seen_version = version.or(self.seen_version);
+        self.seen.version = record::version_of(lease).or(self.seen.version);
     }
 
     /// Remembers the Lease as seen at `now` (`None`: missing).
@@ -163,79 +156,62 @@ impl Memory {
         };
         let spec = lease.spec.clone().unwrap_or_default();
         self.max_token = self.max_token.max(Some(record::token_of(lease)));
-        if self.seen_uid != lease.metadata.uid {
-            let back = self.seen_uid.is_none()
-                && lease.metadata.uid.is_some()
-                && self.gone.as_ref().map(|g| Some(&g.uid)) == Some(lease.metadata.uid.as_ref());
-            match self.gone.take().filter(|_| back) {
+        if self.seen.uid != lease.metadata.uid {
+            match self.gone.take() {
                 // The object seen go away is back: it never went.
-                Some(gone) => {
-                    self.risk_until = gone.risk_until;
-                    self.seen_held = gone.held;
-                    self.seen_longest = gone.longest;
-                    self.seen_renewed = gone.renewed;
-                    self.seen_version = gone.version;
+                Some(gone) if self.seen.uid.is_none() && gone.seen.uid == lease.metadata.uid => {
+                    (self.seen, self.risk_until) = (gone.seen, gone.risk_until);
                 }
-                None => self.went_away(now),
+                _ => {
+                    self.went_away(now);
+                    self.seen.uid.clone_from(&lease.metadata.uid);
+                }
             }
-            self.seen_uid.clone_from(&lease.metadata.uid);
         }
         let duration = record::lease_duration(&spec, fallback);
-        let version = lease
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(record::rv_number);
+        let version = record::version_of(lease);
         // A newer write of its holder (a renewal, or a new term): another
         // `renewTime` on a newer version. Told by the resourceVersion where
         // it compares, not by comparing `renewTime`s, which different nodes'
         // clocks wrote (a holder's clock an hour ahead would make every
         // later holder's write look older for an hour). Else, `renewTime`
         // moved forward. (`None` orders before any `renewTime`.)
-        let newer = match (version, self.seen_version) {
-            (Some(v), Some(seen)) => {
-                v > seen && spec.renew_time.is_some() && spec.renew_time != self.seen_renewed
+        let seen = &mut self.seen;
+        let newer = match (version, seen.version) {
+            (Some(v), Some(before)) => {
+                v > before && spec.renew_time.is_some() && spec.renew_time != seen.renewed
             }
-            _ => spec.renew_time > self.seen_renewed,
+            _ => spec.renew_time > seen.renewed,
         };
-        self.seen_version = self.seen_version.max(version);
+        seen.version = seen.version.max(version);
         if newer {
             // The duration it writes is what it goes by from now on,
             // whatever earlier records said (or an edit of them: a huge
             // value written once by someone else would otherwise make the
             // creation hold after a deletion as long, up to 68 years).
-            self.seen_longest = duration;
-            self.seen_renewed.clone_from(&spec.renew_time);
+            seen.longest = duration;
+            seen.renewed.clone_from(&spec.renew_time);
         } else {
             // The same write edited by someone else (`kubectl edit`), or an
             // older one seen late (a lagging re-list): until its holder
             // writes again, either duration may be what it goes by.
-            self.seen_longest = self.seen_longest.max(duration);
+            seen.longest = seen.longest.max(duration);
         }
-        self.seen_held = record::holder(&spec).is_some();
+        seen.held = record::holder(&spec).is_some();
         self.max_transitions = self.max_transitions.max(spec.lease_transitions);
     }
 
     /// The object last seen is gone (seen missing at `now`, or replaced).
     fn went_away(&mut self, now: Instant) {
-        if let Some(uid) = self.seen_uid.take() {
-            self.gone = Some(Gone {
-                uid,
-                risk_until: self.risk_until,
-                held: self.seen_held,
-                longest: self.seen_longest,
-                renewed: self.seen_renewed.clone(),
-                version: self.seen_version,
-            });
-            if self.seen_held {
-                let until = record::later(now, self.seen_longest);
-                self.risk_until = self.risk_until.max(Some(until));
-            }
+        let seen = std::mem::take(&mut self.seen);
+        if seen.uid.is_none() {
+            return;
         }
-        self.seen_held = false;
-        self.seen_longest = Duration::ZERO;
-        self.seen_renewed = None;
-        self.seen_version = None;
+        let risk_until = self.risk_until;
+        if seen.held {
+            self.risk_until = risk_until.max(Some(record::later(now, seen.longest)));
+        }
+        self.gone = Some(Gone { seen, risk_until });
     }
 
     /// The `leaseTransitions` to write when a term begins on a record with

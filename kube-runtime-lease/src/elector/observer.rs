@@ -81,28 +81,19 @@ impl Observers {
         true
     }
 
-    /// Tells every observer of `transition`. A change of state is
-    /// remembered, and told under the write lock, so that an observer being
+    /// Tells every observer of `transition`, under the write lock: a change
+    /// of state is remembered and told under it, so that an observer being
     /// added sees it either in the replay or told, not missed or reordered.
     pub(crate) fn tell(&self, transition: Transition<'_>) {
+        let mut told = self.0.write();
         match transition {
-            Transition::HolderChanged if !self.0.read().looked => {}
-            Transition::Leading(_) | Transition::Coordinated(_) => {
-                let mut told = self.0.write();
-                match transition {
-                    Transition::Leading(leading) => told.leading = Some(leading),
-                    Transition::Coordinated(coordinated) => told.coordinated = Some(coordinated),
-                    _ => {}
-                }
-                for (_, observer) in &told.all {
-                    observer.observe(transition);
-                }
-            }
-            _ => {
-                for (_, observer) in &self.0.read().all {
-                    observer.observe(transition);
-                }
-            }
+            Transition::HolderChanged if !told.looked => return,
+            Transition::Leading(leading) => told.leading = Some(leading),
+            Transition::Coordinated(coordinated) => told.coordinated = Some(coordinated),
+            _ => {}
+        }
+        for (_, observer) in &told.all {
+            observer.observe(transition);
         }
     }
 

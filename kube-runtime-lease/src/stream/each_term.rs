@@ -81,23 +81,21 @@ impl LeaderElector {
             let rejoined = Instant::now();
             let mut guarded = std::pin::pin!(make().with_leader_election(self));
             while guarded.next().await.is_some() {}
-            match guarded.as_mut().take_lost() {
-                // Work wired to `shutdown_requested` (`graceful_shutdown_on`)
-                // ends on its own when the elector is shut down: still a shutdown.
-                None if self.is_shut_down() => return RunEnded::Shutdown,
-                None => {
-                    info!("guarded work ended on its own; leaving the election");
-                    return RunEnded::WorkEnded;
-                }
-                Some(Lost::Shutdown) => return RunEnded::Shutdown,
-                Some(lost) => {
-                    if rejoined.elapsed() > self.config().lease_duration {
-                        backoff = builder.build();
-                    }
-                    if !self.wait_to_rejoin(&mut backoff, &lost).await {
-                        return RunEnded::Shutdown;
-                    }
-                }
+            let lost = guarded.as_mut().take_lost();
+            // Work wired to `shutdown_requested` (`graceful_shutdown_on`)
+            // ends on its own when the elector is shut down: still a shutdown.
+            if lost == Some(Lost::Shutdown) || (lost.is_none() && self.is_shut_down()) {
+                return RunEnded::Shutdown;
+            }
+            let Some(lost) = lost else {
+                info!("guarded work ended on its own; leaving the election");
+                return RunEnded::WorkEnded;
+            };
+            if rejoined.elapsed() > self.config().lease_duration {
+                backoff = builder.build();
+            }
+            if !self.wait_to_rejoin(&mut backoff, &lost).await {
+                return RunEnded::Shutdown;
             }
         }
     }

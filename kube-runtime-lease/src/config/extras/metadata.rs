@@ -125,7 +125,7 @@ impl LeaseMetadata {
         // Every term writes its fencing token beside them (the reserved key
         // and an `i64`): configured annotations that leave it no room under
         // the API server's limit would have every term taken without its
-        // token stored (and without them: see `fit_annotations`).
+        // token stored (and without them: see `Task::acquisition`).
         let size = crate::record::annotations_size(Some(&self.annotations));
         let token = crate::record::TOKEN_ANNOTATION.len() + i64::MIN.to_string().len();
         if size + token > crate::record::MAX_ANNOTATIONS_SIZE {

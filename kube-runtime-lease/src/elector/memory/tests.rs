@@ -34,10 +34,10 @@ fn an_edit_keeps_the_longest_duration_and_a_newer_write_sets_its_own() {
         let mut memory = Memory::default();
         memory.saw(Some(&written(versions[0], 100, 60)), fallback, now);
         memory.saw(Some(&written(versions[1], 100, 15)), fallback, now);
-        assert_eq!(memory.seen_longest, secs(60), "an edit, versions {versions:?}");
+        assert_eq!(memory.seen.longest, secs(60), "an edit, versions {versions:?}");
         memory.saw(Some(&written(versions[2], 101, 15)), fallback, now);
         assert_eq!(
-            memory.seen_longest,
+            memory.seen.longest,
             secs(15),
             "a newer write, versions {versions:?}"
         );
@@ -46,7 +46,7 @@ fn an_edit_keeps_the_longest_duration_and_a_newer_write_sets_its_own() {
     let mut memory = Memory::default();
     memory.saw(Some(&written("1", 100, 60)), fallback, now);
     memory.saw(Some(&written("2", 40, 15)), fallback, now);
-    assert_eq!(memory.seen_longest, secs(15));
+    assert_eq!(memory.seen.longest, secs(15));
 }
 
 /// The count written is one more than the largest seen, never negative and

@@ -93,16 +93,15 @@ impl Task {
             Ok(rule) => rule,
             Err(until) => return Ok(Attempt::WaitUntil(until)),
         };
-        match &self.view {
+        let (lease, prev) = match &self.view {
             // Not read yet (no path leads here after a successful read):
             // never retried without a wait.
-            LeaseView::Unknown => Ok(Attempt::WaitUntil(now + self.jittered_retry())),
+            LeaseView::Unknown => return Ok(Attempt::WaitUntil(now + self.jittered_retry())),
             LeaseView::Missing => {
                 // The namespace is the request's (the API server sets it).
                 let mut lease = Lease::default();
                 lease.metadata.name = Some(cfg.name.clone());
-                self.begin_record(&mut lease, None);
-                self.write_to_acquire(lease, true).await
+                (lease, None)
             }
             LeaseView::Known { observed, object } => {
                 let asker = Asker {
@@ -115,22 +114,33 @@ impl Task {
                 }
                 let mut lease = (**object).clone();
                 lease.spec = Some(observed.spec.clone());
-                self.begin_record(&mut lease, Some(object));
                 let version = &mut lease.metadata.resource_version;
                 version.clone_from(&observed.resource_version);
-                self.write_to_acquire(lease, false).await
+                (lease, Some(&**object))
             }
-        }
+        };
+        let lease = self.acquisition(lease, prev);
+        let created = prev.is_none();
+        self.write_to_acquire(lease, created).await
     }
 
     /// Makes `lease` the write that begins a term on top of `prev` (`None`:
     /// creating the Lease): a new acquisition of its record (`lease.spec`),
-    /// with transitions above any seen on the name, and a fencing token above
-    /// any seen or handed out, stored on the Lease.
-    fn begin_record(&self, lease: &mut Lease, prev: Option<&Lease>) {
+    /// with transitions above any seen on the name, a fencing token above
+    /// any seen or handed out, stored on the Lease, and the configured Lease
+    /// metadata.
+    ///
+    /// Kept within the API server's limit on the annotations' total size
+    /// (256 KiB): a Lease whose annotations (someone else's) leave no room
+    /// for the fencing token (or the configured ones) is written with the
+    /// annotations it has, as client-go writes it, instead of being refused
+    /// with 422 at every attempt, which would leave it without a leader for
+    /// ever. The term's fencing token is then not stored (warned): another
+    /// process may hand out the same one.
+    fn acquisition(&self, mut lease: Lease, prev: Option<&Lease>) -> Lease {
         // During a hold, the duration covers its rest, as every write of the
         // hold does.
-        let hold = self.hold_ahead(prev.and_then(|p| p.metadata.uid.as_ref()), prev.is_none());
+        let hold = self.hold_for(prev.and_then(|p| p.metadata.uid.as_ref()), prev.is_none());
         let prev_transitions = prev.map(|p| p.spec.as_ref().and_then(|s| s.lease_transitions).unwrap_or(0));
         let transitions = self.memory.next_transitions(prev_transitions);
         let token = self.memory.token_for(prev.map(record::token_of), transitions);
@@ -141,12 +151,24 @@ impl Task {
             transitions,
             record::now(),
         ));
-        record::set_token(lease, token);
+        record::set_token(&mut lease, token);
+        // The configured labels, annotations and owner; the rest is kept.
+        let mut lease = self.config().extras.prepare(lease);
+        if record::annotations_size(lease.metadata.annotations.as_ref()) > record::MAX_ANNOTATIONS_SIZE {
+            let before = prev.and_then(|p| p.metadata.annotations.clone());
+            warn!(
+                annotations_bytes = record::annotations_size(before.as_ref()),
+                "the lease's annotations leave no room for the fencing token (the API server's limit is 256 KiB): \
+                 taking it without writing the token or the configured annotations; fencing tokens may repeat \
+                 across processes until the annotations shrink"
+            );
+            lease.metadata.annotations = before;
+        }
+        lease
     }
 
     /// Sends the write that acquires: `create` for a missing Lease, else
-    /// `replace` with the resourceVersion read, with the configured Lease
-    /// metadata. A lost race (409) is checked
+    /// `replace` with the resourceVersion read. A lost race (409) is checked
     /// with a read (see below). A `replace`
     /// answered 404 is an error like any other, retried after a jittered retry
     /// period and a fresh read: the API server answers a replace of a deleted Lease with
@@ -154,9 +176,6 @@ impl Task {
     /// in front of it, and retrying at once would be a loop without a delay
     /// while reads succeed.
     async fn write_to_acquire(&mut self, lease: Lease, created: bool) -> Result<Attempt> {
-        // The configured labels, annotations and owner; the rest is kept.
-        let lease = self.config().extras.prepare(lease);
-        let lease = self.fit_annotations(lease, created);
         let bound = self.config().renew_deadline;
         if !created {
             self.memory.sent_takeover.clone_from(&lease.spec);
@@ -197,45 +216,13 @@ impl Task {
         Ok(Attempt::Won(Won { lease, sent, created }))
     }
 
-    /// Keeps the write that acquires within the API server's limit on the
-    /// annotations' total size (256 KiB): a Lease whose annotations
-    /// (someone else's) leave no room for the fencing token (or the
-    /// configured ones) is written with the annotations it has, as client-go
-    /// writes it, instead of being refused with 422 at every attempt, which
-    /// would leave it without a leader for ever. The term's fencing token is
-    /// then not stored (warned): another process may hand out the same one.
-    fn fit_annotations(&self, mut lease: Lease, created: bool) -> Lease {
-        if record::annotations_size(lease.metadata.annotations.as_ref()) <= record::MAX_ANNOTATIONS_SIZE {
-            return lease;
-        }
-        let before = match (&self.view, created) {
-            (LeaseView::Known { object, .. }, false) => object.metadata.annotations.clone(),
-            _ => None,
-        };
-        warn!(
-            annotations_bytes = record::annotations_size(before.as_ref()),
-            "the lease's annotations leave no room for the fencing token (the API server's limit is 256 KiB): \
-             taking it without writing the token or the configured annotations; fencing tokens may repeat \
-             across processes until the annotations shrink"
-        );
-        lease.metadata.annotations = before;
-        lease
-    }
-
-    /// The creation hold for a term beginning on `lease`: until the previous
-    /// holder of a Lease object that went away may still lead (at least one
-    /// lease duration when we created it), and any hold a term of ours on the
-    /// same object already had.
-    pub(in crate::elector) fn hold_for(&mut self, lease: &Lease, created: bool) -> Option<Instant> {
-        let until = self.hold_ahead(lease.metadata.uid.as_ref(), created)?;
-        self.memory.hold = Some((lease.metadata.uid.clone(), until));
-        Some(until)
-    }
-
-    /// The creation hold a term beginning now on the object `uid` would have
-    /// (see [`hold_for`](Self::hold_for)), remembering nothing: what the write
-    /// that begins it must cover.
-    fn hold_ahead(&self, uid: Option<&String>, created: bool) -> Option<Instant> {
+    /// The creation hold a term beginning now on the object `uid` would
+    /// have: until the previous holder of a Lease object that went away may
+    /// still lead (at least one lease duration when we created it), and any
+    /// hold a term of ours on the same object already had. What the write
+    /// that begins the term must cover; remembered (`Memory::hold`) once the
+    /// term began (`Task::lead`).
+    pub(in crate::elector) fn hold_for(&self, uid: Option<&String>, created: bool) -> Option<Instant> {
         let cfg = &self.inner.config;
         if !cfg.creation_hold {
             return None;

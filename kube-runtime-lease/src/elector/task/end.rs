@@ -69,11 +69,11 @@ impl Task {
     /// conflict (the Lease modified between the read and the write) is
     /// retried once after a fresh read, as client-go does.
     pub(in crate::elector) async fn release(&mut self, until: Instant) -> Result<()> {
-        let mut retried = false;
+        let left = || until.saturating_duration_since(Instant::now());
+        // The record our last release sent (`None`: none sent yet).
         let mut sent: Option<k8s_openapi::api::coordination::v1::LeaseSpec> = None;
         loop {
-            let left = until.saturating_duration_since(Instant::now());
-            let Some(mut lease) = self.get(left).await? else {
+            let Some(mut lease) = self.get(left()).await? else {
                 return Ok(());
             };
             // Our release, applied though answered 409 (a 504 retried by the
@@ -94,9 +94,9 @@ impl Task {
             }
             let spec = lease.spec.take().unwrap_or_default();
             lease.spec = Some(record::released(&spec, record::now()));
-            sent.clone_from(&lease.spec);
-            let left = until.saturating_duration_since(Instant::now());
-            match self.inner.api.replace(&lease, left).await {
+            // Retried once: the second attempt is the one sent after another.
+            let retried = std::mem::replace(&mut sent, lease.spec.clone()).is_some();
+            match self.inner.api.replace(&lease, left()).await {
                 Ok(released) => {
                     self.see(Some(released), Instant::now());
                     info!("released lease");
@@ -104,7 +104,6 @@ impl Task {
                 }
                 Err(e) if e.is_conflict() && !retried => {
                     debug!("the release conflicted; re-reading the lease");
-                    retried = true;
                 }
                 Err(e) => return Err(e),
             }

@@ -86,9 +86,8 @@ impl TermRun {
     /// a record naming it; giving the term up would leave the Lease without
     /// a leader for a lease duration.
     fn restored(&self, object: &Lease) -> bool {
-        let version = |l: &Lease| l.metadata.resource_version.as_deref().and_then(record::rv_number);
         self.id.matches(object)
-            && matches!((version(object), version(&self.cached)), (Some(o), Some(c)) if o < c)
+            && matches!((record::version_of(object), record::version_of(&self.cached)), (Some(o), Some(c)) if o < c)
     }
 }
 
@@ -108,8 +107,10 @@ impl Task {
         // precondition, so the leader of a deleted incarnation may still
         // believe it leads: its last renewal was sent before the deletion.
         // Hold the Lease (renewing it) until that leader has given up.
-        let phase = match self.hold_for(&lease, created) {
+        let uid = &lease.metadata.uid;
+        let phase = match self.hold_for(uid.as_ref(), created) {
             Some(until) => {
+                self.memory.hold = Some((uid.clone(), until));
                 let left = until.saturating_duration_since(Instant::now());
                 let why = if created {
                     "created the lease; holding it for one lease duration (or the deleted record's, if longer) before leading"
@@ -119,7 +120,7 @@ impl Task {
                 info!(?left, "{why}");
                 Phase::Holding { until }
             }
-            None => self.begin_term(&term, lease.metadata.uid.as_deref()),
+            None => self.begin_term(&term, uid.as_deref()),
         };
         let mut run = TermRun {
             term,

@@ -151,23 +151,20 @@ impl Task {
     }
 
     pub(in crate::elector) fn log_error(&self, what: &str, e: &ApiError) {
-        if e.status() == Some(401) {
-            error!(
-                error = %crate::error::Chain(e),
-                "unauthorized: the API server did not accept this client's credentials (401) for lease {}/{}: \
-                 check the kubeconfig or the service account token (no RBAC grant can fix a 401)",
-                self.config().namespace,
-                self.config().name,
-            );
+        let (namespace, name) = (&self.config().namespace, &self.config().name);
+        let why = if e.status() == Some(401) {
+            format!(
+                "unauthorized: the API server did not accept this client's credentials (401) for lease {namespace}/{name}: \
+                 check the kubeconfig or the service account token (no RBAC grant can fix a 401)"
+            )
         } else if let Some(verb) = e.forbidden_verb() {
-            error!(
-                error = %crate::error::Chain(e),
-                "forbidden to {verb} lease {}/{}: RBAC needs verbs get, create, update on resource `leases` in API group `coordination.k8s.io` (and list, watch for watch-driven election); `{verb}` is missing",
-                self.config().namespace,
-                self.config().name,
-            );
+            format!(
+                "forbidden to {verb} lease {namespace}/{name}: RBAC needs verbs get, create, update on resource `leases` in API group `coordination.k8s.io` (and list, watch for watch-driven election); `{verb}` is missing"
+            )
         } else {
             warn!(error = %crate::error::Chain(e), "{what} failed");
-        }
+            return;
+        };
+        error!(error = %crate::error::Chain(e), "{why}");
     }
 }

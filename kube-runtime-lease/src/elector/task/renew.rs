@@ -31,8 +31,8 @@ impl Task {
             let mut lease = run.cached.clone();
             self.config().extras.relabel(&mut lease);
             let seconds = self.seconds_to_write(run.phase.hold());
-            let (prev, step) = (lease.spec.take().unwrap_or_default(), self.config().retry_period);
-            let spec = record::renewed(&prev, seconds, record::now(), step);
+            let prev = lease.spec.take().unwrap_or_default();
+            let spec = record::renewed(&prev, seconds, record::now(), self.config().retry_period);
             self.memory.last_renewed.extend(spec.renew_time.clone());
             lease.spec = Some(spec);
             // Abandoned for a term that ends meanwhile (`while_wanted`).

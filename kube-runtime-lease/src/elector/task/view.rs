@@ -138,29 +138,21 @@ impl Watch {
     pub(in crate::elector) fn trusted(&self, silence: Duration) -> bool {
         self.sync == Sync::Synced
             && self.heard.elapsed() < silence
-            && !self.lagging
-            && self.behind.is_none()
+            && !self.late()
             && self
                 .read_ahead
                 .is_none_or(|(_, at)| at.elapsed() <= self.late_after)
     }
 
-    /// After a read that showed the resourceVersion `read` (`None`: the Lease
-    /// gone): remembers it if the watch has not delivered it yet, to tell
-    /// how late the watch does (only while it is in sync: a watch that
-    /// fails or lists is not trusted anyway); a watch that already delivered
-    /// it is not behind.
-    pub(in crate::elector) fn saw_read(&mut self, read: Option<&str>) {
-        let Some(read) = read.and_then(record::rv_number) else {
-            return;
-        };
-        if self
-            .version
-            .as_deref()
-            .and_then(record::rv_number)
-            .is_some_and(|v| v >= read)
-        {
-            let was = self.lagging || self.behind.is_some();
+    /// After a read that showed the resourceVersion `read` (as a number;
+    /// `None`: the Lease gone, or a version that is no number): remembers it
+    /// if the watch has not delivered it yet, to tell how late the watch
+    /// does (only while it is in sync: a watch that fails or lists is not
+    /// trusted anyway); a watch that already delivered it is not behind.
+    pub(in crate::elector) fn saw_read(&mut self, read: Option<u64>) {
+        let Some(read) = read else { return };
+        if self.delivered().is_some_and(|v| v >= read) {
+            let was = self.late();
             self.behind = None;
             self.tell_lag(was, None);
         } else if self.read_ahead.is_none() && self.sync == Sync::Synced {
@@ -189,11 +181,10 @@ impl Watch {
     /// `late_after` after the read, the watch is behind. A holder whose clock
     /// is ahead of this node's by about the lag hides it from `renewTime`.
     fn check_lag(&mut self, lease: Option<&Lease>, listed: bool, now: Instant) {
-        let was = self.lagging || self.behind.is_some();
+        let was = self.late();
         let mut late = None;
-        let delivered = self.version.as_deref().and_then(record::rv_number);
         if let Some((read, at)) = self.read_ahead
-            && delivered.is_none_or(|v| v >= read)
+            && self.delivered().is_none_or(|v| v >= read)
         {
             self.read_ahead = None;
             late = Some(now.saturating_duration_since(at));
@@ -211,29 +202,38 @@ impl Watch {
         self.tell_lag(was, late);
     }
 
+    /// Whether the watch is late: its last record was, or it is behind a read.
+    fn late(&self) -> bool {
+        self.lagging || self.behind.is_some()
+    }
+
+    /// The resourceVersion the watch delivered last, as a number.
+    fn delivered(&self) -> Option<u64> {
+        self.version.as_deref().and_then(record::rv_number)
+    }
+
     /// Tells a change of the watch's lateness (`was`: late before), warned
     /// once per [`LAG_WARN_EVERY`]; `late`: by how much, as far as known.
     fn tell_lag(&mut self, was: bool, late: Option<Duration>) {
-        let lagging = self.lagging || self.behind.is_some();
-        if lagging && !was {
-            let warned = self.lag_warned_at.is_some_and(|at| at.elapsed() < LAG_WARN_EVERY);
-            self.lag_warned = !warned;
-            if warned {
-                debug!(late = ?late.unwrap_or_default(), "lease watch delivered a record late again");
-            } else {
-                self.lag_warned_at = Some(Instant::now());
+        let late = late.unwrap_or_default();
+        match (was, self.late()) {
+            (false, true) if self.lag_warned_at.is_some_and(|at| at.elapsed() < LAG_WARN_EVERY) => {
+                self.lag_warned = false;
+                debug!(?late, "lease watch delivered a record late again");
+            }
+            (false, true) => {
+                (self.lag_warned, self.lag_warned_at) = (true, Some(Instant::now()));
                 warn!(
-                    late = ?late.unwrap_or_default(),
+                    ?late,
                     "lease watch delivered a record late (or this node's clock is ahead of the holder's); \
                      reading before every attempt until it delivers in time"
                 );
             }
-        } else if was && !lagging {
-            if std::mem::take(&mut self.lag_warned) {
+            (true, false) if std::mem::take(&mut self.lag_warned) => {
                 info!("lease watch delivers in time again");
-            } else {
-                debug!("lease watch delivers in time again");
             }
+            (true, false) => debug!("lease watch delivers in time again"),
+            _ => {}
         }
     }
 
@@ -294,10 +294,7 @@ impl Task {
     pub(in crate::elector) async fn get(&mut self, bound: Duration) -> Result<Option<Lease>> {
         (self.inner.api.get(bound).await).inspect(|lease| {
             self.needs_read = false;
-            let version = lease
-                .as_ref()
-                .and_then(|l| l.metadata.resource_version.as_deref());
-            self.watch.saw_read(version);
+            self.watch.saw_read(lease.as_ref().and_then(record::version_of));
             self.see(lease.clone(), Instant::now());
         })
     }
@@ -305,8 +302,8 @@ impl Task {
     /// Records the Lease as read, written or delivered at `at` (`None`: it
     /// does not exist); returns whether the record changed.
     pub(in crate::elector) fn see(&mut self, lease: Option<Lease>, at: Instant) -> bool {
-        let fallback = self.inner.config.lease_duration;
-        self.memory.saw(lease.as_ref(), fallback, Instant::now());
+        self.memory
+            .saw(lease.as_ref(), self.inner.config.lease_duration, Instant::now());
         let Some(lease) = lease else {
             self.inner.observe(None);
             let before = std::mem::replace(&mut self.view, LeaseView::Missing);
@@ -322,13 +319,9 @@ impl Task {
         };
         let changed = previous.as_ref().is_none_or(|p| p.spec != spec);
         self.inner.observe(Some(&spec));
+        let observed = Observed::update(previous, spec, lease.metadata.resource_version.clone(), at);
         self.view = LeaseView::Known {
-            observed: Box::new(Observed::update(
-                previous,
-                spec,
-                lease.metadata.resource_version.clone(),
-                at,
-            )),
+            observed: Box::new(observed),
             object: Box::new(lease),
         };
         changed
@@ -364,15 +357,11 @@ impl Task {
     /// any change while the watch is trusted; else only the Lease gone, free
     /// or naming this candidate.
     fn may_take_at_once(&self) -> bool {
-        if self.watch.trusted(self.config().retry_period * 2) {
+        let LeaseView::Known { observed, .. } = &self.view else {
             return true;
-        }
-        match &self.view {
-            LeaseView::Known { observed, .. } => {
-                record::holder(&observed.spec).is_none_or(|h| h == self.config().identity)
-            }
-            LeaseView::Missing | LeaseView::Unknown => true,
-        }
+        };
+        self.watch.trusted(self.config().retry_period * 2)
+            || record::holder(&observed.spec).is_none_or(|h| h == self.config().identity)
     }
 }
 

@@ -284,8 +284,8 @@ fn a_version_read_then_delivered_late_is_a_lag_whatever_its_renew_time_says() {
     let silence = Duration::from_secs(4);
     let mut watch = open(Sync::Listing);
     watch.step(Some(Ok(Some(versioned("10")))), Instant::now());
-    watch.saw_read(Some("10"));
-    watch.saw_read(Some("11"));
+    watch.saw_read(Some(10));
+    watch.saw_read(Some(11));
     assert!(
         watch.trusted(silence),
         "a version read just now, not delivered yet"
@@ -305,12 +305,12 @@ fn a_version_read_then_delivered_late_is_a_lag_whatever_its_renew_time_says() {
         1,
         "{logs}"
     );
-    watch.saw_read(Some("11"));
+    watch.saw_read(Some(11));
     assert!(
         watch.trusted(silence),
         "a watch a read finds up to date is not trusted"
     );
-    watch.saw_read(Some("12"));
+    watch.saw_read(Some(12));
     watch.step(Some(Err(broken())), Instant::now());
     watch.step(
         Some(Ok(Some(versioned("12")))),
