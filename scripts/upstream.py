@@ -137,7 +137,7 @@ STEPS = [
         "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs", "scope.rs", "scope/tests.rs"],
         "final": True,
         "brings": {
-            "guard.rs": ["fn parts", "fn over", "fn ended_without_clock", "fn timer_armed"],
+            "guard.rs": ["fn parts", "fn ended_without_clock", "fn timer_armed"],
             "elector/mod.rs": ["fn is_shut_down"],
             "term.rs": ["fn expire_for_test"],
         },

@@ -1099,3 +1099,32 @@ fn a_ping_is_answered_though_the_lease_candidate_watch_stalls() {
         );
     });
 }
+
+/// The same while the Lease is held by a candidate that died: its record
+/// expired, not missing, is as long without a leader, so the candidate
+/// watches its `LeaseCandidate` anew as well (mutation testing: kills `||`
+/// as `&&` in `rule`'s "due", which counted only a record both free and
+/// expired).
+#[test]
+fn a_ping_is_answered_though_the_lease_candidate_watch_stalls_while_a_dead_holders_record_expired() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        assign(&fake, "gone");
+        let (_e, _acquire) = published(&fake).await;
+        fake.stall_lease_candidate_watches();
+        sleep(S(5)).await;
+        assert!(fake.ping_lease_candidate(CANDIDATE));
+        let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
+        sleep(S(25)).await;
+        assert_eq!(
+            fake.lease().and_then(|l| l.spec?.holder_identity).as_deref(),
+            Some("gone")
+        );
+        let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
+        assert!(
+            renew > ping,
+            "a ping not answered 25 s after it (the LeaseCandidate's watch stalled, the Lease held by a \
+             dead candidate): renewTime {renew}, pingTime {ping}"
+        );
+    });
+}

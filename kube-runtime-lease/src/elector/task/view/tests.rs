@@ -321,3 +321,43 @@ fn a_version_read_then_delivered_late_is_a_lag_whatever_its_renew_time_says() {
         "a watch recovered after its backoff is judged late"
     );
 }
+
+/// The lag is measured from the first read whose version the watch has not
+/// delivered yet: a newer read meanwhile (a follower reading before each
+/// attempt, every retry period, while the watch lags by more) does not move
+/// it, or a watch always behind the latest read would never be judged; and
+/// a read while the watch is not in sync (failed, waiting out its backoff)
+/// is not judged against its recovery. Mutation testing: kills `&&` as `||`
+/// in `saw_read`.
+#[test]
+fn a_newer_read_keeps_the_older_reads_lag_and_a_read_out_of_sync_is_not_judged() {
+    use std::time::Duration;
+    crate::tests::support::paused(async {
+        let versioned = |rv: &str| {
+            let mut lease = renewed_ago(Duration::from_millis(10));
+            lease.metadata.resource_version = Some(rv.into());
+            lease
+        };
+        let silence = Duration::from_secs(10);
+        let mut watch = open(Sync::Listing);
+        watch.step(Some(Ok(Some(versioned("10")))), Instant::now());
+        watch.saw_read(Some(11));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        watch.saw_read(Some(12));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        watch.step(Some(Ok(Some(versioned("11")))), Instant::now());
+        assert!(
+            !watch.trusted(silence),
+            "a version delivered 3 s after the first read that showed it is trusted (a newer read came between)"
+        );
+        watch.saw_read(Some(11));
+        watch.step(Some(Err(broken())), Instant::now());
+        watch.saw_read(Some(13));
+        tokio::time::advance(Duration::from_secs(30)).await;
+        watch.step(Some(Ok(Some(versioned("13")))), Instant::now());
+        assert!(
+            watch.trusted(silence),
+            "a watch recovered after its backoff is judged late against a read made while it was out of sync"
+        );
+    });
+}
