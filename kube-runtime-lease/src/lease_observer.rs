@@ -68,15 +68,18 @@ impl LeaseObserver {
                     .boxed()
             };
             let mut events = open();
-            // The last record delivered or read (`None`: none, or gone), and
-            // whether a silence was warned since the watch last delivered.
+            // The last record delivered or read (`None`: none, or gone),
+            // whether a silence was warned since the watch last delivered,
+            // and whether a read after a silence showed a change since.
             let mut last: Option<Lease> = None;
             let mut warned = false;
+            let mut suspected = false;
             loop {
                 let silence = silence(last.as_ref());
                 let seen = match tokio::time::timeout(silence, events.next()).await {
                     Ok(None) => return,
                     Ok(Some(Ok(seen))) => {
+                        suspected = false;
                         if std::mem::take(&mut warned) {
                             info!("lease observer: the watch delivers again");
                         }
@@ -89,8 +92,12 @@ impl LeaseObserver {
                     // Silent for the record's lease duration: a held record
                     // is renewed well within it, so the watch may be
                     // stalled (open, neither ending nor failing). A read
-                    // tells; one that shows what the watch did not starts
-                    // the watch again (its stale events never come).
+                    // tells; one that shows what the watch did not is
+                    // reported, and, at two such reads in a row, starts the
+                    // watch again (its stale events never come). One alone
+                    // is no stall: the silence ends when the candidates take
+                    // over from a dead holder, and the read may overtake the
+                    // watch's event of the takeover.
                     Err(_) => {
                         let read = match api.get_opt(&name).await {
                             Ok(read) => read.map(|Wire(l)| l),
@@ -104,14 +111,20 @@ impl LeaseObserver {
                         if version(&read) == version(&last) {
                             continue;
                         }
-                        if !std::mem::replace(&mut warned, true) {
-                            warn!(
-                                ?silence,
-                                "lease observer: the watch delivered nothing while the Lease changed: it may \
-                                 be stalled; reporting the Lease as read, and watching it anew"
+                        if std::mem::replace(&mut suspected, true) {
+                            if !std::mem::replace(&mut warned, true) {
+                                warn!(
+                                    ?silence,
+                                    "lease observer: the watch delivered nothing while the Lease changed: it may \
+                                     be stalled; reporting the Lease as read, and watching it anew"
+                                );
+                            }
+                            events = open();
+                        } else {
+                            debug!(
+                                "lease observer: a read after a silence shows a change the watch has not delivered"
                             );
                         }
-                        events = open();
                         read
                     }
                 };

@@ -491,3 +491,57 @@ async fn a_rust_candidate_with_the_client_go_leaders_identity_does_not_lead_besi
     kube_runtime_lease_harness::check_log(&log).with_context(|| log.dump())?;
     Ok(())
 }
+
+/// A mixed fleet at scale: eight Rust and four client-go candidates start at
+/// the same instant on a missing Lease (one create wins), then the leader is
+/// `SIGKILLed` five times in a row: each time one of the others takes over
+/// within the lease duration and one client-go poll (plus slack for twelve
+/// processes on the machine), never before the lease could have expired,
+/// and never two at once.
+async fn mixed_fleet_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
+    let lease = ctx.lease(log, "fleet").await?;
+    let mut procs = Vec::new();
+    for i in 0..8 {
+        procs.push(ctx.spawn_rust(log, &lease, &format!("r{i}"), T, None)?);
+        if i % 2 == 1 {
+            procs.push(ctx.spawn_go(log, &lease, &format!("g{}", i / 2), T)?);
+        }
+    }
+    let first = log
+        .wait_for("a first leader", Duration::from_secs(30), |e| {
+            e.kind == Kind::StartedLeading
+        })
+        .await?;
+    let mut leader = first.process;
+    let mut notes = vec![format!("{leader} first")];
+    for _ in 0..5 {
+        let others: Vec<String> = procs
+            .iter()
+            .map(|p| p.name().to_owned())
+            .filter(|n| *n != leader)
+            .collect();
+        let others: Vec<&str> = others.iter().map(String::as_str).collect();
+        wait_seen_by(log, &others, &leader, 0, Duration::from_secs(15)).await?;
+        let i = procs
+            .iter()
+            .position(|p| p.name() == leader)
+            .context("the leader's process")?;
+        let mut victim = procs.remove(i);
+        let latest = T.lease_duration + go_poll() + Duration::from_secs(1);
+        let (took, next) = kill_and_check_takeover(log, &mut victim, latest).await?;
+        notes.push(format!("{leader} killed -> {took}"));
+        leader = next;
+    }
+    Ok(notes.join(", "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_rust_and_four_client_go_candidates_take_over_in_bound() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let mut runs = Runs::new("eight Rust + four client-go candidates, leader killed 5 times");
+    let log = EventLog::new();
+    let result = mixed_fleet_run(&ctx, &log).await;
+    runs.record(0, result, &log);
+    runs.finish()
+}

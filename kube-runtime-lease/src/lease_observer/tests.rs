@@ -166,3 +166,46 @@ fn an_observer_behind_a_lagging_watch_reports_as_late_as_it_delivers() {
         );
     });
 }
+
+/// An observer beside candidates whose leader dies: its watch, silent for
+/// the lease duration since the last renewal, is read at about the instant
+/// the followers take over, and a read that overtakes the watch's event of
+/// the takeover is no stall. Neither warned nor watched anew.
+#[test]
+fn an_observer_does_not_take_a_takeover_it_reads_first_for_a_stalled_watch() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = crate::tests::support::free();
+            let (client, observer_id) = fake.client();
+            fake.set_latency(observer_id, Duration::from_millis(8));
+            fake.set_watch_latency(observer_id, Duration::from_millis(10));
+            let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+            let mut status = observer.subscribe();
+            let (a, a_id) = elector(&fake, config("a"));
+            let _guard = a.acquire().await.unwrap();
+            let mut followers = vec![];
+            for i in 0..5 {
+                let (e, id) = elector(&fake, config(&format!("f{i}")));
+                fake.set_latency(id, Duration::from_millis(1));
+                followers.push(tokio::spawn(async move {
+                    let _guard = e.acquire().await;
+                    std::future::pending::<()>().await;
+                }));
+            }
+            sleep(S(10)).await;
+            fake.partition(a_id, true);
+            timeout(
+                S(30),
+                status.wait_for(|s| s.holder.as_deref().is_some_and(|h| h != "a")),
+            )
+            .await
+            .expect("sees the takeover")
+            .unwrap();
+            sleep(S(5)).await;
+        });
+    });
+    assert!(
+        !logs.contains("lease observer: the watch delivered nothing"),
+        "a healthy watch warned as stalled:\n{logs}"
+    );
+}

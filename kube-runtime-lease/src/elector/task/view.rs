@@ -47,9 +47,8 @@ pub(in crate::elector) struct Watch {
     /// The resourceVersion it last delivered (`None`: the Lease gone, or
     /// nothing yet).
     version: Option<String>,
-    /// A silence while the Lease changed was warned, and the watch has not
-    /// delivered since.
-    silence_warned: bool,
+    /// What reads after a silence showed since the watch last delivered.
+    silence: Silence,
     /// A record delivered more than this after its `renewTime` (the retry
     /// period) was delivered late.
     late_after: Duration,
@@ -78,6 +77,20 @@ pub(in crate::elector) struct Watch {
 /// How often a watch that keeps turning late again is warned of it.
 const LAG_WARN_EVERY: Duration = Duration::from_secs(600);
 
+/// What reads after a silence of the watch showed since it last delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Silence {
+    /// Nothing: the Lease as the watch delivered it last.
+    Heard,
+    /// One read showed a change the watch had not delivered. Alone it is no
+    /// stall: among many candidates, the read before a takeover often comes
+    /// just after another candidate's winning write, which the watch is
+    /// about to deliver.
+    Suspected,
+    /// Another read showed one too: the stall was warned.
+    Warned,
+}
+
 /// How far an open watch got.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::elector) enum Sync {
@@ -99,7 +112,7 @@ impl Watch {
             sync: Sync::Listing,
             heard: Instant::now(),
             version: None,
-            silence_warned: false,
+            silence: Silence::Heard,
             late_after,
             lagging: false,
             renewed: None,
@@ -113,22 +126,24 @@ impl Watch {
     /// After a read made because the watch in sync was silent for `silence`
     /// or more: warns, once until it delivers again, when the Lease read
     /// (`read`: its resourceVersion, `None` when gone) is not the one the
-    /// watch delivered last: a watch that misses changes is stalled (a dead
-    /// connection that neither ends nor fails), and only reads keep the view
-    /// fresh meanwhile.
+    /// watch delivered last, at two such reads in a row: a watch that misses
+    /// changes is stalled (a dead connection that neither ends nor fails),
+    /// and only reads keep the view fresh meanwhile. One such read is only
+    /// suspected ([`Silence::Suspected`]).
     pub(in crate::elector) fn check_silence(&mut self, read: Option<&str>, silence: Duration) {
         let silent_for = self.heard.elapsed();
         if self.sync == Sync::Synced
-            && !self.silence_warned
+            && self.silence != Silence::Warned
             && silent_for >= silence
             && read != self.version.as_deref()
+            && std::mem::replace(&mut self.silence, Silence::Suspected) == Silence::Suspected
         {
             warn!(
                 ?silent_for,
                 "lease watch delivered nothing while the Lease changed: it may be stalled; \
                  reading before every attempt until it delivers again"
             );
-            self.silence_warned = true;
+            self.silence = Silence::Warned;
         }
     }
 
@@ -260,7 +275,7 @@ impl Watch {
                 let news = std::mem::replace(&mut self.sync, Sync::Synced) != Sync::Synced;
                 self.heard = now;
                 self.version = lease.as_ref().and_then(|l| l.metadata.resource_version.clone());
-                if std::mem::take(&mut self.silence_warned) {
+                if std::mem::replace(&mut self.silence, Silence::Heard) == Silence::Warned {
                     info!("lease watch delivers again");
                 }
                 self.check_lag(lease.as_ref(), news, now);
