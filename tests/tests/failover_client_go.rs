@@ -196,12 +196,26 @@ async fn rust_and_client_go_hand_over_both_ways() -> Result<()> {
 /// never before the lease could have expired, and never two at once.
 async fn race_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let lease = ctx.lease(log, "race").await?;
-    let mut procs = vec![
+    let procs = vec![
         ctx.spawn_rust(log, &lease, "r1", T, None)?,
         ctx.spawn_go(log, &lease, "g1", T)?,
         ctx.spawn_rust(log, &lease, "r2", T, None)?,
         ctx.spawn_go(log, &lease, "g2", T)?,
     ];
+    kill_leaders(log, procs, 3, Duration::from_millis(500)).await
+}
+
+/// Waits for a first leader among `procs`, then `SIGKILLs` the leader
+/// `kills` times in a row, once every other candidate saw it lead: each
+/// time one of the others must take over within the lease duration, one
+/// client-go poll and `slack` (`kill_and_check_takeover`). Returns who led
+/// and who took over from whom.
+async fn kill_leaders(
+    log: &EventLog,
+    mut procs: Vec<Process>,
+    kills: usize,
+    slack: Duration,
+) -> Result<String> {
     let first = log
         .wait_for("a first leader", Duration::from_secs(30), |e| {
             e.kind == Kind::StartedLeading
@@ -209,7 +223,7 @@ async fn race_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
         .await?;
     let mut leader = first.process;
     let mut notes = vec![format!("{leader} first")];
-    for _ in 0..3 {
+    for _ in 0..kills {
         let others: Vec<String> = procs
             .iter()
             .map(|p| p.name().to_owned())
@@ -222,7 +236,7 @@ async fn race_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
             .position(|p| p.name() == leader)
             .context("the leader's process")?;
         let mut victim = procs.remove(i);
-        let latest = T.lease_duration + go_poll() + Duration::from_millis(500);
+        let latest = T.lease_duration + go_poll() + slack;
         let (took, next) = kill_and_check_takeover(log, &mut victim, latest).await?;
         notes.push(format!("{leader} killed -> {took}"));
         leader = next;
@@ -507,32 +521,7 @@ async fn mixed_fleet_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
             procs.push(ctx.spawn_go(log, &lease, &format!("g{}", i / 2), T)?);
         }
     }
-    let first = log
-        .wait_for("a first leader", Duration::from_secs(30), |e| {
-            e.kind == Kind::StartedLeading
-        })
-        .await?;
-    let mut leader = first.process;
-    let mut notes = vec![format!("{leader} first")];
-    for _ in 0..5 {
-        let others: Vec<String> = procs
-            .iter()
-            .map(|p| p.name().to_owned())
-            .filter(|n| *n != leader)
-            .collect();
-        let others: Vec<&str> = others.iter().map(String::as_str).collect();
-        wait_seen_by(log, &others, &leader, 0, Duration::from_secs(15)).await?;
-        let i = procs
-            .iter()
-            .position(|p| p.name() == leader)
-            .context("the leader's process")?;
-        let mut victim = procs.remove(i);
-        let latest = T.lease_duration + go_poll() + Duration::from_secs(1);
-        let (took, next) = kill_and_check_takeover(log, &mut victim, latest).await?;
-        notes.push(format!("{leader} killed -> {took}"));
-        leader = next;
-    }
-    Ok(notes.join(", "))
+    kill_leaders(log, procs, 5, Duration::from_secs(1)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
