@@ -9,7 +9,7 @@ use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{debug, info, warn};
 
-use crate::{ConfigError, LeaderStatus, config::names::check_lease, record::Wire};
+use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Silence, record::Wire};
 
 /// Follows who holds a Lease without ever campaigning: a dashboard, a CLI,
 /// or the webhook-only pods of an operator that want to know the leader.
@@ -68,19 +68,16 @@ impl LeaseObserver {
                     .boxed()
             };
             let mut events = open();
-            // The last record delivered or read (`None`: none, or gone),
-            // whether a silence was warned since the watch last delivered,
-            // and whether a read after a silence showed a change since.
+            // The last record delivered or read (`None`: none, or gone), and
+            // what reads after a silence showed since the watch delivered.
             let mut last: Option<Lease> = None;
-            let mut warned = false;
-            let mut suspected = false;
+            let mut stall = Silence::Heard;
             loop {
                 let silence = silence(last.as_ref());
                 let seen = match tokio::time::timeout(silence, events.next()).await {
                     Ok(None) => return,
                     Ok(Some(Ok(seen))) => {
-                        suspected = false;
-                        if std::mem::take(&mut warned) {
+                        if stall.heard() {
                             info!("lease observer: the watch delivers again");
                         }
                         seen.map(|Wire(l)| l)
@@ -111,19 +108,20 @@ impl LeaseObserver {
                         if version(&read) == version(&last) {
                             continue;
                         }
-                        if std::mem::replace(&mut suspected, true) {
-                            if !std::mem::replace(&mut warned, true) {
-                                warn!(
-                                    ?silence,
-                                    "lease observer: the watch delivered nothing while the Lease changed: it may \
-                                     be stalled; reporting the Lease as read, and watching it anew"
-                                );
-                            }
-                            events = open();
-                        } else {
-                            debug!(
+                        match stall.changed() {
+                            None => debug!(
                                 "lease observer: a read after a silence shows a change the watch has not delivered"
-                            );
+                            ),
+                            Some(warn) => {
+                                if warn {
+                                    warn!(
+                                        ?silence,
+                                        "lease observer: the watch delivered nothing while the Lease changed: it \
+                                         may be stalled; reporting the Lease as read, and watching it anew"
+                                    );
+                                }
+                                events = open();
+                            }
                         }
                         read
                     }

@@ -26,12 +26,15 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-pub(crate) use self::observer::{Observer, Transition};
 pub use self::{
     acquire::Acquire,
     status::{HealthError, LeaderStatus},
 };
 use self::{api::LeaseApi, memory::Memory, observer::Observers, supervise::join};
+pub(crate) use self::{
+    observer::{Observer, Transition},
+    task::Silence,
+};
 use crate::{
     config::{ConfigError, LeaseConfig},
     error::{Result, ShutdownError},

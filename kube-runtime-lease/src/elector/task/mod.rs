@@ -59,6 +59,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{error, warn};
 
+pub(crate) use self::view::Silence;
 pub(in crate::elector) use self::view::{Watch, WatchStream};
 use super::{Inner, memory::Memory};
 use crate::{

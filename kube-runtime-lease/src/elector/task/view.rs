@@ -77,9 +77,10 @@ pub(in crate::elector) struct Watch {
 /// How often a watch that keeps turning late again is warned of it.
 const LAG_WARN_EVERY: Duration = Duration::from_secs(600);
 
-/// What reads after a silence of the watch showed since it last delivered.
+/// What reads after a silence of a watch showed since it last delivered (the
+/// election's watch and [`LeaseObserver`](crate::LeaseObserver)'s).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Silence {
+pub(crate) enum Silence {
     /// Nothing: the Lease as the watch delivered it last.
     Heard,
     /// One read showed a change the watch had not delivered. Alone it is no
@@ -87,8 +88,28 @@ enum Silence {
     /// just after another candidate's winning write, which the watch is
     /// about to deliver.
     Suspected,
-    /// Another read showed one too: the stall was warned.
+    /// Another read showed one too: the watch is taken as stalled.
     Warned,
+}
+
+impl Silence {
+    /// A read showed a change the watch had not delivered: `None` at the
+    /// first in a row, then `Some(true)` once (a stall, to warn), then
+    /// `Some(false)` until the watch delivers again.
+    pub(crate) fn changed(&mut self) -> Option<bool> {
+        let next = if *self == Silence::Heard {
+            Silence::Suspected
+        } else {
+            Silence::Warned
+        };
+        let was = std::mem::replace(self, next);
+        (was != Silence::Heard).then_some(was == Silence::Suspected)
+    }
+
+    /// The watch delivered: whether a stall had been warned.
+    pub(crate) fn heard(&mut self) -> bool {
+        std::mem::replace(self, Silence::Heard) == Silence::Warned
+    }
 }
 
 /// How far an open watch got.
@@ -133,17 +154,15 @@ impl Watch {
     pub(in crate::elector) fn check_silence(&mut self, read: Option<&str>, silence: Duration) {
         let silent_for = self.heard.elapsed();
         if self.sync == Sync::Synced
-            && self.silence != Silence::Warned
             && silent_for >= silence
             && read != self.version.as_deref()
-            && std::mem::replace(&mut self.silence, Silence::Suspected) == Silence::Suspected
+            && self.silence.changed() == Some(true)
         {
             warn!(
                 ?silent_for,
                 "lease watch delivered nothing while the Lease changed: it may be stalled; \
                  reading before every attempt until it delivers again"
             );
-            self.silence = Silence::Warned;
         }
     }
 
@@ -275,7 +294,7 @@ impl Watch {
                 let news = std::mem::replace(&mut self.sync, Sync::Synced) != Sync::Synced;
                 self.heard = now;
                 self.version = lease.as_ref().and_then(|l| l.metadata.resource_version.clone());
-                if std::mem::replace(&mut self.silence, Silence::Heard) == Silence::Warned {
+                if self.silence.heard() {
                     info!("lease watch delivers again");
                 }
                 self.check_lag(lease.as_ref(), news, now);

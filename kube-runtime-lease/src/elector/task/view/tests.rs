@@ -7,7 +7,7 @@ use kube_client::core::Status;
 use kube_runtime::watcher;
 use tokio::time::Instant;
 
-use super::{Delivered, Sync, Watch};
+use super::{Delivered, Silence, Sync, Watch};
 use crate::tests::support::logs_during;
 
 fn open(sync: Sync) -> Watch {
@@ -42,6 +42,25 @@ fn synced(watch: &Watch) -> bool {
 
 /// The first item syncs the watch (news: re-evaluate); later ones are news
 /// only for what they carry, and a Lease gone is delivered as `None`.
+/// A stall is taken at the second read in a row that shows a change the
+/// watch had not delivered, told once, and forgotten when it delivers.
+#[test]
+fn a_stall_is_the_second_changed_read_in_a_row_told_once_until_the_watch_delivers() {
+    let mut silence = Silence::Heard;
+    assert!(!silence.heard(), "nothing was warned");
+    assert_eq!(silence.changed(), None, "one changed read is only suspected");
+    assert_eq!(
+        silence.changed(),
+        Some(true),
+        "the second in a row is a stall, to warn"
+    );
+    assert_eq!(silence.changed(), Some(false), "a stall is warned once");
+    assert!(silence.heard(), "the delivery after a warned stall is told");
+    assert_eq!(silence.changed(), None, "a delivery starts the count again");
+    assert!(!silence.heard(), "a suspicion alone was never warned");
+    assert_eq!(silence.changed(), None, "a delivery forgets a suspicion");
+}
+
 #[test]
 fn the_first_item_syncs_the_watch() {
     let now = Instant::now();
