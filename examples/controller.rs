@@ -6,7 +6,8 @@
 //!
 //! It serves Kubernetes probes on `PROBE_ADDR` (default `0.0.0.0:8080`):
 //! `/livez` fails when this replica believes it leads but its renewals are
-//! overdue, and `/readyz` is ready always, or only while leading with
+//! overdue, or has heard nothing from the API server for 5 minutes, and
+//! `/readyz` is ready always, or only while leading with
 //! `READY_WHEN=leading` (see `probes.rs`; `deploy/deployment.yaml` wires both).
 //! With `WARM=1` it runs in warm standby (`with_leader_election_warm`); with
 //! `EVENTS=1` it publishes its transitions as Events on the Lease; with

@@ -22,10 +22,11 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Sile
 /// it: a holder that has stopped renewing is still named until someone
 /// takes the Lease over. A watch silent for the held record's lease
 /// duration (15 s when the Lease is free or missing) is checked with a
-/// read: one that shows a record the watch did not deliver (a stalled
-/// watch: open, neither ending nor failing) is reported, warned once, and
-/// the watch is started again. The watch runs in a task of its own, stopped
-/// when the observer is dropped.
+/// read: one that shows a record the watch did not deliver is reported; at
+/// the second such read in a row (a stalled watch: open, neither ending nor
+/// failing) it is warned, once until the watch delivers again, and the watch
+/// is started again. The watch runs in a task of its own, stopped when the
+/// observer is dropped.
 ///
 /// ```no_run
 /// use kube_runtime_lease::LeaseObserver;

@@ -78,7 +78,7 @@
 //!
 //! <!-- upstream: omit -->
 //! The extras, each a feature (see [Features](#features)):
-//! - `with_leader_election_warm` is warm standby (`warm`): the Controller's
+//! - `with_leader_election_warm` is warm standby (`warm-standby`): the Controller's
 //!   watches and store run on every replica, leadership gates only
 //!   reconciliation, and a new leader reconciles its whole store at once,
 //!   without a LIST.
@@ -203,7 +203,8 @@
 //!   anyone else's.
 //! - A write answered 409 that was in fact applied (a request answered 504
 //!   and retried by the client) is recognised by one read: the record is
-//!   exactly the one sent (holder, times to the microsecond, transitions).
+//!   exactly the one sent (holder, duration, times to the microsecond,
+//!   transitions).
 //! - **Release only after the guarded work ended.** A Lease is written free
 //!   (on [`LeaderElector::shutdown`], when the last guard is dropped, or on a
 //!   step-down) only if every guard of the term had been dropped before the
@@ -305,8 +306,9 @@
 //!   then seen may need up to two *LD* (a `preferredHolder` that never
 //!   comes) or one (the creation hold).
 //!   <!-- upstream: omit -->
-//!   The repository's simulation checks this bound after thousands of random
-//!   fault schedules.
+//!   The repository's simulation checks this bound, with 1.8 *RP* more for
+//!   the reads and retries that confirm the record (2 *LD* + 4 *RP*), after
+//!   thousands of random fault schedules.
 //!   <!-- upstream: end -->
 //!
 //! What does not leave a Lease without a leader:

@@ -148,7 +148,8 @@ pub(crate) fn renewed(prev: &LeaseSpec, duration_seconds: i32, now: Timestamp, s
     next
 }
 
-/// Whether `read` is exactly the record `sent` (holder, times, transitions):
+/// Whether `read` is exactly the record `sent` (holder, times, transitions,
+/// duration):
 /// a write of ours that was applied although its answer said otherwise.
 pub(crate) fn same_write(read: &LeaseSpec, sent: &LeaseSpec) -> bool {
     read.holder_identity == sent.holder_identity

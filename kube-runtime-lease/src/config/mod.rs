@@ -115,9 +115,11 @@ impl LeaseConfig {
     }
 
     /// Whether the leader releases the Lease when leadership is given up
-    /// voluntarily: every guard dropped, or the guarded stream ended (default
-    /// `true`, like client-go's `ReleaseOnCancel`). A released Lease is taken
-    /// over by a standby at once instead of after `lease_duration`.
+    /// voluntarily: every guard dropped, the guarded stream ended, or
+    /// [`shutdown`](crate::LeaderElector::shutdown) (default `true`, like
+    /// client-go's `ReleaseOnCancel`). A released Lease is taken over by a
+    /// standby at once instead of after `lease_duration`. A step-down for a
+    /// `preferredHolder` releases whatever this says.
     #[must_use]
     pub fn release_on_drop(mut self, release: bool) -> Self {
         self.release_on_drop = release;

@@ -212,7 +212,8 @@ impl LeaderElector {
     ///    dropped (guarded streams end when their controller finishes);
     /// 3. end the term with [`Lost::Shutdown`], which drops what is still
     ///    guarded (aborting reconciles still in flight);
-    /// 4. release the Lease (bounded by [`LeaseConfig::release_timeout`]) so
+    /// 4. release the Lease (bounded by [`LeaseConfig::release_timeout`];
+    ///    not with [`LeaseConfig::release_on_drop`]`(false)`) so
     ///    that a standby takes over at once, **only if every guard was dropped
     ///    before the term ended**. Work stopped at step 3 may have sent
     ///    requests that still land (an aborted future does not recall a

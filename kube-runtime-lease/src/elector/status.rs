@@ -42,7 +42,8 @@ impl LeaderStatus {
     }
 }
 
-/// Why a [`LeaderElector::health_check`] failed.
+/// Why a [`LeaderElector::health_check`] or
+/// [`LeaderElector::contact_check`] failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HealthError {

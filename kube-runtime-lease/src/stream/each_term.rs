@@ -46,7 +46,7 @@ impl LeaderElector {
     /// A [`Controller`](kube_runtime::Controller) given here is best wrapped
     /// once more, with
     /// [`LeaderElectionControllerExt::with_leader_election`](crate::LeaderElectionControllerExt::with_leader_election)
-    /// before `run` (as in the example below): `run_each_term` guards
+    /// before `run`: `run_each_term` guards
     /// the stream it is given as any stream (not polled before the Lease is
     /// won, dropped when it is lost), while the Controller's own wrapping is
     /// what wires [`shutdown_requested`](Self::shutdown_requested) to

@@ -22,7 +22,8 @@ pub(crate) struct LeaseMetadata {
 
 impl LeaseConfig {
     /// A label the candidate sets on the Lease when it takes it (creating it,
-    /// or beginning a term), for example the holder's pod and node, so that
+    /// or beginning a term) and again at each renewal (one removed or edited
+    /// meanwhile comes back), for example the holder's pod and node, so that
     /// `kubectl get lease -l ...` finds it. Only the configured keys are
     /// written; other labels are kept. Checked by [`validate`](Self::validate)
     /// as the API server would.
@@ -61,7 +62,8 @@ impl LeaseConfig {
     /// makes every write refused, and the candidate never leads).
     ///
     /// Labels, annotations and owners are written when this candidate takes
-    /// the Lease; another implementation's writes (client-go's) may keep them
+    /// the Lease (labels again at each renewal); another implementation's
+    /// writes (client-go's) may keep them
     /// or not, so a holder label can lag behind the holder.
     #[must_use]
     pub fn owner_reference(mut self, owner: OwnerReference) -> Self {

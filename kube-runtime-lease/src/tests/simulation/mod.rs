@@ -9,7 +9,7 @@
 //! that was stopped rather than finished, a tail of [`TAIL`] after the stop
 //! during which requests it sent may still land; that someone leads once
 //! faults stop, and that once they have healed no gap without a leader is
-//! longer than the crate docs' bound ([`LEADERLESS_BOUND`]; the faults
+//! longer than the crate docs' bound with a margin ([`LEADERLESS_BOUND`]; the faults
 //! include 404s that are not deletions, a `preferredHolder` that may never
 //! come, and `leaseTransitions` at the top of its range or edited down); that
 //! a guard is valid when handed out; and that no term ends as
@@ -478,8 +478,9 @@ fn inject(
 
 /// How long after the last fault healed (`HEALED` after the chaos ends:
 /// partitions, latency and requests delayed in flight are over by then) a
-/// Lease may be without a leader: the crate docs' bound (*Liveness*),
-/// 2 × lease duration + 4 × retry period: a candidate's retry (at most 2.2
+/// Lease may be without a leader: the crate docs' bound (*Liveness*: 2 ×
+/// lease duration + 2.2 × retry period) with a margin, 2 × lease duration +
+/// 4 × retry period: a candidate's retry (at most 2.2
 /// retry periods, as client-go's) and then a record whose end was marked
 /// for a preferred holder that never comes (two lease durations), or a
 /// creation hold (one), plus the reads and retries that confirm it.
