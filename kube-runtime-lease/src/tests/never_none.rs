@@ -869,36 +869,43 @@ fn a_free_lease_reserved_for_a_candidate_that_never_comes_with_the_longest_durat
 /// Others' annotations that leave the fencing token no room under the API
 /// server's 256 KiB limit: the takeover keeps the annotations it read (the
 /// API server would refuse the token at every attempt, and the Lease would
-/// have no leader), with a warning; any that leave room (here 200 KiB) get
-/// the token as always. (The double enforces no limit: this pins the
-/// candidate's side of it; `tests/tests/never_none.rs` shows the API
+/// have no leader), with a warning; any that leave room (here 200 KiB, and
+/// exactly the token's size: the API server refuses only more than the
+/// limit) get the token as always. (The double enforces no limit: this pins
+/// the candidate's side of it; `tests/tests/never_none.rs` shows the API
 /// server's.)
 #[test]
 fn a_takeover_writes_the_token_unless_others_annotations_leave_it_no_room() {
-    for (kib, stored) in [(200, true), (256, false)] {
+    let key = "example.com/state";
+    // A takeover of a free Lease whose annotations are `key` with a value of
+    // `len` bytes: the token it wrote, if any, and the warnings.
+    let take = |len: usize| {
+        let mut token = None;
         let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
             paused(async {
                 let fake = free();
                 let mut lease = fake.lease().unwrap();
-                let key = "example.com/state";
-                let value = "x".repeat(kib * 1024 - key.len() - 10);
-                lease.metadata.annotations = Some([(key.to_owned(), value)].into());
+                lease.metadata.annotations = Some([(key.to_owned(), "x".repeat(len))].into());
                 fake.put(lease);
                 let (a, _) = elector(&fake, config("a"));
                 let _guard = timeout(S(10), a.acquire()).await.unwrap().unwrap();
                 let annotations = fake.lease().unwrap().metadata.annotations.unwrap();
-                assert_eq!(
-                    annotations.contains_key(record::TOKEN_ANNOTATION),
-                    stored,
-                    "{kib} KiB"
-                );
                 assert!(annotations.contains_key(key));
+                token = annotations.get(record::TOKEN_ANNOTATION).cloned();
             });
         });
+        (token, logs)
+    };
+    let (token, logs) = take(200 * 1024);
+    let token = token.unwrap_or_else(|| panic!("200 KiB: no token written: {logs}"));
+    let exact = record::MAX_ANNOTATIONS_SIZE - key.len() - record::TOKEN_ANNOTATION.len() - token.len();
+    for (len, stored) in [(exact, true), (exact + 1, false), (256 * 1024, false)] {
+        let (written, logs) = take(len);
+        assert_eq!(written.is_some(), stored, "a {len}-byte value: token {written:?}");
         assert_eq!(
             logs.contains("leave no room for the fencing token"),
             !stored,
-            "{kib} KiB: {logs}"
+            "a {len}-byte value: {logs}"
         );
     }
 }
