@@ -115,8 +115,8 @@
 //! just restarted answers before its authorization cache has synced) does
 //! not leave it polling. A missing verb is logged with the rule to add.
 //! <!-- upstream: omit -->
-//! With `LeaderElector::with_events`, also `create` and `patch` on `events`
-//! in `events.k8s.io`. A sharded election (`unstable-shards`) also needs
+//! With `LeaderElector::with_events`, also `create` on `events` in
+//! `events.k8s.io` (each Event is a new one: none is patched). A sharded election (`unstable-shards`) also needs
 //! `delete` on `leases`: its replicas delete departed members' roster
 //! entries (without it they stay, one per process started, with one
 //! warning).

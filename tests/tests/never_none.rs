@@ -531,3 +531,53 @@ async fn a_takeover_by_a_long_holder_identity_is_published_as_an_event() -> Resu
     a.shutdown(Duration::from_secs(1)).await?;
     Ok(())
 }
+
+/// A Lease whose name is as long as the API allows (253 characters, which
+/// `LeaseConfig::validate` accepts), with Events on: each Event is named
+/// after the Lease (`<name>.<hex>`), and the API server refuses an Event
+/// name longer than 253 characters (422), so none of its transitions was
+/// ever published. (Before: kube-runtime's `Recorder` named them with the
+/// whole Lease name, 269 characters.)
+#[tokio::test]
+async fn the_events_of_a_lease_with_the_longest_name_are_published() -> Result<()> {
+    use futures::StreamExt;
+    use k8s_openapi::api::events::v1::Event;
+    use kube::runtime::{WatchStreamExt, events::Reporter, watcher};
+
+    let fx = fixture("long-lease-name").await?;
+    let name = ["a".repeat(62), "b".repeat(62), "c".repeat(62), "d".repeat(64)].join(".");
+    let events = Api::<Event>::namespaced(fx.env.client().await?, &fx.ns);
+    let (logs, _log_guard) = support::LogBuf::capture(tracing::Level::WARN);
+    let t = Timings::FAST;
+    let config = LeaseConfig::new(&fx.ns, name.clone(), "a")
+        .lease_duration(t.lease_duration)
+        .renew_deadline(t.renew_deadline)
+        .retry_period(t.retry_period)
+        .creation_hold(false);
+    let a = fx.candidate(config).await?.with_events(Reporter {
+        controller: "kube-runtime-lease-tests".into(),
+        instance: Some("a".into()),
+    });
+    let guard = acquire_within(&a, LEASE_DURATION * 5).await?;
+    let mut applied = std::pin::pin!(watcher(events, watcher::Config::default()).applied_objects());
+    let became_leader = timeout(LEASE_DURATION * 5, async {
+        while let Some(event) = applied.next().await {
+            let event = event?;
+            if event.action.as_deref() == Some("BecameLeader")
+                && event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+            {
+                return Ok(());
+            }
+        }
+        bail!("the Events' watch ended")
+    });
+    became_leader.await.with_context(|| {
+        format!(
+            "no BecameLeader Event for the Lease with a 253-character name; the leader logged: {:?}",
+            logs.text().lines().find(|l| l.contains("event"))
+        )
+    })??;
+    drop(guard);
+    a.shutdown(Duration::from_secs(1)).await?;
+    Ok(())
+}

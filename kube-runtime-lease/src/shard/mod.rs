@@ -221,10 +221,10 @@ impl ShardConfig {
     fn shard_lease(&self, shard: u16) -> LeaseConfig {
         let mut c = self.lease.clone();
         c.name = format!("{}-s{}-shard-{shard:02}", self.lease.name, self.shards);
-        c.label(OF_LABEL, self.lease.name.clone())
-            .label(ROLE_LABEL, "shard")
-            .label(SHARD_LABEL, format!("{shard:02}"))
-            .label(SHARDS_LABEL, self.shards.to_string())
+        c.own_label(OF_LABEL, self.lease.name.clone())
+            .own_label(ROLE_LABEL, "shard")
+            .own_label(SHARD_LABEL, format!("{shard:02}"))
+            .own_label(SHARDS_LABEL, self.shards.to_string())
     }
 
     /// This replica's roster entry: its name, labels and annotations.
@@ -235,9 +235,9 @@ impl ShardConfig {
             self.lease.name,
             assign::preference(&self.lease.identity, u16::MAX)
         );
-        c.label(OF_LABEL, self.lease.name.clone())
-            .label(ROLE_LABEL, "member")
-            .label(SHARDS_LABEL, self.shards.to_string())
+        c.own_label(OF_LABEL, self.lease.name.clone())
+            .own_label(ROLE_LABEL, "member")
+            .own_label(SHARDS_LABEL, self.shards.to_string())
     }
 
     /// The shard a Lease of this election is for (by its name), if it is one.

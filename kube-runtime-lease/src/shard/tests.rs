@@ -2166,3 +2166,50 @@ fn a_dead_members_shards_get_owners_though_the_backups_watches_lag_a_lease_durat
         }
     });
 }
+
+/// A plain elector in the election's namespace configured with the labels
+/// the sharded election finds its roster by (`LeaseConfig::label`, keys of
+/// the crate's own): its Lease, held and relabelled at every renewal, reads
+/// as a roster entry of a member that never campaigns for its share. Such
+/// labels must be refused (as the fencing token's annotation key is), or the
+/// shards must still all get an owner.
+#[cfg(feature = "lease-metadata")]
+#[test]
+fn a_plain_lease_labelled_with_the_roster_labels_does_not_leave_shards_without_an_owner() {
+    paused(async {
+        let fake = FakeLeaseApi::default().with_request_budget(200_000);
+        let plain = LeaseConfig::new("default", "other", "x")
+            .creation_hold(false)
+            .label(super::OF_LABEL, "ctl")
+            .label(super::ROLE_LABEL, "member");
+        if let Err(e) = plain.validate() {
+            assert!(
+                matches!(&e, crate::ConfigError::InvalidLabel { key, .. } if key.starts_with("leases.kube-runtime-lease/")),
+                "{e}"
+            );
+            return;
+        }
+        let (client, _) = fake.client();
+        let x = crate::LeaderElector::new(client, plain).unwrap();
+        let guard = tokio::time::timeout(S(10), x.acquire())
+            .await
+            .expect("x leads its own Lease")
+            .unwrap();
+        let (a, _) = replica_of(&fake, "a", 12);
+        let (b, _) = replica_of(&fake, "b", 12);
+        start(&[&a, &b]);
+        never_shared(&[&a, &b], S(120)).await;
+        let now = held(&[&a, &b]);
+        let other = fake
+            .lease_in("default", "other")
+            .map(|l| l.spec.unwrap_or_default().holder_identity);
+        assert!(
+            now.iter().flatten().count() == 12
+                && guard.lost().is_none()
+                && other == Some(Some("x".to_owned())),
+            "120 s after a and b started beside x's plain Lease labelled as a roster entry: shards held {now:?}; \
+             x's term ended: {:?}; x's Lease's holder: {other:?} (None: deleted)",
+            guard.lost()
+        );
+    });
+}

@@ -1282,6 +1282,53 @@ fn a_configured_annotation_does_not_replace_the_fencing_token() {
     });
 }
 
+/// 8, with the `lease-metadata` extra: a free Lease whose annotations
+/// (someone else's, and the token of an earlier term) leave room for the
+/// fencing token's annotation but not for the configured annotations beside
+/// it. The term's token must still be stored (the configured annotations,
+/// which no safety rule needs, are what gives way), or tokens repeat. (Before:
+/// the write kept the Lease's annotations as they were, the old token
+/// included, and a's term, whose token is read back from its write, got the
+/// token of the term before it: 100.)
+#[cfg(feature = "lease-metadata")]
+#[test]
+fn configured_annotations_that_do_not_fit_beside_the_token_do_not_make_tokens_repeat() {
+    paused(async {
+        let fake = free();
+        let mut lease = fake.lease().unwrap();
+        let annotations = lease.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(crate::record::TOKEN_ANNOTATION.to_owned(), "100".to_owned());
+        // 2 KiB left: room for the token, not for a 4 KiB note.
+        let used = crate::record::annotations_size(Some(annotations));
+        let big = crate::record::MAX_ANNOTATIONS_SIZE - used - 2048 - "example.com/big".len();
+        annotations.insert("example.com/big".to_owned(), "x".repeat(big));
+        fake.put(lease);
+        let config_a = config("a").annotation("example.com/note", "y".repeat(4096));
+        config_a
+            .validate()
+            .expect("a 4 KiB annotation is a valid configuration");
+        let (a, _) = elector(&fake, config_a);
+        let (b, _) = elector(&fake, config("b"));
+        let mut tokens = Vec::new();
+        for candidate in [&a, &b] {
+            let guard = timeout(S(10), candidate.acquire()).await.expect("leads").unwrap();
+            let stored = crate::record::token_of(&fake.lease().unwrap());
+            tokens.push((guard.fencing_token(), stored));
+        }
+        assert!(
+            tokens.iter().all(|(token, stored)| token == stored)
+                && 100 < tokens[0].0
+                && tokens[0].0 < tokens[1].0,
+            "(token, token stored on the Lease) of a's and b's terms, in turn, after a term with token 100: {tokens:?}"
+        );
+        let size = crate::record::annotations_size(fake.lease().unwrap().metadata.annotations.as_ref());
+        assert!(
+            size <= crate::record::MAX_ANNOTATIONS_SIZE,
+            "{size} bytes of annotations"
+        );
+    });
+}
+
 // ---- 9. is_leader after shutdown began --------------------------------------
 
 /// 9: `is_leader()` is a readiness gate: false as soon as `shutdown` began,

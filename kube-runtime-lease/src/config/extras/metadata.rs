@@ -10,12 +10,20 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::config::{ConfigError, LeaseConfig, names::dns1123_subdomain};
 
+/// The prefix of the labels the sharded election finds its roster and shard
+/// Leases by (`shard::OF_LABEL` and the others): reserved, so that no
+/// configured label makes another Lease look like one of them.
+pub(crate) const RESERVED_LABEL_PREFIX: &str = "leases.kube-runtime-lease/";
+
 /// What the candidate writes into the Lease's metadata when it takes the
 /// Lease (creating it, or beginning a term on it). Only these keys are
 /// written: other labels, annotations and owner references are kept.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct LeaseMetadata {
     pub(crate) labels: BTreeMap<String, String>,
+    /// The crate's own labels (the sharded election's, under
+    /// [`RESERVED_LABEL_PREFIX`]), set after the configured ones.
+    pub(crate) own_labels: BTreeMap<String, String>,
     pub(crate) annotations: BTreeMap<String, String>,
     pub(crate) owner: Option<OwnerReference>,
 }
@@ -26,7 +34,9 @@ impl LeaseConfig {
     /// meanwhile comes back), for example the holder's pod and node, so that
     /// `kubectl get lease -l ...` finds it. Only the configured keys are
     /// written; other labels are kept. Checked by [`validate`](Self::validate)
-    /// as the API server would.
+    /// as the API server would. Keys under `leases.kube-runtime-lease/` are
+    /// reserved (elected shards find their Leases by them): `validate`
+    /// refuses them.
     ///
     /// ```
     /// use kube_runtime_lease::LeaseConfig;
@@ -40,6 +50,18 @@ impl LeaseConfig {
     #[must_use]
     pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.extras.metadata.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// One of the crate's own labels (see [`RESERVED_LABEL_PREFIX`]), set
+    /// after the configured ones.
+    #[cfg(feature = "unstable-shards")]
+    #[must_use]
+    pub(crate) fn own_label(mut self, key: &str, value: impl Into<String>) -> Self {
+        self.extras
+            .metadata
+            .own_labels
+            .insert(key.to_owned(), value.into());
         self
     }
 
@@ -89,17 +111,29 @@ impl LeaseMetadata {
         }
     }
 
-    /// Sets the configured labels on `meta`, keeping every other.
+    /// Sets the configured labels (and the crate's own) on `meta`, keeping
+    /// every other.
     pub(crate) fn relabel(&self, meta: &mut ObjectMeta) {
-        if !self.labels.is_empty() {
+        if !self.labels.is_empty() || !self.own_labels.is_empty() {
             let labels = meta.labels.get_or_insert_with(BTreeMap::new);
-            labels.extend(self.labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            let all = self.labels.iter().chain(&self.own_labels);
+            labels.extend(all.map(|(k, v)| (k.clone(), v.clone())));
         }
     }
 
     /// The first rule broken, as the API server would refuse the write.
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        for (key, value) in &self.labels {
+        if let Some(key) = self.labels.keys().find(|k| k.starts_with(RESERVED_LABEL_PREFIX)) {
+            // Elected shards find their roster entries and shard Leases by
+            // these: another Lease labelled so would read as one of them
+            // (a member that never takes its share, evicted and deleted).
+            return Err(ConfigError::InvalidLabel {
+                key: key.clone(),
+                value: self.labels[key].clone(),
+                rule: "reserved: elected shards find their Leases by the labels under leases.kube-runtime-lease/",
+            });
+        }
+        for (key, value) in self.labels.iter().chain(&self.own_labels) {
             if let Some(rule) = qualified_name(key).or_else(|| label_value(value)) {
                 return Err(ConfigError::InvalidLabel {
                     key: key.clone(),

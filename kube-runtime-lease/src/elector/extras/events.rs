@@ -12,8 +12,12 @@ use std::{
     time::Duration,
 };
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use kube_runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::{
+    api::{core::v1::ObjectReference, events::v1::Event as K8sEvent},
+    apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta},
+};
+use kube_client::{Api, api::PostParams};
+use kube_runtime::events::{Event, EventType, Reporter};
 use tracing::{debug, warn};
 
 use crate::{
@@ -26,10 +30,12 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Publishes the Events: an observer of the election's transitions.
 struct Events {
-    /// Where and as whom to publish: a `Recorder` of its own for each Event
-    /// (one kept would fold a repeat of a type, reason and action on the
-    /// Lease, within minutes, into the first Event's series, which keeps
-    /// the first note: a second takeover would name the first's holder).
+    /// Where and as whom to publish: a new Event for each transition, as a
+    /// new kube-runtime `Recorder` for each would create it (one `Recorder`
+    /// kept would fold a repeat of a type, reason and action on the Lease,
+    /// within minutes, into the first Event's series, which keeps the first
+    /// note: a second takeover would name the first's holder), but with a
+    /// name the API server accepts for a Lease of any valid name.
     client: kube_client::Client,
     reporter: Reporter,
     /// The candidate's identity, and the Lease the Events are about.
@@ -41,14 +47,15 @@ struct Events {
 }
 
 impl LeaderElector {
-    /// Publishes Kubernetes Events on this candidate's transitions, through
-    /// kube-runtime's [`Recorder`] as `reporter`: `Normal` "became leader" when
+    /// Publishes Kubernetes Events on this candidate's transitions, as
+    /// kube-runtime's [`Recorder`](kube_runtime::events::Recorder) publishes
+    /// them as `reporter`: `Normal` "became leader" when
     /// a term begins, and "stopped leading" with the reason when it ends
     /// (`Warning` for a loss, `Normal` for a shutdown, a step-down or a term
     /// given up because nobody wanted it any more), on the
     /// Lease. Events never delay the election: each is sent from a task of
     /// its own, bounded, and a failure is logged (once as a warning). Needs
-    /// `create` and `patch` on `events` in `events.k8s.io` in the Lease's
+    /// `create` on `events` in `events.k8s.io` in the Lease's
     /// namespace. The first call sets the reporter; later calls change
     /// nothing. The event of a shutdown is sent from a task of its own: a
     /// process that exits right after `shutdown` returns may not send it.
@@ -153,10 +160,15 @@ impl Observer for Events {
             uid: uid.map(str::to_owned),
             ..ObjectReference::default()
         };
-        let recorder = Recorder::new(self.client.clone(), self.reporter.clone());
+        let event = self.event(&event, reference);
+        let events = Api::<K8sEvent>::namespaced(self.client.clone(), &self.namespace);
         let warned = self.warned.clone();
         tokio::spawn(async move {
-            let result = tokio::time::timeout(PUBLISH_TIMEOUT, recorder.publish(&event, &reference)).await;
+            let params = PostParams::default();
+            let publish = events.create(&params, &event);
+            let result = tokio::time::timeout(PUBLISH_TIMEOUT, publish)
+                .await
+                .map(|r| r.map(drop));
             let (error, denied) = match result {
                 Ok(Ok(())) => return,
                 Ok(Err(e)) => {
@@ -170,7 +182,7 @@ impl Observer for Events {
             } else if denied {
                 warn!(
                     %error,
-                    "publishing a leader election event failed (RBAC: create and patch on `events` in `events.k8s.io`); \
+                    "publishing a leader election event failed (RBAC: create on `events` in `events.k8s.io`); \
                      further failures are logged at debug level"
                 );
             } else {
@@ -181,4 +193,56 @@ impl Observer for Events {
             }
         });
     }
+}
+
+/// The longest name the API server accepts for an Event (a DNS subdomain).
+const MAX_EVENT_NAME: usize = 253;
+
+impl Events {
+    /// The Event kube-runtime's `Recorder` would create for `event` about
+    /// `regarding`, named `<Lease name>.<hex of now in ns>` as it names them,
+    /// but with the Lease's name cut so that the whole is a name the API
+    /// server accepts: a Lease name may be 253 characters long itself, and
+    /// the `Recorder` would then name every Event of it past the limit (422).
+    fn event(&self, event: &Event, regarding: ObjectReference) -> K8sEvent {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        K8sEvent {
+            action: Some(event.action.clone()),
+            reason: Some(event.reason.clone()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding),
+            note: event.note.clone(),
+            metadata: ObjectMeta {
+                namespace: Some(self.namespace.clone()),
+                name: Some(event_name(&self.name, now.as_nanosecond())),
+                ..ObjectMeta::default()
+            },
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            type_: Some(
+                match event.type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                }
+                .into(),
+            ),
+            related: event.secondary.clone(),
+            ..K8sEvent::default()
+        }
+    }
+}
+
+/// `<lease>.<nanos in hex>`, the Lease's name (a DNS subdomain, so ASCII)
+/// cut so that the whole is at most [`MAX_EVENT_NAME`] characters and still
+/// a DNS subdomain (no `-` or `.` before the dot).
+fn event_name(lease: &str, nanos: i128) -> String {
+    let suffix = format!(".{nanos:x}");
+    let cut = lease.len().min(MAX_EVENT_NAME.saturating_sub(suffix.len()));
+    let base = lease.get(..cut).unwrap_or(lease).trim_end_matches(['-', '.']);
+    format!("{base}{suffix}")
 }

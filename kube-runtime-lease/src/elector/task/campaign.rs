@@ -131,9 +131,12 @@ impl Task {
     /// metadata.
     ///
     /// Kept within the API server's limit on the annotations' total size
-    /// (256 KiB): a Lease whose annotations (someone else's) leave no room
-    /// for the fencing token (or the configured ones) is written with the
-    /// annotations it has, as client-go writes it, instead of being refused
+    /// (256 KiB): a Lease whose annotations (someone else's) leave room for
+    /// the fencing token but not for the configured annotations is written
+    /// with the token only (the token keeps terms apart across processes;
+    /// the configured annotations are for people). One that leaves no room
+    /// for the token is written with the annotations it has, as client-go
+    /// writes it, instead of being refused
     /// with 422 at every attempt, which would leave it without a leader for
     /// ever. The term's fencing token is then not stored (warned): another
     /// process may hand out the same one.
@@ -152,10 +155,25 @@ impl Task {
             record::now(),
         ));
         record::set_token(&mut lease, token);
+        // Only the token's annotation, in case the configured ones do not fit.
+        let with_token = lease.metadata.annotations.clone();
         // The configured labels, annotations and owner; the rest is kept.
         let mut lease = self.config().extras.prepare(lease);
-        if record::annotations_size(lease.metadata.annotations.as_ref()) > record::MAX_ANNOTATIONS_SIZE {
-            let before = prev.and_then(|p| p.metadata.annotations.clone());
+        let fits = |a: Option<&_>| record::annotations_size(a) <= record::MAX_ANNOTATIONS_SIZE;
+        if fits(lease.metadata.annotations.as_ref()) {
+            return lease;
+        }
+        let before = prev.and_then(|p| p.metadata.annotations.clone());
+        if fits(with_token.as_ref()) {
+            // The token is what keeps terms apart across processes: the
+            // configured annotations give way to it.
+            warn!(
+                annotations_bytes = record::annotations_size(before.as_ref()),
+                "the lease's annotations leave no room for the configured annotations (the API server's limit is \
+                 256 KiB): taking it without writing them"
+            );
+            lease.metadata.annotations = with_token;
+        } else {
             warn!(
                 annotations_bytes = record::annotations_size(before.as_ref()),
                 "the lease's annotations leave no room for the fencing token (the API server's limit is 256 KiB): \

@@ -1128,3 +1128,109 @@ fn a_ping_is_answered_though_the_lease_candidate_watch_stalls_while_a_dead_holde
         );
     });
 }
+
+/// Every extra on one coordinated elector at once (Events, metrics, Lease
+/// metadata, fencing tokens) through an API server's handover away from it
+/// and back: one Event per transition, the leader gauge and the token in
+/// step with the terms, the configured metadata written by each term of
+/// ours, and the token growing across the other candidate's term.
+#[cfg(all(feature = "metrics", feature = "events", feature = "lease-metadata"))]
+#[test]
+fn every_extra_on_a_coordinated_elector_follows_a_handover_away_and_back() {
+    use prometheus_client::registry::Registry;
+
+    use crate::tests::support::assert_scraped;
+    const LEADER: &str = r#"leader_election_is_leader{namespace="default",lease="lease"}"#;
+
+    paused(async {
+        let mut registry = Registry::default();
+        let metrics = crate::metrics::LeaseMetrics::register(&mut registry);
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let config = coordinated("me")
+            .label("example.com/app", "x")
+            .annotation("example.com/note", "mine");
+        let (e, _) = elector(&fake, config);
+        let e = e
+            .with_events(kube_runtime::events::Reporter {
+                controller: "test".into(),
+                instance: None,
+            })
+            .with_metrics(&metrics);
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut acquire).await.is_err());
+        assign(&fake, CANDIDATE);
+        let first = tokio::time::timeout(S(1), acquire)
+            .await
+            .expect("leads when elected")
+            .expect("leads");
+        let lease = fake.lease().expect("a lease");
+        let labels = lease.metadata.labels.clone().unwrap_or_default();
+        let annotations = lease.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(labels.get("example.com/app").map(String::as_str), Some("x"));
+        assert_eq!(
+            annotations.get("example.com/note").map(String::as_str),
+            Some("mine")
+        );
+        assert_eq!(crate::record::token_of(&lease), first.fencing_token());
+        assert_scraped(&registry, &format!("{LEADER} 1"));
+
+        // The API server marks the term for "better", and hands it over.
+        let first_token = first.fencing_token();
+        prefer(&fake, "better");
+        let lost = tokio::time::timeout(S(1), first)
+            .await
+            .expect("steps down at once");
+        assert!(matches!(lost, Lost::SteppedDown { .. }), "{lost:?}");
+        sleep(S(20)).await;
+        assert_scraped(&registry, &format!("{LEADER} 0"));
+        // "better" (client-go's coordinated candidate) takes it: transitions + 1.
+        assign(&fake, "better");
+        let mut lease = fake.lease().expect("a lease");
+        let spec = lease.spec.as_mut().expect("a spec");
+        spec.acquire_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        spec.lease_transitions = spec.lease_transitions.map(|t| t + 1);
+        fake.put(lease);
+        let better_transitions = fake
+            .lease()
+            .and_then(|l| l.spec?.lease_transitions)
+            .map_or(0, i64::from);
+        sleep(S(20)).await;
+
+        // And back to us.
+        let mut again = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(1), &mut again).await.is_err());
+        assign(&fake, CANDIDATE);
+        let second = tokio::time::timeout(S(10), again)
+            .await
+            .expect("leads when elected again")
+            .expect("leads");
+        assert!(
+            second.fencing_token() > first_token && second.fencing_token() > better_transitions,
+            "tokens: ours {first_token}, better's transitions {better_transitions}, ours again {}",
+            second.fencing_token()
+        );
+        assert_eq!(
+            crate::record::token_of(&fake.lease().unwrap()),
+            second.fencing_token()
+        );
+        assert_scraped(&registry, &format!("{LEADER} 1"));
+        sleep(S(1)).await;
+        let actions: Vec<String> = fake
+            .events()
+            .iter()
+            .map(|e| e["action"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(
+            actions,
+            ["BecameLeader", "SteppedDown", "BecameLeader"],
+            "one Event per transition"
+        );
+        assert!(
+            fake.events()
+                .iter()
+                .all(|e| e["note"].as_str().is_some_and(|n| n.starts_with(CANDIDATE))),
+            "each Event names the candidate: {:?}",
+            fake.events()
+        );
+    });
+}

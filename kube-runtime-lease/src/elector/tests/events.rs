@@ -179,3 +179,61 @@ fn each_transition_is_an_event_naming_its_own_cause() {
         );
     });
 }
+
+/// The Events of a Lease whose name is as long as the API allows (253
+/// characters, which `LeaseConfig::validate` accepts): each Event is named
+/// after the Lease (`<name>.<hex>`), and an Event's name is a DNS subdomain
+/// of at most 253 characters too, so the API server refuses a name made of
+/// the whole Lease name and a suffix (422), and no transition of such a Lease
+/// is ever published. (Before: kube-runtime's `Recorder` named them so: 269
+/// characters.)
+#[test]
+fn the_events_of_a_lease_with_the_longest_name_have_names_the_api_server_accepts() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let name = ["a".repeat(62), "b".repeat(62), "c".repeat(62), "d".repeat(64)].join(".");
+        assert_eq!(name.len(), 253);
+        let config = crate::LeaseConfig::new("default", name.clone(), "me").creation_hold(false);
+        config
+            .validate()
+            .expect("a Lease name of 253 characters is valid");
+        let (e, _) = elector(&fake, config);
+        let e = e.with_events(kube_runtime::events::Reporter {
+            controller: "test".into(),
+            instance: None,
+        });
+        let guard = tokio::time::timeout(S(10), e.acquire())
+            .await
+            .expect("leads within 10 s")
+            .expect("leads");
+        drop(guard);
+        sleep(S(5)).await;
+        let names: Vec<String> = fake
+            .events()
+            .iter()
+            .map(|e| e["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "BecameLeader and GivenUp: {names:?}");
+        for event in &names {
+            assert!(
+                crate::config::names::dns1123_subdomain(event).is_none(),
+                "an Event named {event:?} ({} characters): the API server refuses it",
+                event.len()
+            );
+            assert_eq!(
+                fake.events()
+                    .iter()
+                    .filter(|e| e["metadata"]["name"] == event.as_str())
+                    .count(),
+                1,
+                "two Events named {event:?}"
+            );
+        }
+        assert!(
+            fake.events()
+                .iter()
+                .all(|e| e["regarding"]["name"] == name.as_str()),
+            "every Event is about the Lease"
+        );
+    });
+}
