@@ -504,3 +504,36 @@ fn a_storm_of_error_answers_does_not_raise_the_request_rate() {
         });
     }
 }
+
+/// A record of another holder that the trusted watch delivers is judged at
+/// once, not at the campaign's next planned attempt: a holder that renews
+/// with a lease duration shorter than the retry period (1 s here, against
+/// 2 s) and then stops is taken at that record's expiry, not up to a
+/// jittered retry period later.
+#[test]
+fn another_holders_renewal_delivered_by_the_watch_is_judged_at_once() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("go", 10));
+        let (a, _) = elector(&fake, config("a"));
+        let mut acquire = pin!(a.acquire());
+        assert!(
+            timeout(MS(500), &mut acquire).await.is_err(),
+            "go holds the lease"
+        );
+        let renewed = Instant::now();
+        let mut lease = fake.lease().expect("the lease");
+        let go = lease.spec.as_mut().expect("a record");
+        go.lease_duration_seconds = Some(1);
+        go.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+        fake.put(lease);
+        let _guard = timeout(S(10), acquire).await.expect("a leads").expect("a leads");
+        let took = renewed.elapsed();
+        assert!(
+            took >= S(1) && took < MS(1400),
+            "a took the Lease {took:?} after go's renewal for 1 s"
+        );
+    });
+}
