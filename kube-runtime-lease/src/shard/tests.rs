@@ -2213,3 +2213,22 @@ fn a_plain_lease_labelled_with_the_roster_labels_does_not_leave_shards_without_a
         );
     });
 }
+
+/// The prefix `validate` refuses in configured labels covers every label the
+/// sharded election finds its roster and its shards by: a new label under
+/// another prefix would let a plain elector's Lease pass for a roster entry.
+#[test]
+fn every_roster_and_shard_label_is_under_the_prefix_configured_labels_may_not_use() {
+    use crate::config::extras::metadata::RESERVED_LABEL_PREFIX;
+    for key in [
+        super::OF_LABEL,
+        super::ROLE_LABEL,
+        super::SHARD_LABEL,
+        super::SHARDS_LABEL,
+    ] {
+        assert!(
+            key.starts_with(RESERVED_LABEL_PREFIX),
+            "{key} is not under {RESERVED_LABEL_PREFIX}"
+        );
+    }
+}

@@ -7,8 +7,12 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use tracing::warn;
 
-use crate::config::{ConfigError, LeaseConfig, names::dns1123_subdomain};
+use crate::{
+    config::{ConfigError, LeaseConfig, names::dns1123_subdomain},
+    record::{MAX_ANNOTATIONS_SIZE, annotations_size},
+};
 
 /// The prefix of the labels the sharded election finds its roster and shard
 /// Leases by (`shard::OF_LABEL` and the others): reserved, so that no
@@ -96,10 +100,29 @@ impl LeaseConfig {
 
 impl LeaseMetadata {
     /// Sets the configured keys on `meta`, keeping everything else; an owner
-    /// reference already there (same `uid`) is not added twice.
+    /// reference already there (same `uid`) is not added twice. The
+    /// configured annotations are left out (warned) when, beside the ones
+    /// `meta` has (someone else's, and the fencing token), they would pass
+    /// the API server's limit on the annotations' total size: the write
+    /// would be refused with 422 at every attempt.
     pub(crate) fn apply(&self, meta: &mut ObjectMeta) {
         self.relabel(meta);
-        if !self.annotations.is_empty() {
+        let size = |(k, v): (&String, &String)| k.len() + v.len();
+        let had = meta.annotations.as_ref();
+        let replaced: usize = self
+            .annotations
+            .keys()
+            .filter_map(|k| had?.get_key_value(k))
+            .map(size)
+            .sum();
+        let after = annotations_size(had) - replaced + self.annotations.iter().map(size).sum::<usize>();
+        if after > MAX_ANNOTATIONS_SIZE {
+            warn!(
+                annotations_bytes = annotations_size(had),
+                "the lease's annotations leave no room for the configured annotations (the API server's limit is \
+                 256 KiB): writing it without them"
+            );
+        } else if !self.annotations.is_empty() {
             let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
             annotations.extend(self.annotations.iter().map(|(k, v)| (k.clone(), v.clone())));
         }
@@ -162,9 +185,9 @@ impl LeaseMetadata {
         // and an `i64`): configured annotations that leave it no room under
         // the API server's limit would have every term taken without its
         // token stored (and without them: see `Task::acquisition`).
-        let size = crate::record::annotations_size(Some(&self.annotations));
+        let size = annotations_size(Some(&self.annotations));
         let token = crate::record::TOKEN_ANNOTATION.len() + i64::MIN.to_string().len();
-        if size + token > crate::record::MAX_ANNOTATIONS_SIZE {
+        if size + token > MAX_ANNOTATIONS_SIZE {
             return Err(ConfigError::InvalidAnnotation {
                 key: String::new(),
                 rule: "annotations must be no more than 256 KiB in total, with room for the fencing token's",

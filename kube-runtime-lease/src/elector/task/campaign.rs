@@ -155,25 +155,11 @@ impl Task {
             record::now(),
         ));
         record::set_token(&mut lease, token);
-        // Only the token's annotation, in case the configured ones do not fit.
-        let with_token = lease.metadata.annotations.clone();
-        // The configured labels, annotations and owner; the rest is kept.
+        // The configured labels, annotations (where they fit beside the
+        // token) and owner; the rest is kept.
         let mut lease = self.config().extras.prepare(lease);
-        let fits = |a: Option<&_>| record::annotations_size(a) <= record::MAX_ANNOTATIONS_SIZE;
-        if fits(lease.metadata.annotations.as_ref()) {
-            return lease;
-        }
-        let before = prev.and_then(|p| p.metadata.annotations.clone());
-        if fits(with_token.as_ref()) {
-            // The token is what keeps terms apart across processes: the
-            // configured annotations give way to it.
-            warn!(
-                annotations_bytes = record::annotations_size(before.as_ref()),
-                "the lease's annotations leave no room for the configured annotations (the API server's limit is \
-                 256 KiB): taking it without writing them"
-            );
-            lease.metadata.annotations = with_token;
-        } else {
+        if record::annotations_size(lease.metadata.annotations.as_ref()) > record::MAX_ANNOTATIONS_SIZE {
+            let before = prev.and_then(|p| p.metadata.annotations.clone());
             warn!(
                 annotations_bytes = record::annotations_size(before.as_ref()),
                 "the lease's annotations leave no room for the fencing token (the API server's limit is 256 KiB): \

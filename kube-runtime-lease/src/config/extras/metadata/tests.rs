@@ -84,3 +84,60 @@ fn only_the_configured_keys_are_written_and_the_rest_is_kept() {
         .collect();
     assert_eq!(owners, ["u0", "u1"], "added once, the other kept");
 }
+
+/// Every writer of the configured metadata (a takeover, a shard roster
+/// entry joined) leaves the configured annotations out, rather than have
+/// its write refused with 422 at every attempt, when the Lease's own
+/// annotations (someone else's, the fencing token) leave them no room; a
+/// configured key already there counts once, and the limit itself fits.
+#[test]
+fn configured_annotations_are_written_only_where_they_fit_under_the_limit() {
+    let metadata = LeaseMetadata {
+        annotations: BTreeMap::from([("example.com/a".to_owned(), "x".repeat(10))]),
+        ..LeaseMetadata::default()
+    };
+    let configured = "example.com/a".len() + 10;
+    let filled = |total: usize, own: Option<&str>| {
+        let mut annotations = BTreeMap::new();
+        let mut rest = total;
+        if let Some(v) = own {
+            annotations.insert("example.com/a".to_owned(), v.to_owned());
+            rest -= "example.com/a".len() + v.len();
+        }
+        annotations.insert(
+            "other.example/filler".to_owned(),
+            "f".repeat(rest - "other.example/filler".len()),
+        );
+        ObjectMeta {
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        }
+    };
+    let written = |mut meta: ObjectMeta| {
+        metadata.apply(&mut meta);
+        meta.annotations.unwrap().get("example.com/a").cloned()
+    };
+    let configured_value = Some("x".repeat(10));
+    // Exactly at the limit with them: written.
+    assert_eq!(
+        written(filled(MAX_ANNOTATIONS_SIZE - configured, None)),
+        configured_value
+    );
+    // One byte over: left out, the others kept as they are.
+    let mut meta = filled(MAX_ANNOTATIONS_SIZE - configured + 1, None);
+    let before = meta.clone();
+    metadata.apply(&mut meta);
+    assert_eq!(
+        meta, before,
+        "the configured annotation was written past the limit"
+    );
+    // Replacing a value of the same key counts the difference only.
+    let full = filled(MAX_ANNOTATIONS_SIZE, Some(&"y".repeat(10)));
+    assert_eq!(written(full), configured_value);
+    let full = filled(MAX_ANNOTATIONS_SIZE, Some(&"y".repeat(9)));
+    assert_eq!(
+        written(full),
+        Some("y".repeat(9)),
+        "one byte more than the limit was written"
+    );
+}
