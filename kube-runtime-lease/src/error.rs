@@ -77,15 +77,20 @@ pub(crate) fn status_of(e: &kube_client::Error) -> Option<u16> {
 }
 
 /// Whether `e` is the API server's authorization refusing a request: a 403
-/// that names no cause and says nothing was denied (a missing RBAC rule).
-/// Admission refuses with 403 too, but says why (a create in a namespace being
-/// terminated carries the cause `NamespaceTerminating`; a webhook or an
-/// admission policy "denied the request"), and a 401 refuses the client's
-/// credentials: no RBAC rule lets those through.
+/// with no cause whose message is authorization's, `<resource> ["<name>"] is
+/// forbidden: User "<user>" cannot <verb> resource ...` (a missing RBAC rule).
+/// Admission refuses with 403 too, and none of its refusals reads so (a
+/// create in a namespace being terminated carries the cause
+/// `NamespaceTerminating`; a webhook or an admission policy "denied the
+/// request"; a `ResourceQuota` says "exceeded quota" or "status unknown for
+/// quota", with no cause); and a 401 refuses the client's credentials: no
+/// RBAC rule lets those through.
 pub(crate) fn refused_by_rbac(e: &kube_client::Error) -> bool {
     matches!(e, kube_client::Error::Api(s) if s.code == 403
         && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
-        && !s.message.contains("denied"))
+        && s.message
+            .split_once(" is forbidden: User \"")
+            .is_some_and(|(_, rest)| rest.contains("\" cannot ")))
 }
 
 /// The HTTP status a watch failed with, if the API answered (its list, its
@@ -224,5 +229,35 @@ mod tests {
         assert!(!refused_by_rbac(&status(401, "Unauthorized", None)));
         let error = ApiError::Replace(status(403, rbac, None));
         assert_eq!(error.forbidden_verb(), Some("update"));
+    }
+
+    /// Review (beyond RBAC): admission's 403s that name no cause and deny
+    /// nothing in words are not authorization's either: a `ResourceQuota` on
+    /// `count/leases.coordination.k8s.io` (before it is counted, and at its
+    /// limit), `OwnerReferencesPermissionEnforcement` (which quotes an
+    /// authorization of another request: no verb of this one is missing) and
+    /// a validating admission policy. A list or watch refused by RBAC (no
+    /// name) still is.
+    #[test]
+    fn admissions_403_without_a_cause_is_not_taken_for_a_missing_rbac_rule() {
+        let forbidden = |message: &str| {
+            let status = kube_client::core::Status::failure(message, "Forbidden").with_code(403);
+            kube_client::Error::Api(Box::new(status))
+        };
+        let count = "count/leases.coordination.k8s.io";
+        for message in [
+            format!(r#"leases.coordination.k8s.io "l" is forbidden: status unknown for quota: q, resources: {count}"#),
+            format!(
+                r#"leases.coordination.k8s.io "l" is forbidden: exceeded quota: q, requested: {count}=1, used: {count}=1, limited: {count}=1"#
+            ),
+            r#"leases.coordination.k8s.io "l" is forbidden: cannot set blockOwnerDeletion if an ownerReference refers to a resource you can't set finalizers on: , <nil>"#.to_owned(),
+            r#"leases.coordination.k8s.io "l" is forbidden: cannot set an ownerRef on a resource you can't delete: , <nil>"#.to_owned(),
+            r#"leases.coordination.k8s.io "l" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no"#.to_owned(),
+        ] {
+            assert!(!refused_by_rbac(&forbidden(&message)), "{message}");
+            assert_eq!(ApiError::Create(forbidden(&message)).forbidden_verb(), None, "{message}");
+        }
+        let list = r#"leases.coordination.k8s.io is forbidden: User "system:serviceaccount:ns:sa" cannot list resource "leases" in API group "coordination.k8s.io" in the namespace "ns""#;
+        assert!(refused_by_rbac(&forbidden(list)));
     }
 }

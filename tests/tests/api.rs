@@ -801,6 +801,109 @@ async fn a_namespace_being_deleted_is_not_reported_as_a_missing_rbac_verb() -> R
     Ok(())
 }
 
+/// Review (beyond RBAC): a `ResourceQuota` on `count/leases.coordination.k8s.io`
+/// refuses the create with a 403 of admission that names no cause and denies
+/// nothing: "status unknown for quota" until the quota controller has counted,
+/// "exceeded quota" once the count is at the limit. No RBAC verb is missing:
+/// the log must say so, and once the quota allows one more Lease the pending
+/// candidate creates it and leads. (No quota controller runs here: the test
+/// writes the quota's status as it would.)
+#[tokio::test]
+async fn a_lease_quota_is_not_reported_as_a_missing_rbac_verb_and_the_lease_is_created_once_allowed()
+-> Result<()> {
+    use k8s_openapi::{
+        api::core::v1::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus},
+        apimachinery::pkg::api::resource::Quantity,
+    };
+    const COUNT: &str = "count/leases.coordination.k8s.io";
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+    let fx = fixture("quota").await?;
+    let quotas: Api<ResourceQuota> = Api::namespaced(fx.admin.clone(), &fx.ns);
+    let limit = |n: &str| Some([(COUNT.to_owned(), Quantity(n.to_owned()))].into());
+    let mut quota = quotas
+        .create(
+            &PostParams::default(),
+            &ResourceQuota {
+                metadata: ObjectMeta {
+                    name: Some("leases".to_owned()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(ResourceQuotaSpec {
+                    hard: limit("0"),
+                    ..ResourceQuotaSpec::default()
+                }),
+                ..ResourceQuota::default()
+            },
+        )
+        .await?;
+    // Not counted yet: the quota controller has not written `used`.
+    quota.status = Some(ResourceQuotaStatus {
+        hard: limit("0"),
+        used: None,
+    });
+    let quota = quotas
+        .replace_status("leases", &PostParams::default(), &quota)
+        .await?;
+
+    let a = fx.candidate(fx.config("a")).await?;
+    let mut acquiring = std::pin::pin!(a.acquire());
+    let no_rbac = |lines: Vec<String>| -> Result<()> {
+        for line in lines {
+            ensure!(
+                !line.contains("RBAC") && !line.contains("is missing"),
+                "a create refused by a ResourceQuota is reported as a missing RBAC verb:\n{line}"
+            );
+        }
+        Ok(())
+    };
+    tokio::select! {
+        guard = &mut acquiring => bail!("led past a quota of 0 Leases: {guard:?}"),
+        lines = logs.wait_lines("status unknown for quota", 2, Duration::from_secs(10)) => no_rbac(lines?)?,
+    }
+
+    // Counted, and at the limit.
+    let mut counted = quota;
+    counted.status = Some(ResourceQuotaStatus {
+        hard: limit("0"),
+        used: limit("0"),
+    });
+    let counted = quotas
+        .replace_status("leases", &PostParams::default(), &counted)
+        .await?;
+    tokio::select! {
+        guard = &mut acquiring => bail!("led past a quota of 0 Leases: {guard:?}"),
+        lines = logs.wait_lines("exceeded quota", 2, Duration::from_secs(10)) => no_rbac(lines?)?,
+    }
+    ensure!(!a.is_leader());
+    ensure!(fx.leases.get_opt(LEASE).await?.is_none(), "nothing created");
+
+    // One Lease allowed: the pending acquisition creates it and leads (after
+    // the creation hold of one lease duration), within a few retry periods.
+    let mut raised = counted;
+    raised.spec = Some(ResourceQuotaSpec {
+        hard: limit("1"),
+        ..ResourceQuotaSpec::default()
+    });
+    let mut raised = quotas.replace("leases", &PostParams::default(), &raised).await?;
+    raised.status = Some(ResourceQuotaStatus {
+        hard: limit("1"),
+        used: limit("0"),
+    });
+    quotas
+        .replace_status("leases", &PostParams::default(), &raised)
+        .await?;
+    let _guard = timeout(Duration::from_secs(10), &mut acquiring)
+        .await
+        .with_context(|| {
+            format!(
+                "no leadership once the quota allowed the Lease; logs:\n{}",
+                logs.text()
+            )
+        })??;
+    assert_eq!(fx.spec().await?.holder_identity.as_deref(), Some("a"));
+    Ok(())
+}
+
 // A current-thread runtime: the elector's tasks run on the test's thread, where
 // the scoped subscriber is the default.
 #[tokio::test]

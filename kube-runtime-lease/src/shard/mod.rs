@@ -1362,7 +1362,9 @@ impl ShardedElector {
                     Ok(Ok(roster::Wrote::Changed)) => {
                         debug!(lease = %name, "not deleted: the roster entry changed since it was seen, or is gone");
                     }
-                    Ok(Err(kube_client::Error::Api(s))) if s.code == 403 => {
+                    // Admission's 403 (a webhook, a policy) is no RBAC matter:
+                    // warned with its message below.
+                    Ok(Err(e)) if crate::error::refused_by_rbac(&e) => {
                         let first = !this
                             .inner
                             .delete_forbidden

@@ -755,6 +755,47 @@ fn departed_members_roster_entries_are_deleted_so_the_roster_stays_at_the_live_m
     });
 }
 
+/// Review (beyond RBAC): a departed member's roster entry whose delete is
+/// refused by admission (a validating admission policy: a 403 that is not
+/// authorization's) is warned with the API server's message, not as a
+/// missing RBAC verb.
+#[test]
+fn a_roster_delete_refused_by_admission_is_not_logged_as_a_missing_rbac_verb() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let ((a, a_id), (b, b_id)) = (replica_of(&fake, "a", 12), replica_of(&fake, "b", 12));
+            for id in [a_id, b_id] {
+                for _ in 0..10 {
+                    fake.fault(id, Some("delete"), crate::test_util::Fault::Admission);
+                }
+            }
+            start(&[&a, &b]);
+            let (c, _) = replica_of(&fake, "c", 12);
+            let run = {
+                let c = c.clone();
+                tokio::spawn(async move { c.run().await })
+            };
+            sleep(S(20)).await;
+            // A crash: its roster entry stays, for a or b to delete.
+            run.abort();
+            drop(c);
+            sleep(S(30)).await;
+        });
+    });
+    let refused: Vec<_> = logs
+        .lines()
+        .filter(|l| l.contains("could not delete a departed member's roster entry"))
+        .collect();
+    assert!(!refused.is_empty(), "{logs}");
+    for line in refused {
+        assert!(
+            !line.contains("RBAC") && line.contains("denied request"),
+            "{line}"
+        );
+    }
+}
+
 /// What a gated reconcile that never returns does with its shard's guard:
 /// races it (as `controller::gated` does) and holds it meanwhile. Resolves,
 /// with why and when, only when the term ends.

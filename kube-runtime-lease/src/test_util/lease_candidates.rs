@@ -366,7 +366,13 @@ impl FakeLeaseApi {
             name: name.map(str::to_owned),
         });
         if let Some(code) = s.candidates.refused {
-            return status(code, "Refused", "refused by the test");
+            // A 403 is the one of authorization (RBAC without `leasecandidates`).
+            let message = if code == 403 {
+                r#"leasecandidates.coordination.k8s.io is forbidden: User "test" cannot create resource "leasecandidates" in API group "coordination.k8s.io""#
+            } else {
+                "refused by the test"
+            };
+            return status(code, "Refused", message);
         }
         let Some(candidates) = s.candidates.objects.as_mut() else {
             return status(404, "NotFound", "the double serves no lease candidates");

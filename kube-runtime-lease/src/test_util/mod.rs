@@ -135,8 +135,14 @@ use tokio::time::Instant;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fault {
-    /// Answer with this HTTP status (no effect on the Lease).
+    /// Answer with this HTTP status (no effect on the Lease). A 403 is the
+    /// API server's authorization refusing the request (a missing RBAC rule).
     Status(u16),
+    /// Answer 403 as admission refuses (no effect on the Lease), not
+    /// authorization: a `create` as a `ResourceQuota` at its limit does
+    /// (`exceeded quota`, with no cause), any other request as a validating
+    /// admission policy does (`denied request`). No RBAC rule is missing.
+    Admission,
     /// Answer with this HTTP status and a plain-text body, not a `Status`
     /// (no effect on the Lease): what a proxy or load balancer in front of
     /// the API server answers, such as `404 page not found`.

@@ -34,6 +34,39 @@ fn verb(method: &Method, named: bool, is_watch: bool) -> &'static str {
     }
 }
 
+/// The message of the API server's authorization refusing `verb` on Leases
+/// (on the Lease `name`, if named): what a missing RBAC rule answers.
+fn rbac_refusal(verb: &str, name: Option<&str>) -> String {
+    let object = name.map_or_else(String::new, |name| format!(" {name:?}"));
+    format!(
+        r#"leases.coordination.k8s.io{object} is forbidden: User "test" cannot {verb} resource "leases" in API group "coordination.k8s.io""#
+    )
+}
+
+/// The answer of `Fault::Status(code)`: a 403 is authorization's (a missing
+/// RBAC rule).
+fn injected(code: u16, verb: &str, name: Option<&str>) -> Response<ResBody> {
+    if code == 403 {
+        status(403, "Forbidden", &rbac_refusal(verb, name))
+    } else {
+        status(code, "Injected", "injected fault")
+    }
+}
+
+/// The answer of `Fault::Admission`: admission refusing `verb` on the Lease
+/// `name`.
+fn injected_admission(verb: &str, name: Option<&str>) -> Response<ResBody> {
+    let object = name.map_or_else(String::new, |name| format!(" {name:?}"));
+    let why = if verb == "create" {
+        let count = "count/leases.coordination.k8s.io";
+        format!("exceeded quota: leases, requested: {count}=1, used: {count}=1, limited: {count}=1")
+    } else {
+        "ValidatingAdmissionPolicy 'p' with binding 'b' denied request: refused by the test".to_owned()
+    };
+    let message = format!("leases.coordination.k8s.io{object} is forbidden: {why}");
+    status(403, "Forbidden", &message)
+}
+
 /// A watch's `ERROR` event for `410 Gone` (the resourceVersion is too old).
 pub(super) fn gone_event_line() -> Bytes {
     let status = json!({
@@ -86,11 +119,12 @@ impl FakeLeaseApi {
             tokio::time::sleep(latency).await;
         }
         if forbidden {
-            return Ok(status(403, "Forbidden", "leases is forbidden"));
+            return Ok(status(403, "Forbidden", &rbac_refusal(verb, r.name.as_deref())));
         }
         let mut respond_after = Duration::ZERO;
         match fault {
-            Some(Fault::Status(code)) => return Ok(status(code, "Injected", "injected fault")),
+            Some(Fault::Status(code)) => return Ok(injected(code, verb, r.name.as_deref())),
+            Some(Fault::Admission) => return Ok(injected_admission(verb, r.name.as_deref())),
             Some(Fault::PlainText(code)) => return Ok(plain_text(code)),
             Some(Fault::NoSuchResource) => {
                 return Ok(status(

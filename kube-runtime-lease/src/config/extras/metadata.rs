@@ -85,7 +85,9 @@ impl LeaseConfig {
     /// Leave `controller` and `blockOwnerDeletion` unset unless the
     /// candidate may set them (a second controller owner, or
     /// `blockOwnerDeletion` without permission on the owner's finalizers,
-    /// makes every write refused, and the candidate never leads).
+    /// makes every write refused, and the candidate never leads). Where the
+    /// admission plugin `OwnerReferencesPermissionEnforcement` runs, setting
+    /// an owner also needs `delete` on `leases`.
     ///
     /// Labels, annotations and owners are written when this candidate takes
     /// the Lease (labels again at each renewal); another implementation's

@@ -435,6 +435,44 @@ fn a_failed_request_is_logged_and_a_forbidden_one_names_the_missing_verb() {
     assert!(failed[0].contains("WARN") && failed[0].contains("500"), "{logs}");
 }
 
+/// Review (beyond RBAC): a create refused by admission (a `ResourceQuota` at
+/// its limit: a 403 that names no cause) is no missing RBAC verb: each
+/// refusal is logged as a failed attempt with the API server's message, the
+/// create is retried every jittered retry period, and the candidate leads
+/// once admission lets the Lease be created.
+#[test]
+fn a_create_refused_by_admission_is_not_logged_as_a_missing_rbac_verb_and_is_retried() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let (e, id) = elector(&fake, config("me").watch(false));
+            for _ in 0..3 {
+                fake.fault(id, Some("create"), Fault::Admission);
+            }
+            let guard = tokio::time::timeout(S(60), e.acquire())
+                .await
+                .expect("leads once admission lets the Lease be created")
+                .unwrap();
+            assert!(guard.is_valid());
+            let creates = fake
+                .requests()
+                .iter()
+                .filter(|r| r.client == id && r.verb == "create")
+                .count();
+            assert_eq!(creates, 4, "three refused, then the one that made the Lease");
+        });
+    });
+    let refused: Vec<_> = logs.lines().filter(|l| l.contains("exceeded quota")).collect();
+    assert_eq!(refused.len(), 3, "{logs}");
+    for line in refused {
+        assert!(!line.contains("RBAC") && !line.contains("is missing"), "{line}");
+        assert!(
+            line.contains("WARN") && line.contains("acquiring the lease failed"),
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn forbidden_and_unreachable_api_servers_are_retried_every_jittered_retry_period_and_never_lead() {
     paused(async {
