@@ -112,15 +112,6 @@ impl LeaseGuard {
         self.term.over().is_none()
     }
 
-    /// Whether the term is over as far as can be told without reading the
-    /// clock: it has ended, or this guard's timer fired at a deadline no
-    /// earlier than the current one (the guarded stream's check before each
-    /// poll of its inner stream; the clock is read after the poll).
-    pub(crate) fn ended_without_clock(&self) -> bool {
-        let fired = |t: &Pin<Box<tokio::time::Sleep>>| t.is_elapsed() && self.term.deadline() <= t.deadline();
-        self.term.lost().is_some() || self.timer.as_ref().is_some_and(fired)
-    }
-
     /// Whether this guard's timer is set for the current renew deadline.
     pub(crate) fn timer_armed(&self) -> bool {
         self.timer
@@ -202,13 +193,23 @@ impl LeaseGuard {
                 let _ = lost.await;
                 return;
             }
-            // A renewal moves the deadline: checked again at each timer.
-            while term.over().is_none() {
-                let timer = std::pin::pin!(tokio::time::sleep_until(term.deadline()));
-                if let futures::future::Either::Left(_) = futures::future::select(&mut lost, timer).await {
-                    return;
+            // The clock is read at every poll, as the guard reads it: after a
+            // step that blocked the runtime past the deadline, the timer has
+            // not fired yet when the signal is polled again. A renewal moves
+            // the deadline: the timer follows it.
+            let mut timer = Box::pin(tokio::time::sleep_until(term.deadline()));
+            std::future::poll_fn(move |cx| {
+                loop {
+                    if term.over().is_some() || lost.poll_unpin(cx).is_ready() {
+                        return Poll::Ready(());
+                    }
+                    if timer.deadline() != term.deadline() {
+                        timer.as_mut().reset(term.deadline());
+                    }
+                    ready!(timer.as_mut().poll(cx));
                 }
-            }
+            })
+            .await;
         }
     }
 }

@@ -248,8 +248,10 @@
 //!   back, no guard of that term is handed out any more, a [`LeaseGuard`]
 //!   resolves at the deadline on its own timer (also when the elector's task
 //!   can no longer run), a guarded stream stops within one item of it
-//!   (one precise clock read per item) and never hands out an item made
-//!   after it (a pause inside its poll, or in its consumer), and
+//!   (a clock read before each poll of the stream it guards, and one per
+//!   item), never polls that stream once it passed (after a pause, or a step
+//!   that blocked the runtime) and never hands out an item made after it (a
+//!   pause inside its poll, or in its consumer), and
 //!   [`LeaderElector::is_leader`] says no from then on (and from the moment
 //!   [`LeaderElector::shutdown`] begins).
 //! - The fencing token ([`LeaseGuard::fencing_token`]) grows with every term,
@@ -268,6 +270,23 @@
 //!   but no longer driven stops the election as it stops the client: guards
 //!   end at their renew deadline on their own timer, and
 //!   [`LeaderElector::shutdown`] returns after its budget.
+//! - **Work that blocks the runtime** (a CPU-bound loop without `.await`, a
+//!   blocking call outside `spawn_blocking`) stops the election task and
+//!   every timer of a current-thread runtime (`#[tokio::main(flavor =
+//!   "current_thread")]`, `#[tokio::test]`) while it runs, and of a
+//!   multi-threaded one once every worker is blocked: nothing renews, and a
+//!   step longer than lease duration − renew deadline past the renew deadline
+//!   runs beside the next leader. No election can prevent that. What holds:
+//!   the election itself needs no worker thread (no `spawn_blocking`, no
+//!   `block_in_place`), and once the step ends every check reads its own
+//!   clock before anything else runs ([`LeaseGuard::is_valid`], the guard
+//!   and its [`lost_signal`](LeaseGuard::lost_signal), a guarded stream
+//!   before it polls the stream it guards, [`LeaderElector::is_leader`],
+//!   [`LeaderElector::current_guard`], [`LeaderElector::acquire`],
+//!   [`TermTasks::spawn`]: the term is over). The election task warns that
+//!   it ran late.
+//!   A guarded stream spends Tokio's cooperative budget, so one that is
+//!   always ready yields to the election task on its own.
 //! - When nobody wants leadership any more, the task keeps its watch for one
 //!   retry period before it stops, so that demand that flaps (an `acquire`
 //!   created and dropped repeatedly) costs no new LIST, WATCH and GET.

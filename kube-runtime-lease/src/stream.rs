@@ -51,9 +51,11 @@ enum State {
 ///   [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on)).
 ///
 /// # Fairness
-/// Every poll checks whether the term ended (an atomic load, or the guard's
-/// own timer having fired at the renew deadline) before polling the inner
-/// stream, and reads the clock once per item, after the inner stream made it:
+/// Every poll checks whether the term is over (an atomic load and a clock
+/// read) before polling the inner stream, so that after a pause or a step
+/// of the consumer that blocked the runtime the inner stream takes no step
+/// past the renew deadline, and reads the clock once more per item, after
+/// the inner stream made it:
 /// an item made once the renew deadline had passed is dropped, not handed
 /// out, and the stream ends. So a busy inner stream cannot delay the reaction
 /// to a loss: it stops within one item of the deadline, even if the elector
@@ -62,7 +64,12 @@ enum State {
 /// progress (up to its next `.await`) runs to its end, and only lease
 /// duration − renew deadline is left before another candidate may lead, so
 /// a longer synchronous step (CPU-bound, a blocking call) runs beside the
-/// next leader; its result is never handed out.
+/// next leader; its result is never handed out. Each poll of the inner
+/// stream spends a unit of Tokio's cooperative budget, as Tokio's own
+/// channels do: an inner stream that is always ready (items made without
+/// waiting, `stream::iter(..).then(..)`) under a consumer that never waits
+/// yields to the runtime once the budget is spent, so that the election
+/// task renews meanwhile, also on a current-thread runtime.
 ///
 /// ## Warning
 /// The inner stream is dropped when this stream is polled after the loss; the
@@ -175,21 +182,26 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             // Done.
             return Poll::Ready(None);
         };
-        // The hot path, on every poll, without reading the clock: the term's
-        // end flag (an atomic load), and whether the guard's own timer has
-        // fired at the renew deadline (set while the inner stream was idle),
-        // since after a pause (SIGSTOP, a frozen VM) this poll may run before
-        // the elector task has noticed that the term is over. A term that
-        // has ended always has its reason (both are set together, under the
-        // term's lock); else its renew deadline passed on the clock, before
-        // the elector noticed.
-        if guard.ended_without_clock() {
-            let lost = guard.lost().unwrap_or(Lost::RenewDeadlineExceeded);
+        // Every poll, before the inner stream's: whether the term is over,
+        // on the clock (the end flag, an atomic load, then one clock read).
+        // Not the guard's own timer alone: after a pause (SIGSTOP, a frozen
+        // VM) or a step of the consumer that blocked the runtime, this poll
+        // may run before that timer fired and before the elector task
+        // noticed, and the inner stream would take one more step past the
+        // renew deadline (a request begun, reconciles started).
+        if let Some(lost) = guard.lost() {
             return finish(&mut this, Some(lost));
         }
         let Some(inner) = this.inner.as_mut().as_pin_mut() else {
             return finish(&mut this, None);
         };
+        // One unit of Tokio's cooperative budget per poll of the inner
+        // stream, as Tokio's own channels and sockets spend it: an inner
+        // stream that is always ready (items made without waiting) under a
+        // consumer that never waits either yields to the runtime once the
+        // budget is spent, so that the election task renews meanwhile on a
+        // current-thread runtime. (Outside a runtime there is no budget.)
+        ready!(poll_budget(cx));
         match inner.poll_next(cx) {
             // The one clock read per item: an item made once the deadline
             // had passed is not handed out, whether the deadline passed
@@ -228,6 +240,16 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
             }
         }
     }
+}
+
+/// Spends one unit of Tokio's cooperative budget: `Pending` (the task woken
+/// again at once, after the others had their turn) once it is spent.
+#[allow(
+    deprecated,
+    reason = "`tokio::task::coop::consume_budget` needs Tokio 1.44; this crate asks for 1.40"
+)]
+fn poll_budget(cx: &mut Context<'_>) -> Poll<()> {
+    std::pin::pin!(tokio::task::consume_budget()).poll(cx)
 }
 
 // With its users, the guarded stream and `with_lease`.

@@ -13,6 +13,24 @@ use kube_runtime_lease_harness::{
 
 const T: Timings = Timings::FAST;
 
+/// Waits until the test's watch has seen the Lease written `n` times after
+/// `after` (its [`Kind::Record`] entries).
+async fn lease_written(log: &EventLog, after: u64, n: usize, within: Duration) -> Result<()> {
+    log.wait_until(
+        &format!("{n} writes of the Lease after the snapshot"),
+        within,
+        |entries| {
+            (entries
+                .iter()
+                .filter(|e| e.kind == Kind::Record && e.at > after)
+                .count()
+                >= n)
+                .then_some(())
+        },
+    )
+    .await
+}
+
 /// Two Rust candidates and one of client-go lead through a snapshot of etcd
 /// (the control plane stopped for the copy), renew for a while, then etcd is
 /// restored from the snapshot: the Lease shows an older record, at an older
@@ -39,11 +57,12 @@ async fn restore_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     let snapshot = ctx.dir.path().join("etcd-snapshot");
     log.note("taking a snapshot of etcd");
     ctx.env.snapshot_etcd(&snapshot).await?;
+    let snapped = now_ns();
     let before = wait_settled(log, &live, Duration::from_secs(20))
         .await
         .context("after the snapshot")?;
-    // Renewals move the revision well past the snapshot's.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Renewals move the revision well past the snapshot's: six (3 s of them).
+    lease_written(log, snapped, 6, Duration::from_secs(60)).await?;
     let restoring = log.note("restoring etcd");
     ctx.env.restore_etcd(&snapshot).await?;
     let ready = log.note("apiserver ready on the restored data");
@@ -134,7 +153,8 @@ async fn short_restart_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
         "the restart took {}: too long for this scenario",
         fmt_ms(ready - down)
     );
-    // Two renewals after the restart.
+    // An observation window of two renewals after the restart: nobody starts
+    // leading, and the leader does not stop.
     tokio::time::sleep(DEFAULT.retry_period * 2 + Duration::from_millis(500)).await;
     if let Some(e) = log.find(|e| {
         e.at > down
@@ -185,8 +205,8 @@ async fn quick_restore_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
     wait_seen_by(log, &["b", "g"], "a", 0, Duration::from_secs(15)).await?;
     let snapshot = ctx.dir.path().join("etcd-snapshot-quick");
     ctx.env.snapshot_etcd(&snapshot).await?;
-    // Renewals move the revision past the snapshot's.
-    tokio::time::sleep(DEFAULT.retry_period * 3).await;
+    // Renewals move the revision past the snapshot's: three (three retry periods).
+    lease_written(log, now_ns(), 3, Duration::from_secs(60)).await?;
     let down = log.note("restoring etcd");
     ctx.env.restore_etcd(&snapshot).await?;
     let ready = log.note("apiserver ready on the restored data");
@@ -195,7 +215,9 @@ async fn quick_restore_run(ctx: &Fixture, log: &EventLog) -> Result<String> {
         "the restore took {}: too long for this scenario",
         fmt_ms(ready - down)
     );
-    // Two renewals after the restore.
+    // An observation window of two renewals after the restore (the test's
+    // watch may miss them: it resumes from a revision etcd has not reached):
+    // nobody starts leading, and a does not stop.
     tokio::time::sleep(DEFAULT.retry_period * 2 + Duration::from_millis(500)).await;
     if let Some(e) = log.find(|e| {
         e.at > down

@@ -362,6 +362,7 @@ async fn apiserver_restart_leaves_one_owner_per_shard() -> Result<()> {
             "a replica still held shards {} after the apiserver went down, past the renew deadline",
             fmt_ms(emptied - down)
         );
+        // The fault: the apiserver stays down a while longer.
         tokio::time::sleep(Duration::from_secs(3)).await;
         let restarting = log.note("starting the apiserver");
         ctx.env.start_apiserver().await?;

@@ -29,6 +29,15 @@ use tokio::time::timeout;
 /// Reconciles seen: name → the `data.v` value the reconcile read.
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
 
+/// Its `data.v`, or `""`.
+fn v_of(cm: &ConfigMap) -> String {
+    cm.data
+        .as_ref()
+        .and_then(|d| d.get("v"))
+        .cloned()
+        .unwrap_or_default()
+}
+
 #[tokio::test]
 #[allow(clippy::too_many_lines, reason = "one scenario, phase by phase")]
 async fn a_warm_standby_reconciles_its_store_at_takeover_without_a_list() -> Result<()> {
@@ -59,13 +68,7 @@ async fn a_warm_standby_reconciles_its_store_at_takeover_without_a_list() -> Res
                 .with_leader_election_warm(&elector)
                 .run(
                     |cm: Arc<ConfigMap>, seen: Seen| async move {
-                        let v = cm
-                            .data
-                            .as_ref()
-                            .and_then(|d| d.get("v"))
-                            .cloned()
-                            .unwrap_or_default();
-                        seen.lock().expect("lock").push((cm.name_any(), v));
+                        seen.lock().expect("lock").push((cm.name_any(), v_of(&cm)));
                         Ok::<_, kube::Error>(Action::await_change())
                     },
                     |_cm, _err: &kube::Error, _seen| Action::requeue(Duration::from_millis(500)),
@@ -87,6 +90,18 @@ async fn a_warm_standby_reconciles_its_store_at_takeover_without_a_list() -> Res
         cm
     })
     .await?;
+    wait_until(
+        "the follower's store has cm-0 at v=2",
+        Duration::from_secs(10),
+        || {
+            store
+                .state()
+                .iter()
+                .any(|cm| cm.name_any() == "cm-0" && v_of(cm) == "2")
+        },
+    )
+    .await?;
+    // An observation window: nothing reconciles while following.
     tokio::time::sleep(Timings::FAST.retry_period * 2).await;
     assert!(
         seen.lock().expect("lock").is_empty(),
@@ -141,6 +156,17 @@ async fn a_warm_standby_reconciles_its_store_at_takeover_without_a_list() -> Res
         || seen.lock().expect("lock").len() >= 20,
     )
     .await?;
+    wait_until(
+        "cm-new and cm-2's change reconciled in the new term",
+        Duration::from_secs(10),
+        || {
+            let seen = seen.lock().expect("lock");
+            seen.contains(&("cm-new".to_owned(), "1".to_owned()))
+                && seen.contains(&("cm-2".to_owned(), "3".to_owned()))
+        },
+    )
+    .await?;
+    // An observation window: a late reconcile of the deleted cm-1 would show.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let seen = seen.lock().expect("lock").clone();
     assert!(seen.contains(&("cm-new".to_owned(), "1".to_owned())), "{seen:?}");

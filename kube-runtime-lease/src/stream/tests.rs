@@ -19,7 +19,7 @@ use crate::{
     test_util::FakeLeaseApi,
     tests::{
         runtime::paused_runtime,
-        support::{config, elector, free, paused, taken_by},
+        support::{busy, config, count, elector, free, paused, taken_by},
     },
 };
 
@@ -1046,4 +1046,114 @@ fn is_leading_is_false_once_the_term_is_over_even_before_the_stream_is_polled_ag
             );
         });
     }
+}
+
+/// A guarded stream that is always ready (every item made without waiting,
+/// as the adapter's own example `stream::iter(0..).then(..)`), consumed by a
+/// loop that never waits either: on a current-thread runtime (the default of
+/// `#[tokio::main(flavor = "current_thread")]` and of `#[tokio::test]`) the
+/// election task runs only when this task yields, so the adapter yields
+/// within tokio's cooperative budget, as tokio's own streams do, and the
+/// term is renewed while the stream runs.
+#[test]
+fn an_always_ready_guarded_stream_lets_the_election_task_renew_on_a_current_thread_runtime() {
+    paused(async {
+        let fake = free();
+        let (e, id) = elector(&fake, config("me"));
+        let busy_items = stream::repeat_with(|| busy(Duration::from_millis(1)));
+        let mut guarded = pin!(busy_items.with_leader_election(&e));
+        let mut start = None;
+        while let Some(()) = guarded.next().await {
+            let start = *start.get_or_insert_with(Instant::now);
+            if start.elapsed() >= S(40) {
+                break;
+            }
+        }
+        let renewals = count(&fake, id, "update", start.unwrap());
+        assert!(
+            guarded.is_leading() && e.is_leader(),
+            "the always-ready stream stopped ({:?}) after {:?} of work: {renewals} renewals meanwhile",
+            guarded.lost(),
+            start.unwrap().elapsed()
+        );
+        assert!(renewals >= 15, "{renewals} renewals in 40 s");
+    });
+}
+
+/// Two electors (two Leases) on one `kube::Client` and one current-thread
+/// runtime: a renewal of one that hangs (its answer never comes in time)
+/// costs that elector its term at its renew deadline, and nothing else: the
+/// other's renewals go out on time (each elector bounds its own requests,
+/// and a request in flight holds no lock or slot the other needs).
+#[test]
+fn a_hung_renewal_of_one_elector_does_not_delay_another_on_the_same_client() {
+    paused(async {
+        let fake = free();
+        let mut other = crate::tests::support::held_by("", 1);
+        other.metadata.name = Some("other".into());
+        fake.put(other);
+        let (client, id) = fake.client();
+        let new = |name: &str| {
+            crate::LeaderElector::new(client.clone(), crate::LeaseConfig::new("default", name, "me"))
+        };
+        let (e1, e2) = (new("lease").unwrap(), new("other").unwrap());
+        let (g1, g2) = (e1.acquire().await.unwrap(), e2.acquire().await.unwrap());
+        let start = Instant::now();
+        // The next renewal, whichever elector sends it, is answered after 60 s.
+        fake.fault(id, Some("update"), crate::test_util::Fault::DelayResponse(S(60)));
+        sleep(S(40)).await;
+        let renewals = |name: &str| {
+            fake.requests()
+                .iter()
+                .filter(|r| r.verb == "update" && r.at > start && r.name.as_deref() == Some(name))
+                .count()
+        };
+        let (hung, fine, held) = if g1.is_valid() {
+            ("other", "lease", &g1)
+        } else {
+            ("lease", "other", &g2)
+        };
+        assert!(
+            held.is_valid() && renewals(fine) >= 15,
+            "{fine}: valid {}, {} renewals in 40 s beside the hung renewal of {hung} ({} renewals)",
+            held.is_valid(),
+            renewals(fine),
+            renewals(hung)
+        );
+        assert!(!g1.is_valid() || !g2.is_valid(), "the hung renewal cost its term");
+    });
+}
+
+/// After a step of its consumer that blocked the (current-thread) runtime
+/// past the renew deadline, and past the lease duration, the guarded stream
+/// ends at its next poll without polling its inner stream again: its own
+/// timer has not fired yet (the runtime has not driven it since), so the
+/// check before the inner stream's poll reads the clock. Before, the inner
+/// stream took one more step (a request begun, a Controller's reconciles
+/// started without a guard, `current_guard` being `None`) while another
+/// candidate could already lead; only its item was dropped.
+#[test]
+fn a_guarded_stream_does_not_poll_its_inner_stream_after_a_step_that_blocked_the_runtime() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let polls = Arc::new(AtomicUsize::new(0));
+        let counted = {
+            let polls = polls.clone();
+            stream::poll_fn(move |_| {
+                polls.fetch_add(1, Ordering::SeqCst);
+                Poll::Ready(Some(()))
+            })
+        };
+        let mut guarded = pin!(counted.with_leader_election(&e));
+        assert_eq!(guarded.next().await, Some(()));
+        busy(S(20));
+        assert_eq!(guarded.next().await, None);
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            1,
+            "the inner stream was polled 20 s after its last item, past the renew deadline"
+        );
+        assert_eq!(guarded.lost(), Some(Lost::RenewDeadlineExceeded));
+    });
 }

@@ -1484,6 +1484,64 @@ fn a_busy_guarded_stream_stops_within_one_item_after_the_renew_deadline() {
     });
 }
 
+/// 12: work that blocks a current-thread runtime for longer than the lease
+/// (a CPU-bound loop without `.await`, a blocking call) keeps the election
+/// task and every timer from running meanwhile: nothing renews, and another
+/// candidate may lead before the step ends. No change of the crate can
+/// prevent that (the crate docs say so), but once the step ends nothing of
+/// the term may look alive, before any other task ran: the guard, its
+/// future, `is_leader`, `current_guard`, `acquire` and `TermTasks::spawn`
+/// all see it over on their own clock. The Lease is not released (the work
+/// was alive at the deadline), and the elector leads again afterwards. The
+/// log names the cause: the election task ran late (before, only "not
+/// renewed within the renew deadline", with no renewal failed before it).
+#[test]
+fn work_that_blocks_the_runtime_past_the_lease_finds_its_term_over_at_once() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me"));
+            let mut guard = e.acquire().await.unwrap();
+            let mut tasks = guard.tasks::<()>();
+            sleep(S(3)).await;
+            assert!(guard.is_valid() && e.is_leader(), "renewed before the step");
+            crate::tests::support::busy(S(20));
+            assert!(!guard.is_valid());
+            assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
+            assert_eq!(guard.time_left(), Duration::ZERO);
+            assert!(!e.is_leader() && !e.status().is_leader);
+            assert!(e.current_guard().is_none(), "a guard of a term that is over");
+            assert!(
+                e.acquire().now_or_never().is_none(),
+                "acquire handed out the old term"
+            );
+            assert_eq!(tasks.spawn(async {}).err(), Some(Lost::RenewDeadlineExceeded));
+            assert_eq!((&mut guard).now_or_never(), Some(Lost::RenewDeadlineExceeded));
+            let first = guard.fencing_token();
+            drop(guard);
+            sleep(S(1)).await;
+            assert_eq!(
+                holder(&fake).as_deref(),
+                Some("me"),
+                "released though the blocked work was alive at the deadline"
+            );
+            let again = timeout(S(30), e.acquire())
+                .await
+                .expect("the elector leads again after the step")
+                .unwrap();
+            assert!(again.is_valid() && again.fencing_token() > first);
+        });
+    });
+    // The log tells why the term ended with no renewal failed: before the
+    // loss, the election task's own lateness.
+    let late = logs.find("the leader election task ran late");
+    let lost = logs.find("leadership lost");
+    assert!(
+        late.is_some() && late < lost,
+        "no line names the blocked runtime before the loss:\n{logs}"
+    );
+}
+
 /// 12: a guarded Controller's reconcile in flight stops at the renew
 /// deadline on its own clock, not only when the Controller's stream is next
 /// polled. kube-runtime spawns
@@ -2067,6 +2125,31 @@ fn lost_signal_resolves_at_the_renew_deadline_without_the_election_task() {
     });
     drop(guard);
     drop(helper);
+}
+
+/// 17: after a step that blocked the (current-thread) runtime past the renew
+/// deadline, `lost_signal` is ready at its next poll, as the guard is: it
+/// reads its own clock, not only its timer, which fires only once the
+/// runtime drives it again. Raced with the work (`select!`), a signal still
+/// pending let the work take one more step past the deadline, and past the
+/// lease duration.
+#[test]
+fn lost_signal_is_ready_at_its_next_poll_after_a_blocked_runtime() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let guard = e.acquire().await.unwrap();
+        let mut signal = pin!(guard.lost_signal());
+        assert!(poll!(signal.as_mut()).is_pending(), "the term holds");
+        crate::tests::support::busy(S(20));
+        assert!(!guard.is_valid());
+        assert!(
+            poll!(signal.as_mut()).is_ready(),
+            "lost_signal still pending after a step that blocked the runtime 20 s, \
+             past the renew deadline (the guard: {:?})",
+            guard.lost()
+        );
+    });
 }
 
 /// 17: a guarded Controller that kube-runtime itself ends by force

@@ -35,6 +35,16 @@ pub(crate) fn assert_scraped(registry: &prometheus_client::registry::Registry, s
     assert!(text.contains(sample), "no `{sample}` in the scrape:\n{text}");
 }
 
+/// CPU-bound work (or a blocking call) that takes `d` of paused time: the
+/// clock moves on by `d` while the task does not yield, so that no other
+/// task of the current-thread runtime runs meanwhile, nor any timer fires.
+pub(crate) fn busy(d: std::time::Duration) {
+    use std::future::Future as _;
+    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+    // `advance` moves the clock at its first poll, then yields: polled once.
+    let _ = std::pin::pin!(tokio::time::advance(d)).poll(&mut cx);
+}
+
 /// Why a term ended that `holder` took over.
 pub(crate) fn taken_by(holder: &str) -> crate::Lost {
     crate::Lost::TakenOver {

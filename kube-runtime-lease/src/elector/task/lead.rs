@@ -197,6 +197,19 @@ impl Task {
                 step = self.watch.next().fuse() => Some(step),
                 () = sleep_until(next_tick).fuse() => None,
             };
+            // A timer due half the renew deadline ago or more (what makes a
+            // renewal slow): this task was not run meanwhile, and sent
+            // nothing (the cause of a term that ends at its renew deadline
+            // with no failed renewal).
+            let late = Instant::now().saturating_duration_since(hold_or_deadline.min(next_tick));
+            if late >= self.config().renew_deadline / 2 {
+                warn!(
+                    ?late,
+                    "the leader election task ran late: its runtime was blocked (a step without `.await`, \
+                     a blocking call outside `spawn_blocking`), not driven, or the process was paused; \
+                     nothing was renewed meanwhile"
+                );
+            }
             if let Some(event) = event
                 && let Err(lost) = self.on_watch_event(run, event).await
             {
