@@ -137,7 +137,8 @@ STEPS = [
         "files": ["stream.rs", "stream/each_term.rs", "stream/tests.rs", "controller/mod.rs", "scope.rs", "scope/tests.rs"],
         "final": True,
         "brings": {
-            "guard.rs": ["fn parts", "fn ended_without_clock", "fn timer_armed"],
+            "guard.rs": ["fn parts", "fn timer_armed"],
+            "tests/support.rs": ["fn busy"],
             "elector/mod.rs": ["fn is_shut_down"],
             "term.rs": ["fn expire_for_test"],
         },
