@@ -237,3 +237,53 @@ fn the_events_of_a_lease_with_the_longest_name_have_names_the_api_server_accepts
         );
     });
 }
+
+/// Each Event carries what the API server requires of an `events.k8s.io/v1`
+/// Event (it refuses one without `eventTime`, `reportingController`,
+/// `reportingInstance`, `action` or `reason`, 422), as kube-runtime's
+/// `Recorder` fills them: the reporter's controller, its instance (the
+/// controller when it names none), the time it was published, about the
+/// Lease in its namespace. The test double keeps what it is sent and checks
+/// none of it.
+#[test]
+fn each_event_carries_every_field_the_api_server_requires() {
+    for instance in [Some("pod-a"), None] {
+        paused(async move {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me"));
+            let e = e.with_events(kube_runtime::events::Reporter {
+                controller: "test-controller".into(),
+                instance: instance.map(Into::into),
+            });
+            let before = k8s_openapi::jiff::Timestamp::now();
+            drop(e.acquire().await.expect("leads"));
+            sleep(S(5)).await;
+            let events = fake.events();
+            assert_eq!(events.len(), 2, "BecameLeader and GivenUp: {events:?}");
+            for event in &events {
+                let time = event["eventTime"]
+                    .as_str()
+                    .map(str::parse::<k8s_openapi::jiff::Timestamp>);
+                assert!(
+                    matches!(time, Some(Ok(t)) if t >= before && t <= k8s_openapi::jiff::Timestamp::now()),
+                    "eventTime {:?} is not the time it was published: {event}",
+                    event["eventTime"]
+                );
+                assert_eq!(event["reportingController"], "test-controller", "{event}");
+                assert_eq!(
+                    event["reportingInstance"],
+                    instance.unwrap_or("test-controller"),
+                    "{event}"
+                );
+                assert_eq!(event["metadata"]["namespace"], "default", "{event}");
+                assert_eq!(event["regarding"]["kind"], "Lease", "{event}");
+                for field in ["action", "reason", "type"] {
+                    assert!(
+                        event[field].as_str().is_some_and(|v| !v.is_empty()),
+                        "no {field}: {event}"
+                    );
+                }
+            }
+        });
+    }
+}
