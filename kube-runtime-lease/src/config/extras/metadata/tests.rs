@@ -141,3 +141,24 @@ fn configured_annotations_are_written_only_where_they_fit_under_the_limit() {
         "one byte more than the limit was written"
     );
 }
+
+/// `validate` takes configured annotations up to the API server's limit
+/// less the room the fencing token's annotation needs (its key and the
+/// longest `i64`), and refuses one byte more.
+#[test]
+fn configured_annotations_are_valid_up_to_the_limit_less_the_tokens_room() {
+    let room = crate::record::TOKEN_ANNOTATION.len() + i64::MIN.to_string().len();
+    let key = "example.com/big";
+    let with = |size: usize| LeaseMetadata {
+        annotations: BTreeMap::from([(key.to_owned(), "x".repeat(size - key.len()))]),
+        ..LeaseMetadata::default()
+    };
+    assert_eq!(with(MAX_ANNOTATIONS_SIZE - room).validate(), Ok(()));
+    assert!(
+        matches!(
+            with(MAX_ANNOTATIONS_SIZE - room + 1).validate(),
+            Err(ConfigError::InvalidAnnotation { .. })
+        ),
+        "one byte more than leaves the token its room is valid"
+    );
+}
