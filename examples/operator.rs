@@ -120,7 +120,7 @@
 //! The Helm chart `deploy/chart/` installs it: a Deployment (2 replicas, a
 //! `PodDisruptionBudget`, the identity from the downward API, a restricted
 //! security context), RBAC for exactly what it does (`get`, `create`,
-//! `update`, `list`, `watch` on `leases`; `get`, `list`, `watch`, `patch` on
+//! `update`, `list`, `watch` on `leases`; `list`, `watch`, `patch` on
 //! `ConfigMaps` and `Secrets`), the webhook's Service (443 to 9443) and
 //! `ValidatingWebhookConfiguration` (`CREATE` and `UPDATE` of labelled
 //! `configmaps`, `failurePolicy: Fail`, `sideEffects: None`), and its

@@ -231,7 +231,7 @@ mod tests {
         assert_eq!(error.forbidden_verb(), Some("update"));
     }
 
-    /// Review (beyond RBAC): admission's 403s that name no cause and deny
+    /// Admission's 403s that name no cause and deny
     /// nothing in words are not authorization's either: a `ResourceQuota` on
     /// `count/leases.coordination.k8s.io` (before it is counted, and at its
     /// limit), `OwnerReferencesPermissionEnforcement` (which quotes an

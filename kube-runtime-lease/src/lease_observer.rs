@@ -17,16 +17,18 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Sile
 /// It publishes the same [`LeaderStatus`] an elector does (its `holder` and
 /// `transitions`; `is_leader` is always `false`), from a watch of that one
 /// Lease, and makes no write: RBAC needs only `get`, `list` and `watch` on
-/// `leases`. The watch is kube-runtime's `watch_object`, with its default
+/// `leases` (a refusal names the missing verb, warned once until it is
+/// allowed). The watch is kube-runtime's `watch_object`, with its default
 /// backoff. `holder` is the holder the record names, as an elector shows
 /// it: a holder that has stopped renewing is still named until someone
-/// takes the Lease over. A watch silent for the held record's lease
-/// duration (15 s when the Lease is free or missing) is checked with a
-/// read: one that shows a record the watch did not deliver is reported; at
-/// the second such read in a row (a stalled watch: open, neither ending nor
-/// failing) it is warned, once until the watch delivers again, and the watch
-/// is started again. The watch runs in a task of its own, stopped when the
-/// observer is dropped.
+/// takes the Lease over. A watch silent (or failing: refused without
+/// `list`/`watch`, say) for the held record's lease duration (15 s when
+/// the Lease is free or missing) is checked with a read: one that shows a
+/// record the watch did not deliver is reported; at the second such read
+/// in a row (a stalled watch: open, neither ending nor failing) it is
+/// warned, once until the watch delivers again, and the watch is started
+/// again. The watch runs in a task of its own, stopped when the observer is
+/// dropped.
 ///
 /// ```no_run
 /// use kube_runtime_lease::LeaseObserver;
@@ -61,6 +63,7 @@ impl LeaseObserver {
         check_lease(namespace, name)?;
         let (tx, status) = watch::channel(LeaderStatus::default());
         let api: Api<Wire> = Api::namespaced(client, namespace);
+        let lease = format!("{namespace}/{name}");
         let name = name.to_owned();
         let task = tokio::spawn(async move {
             let open = || {
@@ -73,18 +76,38 @@ impl LeaseObserver {
             // what reads after a silence showed since the watch delivered.
             let mut last: Option<Lease> = None;
             let mut stall = Silence::Heard;
+            // When the watch last delivered, or the Lease was last read: a
+            // watch that fails (retried with backoff) delivers nothing, so
+            // its errors do not put the checking read off.
+            let mut heard = tokio::time::Instant::now();
+            // Whether a refusal of RBAC was warned, until the request is
+            // allowed again: the watch's, the read's.
+            let (mut watch_refused, mut get_refused) = (false, false);
             loop {
                 let silence = silence(last.as_ref());
-                let seen = match tokio::time::timeout(silence, events.next()).await {
+                let seen = match tokio::time::timeout_at(heard + silence, events.next()).await {
                     Ok(None) => return,
                     Ok(Some(Ok(seen))) => {
+                        heard = tokio::time::Instant::now();
+                        watch_refused = false;
                         if stall.heard() {
                             info!("lease observer: the watch delivers again");
                         }
                         seen.map(|Wire(l)| l)
                     }
                     Ok(Some(Err(e))) => {
-                        debug!(error = %crate::error::Chain(&e), "lease observer: watch failed; retrying");
+                        if crate::error::watch_status(&e) == Some(403)
+                            && !std::mem::replace(&mut watch_refused, true)
+                        {
+                            warn!(
+                                error = %crate::error::Chain(&e),
+                                "lease observer: forbidden to watch lease {lease}: RBAC needs verbs get, list, watch \
+                                 on resource `leases` in API group `coordination.k8s.io`; `list` and `watch` are \
+                                 missing: reading the Lease every {silence:?} instead until the watch is allowed"
+                            );
+                        } else {
+                            debug!(error = %crate::error::Chain(&e), "lease observer: watch failed; retrying");
+                        }
                         continue;
                     }
                     // Silent for the record's lease duration: a held record
@@ -97,10 +120,25 @@ impl LeaseObserver {
                     // over from a dead holder, and the read may overtake the
                     // watch's event of the takeover.
                     Err(_) => {
+                        heard = tokio::time::Instant::now();
                         let read = match api.get_opt(&name).await {
-                            Ok(read) => read.map(|Wire(l)| l),
+                            Ok(read) => {
+                                get_refused = false;
+                                read.map(|Wire(l)| l)
+                            }
                             Err(e) => {
-                                debug!(error = %crate::error::Chain(&e), "lease observer: reading the Lease failed");
+                                if crate::error::refused_by_rbac(&e)
+                                    && !std::mem::replace(&mut get_refused, true)
+                                {
+                                    warn!(
+                                        error = %crate::error::Chain(&e),
+                                        "lease observer: forbidden to get lease {lease}: RBAC needs verbs get, list, \
+                                         watch on resource `leases` in API group `coordination.k8s.io`; `get` is \
+                                         missing"
+                                    );
+                                } else {
+                                    debug!(error = %crate::error::Chain(&e), "lease observer: reading the Lease failed");
+                                }
                                 continue;
                             }
                         };

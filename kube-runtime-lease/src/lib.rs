@@ -119,7 +119,7 @@
 //! `events.k8s.io` (each Event is a new one: none is patched). A sharded election (`unstable-shards`) also needs
 //! `delete` on `leases`: its replicas delete departed members' roster
 //! entries (without it they stay, one per process started, with one
-//! warning).
+//! warning per outage).
 //! <!-- upstream: end -->
 //!
 //! # Timings

@@ -1004,6 +1004,159 @@ async fn without_rbac_a_candidate_never_leads_and_says_which_rule_is_missing() -
     Ok(())
 }
 
+impl Fx {
+    /// Grants `user` exactly `verbs` on `leases` in the test's namespace.
+    async fn grant_leases(&self, user: &str, verbs: &[&str]) -> Result<()> {
+        let name = "leases-partial".to_owned();
+        let role = Role {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            rules: Some(vec![PolicyRule {
+                api_groups: Some(vec!["coordination.k8s.io".to_owned()]),
+                resources: Some(vec!["leases".to_owned()]),
+                verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+                ..PolicyRule::default()
+            }]),
+        };
+        Api::<Role>::namespaced(self.admin.clone(), &self.ns)
+            .create(&PostParams::default(), &role)
+            .await?;
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "Role".to_owned(),
+                name,
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".to_owned(),
+                name: user.to_owned(),
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                ..Subject::default()
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(self.admin.clone(), &self.ns)
+            .create(&PostParams::default(), &binding)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Review (RBAC verb by verb): each verb of the documented Role on `leases`
+/// missing alone, the others granted, on the real API server's RBAC. A
+/// candidate without `get`, or without `create` while the Lease is missing,
+/// or without `update` (with the creation hold: its renewals during the
+/// hold are refused) never leads; without `update` and without the hold it
+/// leads one term, which ends at its renew deadline, and is left to
+/// expire. Each says which verb is missing, naming that one only. A
+/// `LeaseObserver` (`get`, `list`, `watch`) without `list`/`watch` reports
+/// the holder from its reads and says the watch is refused; without `get`
+/// it says so.
+#[tokio::test]
+async fn each_lease_verb_missing_alone_is_named_and_never_leads_past_the_renew_deadline() -> Result<()> {
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+    let all = ["get", "create", "update", "list", "watch"];
+    for (missing, hold) in [
+        ("get", true),
+        ("create", true),
+        ("update", true),
+        ("update", false),
+    ] {
+        let fx = fixture(&format!("rbac-no-{missing}")).await?;
+        let user = format!("lease-user-{}", fx.ns);
+        let granted: Vec<_> = all.iter().copied().filter(|v| *v != missing).collect();
+        fx.grant_leases(&user, &granted).await?;
+        let config = fx.config("a").creation_hold(hold);
+        let a = LeaderElector::new(fx.env.user_client(&user, &[]).await?, config)?;
+        let needle = format!("forbidden to {missing} lease {}/{LEASE}", fx.ns);
+        let mut acquiring = std::pin::pin!(a.acquire());
+        if missing == "update" && !hold {
+            // Created and led at once; the first renewal is refused.
+            let guard = timeout(Duration::from_secs(10), &mut acquiring)
+                .await
+                .with_context(|| format!("no term without the creation hold; logs:\n{}", logs.text()))??;
+            let led = Instant::now();
+            let lost = timeout(RENEW_DEADLINE + Duration::from_secs(5), guard)
+                .await
+                .context("the term outlived its renew deadline without `update`")?;
+            ensure!(lost == Lost::RenewDeadlineExceeded, "{lost:?}");
+            ensure!(
+                led.elapsed() <= RENEW_DEADLINE + Duration::from_secs(2),
+                "the guard ended {:?} after the term began",
+                led.elapsed()
+            );
+            ensure!(!a.is_leader());
+            let mut again = std::pin::pin!(a.acquire());
+            tokio::select! {
+                guard = &mut again => bail!("led again without `update`: {guard:?}"),
+                lines = logs.wait_lines(&needle, 2, Duration::from_secs(10)) => drop(lines?),
+            }
+            ensure!(
+                fx.spec().await?.holder_identity.as_deref() == Some("a"),
+                "left to expire, not released"
+            );
+        } else {
+            tokio::select! {
+                guard = &mut acquiring => bail!("led without `{missing}`: {guard:?}"),
+                lines = logs.wait_lines(&needle, 2, Duration::from_secs(10)) => drop(lines?),
+            }
+            ensure!(!a.is_leader(), "leads without `{missing}`");
+        }
+        let lease = fx.leases.get_opt(LEASE).await?;
+        ensure!(
+            lease.is_some() == (missing == "update"),
+            "without `{missing}`: Lease {lease:?}"
+        );
+        let in_ns = format!("lease {}/{LEASE}", fx.ns);
+        for line in logs.lines_with(&in_ns).iter().filter(|l| l.contains("RBAC")) {
+            ensure!(
+                line.contains(&needle) && line.contains(&format!("`{missing}` is missing")),
+                "without `{missing}` a line names another verb:\n{line}"
+            );
+        }
+    }
+
+    // A LeaseObserver without `list`/`watch`, then without `get`.
+    for (missing, granted) in [("watch", &["get"][..]), ("get", &["list", "watch"][..])] {
+        let fx = fixture(&format!("rbac-observer-no-{missing}")).await?;
+        let user = format!("lease-user-{}", fx.ns);
+        fx.grant_leases(&user, granted).await?;
+        // Without `get`, no Lease: its watch is silent, and the read after
+        // the silence (15 s) is refused. (A held Lease's renewals keep a
+        // watch from falling silent: no read is needed.)
+        let leader = fx.candidate(fx.config("leader").creation_hold(false)).await?;
+        let _guard = if missing == "watch" {
+            Some(acquire_within(&leader, Duration::from_secs(10)).await?)
+        } else {
+            None
+        };
+        let observer =
+            kube_runtime_lease::LeaseObserver::new(fx.env.user_client(&user, &[]).await?, &fx.ns, LEASE)?;
+        let needle = format!("lease observer: forbidden to {missing} lease {}/{LEASE}", fx.ns);
+        let lines = logs.wait_lines(&needle, 1, Duration::from_secs(30)).await?;
+        ensure!(
+            lines[0].contains("RBAC needs verbs get, list, watch"),
+            "{}",
+            lines[0]
+        );
+        if missing == "watch" {
+            let mut status = observer.subscribe();
+            timeout(
+                Duration::from_secs(30),
+                status.wait_for(|s| s.holder.as_deref() == Some("leader")),
+            )
+            .await
+            .context("an observer without list/watch never reported the holder")??;
+        }
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------
 // 7. Coordinated Leader Election fields
 // ---------------------------------------------------------------------------

@@ -292,7 +292,7 @@ fn the_rendered_objects_are_what_a_user_needs() -> Result<()> {
             expected_all.push((
                 String::new(),
                 resource.to_owned(),
-                verbs(&["get", "list", "watch", "patch"]),
+                verbs(&["list", "watch", "patch"]),
             ));
         }
         expected_all.sort();

@@ -1120,3 +1120,77 @@ async fn operator_refuses_shutdown_settings_out_of_range_without_panicking() -> 
     }
     Ok(())
 }
+
+/// Review (RBAC verb by verb, least privilege): the operator runs on
+/// exactly the verbs its chart grants minus `get` on `configmaps` and
+/// `secrets`: it only lists and watches them (its Controllers) and
+/// merge-patches them, so the chart's `get` is not needed. One replica
+/// with a user that has the Lease's Role and that rule leads and stamps
+/// both managed objects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_needs_no_get_on_the_objects_it_reconciles() -> Result<()> {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let mut s = Scenario::new().await?;
+    let env = shared_env().await?;
+    let user = format!("operator-{}", s.namespace);
+    let allow = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let meta = || ObjectMeta {
+        name: Some("operator".to_owned()),
+        ..ObjectMeta::default()
+    };
+    let role = Role {
+        metadata: meta(),
+        rules: Some(vec![
+            allow(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "create", "update", "list", "watch"],
+            ),
+            allow("", &["configmaps", "secrets"], &["list", "watch", "patch"]),
+        ]),
+    };
+    Api::<Role>::namespaced(s.client.clone(), &s.namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding = RoleBinding {
+        metadata: meta(),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "Role".to_owned(),
+            name: "operator".to_owned(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".to_owned(),
+            name: user.clone(),
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<RoleBinding>::namespaced(s.client.clone(), &s.namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    s.kubeconfig = env.user_kubeconfig(&user, &[])?;
+    s.spawn("a").await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let result = loop {
+        let (cm, secret) = s.stamps().await?;
+        if cm.0 == "a" && secret.0 == "a" {
+            break Ok(());
+        }
+        if Instant::now() >= deadline {
+            break Err(anyhow!(
+                "the operator without `get` did not reconcile both objects within 30 s (ConfigMap {cm:?}, \
+                 Secret {secret:?}); its log:\n{}",
+                s.output("a")
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    s.sigkill("a").await?;
+    result
+}

@@ -209,3 +209,68 @@ fn an_observer_does_not_take_a_takeover_it_reads_first_for_a_stalled_watch() {
         "a healthy watch warned as stalled:\n{logs}"
     );
 }
+
+/// An observer's Role is `get`, `list` and
+/// `watch` on `leases`. Without `list`/`watch` (the watch refused with
+/// 403), or without `get` (its checking reads refused), it must say which
+/// rule is missing, once per outage, as an elector does, instead of
+/// retrying silently at debug level; and without `list`/`watch` it still
+/// reports the holder, from its reads.
+#[test]
+fn an_observer_refused_by_rbac_names_the_missing_verb_once() {
+    let mut watch_at = None;
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let (a, _) = elector(&fake, config("a"));
+            let _guard = a.acquire().await.unwrap();
+            let (client, id) = fake.client();
+            fake.forbid_watch(id);
+            let start = tokio::time::Instant::now();
+            let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+            let mut status = observer.subscribe();
+            timeout(S(60), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+                .await
+                .expect("an observer without list/watch reports the holder from its reads")
+                .unwrap();
+            watch_at = Some(start.elapsed());
+            sleep(S(120)).await;
+        });
+    });
+    let watch_at = watch_at.unwrap();
+    assert!(
+        watch_at <= S(16),
+        "the holder was reported only {watch_at:?} after the observer started (the watch forbidden)"
+    );
+    let watch: Vec<_> = logs
+        .lines()
+        .filter(|l| l.contains("lease observer") && l.contains("RBAC"))
+        .collect();
+    assert_eq!(watch.len(), 1, "one warning naming the rule; logs:\n{logs}");
+    assert!(
+        watch[0].contains("WARN") && watch[0].contains("`list` and `watch`"),
+        "{}",
+        watch[0]
+    );
+
+    // Without `get`: the watch delivers; its checking read after a silence
+    // is refused. (The Lease is free: nothing changes, a read every 15 s.)
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = crate::tests::support::free();
+            let (client, id) = fake.client();
+            for _ in 0..100 {
+                fake.fault(id, Some("get"), crate::test_util::Fault::Status(403));
+            }
+            let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+            sleep(S(120)).await;
+            assert_eq!(observer.status().holder, None);
+        });
+    });
+    let get: Vec<_> = logs
+        .lines()
+        .filter(|l| l.contains("lease observer") && l.contains("RBAC"))
+        .collect();
+    assert_eq!(get.len(), 1, "one warning naming the rule; logs:\n{logs}");
+    assert!(get[0].contains("`get`"), "{}", get[0]);
+}

@@ -334,7 +334,8 @@ struct Inner {
     wake: Notify,
     /// Shards handed over to balance.
     rebalances: std::sync::atomic::AtomicU64,
-    /// A delete of a departed member's entry was refused (403): said once.
+    /// A delete of a departed member's entry was refused (403) since the
+    /// last one done: said once per outage.
     delete_forbidden: std::sync::atomic::AtomicBool,
     /// Shard Leases held that the shard watch does not show (their labels
     /// edited by someone else), as an eviction's confirming read last found
@@ -1358,6 +1359,10 @@ impl ShardedElector {
                 match tokio::time::timeout(timeout, roster::delete(&api, &entry)).await {
                     Ok(Ok(roster::Wrote::Done)) => {
                         info!(lease = %name, "deleted a departed member's roster entry");
+                        // A refusal after this is another outage: warned again.
+                        this.inner
+                            .delete_forbidden
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
                     }
                     Ok(Ok(roster::Wrote::Changed)) => {
                         debug!(lease = %name, "not deleted: the roster entry changed since it was seen, or is gone");

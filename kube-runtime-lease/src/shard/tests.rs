@@ -755,7 +755,7 @@ fn departed_members_roster_entries_are_deleted_so_the_roster_stays_at_the_live_m
     });
 }
 
-/// Review (beyond RBAC): a departed member's roster entry whose delete is
+/// A departed member's roster entry whose delete is
 /// refused by admission (a validating admission policy: a 403 that is not
 /// authorization's) is warned with the API server's message, not as a
 /// missing RBAC verb.
@@ -794,6 +794,58 @@ fn a_roster_delete_refused_by_admission_is_not_logged_as_a_missing_rbac_verb() {
             "{line}"
         );
     }
+}
+
+/// Without `delete` on leases, a departed
+/// member's roster entry stays, warned once per outage naming the verb:
+/// once while the verb is missing (then at debug level), and again when it
+/// is taken away again after a delete succeeded meanwhile (the warning was
+/// once per sharded elector).
+#[test]
+fn a_roster_delete_refused_by_rbac_is_warned_once_per_outage() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let ((a, a_id), (b, b_id)) = (replica_of(&fake, "a", 12), replica_of(&fake, "b", 12));
+            let forbid = || {
+                for id in [a_id, b_id] {
+                    for _ in 0..10 {
+                        fake.fault(id, Some("delete"), crate::test_util::Fault::Status(403));
+                    }
+                }
+            };
+            forbid();
+            start(&[&a, &b]);
+            // Three members join and crash in turn: refused, allowed, refused.
+            for (member, allowed) in [("c", false), ("d", true), ("e", false)] {
+                if allowed {
+                    fake.clear_faults();
+                } else {
+                    forbid();
+                }
+                let (m, _) = replica_of(&fake, member, 12);
+                let run = {
+                    let m = m.clone();
+                    tokio::spawn(async move { m.run().await })
+                };
+                sleep(S(20)).await;
+                run.abort();
+                drop(m);
+                sleep(S(30)).await;
+            }
+        });
+    });
+    // Each replica warns once per outage: of c's entry, then of e's.
+    let warned: std::collections::BTreeSet<_> = logs
+        .lines()
+        .filter(|l| l.contains("forbidden (RBAC needs `delete` on leases)"))
+        .filter_map(|l| l.split("lease=").nth(1))
+        .collect();
+    assert_eq!(
+        warned.len(),
+        2,
+        "the entries warned of: {warned:?}, not one per outage; logs:\n{logs}"
+    );
 }
 
 /// What a gated reconcile that never returns does with its shard's guard:

@@ -40,6 +40,10 @@ pub(super) struct Served {
     /// The status every `LeaseCandidate` request is answered with, if set
     /// (see [`FakeLeaseApi::refuse_lease_candidates`]).
     refused: Option<u16>,
+    /// The verbs (`create`, `get`, `list`, `watch`, `update`, `delete`)
+    /// refused with authorization's 403: a Role without them.
+    #[cfg(test)]
+    forbidden: Vec<&'static str>,
     /// How long every `LeaseCandidate` request takes (paused time).
     latency: Duration,
 }
@@ -264,6 +268,14 @@ impl FakeLeaseApi {
         self.lock().candidates.refused = status;
     }
 
+    /// From now on, refuses the `LeaseCandidate` requests of `verbs`
+    /// (`create`, `get`, `list`, `watch`, `update`, `delete`) with
+    /// authorization's 403, naming the verb: a Role without them.
+    #[cfg(test)]
+    pub(crate) fn forbid_lease_candidate_verbs(&self, verbs: &[&'static str]) {
+        self.lock().candidates.forbidden = verbs.to_vec();
+    }
+
     /// Makes every `LeaseCandidate` request take `latency` before it is
     /// handled.
     #[must_use]
@@ -373,6 +385,15 @@ impl FakeLeaseApi {
                 "refused by the test"
             };
             return status(code, "Refused", message);
+        }
+        #[cfg(test)]
+        if let Some(verb) = verb.strip_prefix("candidate ")
+            && s.candidates.forbidden.contains(&verb)
+        {
+            let message = format!(
+                r#"leasecandidates.coordination.k8s.io is forbidden: User "test" cannot {verb} resource "leasecandidates" in API group "coordination.k8s.io" in the namespace "{namespace}""#
+            );
+            return status(403, "Forbidden", &message);
         }
         let Some(candidates) = s.candidates.objects.as_mut() else {
             return status(404, "NotFound", "the double serves no lease candidates");

@@ -235,6 +235,10 @@ struct Store {
     clients: Vec<ClientFaults>,
     /// Events created, in order (see [`FakeLeaseApi::events`]).
     events: Vec<serde_json::Value>,
+    /// Event creations are refused with authorization's 403 (see
+    /// [`FakeLeaseApi::forbid_events`]).
+    #[cfg(all(test, feature = "events"))]
+    events_forbidden: bool,
     /// What the double serves of `LeaseCandidate`s.
     #[cfg(feature = "coordinated")]
     candidates: lease_candidates::Served,
@@ -391,6 +395,13 @@ impl FakeLeaseApi {
     /// If `client` is not an index [`client`](Self::client) returned.
     pub fn allow_watch(&self, client: usize) {
         Self::client_faults(&mut self.lock(), client).watch_forbidden = false;
+    }
+
+    /// Refuses (or serves again) the creation of Events with
+    /// authorization's 403: a Role without `create` on `events`.
+    #[cfg(all(test, feature = "events"))]
+    pub(crate) fn forbid_events(&self, forbidden: bool) {
+        self.lock().events_forbidden = forbidden;
     }
 
     /// The Events created through this double so far, as JSON,

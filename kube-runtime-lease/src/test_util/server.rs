@@ -229,6 +229,11 @@ impl FakeLeaseApi {
     /// An Event created (`events.k8s.io` or core): kept for
     /// [`FakeLeaseApi::events`], answered 201 with itself.
     fn event_posted(&self, body: &[u8]) -> Response<ResBody> {
+        #[cfg(all(test, feature = "events"))]
+        if self.lock().events_forbidden {
+            let message = r#"events.events.k8s.io is forbidden: User "test" cannot create resource "events" in API group "events.k8s.io" in the namespace "default""#;
+            return status(403, "Forbidden", message);
+        }
         match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(event) => {
                 self.lock().events.push(event.clone());

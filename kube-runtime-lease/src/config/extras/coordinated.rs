@@ -48,7 +48,11 @@ pub(crate) const REQUEST_BOUND: Duration = Duration::from_secs(10);
 ///   client-go's candidate does. While the Lease stays missing, free or
 ///   expired for 20 s (two of the API server's elections), it watches the
 ///   object anew (a watch that stalled misses pings; the re-list shows
-///   one), then after 40 s, doubling up to five minutes;
+///   one), then after 40 s, doubling up to five minutes. Where RBAC refuses
+///   that watch (no `list`/`watch` on `leasecandidates`), it says so once
+///   and reads the object every retry period instead, until the watch is
+///   allowed, so that pings are still answered: the API server elects only
+///   candidates that answered (a fresh one excepted);
 /// - never creates the Lease and never takes it over: it leads when the API
 ///   server's election names it holder (a record written by the API server,
 ///   without `acquireTime`), and from then on renews it as in an ordinary

@@ -42,7 +42,8 @@ struct Events {
     identity: String,
     namespace: String,
     name: String,
-    /// Whether a failure was already logged as a warning.
+    /// Whether a failure was already logged as a warning since the last
+    /// Event published (one warning per outage).
     warned: Arc<AtomicBool>,
 }
 
@@ -54,7 +55,8 @@ impl LeaderElector {
     /// (`Warning` for a loss, `Normal` for a shutdown, a step-down or a term
     /// given up because nobody wanted it any more), on the
     /// Lease. Events never delay the election: each is sent from a task of
-    /// its own, bounded, and a failure is logged (once as a warning). Needs
+    /// its own, bounded, and a failure is logged (as a warning once per
+    /// outage: until an Event is published again). Needs
     /// `create` on `events` in `events.k8s.io` in the Lease's
     /// namespace. The first call sets the reporter; later calls change
     /// nothing. The event of a shutdown is sent from a task of its own: a
@@ -170,7 +172,8 @@ impl Observer for Events {
                 .await
                 .map(|r| r.map(drop));
             let (error, denied) = match result {
-                Ok(Ok(())) => return,
+                // A failure after this one is another outage: warned again.
+                Ok(Ok(())) => return warned.store(false, Ordering::Relaxed),
                 Ok(Err(e)) => {
                     let denied = crate::error::refused_by_rbac(&e);
                     (e.to_string(), denied)
@@ -183,12 +186,12 @@ impl Observer for Events {
                 warn!(
                     %error,
                     "publishing a leader election event failed (RBAC: create on `events` in `events.k8s.io`); \
-                     further failures are logged at debug level"
+                     further failures are logged at debug level until one is published"
                 );
             } else {
                 warn!(
                     %error,
-                    "publishing a leader election event failed; further failures are logged at debug level"
+                    "publishing a leader election event failed; further failures are logged at debug level until one is published"
                 );
             }
         });

@@ -483,11 +483,16 @@ impl LeaseCandidate {
         // did not was deleted while the watch was away (a re-list after
         // `410 Gone` brings no `DELETED` event).
         let mut listed = false;
+        // While the watch is refused by RBAC (no `list`/`watch` on
+        // `leasecandidates`): a read every retry period, so that pings are
+        // still answered within the API server's election.
+        let mut poll: Option<tokio::time::Interval> = None;
         loop {
             // Whether a renewal landed, if one was sent.
             let mut renewed = None;
+            let polled = next_read(poll.as_mut());
             let served = futures::select_biased! {
-                event = events.next().fuse() => match event {
+                event = events.next().fuse() => match watch_allowed(event, &mut poll) {
                     Some(Ok(watcher::Event::Init)) => {
                         listed = false;
                         true
@@ -515,6 +520,10 @@ impl LeaseCandidate {
                         self.publish_again(&mut renewed).await
                     }
                     Some(Ok(_)) => true,
+                    Some(Err(e)) if crate::error::watch_status(&e) == Some(403) => {
+                        refused_watch(&e, &mut poll, inner.config.retry_period);
+                        true
+                    }
                     Some(Err(e)) => {
                         debug!(error = %Chain(&e), "coordinated leader election: watch of the LeaseCandidate failed");
                         // The list or watch answered 404: is the API still served?
@@ -529,6 +538,7 @@ impl LeaseCandidate {
                     }
                     true
                 }
+                () = polled.fuse() => self.read_for_a_ping(&mut answered, &mut renewed).await,
                 _ = refresh.tick().fuse() => {
                     match bounded(self.api.get_opt(&self.name)).await {
                         Ok(Some(object)) => {
@@ -538,7 +548,7 @@ impl LeaseCandidate {
                         Ok(None) => self.publish_again(&mut renewed).await,
                         Err(e) if e.status() == Some(404) => self.publish_again(&mut renewed).await,
                         Err(e) => {
-                            warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed");
+                            warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed{}", rbac_hint(&e, "get"));
                             renewed = Some(false);
                             true
                         }
@@ -559,6 +569,29 @@ impl LeaseCandidate {
                 }
                 Some(true) => backoff = None,
                 None => {}
+            }
+        }
+    }
+
+    /// Reads the `LeaseCandidate` in place of its refused watch, and answers
+    /// a ping it shows, once (as [`keep`](Self::keep) answers one delivered);
+    /// publishes it again if it is gone. `false` when that is answered 404.
+    async fn read_for_a_ping(&self, answered: &mut Option<Timestamp>, renewed: &mut Option<bool>) -> bool {
+        match bounded(self.api.get_opt(&self.name)).await {
+            Ok(Some(object)) => {
+                if let Some(ping) = unanswered_ping(&object)
+                    && answered.replace(ping) != Some(ping)
+                {
+                    debug!("coordinated leader election: pinged by the API server (read)");
+                    *renewed = Some(self.renew(object).await);
+                }
+                true
+            }
+            Ok(None) => self.publish_again(renewed).await,
+            Err(e) if e.status() == Some(404) => self.publish_again(renewed).await,
+            Err(e) => {
+                debug!(error = %e, "coordinated leader election: reading the LeaseCandidate failed");
+                true
             }
         }
     }
@@ -652,13 +685,13 @@ impl LeaseCandidate {
                         Ok(Some(fresh)) => object = fresh,
                         Ok(None) => return true,
                         Err(e) => {
-                            warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed");
+                            warn!(error = %e, "coordinated leader election: reading the LeaseCandidate failed{}", rbac_hint(&e, "get"));
                             return false;
                         }
                     }
                 }
                 Err(e) => {
-                    warn!(error = %e, "coordinated leader election: renewing the LeaseCandidate failed");
+                    warn!(error = %e, "coordinated leader election: renewing the LeaseCandidate failed{}", rbac_hint(&e, "update"));
                     return false;
                 }
             }
@@ -686,9 +719,67 @@ impl LeaseCandidate {
             }
             Ok(_) => debug!("coordinated leader election: LeaseCandidate deleted"),
             Err(e) if e.status() == Some(404) => {}
-            Err(e) => warn!(error = %e, "coordinated leader election: deleting the LeaseCandidate failed"),
+            Err(e) => warn!(
+                error = %e,
+                "coordinated leader election: deleting the LeaseCandidate failed{}",
+                rbac_hint(&e, "delete")
+            ),
         }
     }
+}
+
+/// What a failed call on the `LeaseCandidate` (`verb`) adds to its warning:
+/// the missing RBAC verb, when authorization refused it.
+fn rbac_hint(e: &CallError, verb: &str) -> String {
+    if matches!(e, CallError::Api(e) if crate::error::refused_by_rbac(e)) {
+        format!(
+            ": forbidden: RBAC needs verbs create, get, list, watch, update, delete on resource \
+             `leasecandidates` in API group `coordination.k8s.io`; `{verb}` is missing"
+        )
+    } else {
+        String::new()
+    }
+}
+
+/// The next read of the `LeaseCandidate` in place of its refused watch
+/// (never, while it is allowed).
+async fn next_read(poll: Option<&mut tokio::time::Interval>) {
+    match poll {
+        Some(poll) => drop(poll.tick().await),
+        None => pending::<()>().await,
+    }
+}
+
+/// The `LeaseCandidate`'s watch refused by RBAC (`e`): warned once, naming
+/// the verbs, until it is allowed, with reads every `retry_period` in its
+/// place (`poll`) from now on, so that pings are still answered within the
+/// API server's election (it elects only candidates that answered).
+fn refused_watch(e: &watcher::Error, poll: &mut Option<tokio::time::Interval>, retry_period: Duration) {
+    if poll.is_some() {
+        return;
+    }
+    warn!(
+        error = %Chain(e),
+        "coordinated leader election: forbidden to watch the LeaseCandidate: RBAC needs verbs create, get, \
+         list, watch, update, delete on resource `leasecandidates` in API group `coordination.k8s.io`; `list` \
+         and `watch` are missing: reading it every retry period instead, to answer the API server's pings"
+    );
+    let mut every = tokio::time::interval(retry_period);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    *poll = Some(every);
+}
+
+/// `event` of the `LeaseCandidate`'s watch, ending the reads that stand in
+/// for it (`poll`) once it delivers (a list begun, `Init`, is not yet
+/// allowed: the watcher announces each attempt so).
+fn watch_allowed<T>(
+    event: Option<Result<watcher::Event<T>, watcher::Error>>,
+    poll: &mut Option<tokio::time::Interval>,
+) -> Option<Result<watcher::Event<T>, watcher::Error>> {
+    if matches!(&event, Some(Ok(e)) if !matches!(e, watcher::Event::Init)) && poll.take().is_some() {
+        info!("coordinated leader election: the LeaseCandidate's watch is allowed again");
+    }
+    event
 }
 
 /// The identity a coordinated candidate campaigns with for the Lease

@@ -1234,3 +1234,96 @@ fn every_extra_on_a_coordinated_elector_follows_a_handover_away_and_back() {
         );
     });
 }
+
+/// A Role on `leasecandidates` without `list`
+/// and `watch` publishes the `LeaseCandidate` but cannot watch it, so the
+/// API server's pings went unseen (answered only by the refresh, every five
+/// minutes): the API server elects only candidates that answered, so the
+/// candidate was never elected, and only kube-runtime's watcher logged the
+/// 403, with nothing naming the rule. The refusal is warned once, naming
+/// the verbs, and the candidate reads its `LeaseCandidate` every retry
+/// period meanwhile, answering pings from those reads.
+#[test]
+fn a_lease_candidate_that_cannot_be_watched_says_so_and_still_answers_pings() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default().serve_lease_candidates();
+            fake.forbid_lease_candidate_verbs(&["list", "watch"]);
+            let (_e, _acquire) = published(&fake).await;
+            sleep(S(5)).await;
+            assert!(fake.ping_lease_candidate(CANDIDATE));
+            let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
+            sleep(S(5)).await;
+            let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
+            assert!(
+                renew > ping,
+                "a ping not answered within the API server's election (5 s), the LeaseCandidate's \
+                 watch forbidden: renewTime {renew}, pingTime {ping}"
+            );
+            // Answered once: no write at every read.
+            let updates = |fake: &FakeLeaseApi| {
+                fake.requests()
+                    .iter()
+                    .filter(|r| r.verb == "candidate update")
+                    .count()
+            };
+            let before = updates(&fake);
+            sleep(S(60)).await;
+            assert_eq!(updates(&fake), before, "the reads write nothing without a ping");
+            // Allowed again (the watcher retries within 30 s): the reads end.
+            fake.forbid_lease_candidate_verbs(&[]);
+            sleep(S(60)).await;
+            let since = tokio::time::Instant::now();
+            sleep(S(30)).await;
+            let reads = fake
+                .requests()
+                .iter()
+                .filter(|r| r.verb == "candidate get" && r.at >= since)
+                .count();
+            assert_eq!(
+                reads, 0,
+                "still reading every retry period once the watch is allowed"
+            );
+        });
+    });
+    let named: Vec<_> = logs
+        .lines()
+        .filter(|l| l.contains("LeaseCandidate") && l.contains("RBAC"))
+        .collect();
+    assert_eq!(named.len(), 1, "one warning naming the rule; logs:\n{logs}");
+    assert!(
+        named[0].contains("WARN") && named[0].contains("`list` and `watch`"),
+        "{}",
+        named[0]
+    );
+}
+
+/// A Role on `leasecandidates` without
+/// `update` (a ping's answer refused) or without `delete` (the candidate
+/// left behind when the election ends): the warning names the verb that
+/// is missing, as the Lease's do, not only the API server's message.
+#[test]
+fn a_lease_candidate_call_refused_by_rbac_names_the_missing_verb() {
+    let text = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default().serve_lease_candidates();
+            let (e, acquire) = published(&fake).await;
+            fake.forbid_lease_candidate_verbs(&["update", "delete"]);
+            assert!(fake.ping_lease_candidate(CANDIDATE));
+            sleep(S(1)).await;
+            drop(acquire);
+            sleep(S(10)).await;
+            assert!(!e.tasks_for_test().0, "the task ended");
+        });
+    });
+    for (what, verb) in [("renewing", "update"), ("deleting", "delete")] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("{what} the LeaseCandidate failed")))
+            .unwrap_or_else(|| panic!("no line about {what}: {text}"));
+        assert!(
+            line.contains(&format!("`{verb}` is missing")) && line.contains("RBAC needs"),
+            "{line}"
+        );
+    }
+}

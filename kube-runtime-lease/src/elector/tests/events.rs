@@ -287,3 +287,42 @@ fn each_event_carries_every_field_the_api_server_requires() {
         });
     }
 }
+
+/// A Role without `create` on `events` is
+/// warned once per outage, naming the rule: once while it lasts (then at
+/// debug level), and again when it is taken away again after Events were
+/// published meanwhile (the warning was once per elector: a second outage
+/// was logged at debug level only).
+#[test]
+fn a_refused_event_is_warned_once_per_outage() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me"));
+            let e = e.with_events(kube_runtime::events::Reporter {
+                controller: "test".into(),
+                instance: None,
+            });
+            fake.forbid_events(true);
+            for _ in 0..2 {
+                drop(e.acquire().await.unwrap());
+                sleep(S(5)).await;
+            }
+            fake.forbid_events(false);
+            drop(e.acquire().await.unwrap());
+            sleep(S(5)).await;
+            assert!(!fake.events().is_empty(), "published once allowed");
+            fake.forbid_events(true);
+            drop(e.acquire().await.unwrap());
+            sleep(S(5)).await;
+        });
+    });
+    let warned: Vec<_> = logs
+        .lines()
+        .filter(|l| l.contains("publishing a leader election event failed"))
+        .collect();
+    assert_eq!(warned.len(), 2, "one warning per outage; logs:\n{logs}");
+    for line in warned {
+        assert!(line.contains("RBAC: create on `events`"), "{line}");
+    }
+}

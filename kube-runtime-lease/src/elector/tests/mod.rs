@@ -435,7 +435,7 @@ fn a_failed_request_is_logged_and_a_forbidden_one_names_the_missing_verb() {
     assert!(failed[0].contains("WARN") && failed[0].contains("500"), "{logs}");
 }
 
-/// Review (beyond RBAC): a create refused by admission (a `ResourceQuota` at
+/// A create refused by admission (a `ResourceQuota` at
 /// its limit: a 403 that names no cause) is no missing RBAC verb: each
 /// refusal is logged as a failed attempt with the API server's message, the
 /// create is retried every jittered retry period, and the candidate leads
@@ -470,6 +470,71 @@ fn a_create_refused_by_admission_is_not_logged_as_a_missing_rbac_verb_and_is_ret
             line.contains("WARN") && line.contains("acquiring the lease failed"),
             "{line}"
         );
+    }
+}
+
+/// One verb on `leases` missing at a time,
+/// the others granted. Without `get` or `create` (no Lease yet) the
+/// candidate never leads; without `update` it creates the Lease and, with
+/// the creation hold, never leads (its renewals during the hold are
+/// refused, and the hold outlasts the renew deadline), or, without the
+/// hold, leads one term that ends at the renew deadline after the
+/// creation, is never led again, and is left to expire; every refusal's
+/// line names that verb, and no other.
+#[test]
+fn each_lease_verb_missing_alone_is_named_and_never_leads_past_the_renew_deadline() {
+    for (verb, hold, leads) in [
+        ("get", true, false),
+        ("create", true, false),
+        ("update", true, false),
+        ("update", false, true),
+    ] {
+        let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+            paused(async {
+                let fake = FakeLeaseApi::default().with_request_budget(5_000);
+                let (e, id) = elector(&fake, config("me").creation_hold(hold));
+                for _ in 0..1_000 {
+                    fake.fault(id, Some(verb), Fault::Status(403));
+                }
+                let start = Instant::now();
+                let mut acquire = std::pin::pin!(e.acquire());
+                let led = tokio::time::timeout(S(120), &mut acquire).await;
+                assert_eq!(led.is_ok(), leads, "{verb} missing (hold {hold}): led {led:?}");
+                if let Ok(guard) = led {
+                    let guard = guard.unwrap();
+                    let lost = tokio::time::timeout(S(11), guard).await;
+                    assert_eq!(lost, Ok(Lost::RenewDeadlineExceeded), "{verb} missing");
+                    assert!(
+                        start.elapsed() <= S(10),
+                        "led {:?} after the creation",
+                        start.elapsed()
+                    );
+                    let mut again = std::pin::pin!(e.acquire());
+                    assert!(
+                        tokio::time::timeout(S(120), &mut again).await.is_err(),
+                        "led again without `update`"
+                    );
+                    assert_eq!(
+                        spec(&fake).holder_identity.as_deref(),
+                        Some("me"),
+                        "left to expire: no release without `update`"
+                    );
+                }
+                assert!(!e.is_leader());
+            });
+        });
+        let forbidden: Vec<_> = logs.lines().filter(|l| l.contains("forbidden to")).collect();
+        assert!(
+            !forbidden.is_empty(),
+            "{verb} missing: nothing names it; logs:\n{logs}"
+        );
+        for line in forbidden {
+            assert!(
+                line.contains(&format!("forbidden to {verb} lease default/lease"))
+                    && line.contains(&format!("`{verb}` is missing")),
+                "{verb} missing: {line}"
+            );
+        }
     }
 }
 
