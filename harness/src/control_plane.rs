@@ -277,6 +277,37 @@ impl TestEnv {
         client_from_path(&self.user_kubeconfig(user, groups)?).await
     }
 
+    /// Binds the Role `role` in `namespace` to `user` (a `RoleBinding` of the
+    /// same name), with the `admin` client.
+    ///
+    /// # Errors
+    /// When the API server refuses the binding.
+    pub async fn bind_role(admin: &Client, namespace: &str, role: &str, user: &str) -> Result<()> {
+        use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(role.to_owned()),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "Role".to_owned(),
+                name: role.to_owned(),
+            },
+            subjects: Some(vec![Subject {
+                api_group: Some("rbac.authorization.k8s.io".to_owned()),
+                kind: "User".to_owned(),
+                name: user.to_owned(),
+                ..Subject::default()
+            }]),
+        };
+        Api::<RoleBinding>::namespaced(admin.clone(), namespace)
+            .create(&PostParams::default(), &binding)
+            .await
+            .with_context(|| format!("binding the Role {namespace}/{role} to {user}"))?;
+        Ok(())
+    }
+
     /// The apiserver's `/metrics` text (Prometheus format), fetched as admin.
     ///
     /// # Errors

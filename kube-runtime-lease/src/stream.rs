@@ -203,10 +203,9 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
         // current-thread runtime. (Outside a runtime there is no budget.)
         ready!(poll_budget(cx));
         match inner.poll_next(cx) {
-            // The one clock read per item: an item made once the deadline
-            // had passed is not handed out, whether the deadline passed
-            // before this poll (the consumer paused, or a busy stream never
-            // idled) or inside it (a pause while the inner stream made it).
+            // The clock read again per item: an item made once the deadline
+            // had passed is not handed out (a pause, or the inner stream's
+            // own long step, while it made it).
             // So the stream stops within one item of the deadline.
             Poll::Ready(Some(item)) => match guard.lost() {
                 None => Poll::Ready(Some(item)),

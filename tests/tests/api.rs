@@ -29,7 +29,7 @@ use k8s_openapi::{
     api::{
         coordination::v1::{Lease, LeaseSpec},
         core::v1::ConfigMap,
-        rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject},
+        rbac::v1::{PolicyRule, Role},
     },
     apimachinery::pkg::apis::meta::v1::MicroTime,
     jiff::Timestamp,
@@ -950,26 +950,7 @@ async fn without_rbac_a_candidate_never_leads_and_says_which_rule_is_missing() -
     Api::<Role>::namespaced(fx.admin.clone(), &fx.ns)
         .create(&PostParams::default(), &role)
         .await?;
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some("lease-rw".to_owned()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            kind: "Role".to_owned(),
-            name: "lease-rw".to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".to_owned(),
-            name: user.clone(),
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(fx.admin.clone(), &fx.ns)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    TestEnv::bind_role(&fx.admin, &fx.ns, "lease-rw", &user).await?;
 
     // The pending acquisition now creates the Lease and leads (after holding it
     // for one lease duration), polling since it cannot watch.
@@ -1023,26 +1004,7 @@ impl Fx {
         Api::<Role>::namespaced(self.admin.clone(), &self.ns)
             .create(&PostParams::default(), &role)
             .await?;
-        let binding = RoleBinding {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                ..ObjectMeta::default()
-            },
-            role_ref: RoleRef {
-                api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                kind: "Role".to_owned(),
-                name,
-            },
-            subjects: Some(vec![Subject {
-                kind: "User".to_owned(),
-                name: user.to_owned(),
-                api_group: Some("rbac.authorization.k8s.io".to_owned()),
-                ..Subject::default()
-            }]),
-        };
-        Api::<RoleBinding>::namespaced(self.admin.clone(), &self.ns)
-            .create(&PostParams::default(), &binding)
-            .await?;
+        TestEnv::bind_role(&self.admin, &self.ns, &name, user).await?;
         Ok(())
     }
 }

@@ -428,8 +428,9 @@ async fn one_identity_on_two_coordinated_leases_leads_both() -> Result<()> {
 /// every retry period instead, answering the pings: it is elected.
 #[tokio::test]
 async fn a_candidate_that_cannot_watch_its_lease_candidate_is_still_elected() -> Result<()> {
-    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
     use kube::api::{ObjectMeta, PostParams};
+    use kube_runtime_lease_harness::TestEnv;
     let (logs, _default) = support::LogBuf::capture(tracing::Level::INFO);
     let env = shared_env().await?;
     let ns = env.new_namespace("cle-rbac").await?;
@@ -456,23 +457,7 @@ async fn a_candidate_that_cannot_watch_its_lease_candidate_is_still_elected() ->
     Api::<Role>::namespaced(admin.clone(), &ns)
         .create(&PostParams::default(), &role)
         .await?;
-    let binding = RoleBinding {
-        metadata: meta(),
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            kind: "Role".to_owned(),
-            name: "cle".to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".to_owned(),
-            name: user.clone(),
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(admin, &ns)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    TestEnv::bind_role(&admin, &ns, "cle", &user).await?;
 
     let a = LeaderElector::new(env.user_client(&user, &[]).await?, config(&ns, "a", "1.37.0"))?;
     let terms: Terms = Arc::default();

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::Role;
 use kube::{
     Api, Client,
     api::{DynamicObject, ObjectMeta, PostParams},
@@ -17,7 +17,7 @@ use kube::{
     discovery::{self, Scope},
 };
 use kube_runtime_lease::{LeaderElector, metrics::LeaseMetrics};
-use kube_runtime_lease_harness::{Timings, shared_env};
+use kube_runtime_lease_harness::{TestEnv, Timings, shared_env};
 use prometheus_client::{encoding::text::encode, registry::Registry};
 use support::fast_config;
 use tokio::time::timeout;
@@ -162,26 +162,7 @@ async fn the_deploy_role_is_enough_for_a_watch_driven_election_its_events_and_le
         .create(&PostParams::default(), &role)
         .await?;
     let user = format!("deploy-{ns}");
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some("leader-election".into()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "Role".into(),
-            name: "leader-election".into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: user.clone(),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(admin, &ns)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    TestEnv::bind_role(&admin, &ns, "leader-election", &user).await?;
 
     // With exactly that Role: a leader that labels the Lease and publishes
     // Events (as the example does), and a standby that takes a release at
@@ -263,26 +244,7 @@ async fn grant_configmap_reads(admin: &Client, ns: &str, user: &str) -> Result<(
     Api::<Role>::namespaced(admin.clone(), ns)
         .create(&PostParams::default(), &role)
         .await?;
-    let binding = RoleBinding {
-        metadata: ObjectMeta {
-            name: Some("configmaps".into()),
-            ..ObjectMeta::default()
-        },
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "Role".into(),
-            name: "configmaps".into(),
-        },
-        subjects: Some(vec![Subject {
-            api_group: Some("rbac.authorization.k8s.io".into()),
-            kind: "User".into(),
-            name: user.to_owned(),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(admin.clone(), ns)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    TestEnv::bind_role(admin, ns, "configmaps", user).await?;
     Ok(())
 }
 

@@ -1129,7 +1129,8 @@ async fn operator_refuses_shutdown_settings_out_of_range_without_panicking() -> 
 /// both managed objects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_needs_no_get_on_the_objects_it_reconciles() -> Result<()> {
-    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
+    use kube_runtime_lease_harness::TestEnv;
     let mut s = Scenario::new().await?;
     let env = shared_env().await?;
     let user = format!("operator-{}", s.namespace);
@@ -1157,23 +1158,7 @@ async fn operator_needs_no_get_on_the_objects_it_reconciles() -> Result<()> {
     Api::<Role>::namespaced(s.client.clone(), &s.namespace)
         .create(&PostParams::default(), &role)
         .await?;
-    let binding = RoleBinding {
-        metadata: meta(),
-        role_ref: RoleRef {
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            kind: "Role".to_owned(),
-            name: "operator".to_owned(),
-        },
-        subjects: Some(vec![Subject {
-            kind: "User".to_owned(),
-            name: user.clone(),
-            api_group: Some("rbac.authorization.k8s.io".to_owned()),
-            ..Subject::default()
-        }]),
-    };
-    Api::<RoleBinding>::namespaced(s.client.clone(), &s.namespace)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    TestEnv::bind_role(&s.client, &s.namespace, "operator", &user).await?;
     s.kubeconfig = env.user_kubeconfig(&user, &[])?;
     s.spawn("a").await?;
     let deadline = Instant::now() + Duration::from_secs(30);
