@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::{
     FakeLeaseApi, Received,
-    wire::{ResBody, Target, created, field_selector_name, ok, status, watch_response},
+    wire::{ResBody, Target, created, field_selector_name, forbidden, ok, status, watch_response},
 };
 
 /// The key of a `LeaseCandidate`: its name in the namespace `default`,
@@ -379,21 +379,16 @@ impl FakeLeaseApi {
         });
         if let Some(code) = s.candidates.refused {
             // A 403 is the one of authorization (RBAC without `leasecandidates`).
-            let message = if code == 403 {
-                r#"leasecandidates.coordination.k8s.io is forbidden: User "test" cannot create resource "leasecandidates" in API group "coordination.k8s.io""#
-            } else {
-                "refused by the test"
-            };
-            return status(code, "Refused", message);
+            if code == 403 {
+                return forbidden("leasecandidates", "coordination.k8s.io", "create", None);
+            }
+            return status(code, "Refused", "refused by the test");
         }
         #[cfg(test)]
         if let Some(verb) = verb.strip_prefix("candidate ")
             && s.candidates.forbidden.contains(&verb)
         {
-            let message = format!(
-                r#"leasecandidates.coordination.k8s.io is forbidden: User "test" cannot {verb} resource "leasecandidates" in API group "coordination.k8s.io" in the namespace "{namespace}""#
-            );
-            return status(403, "Forbidden", &message);
+            return forbidden("leasecandidates", "coordination.k8s.io", verb, None);
         }
         let Some(candidates) = s.candidates.objects.as_mut() else {
             return status(404, "NotFound", "the double serves no lease candidates");

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{
     FakeLeaseApi, Fault, Received, check_budget,
     leases::{Filter, LeaseRequest},
-    wire::{ResBody, Target, created, cut_off, idle_watch, ok, plain_text, status},
+    wire::{ResBody, Target, created, cut_off, forbidden, idle_watch, ok, plain_text, status},
 };
 
 /// A request's body, whole.
@@ -34,20 +34,16 @@ fn verb(method: &Method, named: bool, is_watch: bool) -> &'static str {
     }
 }
 
-/// The message of the API server's authorization refusing `verb` on Leases
-/// (on the Lease `name`, if named): what a missing RBAC rule answers.
-fn rbac_refusal(verb: &str, name: Option<&str>) -> String {
-    let object = name.map_or_else(String::new, |name| format!(" {name:?}"));
-    format!(
-        r#"leases.coordination.k8s.io{object} is forbidden: User "test" cannot {verb} resource "leases" in API group "coordination.k8s.io""#
-    )
+/// Authorization refusing `verb` on Leases (on the Lease `name`, if named).
+fn rbac_refusal(verb: &str, name: Option<&str>) -> Response<ResBody> {
+    forbidden("leases", "coordination.k8s.io", verb, name)
 }
 
 /// The answer of `Fault::Status(code)`: a 403 is authorization's (a missing
 /// RBAC rule).
 fn injected(code: u16, verb: &str, name: Option<&str>) -> Response<ResBody> {
     if code == 403 {
-        status(403, "Forbidden", &rbac_refusal(verb, name))
+        rbac_refusal(verb, name)
     } else {
         status(code, "Injected", "injected fault")
     }
@@ -119,7 +115,7 @@ impl FakeLeaseApi {
             tokio::time::sleep(latency).await;
         }
         if forbidden {
-            return Ok(status(403, "Forbidden", &rbac_refusal(verb, r.name.as_deref())));
+            return Ok(rbac_refusal(verb, r.name.as_deref()));
         }
         let mut respond_after = Duration::ZERO;
         match fault {
@@ -231,8 +227,7 @@ impl FakeLeaseApi {
     fn event_posted(&self, body: &[u8]) -> Response<ResBody> {
         #[cfg(all(test, feature = "events"))]
         if self.lock().events_forbidden {
-            let message = r#"events.events.k8s.io is forbidden: User "test" cannot create resource "events" in API group "events.k8s.io" in the namespace "default""#;
-            return status(403, "Forbidden", message);
+            return forbidden("events", "events.k8s.io", "create", None);
         }
         match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(event) => {

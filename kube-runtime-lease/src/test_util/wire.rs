@@ -168,6 +168,17 @@ pub(super) fn created(v: &serde_json::Value) -> Response<ResBody> {
     full(201, v)
 }
 
+/// The API server's authorization refusing `verb` on `resource` of API
+/// group `group` (on the object `name`, if named): what a missing RBAC rule
+/// answers.
+pub(super) fn forbidden(resource: &str, group: &str, verb: &str, name: Option<&str>) -> Response<ResBody> {
+    let object = name.map_or_else(String::new, |name| format!(" {name:?}"));
+    let message = format!(
+        r#"{resource}.{group}{object} is forbidden: User "test" cannot {verb} resource "{resource}" in API group "{group}""#
+    );
+    status(403, "Forbidden", &message)
+}
+
 pub(super) fn status(code: u16, reason: &str, message: &str) -> Response<ResBody> {
     full(
         code,

@@ -440,9 +440,8 @@ impl LeaseCandidate {
                         warn!(
                             error = %e,
                             retry_in = ?delay,
-                            "coordinated leader election: forbidden to publish the LeaseCandidate: RBAC needs verbs \
-                             create, get, list, watch, update, delete on resource `leasecandidates` in API group \
-                             `coordination.k8s.io`; this candidate cannot be elected until then"
+                            "coordinated leader election: forbidden to publish the LeaseCandidate: {RBAC_RULE}; this \
+                             candidate cannot be elected until then"
                         );
                     } else {
                         warn!(error = %e, retry_in = ?delay, "coordinated leader election: publishing the LeaseCandidate failed");
@@ -728,14 +727,16 @@ impl LeaseCandidate {
     }
 }
 
+/// The Role rule a candidate needs on its `LeaseCandidate`, as its warnings
+/// name it.
+const RBAC_RULE: &str = "RBAC needs verbs create, get, list, watch, update, delete on resource `leasecandidates` in API group \
+     `coordination.k8s.io`";
+
 /// What a failed call on the `LeaseCandidate` (`verb`) adds to its warning:
 /// the missing RBAC verb, when authorization refused it.
 fn rbac_hint(e: &CallError, verb: &str) -> String {
     if matches!(e, CallError::Api(e) if crate::error::refused_by_rbac(e)) {
-        format!(
-            ": forbidden: RBAC needs verbs create, get, list, watch, update, delete on resource \
-             `leasecandidates` in API group `coordination.k8s.io`; `{verb}` is missing"
-        )
+        format!(": forbidden: {RBAC_RULE}; `{verb}` is missing")
     } else {
         String::new()
     }
@@ -760,9 +761,8 @@ fn refused_watch(e: &watcher::Error, poll: &mut Option<tokio::time::Interval>, r
     }
     warn!(
         error = %Chain(e),
-        "coordinated leader election: forbidden to watch the LeaseCandidate: RBAC needs verbs create, get, \
-         list, watch, update, delete on resource `leasecandidates` in API group `coordination.k8s.io`; `list` \
-         and `watch` are missing: reading it every retry period instead, to answer the API server's pings"
+        "coordinated leader election: forbidden to watch the LeaseCandidate: {RBAC_RULE}; `list` and `watch` are \
+         missing: reading it every retry period instead, to answer the API server's pings"
     );
     let mut every = tokio::time::interval(retry_period);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
