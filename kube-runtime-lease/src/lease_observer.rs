@@ -121,7 +121,7 @@ impl LeaseObserver {
                     // watch's event of the takeover.
                     Err(_) => {
                         heard = tokio::time::Instant::now();
-                        let read = match api.get_opt(&name).await {
+                        let read = match read(&api, &name, silence).await {
                             Ok(read) => {
                                 get_refused = false;
                                 read.map(|Wire(l)| l)
@@ -186,6 +186,17 @@ impl LeaseObserver {
     #[must_use]
     pub fn subscribe(&self) -> watch::Receiver<LeaderStatus> {
         self.status.clone()
+    }
+}
+
+/// Reads the Lease, within `bound`: kube sets no read timeout, and a read
+/// on a dead kept-alive connection (the watch's silence and such a read
+/// often go together) would stop the observer for as long as TCP takes to
+/// notice (about 15 minutes). A timeout is a `Service` error.
+async fn read(api: &Api<Wire>, name: &str, bound: Duration) -> kube_client::Result<Option<Wire>> {
+    match tokio::time::timeout(bound, api.get_opt(name)).await {
+        Ok(read) => read,
+        Err(elapsed) => Err(kube_client::Error::Service(Box::new(elapsed))),
     }
 }
 

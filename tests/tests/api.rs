@@ -769,6 +769,248 @@ async fn rejected_credentials_are_not_reported_as_a_missing_rbac_verb() -> Resul
     Ok(())
 }
 
+/// Creates the service account `elector` (again, if it was deleted),
+/// grants it the Lease's verbs, and returns a token of it for an hour.
+async fn service_account_token(fx: &Fx) -> Result<String> {
+    use k8s_openapi::api::{
+        authentication::v1::{TokenRequest, TokenRequestSpec},
+        core::v1::ServiceAccount,
+    };
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some("elector".to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..ServiceAccount::default()
+    };
+    let accounts: Api<ServiceAccount> = Api::namespaced(fx.admin.clone(), &fx.ns);
+    accounts.create(&PostParams::default(), &sa).await?;
+    let user = format!("system:serviceaccount:{}:elector", fx.ns);
+    if Api::<Role>::namespaced(fx.admin.clone(), &fx.ns)
+        .get_opt("leases-partial")
+        .await?
+        .is_none()
+    {
+        fx.grant_leases(&user, &["get", "list", "watch", "create", "update"])
+            .await?;
+    }
+    let request = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    accounts
+        .create_token_request("elector", &PostParams::default(), &request)
+        .await?
+        .status
+        .and_then(|s| s.token)
+        .context("a token")
+}
+
+/// A client of the admin kubeconfig's cluster with `auth_info` instead.
+async fn client_with_auth(fx: &Fx, auth_info: kube::config::AuthInfo) -> Result<Client> {
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(fx.env.kubeconfig_path())?,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await?;
+    config.auth_info = auth_info;
+    Ok(Client::try_from(config)?)
+}
+
+/// A client authenticated by an exec credential plugin (as `aws eks
+/// get-token` or `gke-gcloud-auth-plugin` in a kubeconfig), as the service
+/// account `elector` granted the Lease's verbs. The plugin is a script in
+/// `dir`: it sleeps the seconds in `dir/delay` (0), then prints the token
+/// with an expiry the seconds in `dir/valid` ahead (61: kube runs the
+/// plugin again once the expiry is within 60 s, so from one second after
+/// each run).
+async fn exec_client(fx: &Fx, dir: &std::path::Path) -> Result<Client> {
+    let token = service_account_token(fx).await?;
+    std::fs::write(dir.join("token"), token)?;
+    std::fs::write(dir.join("delay"), "0")?;
+    std::fs::write(dir.join("valid"), "61")?;
+    let script = dir.join("get-token");
+    let d = dir.display();
+    std::fs::write(
+        &script,
+        format!(
+            "#!/bin/sh\nsleep \"$(cat {d}/delay)\"\nexp=$(date -u -d \"+$(cat {d}/valid) seconds\" \
+             +%Y-%m-%dT%H:%M:%SZ)\nprintf '{{\"apiVersion\":\"client.authentication.k8s.io/v1\",\
+             \"kind\":\"ExecCredential\",\"status\":{{\"token\":\"%s\",\"expirationTimestamp\":\"%s\"}}}}' \
+             \"$(cat {d}/token)\" \"$exp\"\n"
+        ),
+    )?;
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let exec: kube::config::ExecConfig = serde_json::from_value(serde_json::json!({
+        "apiVersion": "client.authentication.k8s.io/v1",
+        "command": script,
+        "interactiveMode": "Never",
+    }))?;
+    let auth = kube::config::AuthInfo {
+        exec: Some(exec),
+        ..kube::config::AuthInfo::default()
+    };
+    client_with_auth(fx, auth).await
+}
+
+/// Review (credentials during a term): an exec credential plugin that
+/// takes longer than the renew deadline (a cloud provider's token service
+/// slow for a while) when the token is due for refresh. The term may end
+/// (no renewal can be sent in time), but the refresh itself must complete:
+/// kube keeps a refreshed token only if the request that ran the plugin is
+/// still awaited when it answers, and every request of the elector is
+/// bounded by the renew deadline, so each one dropped the plugin's answer
+/// and started it again; the established watch needed no token. client-go
+/// runs the plugin to its end under its lock whatever the request's
+/// deadline, keeps the token and leads again.
+#[tokio::test]
+async fn a_credential_plugin_slower_than_the_renew_deadline_still_refreshes_the_token() -> Result<()> {
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+    let fx = fixture("execslow").await?;
+    let dir = tempfile::tempdir()?;
+    let client = exec_client(&fx, dir.path()).await?;
+    let a = LeaderElector::new(client, fx.config("a"))?;
+    let (guard, _) = acquire_within(&a, Duration::from_secs(20)).await?;
+    // The plugin slows down to twice the renew deadline; the token it
+    // gives now is good for an hour.
+    std::fs::write(
+        dir.path().join("delay"),
+        format!("{}", RENEW_DEADLINE.as_secs_f64() * 2.0),
+    )?;
+    std::fs::write(dir.path().join("valid"), "3600")?;
+    let slowed = Instant::now();
+    let lost = timeout(Duration::from_secs(10), guard).await;
+    let lost = format!("{lost:?}");
+    // Once one run of the plugin has answered, every request has its
+    // token: the candidate leads again within a few runs of the plugin.
+    let within = Duration::from_secs(30);
+    let _guard = timeout(within, a.acquire()).await.with_context(|| {
+        format!(
+            "not leading {:?} after the credential plugin slowed down to {:?} (the term: {lost}); logs:\n{}",
+            slowed.elapsed(),
+            RENEW_DEADLINE * 2,
+            logs.text()
+        )
+    })??;
+    Ok(())
+}
+
+/// Review (credentials during a term): a client of one cluster used with
+/// a Lease namespace that does not exist there (another context's, or a
+/// typo). The read says the Lease is missing, and the create is answered
+/// 404 for the namespace: the log names the namespace, not RBAC, and the
+/// candidate retries (every jittered retry period) without leading.
+#[tokio::test]
+async fn a_lease_namespace_that_does_not_exist_is_named_in_the_log() -> Result<()> {
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+    let fx = fixture("nons").await?;
+    let missing = format!("{}-missing", fx.ns);
+    let config = support::fast_config(&missing, "a");
+    let a = LeaderElector::new(fx.admin.clone(), config)?;
+    let mut acquiring = std::pin::pin!(a.acquire());
+    tokio::select! {
+        guard = &mut acquiring => bail!("led in a namespace that does not exist: {guard:?}"),
+        lines = logs.wait_lines("acquiring the lease failed", 2, Duration::from_secs(10)) => {
+            for line in lines? {
+                ensure!(
+                    line.contains(&format!("namespaces \"{missing}\" not found")) && !line.contains("RBAC"),
+                    "the line does not name the missing namespace:\n{line}"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Review (credentials during a term): the credential plugin hangs (a
+/// cloud provider's token service unreachable) while the leader shuts
+/// down. `shutdown` must return within its budget, the term over, whatever
+/// the plugin does. (The plugin's run itself is kube's blocking task: a
+/// runtime dropped after `shutdown` waits for it, so the plugin here hangs
+/// only a few seconds.)
+#[tokio::test]
+async fn a_hung_credential_plugin_does_not_hold_shutdown_past_its_budget() -> Result<()> {
+    let fx = fixture("exechung").await?;
+    let dir = tempfile::tempdir()?;
+    let a = LeaderElector::new(exec_client(&fx, dir.path()).await?, fx.config("a"))?;
+    let (guard, _) = acquire_within(&a, Duration::from_secs(20)).await?;
+    std::fs::write(dir.path().join("delay"), "8")?;
+    std::fs::write(dir.path().join("valid"), "3600")?;
+    // The next renewal runs the plugin (the token is due a second after
+    // each run); the shutdown begins while it hangs.
+    tokio::time::sleep(RETRY_PERIOD * 2).await;
+    let grace = Duration::from_secs(1);
+    let budget = a.config().shutdown_budget(grace);
+    let started = Instant::now();
+    let result = timeout(budget + Duration::from_secs(1), a.shutdown(grace))
+        .await
+        .with_context(|| {
+            format!(
+                "shutdown({grace:?}) still running {:?} after it began",
+                started.elapsed()
+            )
+        })?;
+    ensure!(!a.is_leader(), "still leading after shutdown: {result:?}");
+    ensure!(guard.lost().is_some(), "the guard's term goes on after shutdown");
+    Ok(())
+}
+
+/// Review (credentials during a term): the service account token a pod
+/// reads from its projected file is revoked mid-term (its service account
+/// deleted: every request answered 401). The term must end by the renew
+/// deadline, saying that the credentials were refused; once a new token is
+/// written to the file (the kubelet rotates it in place), the candidate must
+/// lead again without a restart (kube rereads the file at least once a
+/// minute).
+#[tokio::test]
+async fn a_revoked_token_ends_the_term_and_a_rotated_token_file_is_taken_up_without_a_restart() -> Result<()>
+{
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+    let fx = fixture("tokenfile").await?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("token");
+    std::fs::write(&file, service_account_token(&fx).await?)?;
+    let auth = kube::config::AuthInfo {
+        token_file: Some(file.display().to_string()),
+        ..kube::config::AuthInfo::default()
+    };
+    let a = LeaderElector::new(client_with_auth(&fx, auth).await?, fx.config("a"))?;
+    let (guard, _) = acquire_within(&a, Duration::from_secs(20)).await?;
+    // Revoked: the API server's token cache (10 s) may accept it a little
+    // longer; from the first refusal, the term ends by the renew deadline.
+    let accounts: Api<ServiceAccount> = Api::namespaced(fx.admin.clone(), &fx.ns);
+    accounts.delete("elector", &DeleteParams::default()).await?;
+    let mut guard = std::pin::pin!(guard);
+    tokio::select! {
+        lost = &mut guard => bail!("the term ended ({lost:?}) before any request was refused"),
+        lines = logs.wait_lines("did not accept this client's credentials (401)", 1, Duration::from_secs(20)) => {
+            lines.with_context(|| format!("no line says the credentials were refused; logs:\n{}", logs.text()))?;
+        }
+    }
+    let refused = Instant::now();
+    let lost = timeout(RENEW_DEADLINE + Duration::from_secs(1), guard)
+        .await
+        .with_context(|| format!("the term went on {:?} after the first 401", refused.elapsed()))?;
+    ensure!(lost == Lost::RenewDeadlineExceeded, "{lost:?}");
+    ensure!(!a.is_leader());
+    // Rotated: a new token in the same file.
+    std::fs::write(&file, service_account_token(&fx).await?)?;
+    let rotated = Instant::now();
+    let within = Duration::from_secs(90);
+    let _guard = timeout(within, a.acquire()).await.with_context(|| {
+        format!(
+            "not leading {:?} after the token file was rewritten; status {:?}",
+            rotated.elapsed(),
+            a.status()
+        )
+    })??;
+    Ok(())
+}
+
 /// The Lease's namespace being deleted: creating the Lease is refused with a
 /// 403 of admission (cause `NamespaceTerminating`), not of authorization. The
 /// candidate, and its Events, must not send the operator to grant an RBAC

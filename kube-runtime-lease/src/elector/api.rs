@@ -1,7 +1,14 @@
 //! All of the election's Lease API I/O, in one small type: `get`, `create`,
 //! `replace` (each bounded by the time its caller has left) and the watch.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -22,7 +29,16 @@ pub(super) struct LeaseApi {
     pub(super) api: Api<Wire>,
     pub(super) name: String,
     pub(super) contact: Arc<Contact>,
+    /// Whether a read that outlived its bound still runs (see
+    /// [`get`](Self::get)).
+    pub(super) detached: Arc<AtomicBool>,
 }
+
+/// How long a read that outlived its bound may still run in the background
+/// (see [`LeaseApi::get`]): a credential plugin's usual worst (a cloud
+/// provider's token service, slow) and more, not a dead connection's
+/// (TCP's retransmissions: about 15 minutes).
+const DETACHED_READ: Duration = Duration::from_secs(60);
 
 /// When the API server last answered (see [`LeaderElector::contact_check`](crate::LeaderElector::contact_check)),
 /// or the running election task started, if later: the silence is counted
@@ -75,9 +91,27 @@ impl LeaseApi {
     /// as any other: taking it for a deletion would end a term, or start a
     /// creation hold, on a Lease that was never deleted. (kube's `get_opt`
     /// takes any 404 for a missing object.)
+    ///
+    /// A read that outlives its bound is not dropped but left to finish in
+    /// the background (one at a time, for [`DETACHED_READ`] at most): kube
+    /// keeps a refreshed token only if the request that ran the credential
+    /// plugin (`exec` in the kubeconfig) is still awaited when the plugin
+    /// answers. Dropped at each bound, a plugin slower than the renew
+    /// deadline was started again by every request and never answered one:
+    /// the candidate never authenticated again. A read has no effect: its
+    /// late answer is ignored.
     pub(super) async fn get(&self, bound: Duration) -> Result<Option<Lease>> {
-        let read = self.request("get", bound, self.api.get(&self.name), ApiError::Get);
-        match read.await {
+        let (api, name) = (self.api.clone(), self.name.clone());
+        let mut fut = Box::pin(async move { api.get(&name).await });
+        let read = self.request("get", bound, &mut fut, ApiError::Get).await;
+        if matches!(read, Err(ApiError::Timeout { .. })) && !self.detached.swap(true, Ordering::AcqRel) {
+            let detached = self.detached.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(DETACHED_READ, fut).await;
+                detached.store(false, Ordering::Release);
+            });
+        }
+        match read {
             Err(e) if e.is_gone(&self.name) => Ok(None),
             read => read.map(Some),
         }

@@ -143,6 +143,7 @@ impl LeaderElector {
                     api: Api::namespaced(client, &config.namespace),
                     name: config.name.clone(),
                     contact: Arc::default(),
+                    detached: Arc::default(),
                 },
                 config,
                 wake: Arc::new(Notify::new()),

@@ -136,6 +136,47 @@ fn an_observer_whose_watch_stalls_still_reports_the_takeover() {
     });
 }
 
+/// A stalled watch and a dead kept-alive connection go together (a load
+/// balancer or NAT that dropped its state: `stall_open` on the real API
+/// server), and kube sets no read timeout: the read that checks the silent
+/// watch may never be answered. It must be bounded, as every elector
+/// request is, or the observer reports a holder long gone for as long as
+/// the dead connection lasts (TCP's retransmissions: about 15 minutes).
+#[test]
+fn an_observer_whose_checking_read_hangs_still_reports_the_takeover() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, _) = elector(&fake, config("a"));
+        let _guard = a.acquire().await.unwrap();
+        let (client, id) = fake.client();
+        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+        let mut status = observer.subscribe();
+        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+            .await
+            .expect("sees a")
+            .unwrap();
+        fake.stall_watches(id);
+        fake.fault(id, Some("get"), crate::test_util::Fault::DelayRequest(S(3600)));
+        sleep(S(3)).await;
+        fake.take_over("c");
+        let duration = fake
+            .lease()
+            .and_then(|l| l.spec?.lease_duration_seconds)
+            .expect("a duration");
+        let bound = S(3 * u64::try_from(duration).unwrap());
+        timeout(bound, status.wait_for(|s| s.holder.as_deref() == Some("c")))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the observer still reports {:?} {bound:?} after c took the Lease over (its watch stalled, \
+                     its first checking read never answered)",
+                    observer.status().holder
+                )
+            })
+            .unwrap();
+    });
+}
+
 /// The double's lagging watch (`set_watch_latency`): an observer behind
 /// one reports a takeover as late as its watch delivers it, not before,
 /// and not much after.
