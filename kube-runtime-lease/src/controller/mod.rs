@@ -17,7 +17,7 @@ pub(crate) mod warm;
 
 use std::{fmt::Debug, hash::Hash, sync::Arc};
 
-use futures::{Stream, TryFuture, TryFutureExt};
+use futures::{Stream, StreamExt, TryFuture, TryFutureExt, future};
 use kube_client::Resource;
 use kube_runtime::{
     Controller,
@@ -26,6 +26,7 @@ use kube_runtime::{
     watcher,
 };
 use serde::de::DeserializeOwned;
+use tracing::debug;
 
 use crate::{LeaderElector, WithLeaderElection};
 
@@ -188,6 +189,15 @@ pub struct ControllerWithLeaderElection<K: ControllerResource> {
 impl<K: ControllerResource> ControllerWithLeaderElection<K> {
     /// [`Controller::run`], guarded by leadership: see
     /// [`WithLeaderElection`] for what happens when leadership is won and lost.
+    ///
+    /// The reconciler is called only while a term is in force: a reconcile
+    /// that kube-runtime starts once the term is over (the renew deadline
+    /// passed during a step of the poll that starts reconciles), or once
+    /// [`LeaderElector::shutdown`] began (before kube-runtime saw its
+    /// signal), is skipped without calling it. A skipped reconcile ends at
+    /// once (a graceful shutdown does not wait for it), is not retried
+    /// (the next term's Controller lists afresh), calls no `error_policy`,
+    /// and yields no item: only a line at debug level (`reconcile skipped`).
     pub fn run<ReconcilerFut, Ctx>(
         self,
         mut reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
@@ -211,24 +221,77 @@ impl<K: ControllerResource> ControllerWithLeaderElection<K> {
         // drop to abort it (it has no output to give).
         let elector = self.elector.clone();
         let reconciler = move |object: Arc<K>, ctx: Arc<Ctx>| {
+            // Only with a guard is the user's reconciler even called: the
+            // term may have ended, or the shutdown begun, since the guarded
+            // stream's check at the start of this poll.
             let guard = elector.current_guard();
-            let work = TryFutureExt::into_future(reconciler(object, ctx));
+            if guard.is_none() {
+                skipped(&*object, "no term in force (over, or the shutdown began)");
+            }
+            let work = guard.map(|guard| (guard, TryFutureExt::into_future(reconciler(object, ctx))));
             async move {
-                let Some(guard) = guard else {
-                    return work.await;
+                let Some((guard, work)) = work else {
+                    return Err(Guarded::Skipped);
                 };
                 match guard.while_holds(work).await {
-                    Ok(result) => result,
+                    Ok(result) => result.map_err(Guarded::Reconciler),
                     Err(_) => futures::future::pending().await,
                 }
             }
         };
+        let error_policy =
+            move |object: Arc<K>, error: &Guarded<ReconcilerFut::Error>, ctx: Arc<Ctx>| match error {
+                Guarded::Reconciler(e) => error_policy(object, e, ctx),
+                Guarded::Skipped => Action::await_change(),
+            };
         let stream = self
             .controller
             .graceful_shutdown_on(self.elector.shutdown_requested())
-            .run(reconciler, error_policy, context);
+            .run(reconciler, error_policy, context)
+            .filter_map(passed_on);
         WithLeaderElection::new(stream, &self.elector)
     }
+}
+
+/// A guarded reconcile that did not call the user's reconciler (no guard of
+/// a term in force), or ended without finishing it (the term ended during
+/// it, a gated reconcile: see `gated.rs`), or the reconciler's own error.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Guarded<E> {
+    #[error("skipped")]
+    Skipped,
+    #[error(transparent)]
+    Reconciler(E),
+}
+
+/// Says at debug level that the reconcile of `object` is skipped, and why:
+/// said as it is scheduled, since a skip once the term is over yields no
+/// item before the stream is dropped.
+pub(crate) fn skipped<K: Resource>(object: &K, why: &str) {
+    let meta = object.meta();
+    debug!(
+        object = meta.name.as_deref().unwrap_or_default(),
+        namespace = meta.namespace.as_deref().unwrap_or_default(),
+        "reconcile skipped: {why}"
+    );
+}
+
+/// A guarded run's item as [`Controller::run`] gives the user's reconciler
+/// one; none for a reconcile that was skipped (the caller reconciles every
+/// object again when a term is gained, or lists afresh in the next term).
+pub(crate) fn passed_on<K: Resource, E>(
+    item: RunItem<K, Guarded<E>>,
+) -> future::Ready<Option<RunItem<K, E>>> {
+    future::ready(match item {
+        Ok(done) => Some(Ok(done)),
+        Err(ControllerError::ReconcilerFailed(Guarded::Reconciler(e), object)) => {
+            Some(Err(ControllerError::ReconcilerFailed(e, object)))
+        }
+        Err(ControllerError::ReconcilerFailed(Guarded::Skipped, _)) => None,
+        Err(ControllerError::ObjectNotFound(object)) => Some(Err(ControllerError::ObjectNotFound(object))),
+        Err(ControllerError::QueueError(e)) => Some(Err(ControllerError::QueueError(e))),
+        Err(ControllerError::RunnerError(e)) => Some(Err(ControllerError::RunnerError(e))),
+    })
 }
 
 impl<K: ControllerResource> std::fmt::Debug for ControllerWithLeaderElection<K> {

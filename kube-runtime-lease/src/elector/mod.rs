@@ -250,6 +250,8 @@ impl LeaderElector {
             (state.task.take(), state.term.clone())
         };
         self.inner.update_status(|s| s.is_leader = false);
+        #[cfg(test)]
+        test_hooks::reached(&self.inner, test_hooks::Point::ShutdownBegun);
         if let Some(tx) = self.inner.shutdown_tx.lock().take() {
             let _ = tx.send(());
         }

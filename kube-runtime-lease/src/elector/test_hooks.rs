@@ -12,9 +12,9 @@ use parking_lot::Mutex;
 use super::{Inner, LeaderElector};
 use crate::term::Term;
 
-/// Points of an election task between two statements with no `.await`, where
-/// on a multi-threaded runtime another thread may act (a waiter registering, a
-/// shutdown beginning).
+/// Points of an election task (or of `shutdown`) between two statements with
+/// no `.await`, where on a multi-threaded runtime another thread may act (a
+/// waiter registering, a shutdown beginning, a Controller polled).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Point {
     /// A task was spawned, its handle not stored yet.
@@ -23,6 +23,9 @@ pub(crate) enum Point {
     Exiting,
     /// The task re-counts who wants leadership: it is between two waits.
     Recount,
+    /// `shutdown` began (no new guard), its signal to controllers
+    /// (`shutdown_requested`) not sent yet.
+    ShutdownBegun,
 }
 
 type Action = Box<dyn FnMut() + Send>;

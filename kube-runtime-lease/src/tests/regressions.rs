@@ -1633,6 +1633,80 @@ fn a_guarded_controllers_reconcile_stops_at_the_renew_deadline_while_its_stream_
     });
 }
 
+/// 12: once its term is over, a guarded Controller calls the user's
+/// reconciler no more. The reconciler's synchronous part (the closure's
+/// body before its future) runs in the Controller stream's poll, which
+/// starts every reconcile that is due: after one such step ran past the
+/// renew deadline, the same poll went on to the next object, and the
+/// adapter, finding no guard (`current_guard` is `None`), called the
+/// reconciler and ran its future unguarded, in a task of its own that
+/// nothing stops at the next `.await`: work of a term that was over. It
+/// is skipped now, with a line at debug level.
+#[test]
+fn a_guarded_controller_calls_no_reconciler_once_its_term_is_over() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::ResourceExt;
+    use kube_runtime::{Controller, controller::Action, watcher};
+    use parking_lot::Mutex;
+
+    use crate::LeaderElectionControllerExt;
+
+    let logs = crate::tests::support::logs_during(tracing::Level::DEBUG, || {
+        paused(async {
+            let fake = free();
+            let mut other = held_by("", 1);
+            other.metadata.name = Some("other".to_owned());
+            fake.put(other);
+            let (e, _) = elector(&fake, config("me"));
+            let (client, _) = fake.client();
+            // Each call of the reconciler (the object, and whether the term
+            // held), and each object whose reconcile's future ran.
+            let called = Arc::new(Mutex::new(Vec::<(String, bool)>::new()));
+            let worked = Arc::new(Mutex::new(Vec::<String>::new()));
+            let controller = Controller::new(
+                kube_client::Api::<Lease>::namespaced(client, "default"),
+                watcher::Config::default(),
+            )
+            .with_leader_election(&e)
+            .run(
+                {
+                    let (e, called, worked) = (e.clone(), called.clone(), worked.clone());
+                    move |lease: Arc<Lease>, _: Arc<()>| {
+                        let first = called.lock().is_empty();
+                        called.lock().push((lease.name_any(), e.is_leader()));
+                        if first {
+                            // A synchronous step past the renew deadline.
+                            crate::tests::support::busy(S(12));
+                        }
+                        let worked = worked.clone();
+                        async move {
+                            worked.lock().push(lease.name_any());
+                            Ok::<_, kube_client::Error>(Action::await_change())
+                        }
+                    }
+                },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            );
+            let mut controller = pin!(controller);
+            timeout(S(60), async { while controller.next().await.is_some() {} })
+                .await
+                .expect("the guarded Controller ran on after its term");
+            sleep(S(1)).await;
+            let (called, worked) = (called.lock().clone(), worked.lock().clone());
+            assert!(
+                called.iter().all(|(_, held)| *held) && worked.is_empty(),
+                "the reconciler was called once the term was over ({:?}): calls (object, term held) \
+             {called:?}, futures run {worked:?}",
+                controller.lost()
+            );
+        });
+    });
+    // The other object was due in the same poll: skipped, and said so.
+    let skipped: Vec<_> = logs.lines().filter(|l| l.contains("reconcile skipped")).collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
+}
+
 // ---- 13. Wake-up storms, and a release that meets a conflict -----------------
 
 /// 13: a storm of wake-ups (guards and acquisitions created and dropped
@@ -2092,6 +2166,112 @@ fn a_guarded_controller_is_released_at_shutdown_only_if_its_reconciles_finished_
             );
         });
     }
+}
+
+/// A guarded Controller polled (on another worker thread) while `shutdown`
+/// begins, after it stopped handing out guards and before its signal
+/// reached the Controller (`shutdown_requested`): kube-runtime still starts
+/// what is due, and the adapter, finding no guard (`current_guard` is
+/// `None` once the shutdown began), called the reconciler anyway: its
+/// future ran unguarded, work begun after the shutdown that nothing ties to
+/// the term. It is skipped now, with a line at debug level.
+#[test]
+fn a_guarded_controller_calls_no_reconciler_once_the_shutdown_began() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::ResourceExt;
+    use kube_runtime::{Controller, controller::Action, watcher};
+    use parking_lot::Mutex;
+
+    use crate::LeaderElectionControllerExt;
+
+    fn object(name: &str) -> k8s_openapi::api::coordination::v1::Lease {
+        let mut object = held_by("", 1);
+        object.metadata.namespace = Some("objects".to_owned());
+        object.metadata.name = Some(name.to_owned());
+        object
+    }
+
+    let logs = crate::tests::support::logs_during(tracing::Level::DEBUG, || {
+        paused(async {
+            let fake = free();
+            fake.put(object("first"));
+            let (e, _) = elector(&fake, config("me"));
+            let (client, _) = fake.client();
+            // Each call of the reconciler (the object, and whether the shutdown
+            // had begun), and each object whose reconcile's future ran.
+            let called = Arc::new(Mutex::new(Vec::<(String, bool)>::new()));
+            let worked = Arc::new(Mutex::new(Vec::<String>::new()));
+            let controller = Controller::new(
+                kube_client::Api::<Lease>::namespaced(client, "objects"),
+                watcher::Config::default(),
+            )
+            .with_leader_election(&e)
+            .run(
+                {
+                    let e = e.clone();
+                    let (called, worked) = (called.clone(), worked.clone());
+                    move |lease: Arc<Lease>, _: Arc<()>| {
+                        called.lock().push((lease.name_any(), e.is_shut_down()));
+                        let worked = worked.clone();
+                        async move {
+                            sleep(S(1)).await;
+                            worked.lock().push(lease.name_any());
+                            Ok::<_, kube_client::Error>(Action::await_change())
+                        }
+                    }
+                },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            );
+            let controller = Arc::new(Mutex::new(Box::pin(controller)));
+            let next = || std::future::poll_fn(|cx| controller.lock().poll_next_unpin(cx));
+            timeout(S(30), next())
+                .await
+                .expect("the first object was reconciled")
+                .expect("an item")
+                .expect("reconciled");
+            // A change to reconcile, and the Controller's stream polled (by
+            // another thread) as the shutdown begins.
+            fake.put(object("second"));
+            e.interleave_for_test(Point::ShutdownBegun, {
+                let controller = controller.clone();
+                move || {
+                    let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+                    for _ in 0..10 {
+                        let _ = controller.lock().poll_next_unpin(&mut cx);
+                    }
+                }
+            });
+            let mut shutdown = Box::pin({
+                let e = e.clone();
+                async move { e.shutdown(S(30)).await }
+            });
+            assert!(poll!(&mut shutdown).is_pending(), "waits for the Controller");
+            let shutdown = tokio::spawn(shutdown);
+            timeout(S(60), async { while next().await.is_some() {} })
+                .await
+                .expect("the guarded Controller ends at the shutdown");
+            let result = timeout(S(60), shutdown)
+                .await
+                .expect("shutdown is bounded")
+                .unwrap();
+            sleep(S(5)).await;
+            let (called, worked) = (called.lock().clone(), worked.lock().clone());
+            assert!(
+                called.iter().all(|(_, began)| !*began),
+                "the reconciler was called once the shutdown had begun: calls (object, shutdown \
+             begun) {called:?}, futures run {worked:?}; shutdown returned {result:?}, the \
+             Controller ended with {:?}",
+                controller.lock().lost()
+            );
+            assert_eq!(worked, ["first"], "calls {called:?}");
+            assert!(result.is_ok(), "{result:?}");
+            assert_eq!(holder(&fake).as_deref(), Some(""), "released: the work finished");
+        });
+    });
+    // The second object was due as the shutdown began: skipped, and said so.
+    let skipped: Vec<_> = logs.lines().filter(|l| l.contains("reconcile skipped")).collect();
+    assert_eq!(skipped.len(), 1, "{skipped:?}");
 }
 
 // ---- 17. The parts users touch around the election -------------------------
