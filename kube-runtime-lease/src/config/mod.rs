@@ -166,6 +166,16 @@ impl LeaseConfig {
     /// leader has given up. The cost: a fresh install (or a namespace made
     /// for one test) waits one lease duration for its first leader, where
     /// client-go leads at once.
+    /// <!-- upstream: omit -->
+    ///
+    /// A candidate that never saw the deleted record (started after the
+    /// deletion) can only hold for its own lease duration, which outlasts
+    /// the old leader's renew deadline when both have the same timings. In a
+    /// rolling update that lowers the lease duration below the old replicas'
+    /// renew deadline, a Lease deleted while an old replica leads (cut off)
+    /// may be led by a new replica before that old leader gives up: do not
+    /// delete the Lease during such an update.
+    /// <!-- upstream: end -->
     ///
     /// Turning it off is reasonable where nothing deletes a held Lease: a
     /// fresh install, an end-to-end suite with a namespace per test, a demo.
@@ -190,6 +200,12 @@ impl LeaseConfig {
     /// but with [`Lost::Shutdown`](crate::Lost::Shutdown), `is_leader` is true
     /// until shutdown, `health_check` always passes, and the fencing token is
     /// 0. Never disable it where several replicas run: each would lead.
+    /// <!-- upstream: omit -->
+    /// That includes the old and the new replicas of a rolling update that
+    /// switches it off (or on): the replica without the election leads beside
+    /// the Lease's leader until the update is over. Switch it with the
+    /// `Recreate` strategy, or by scaling to 0 first.
+    /// <!-- upstream: end -->
     ///
     /// ```no_run
     /// # fn doc(client: kube_client::Client, leader_elect: bool) -> Result<(), kube_runtime_lease::ConfigError> {

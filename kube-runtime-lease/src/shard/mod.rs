@@ -176,6 +176,16 @@ impl ShardConfig {
     /// build before (with no count on the roster entry) must not be the old
     /// side of such an update: it counts the new count's members in its
     /// assignment; update the build first, then the count.
+    ///
+    /// Moving from one election ([`LeaderElector`] on a Lease `name`) to
+    /// elected shards with the base name `name`, or back, is not a rolling
+    /// update: the shard Leases are other Leases than `name`, so the old
+    /// replicas' leader and the new shard owners would both reconcile the
+    /// same objects until the last old replica is gone. Scale to zero first
+    /// (or use the `Recreate` strategy). Replicas whose timings differ (a
+    /// rolling update of the timings alone) are fine: every shard, and each
+    /// member's progress on it, is judged by the lease duration on its
+    /// record.
     #[must_use]
     pub fn new(lease: LeaseConfig, shards: u16) -> Self {
         ShardConfig {
@@ -1112,9 +1122,12 @@ impl ShardedElector {
     /// gone: a shard held by its owner whose record has not changed for its
     /// lease duration (the owner stopped renewing: dead, frozen or cut
     /// off), or a shard held by nobody for two lease durations (its owner
-    /// never took it). The shard's Lease is read again first: a record that
-    /// changed since this watch saw it (the watch lagging) evicts nobody.
-    /// Returns when the next eviction may be due.
+    /// never took it): this replica's, or the one on the shard's record if
+    /// longer (a record left by a dead member of another build, with longer
+    /// timings, in a rolling update: an owner that first sees it must wait
+    /// that long before it may take it). The shard's Lease is read again
+    /// first: a record that changed since this watch saw it (the watch
+    /// lagging) evicts nobody. Returns when the next eviction may be due.
     fn evict_if_due(
         &self,
         api: &Api<Lease>,
@@ -1126,7 +1139,6 @@ impl ShardedElector {
         let mut due: Option<Instant> = None;
         let mut at = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
         let cfg = &self.inner.config.lease;
-        let unowned_for = 2 * cfg.lease_duration;
         evictions
             .tried
             .retain(|_, at| now.saturating_duration_since(*at) < cfg.lease_duration);
@@ -1147,6 +1159,11 @@ impl ShardedElector {
                 }
             };
             let expired = seen.is_some_and(|w| w.holder.as_deref() == Some(owner.as_str()));
+            // Two lease durations: ours, or the record's if longer (held by
+            // someone else, it is taken only once it has been seen unchanged
+            // for its duration, counted from the owner's first sight).
+            let record = seen.map_or(cfg.lease_duration, |w| w.duration(cfg.lease_duration));
+            let unowned_for = cfg.lease_duration.max(record).saturating_mul(2);
             if !expired && now.saturating_duration_since(since) < unowned_for {
                 at(crate::record::later(since, unowned_for));
                 continue;

@@ -2325,3 +2325,174 @@ fn every_roster_and_shard_label_is_under_the_prefix_configured_labels_may_not_us
         );
     }
 }
+
+/// A replica of a 12-shard election with its own timings.
+fn timed_replica(
+    fake: &FakeLeaseApi,
+    identity: &str,
+    (lease, renew, retry): (Duration, Duration, Duration),
+) -> (ShardedElector, usize) {
+    let (client, id) = fake.client();
+    let lease = LeaseConfig::new("default", "ctl", identity)
+        .lease_duration(lease)
+        .renew_deadline(renew)
+        .retry_period(retry);
+    (
+        ShardedElector::new(client, ShardConfig::new(lease, 12)).unwrap(),
+        id,
+    )
+}
+
+/// Samples for `span` (every 100 ms of paused time) that no shard is owned
+/// (held, its term valid) by two of `replicas` at once.
+async fn never_owned_twice(replicas: &[&ShardedElector], span: Duration, what: &str) {
+    let until = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < until {
+        let each: Vec<BTreeSet<u16>> = replicas.iter().map(|r| owned(r)).collect();
+        let total: usize = each.iter().map(BTreeSet::len).sum();
+        let union: BTreeSet<u16> = each.iter().flatten().copied().collect();
+        assert_eq!(
+            total,
+            union.len(),
+            "{what}: a shard owned by two replicas at once: {each:?}"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A rolling update that changes the timings and not the shard count:
+/// three replicas of the old timings are replaced one by one by three of
+/// the new (the old one shut down gracefully, or cut off as in a crash),
+/// for client-go's defaults next to longer timings, both ways, and for a
+/// short lease duration next to a retry period longer than it, both ways.
+/// Every shard Lease is an ordinary election, judged by the duration on its
+/// record; the roster, the evictions and the handovers mix both timings:
+/// no shard is ever owned twice, no new (live) replica is ever evicted, and
+/// the new replicas own every shard within the bound of members gone
+/// together with their backups (evicted one after the other, each within
+/// two of the records' lease durations).
+#[test]
+fn a_rolling_update_of_the_timings_never_has_two_owners_and_ends_with_every_shard_owned() {
+    let defaults = (S(15), S(10), S(2));
+    let long = (S(60), S(40), S(5));
+    let short = (S(2), Duration::from_millis(1900), Duration::from_millis(1500));
+    let slow = (S(20), S(17), S(14));
+    for (old_timings, new_timings) in [(defaults, long), (long, defaults), (short, slow), (slow, short)] {
+        for crash in [false, true] {
+            let what = format!("{old_timings:?} -> {new_timings:?}, crash: {crash}");
+            let logs = crate::tests::support::logs_during(tracing::Level::INFO, || {
+                paused(async {
+                    let fake = FakeLeaseApi::default().with_request_budget(400_000);
+                    let old: Vec<(ShardedElector, usize)> = ["a", "b", "c"]
+                        .iter()
+                        .map(|i| timed_replica(&fake, i, old_timings))
+                        .collect();
+                    let new: Vec<(ShardedElector, usize)> = ["d", "e", "f"]
+                        .iter()
+                        .map(|i| timed_replica(&fake, i, new_timings))
+                        .collect();
+                    let all: Vec<&ShardedElector> = old.iter().chain(&new).map(|(r, _)| r).collect();
+                    start(&all[..3]);
+                    never_owned_twice(&all, old_timings.0 * 2, &what).await;
+                    for i in 0..3 {
+                        start(&all[3 + i..=3 + i]);
+                        never_owned_twice(&all, new_timings.0 * 2, &what).await;
+                        let (r, id) = &old[i];
+                        if crash {
+                            fake.partition(*id, true);
+                        } else {
+                            r.shutdown(S(1)).await;
+                        }
+                        never_owned_twice(&all, new_timings.0 * 2, &what).await;
+                    }
+                    let over = tokio::time::Instant::now();
+                    let bound = old_timings.0 * 2 + new_timings.0;
+                    loop {
+                        let owned_now: BTreeSet<u16> = all[3..].iter().flat_map(|r| owned(r)).collect();
+                        if owned_now.len() == 12 {
+                            break;
+                        }
+                        assert!(
+                            over.elapsed() <= bound,
+                            "{what}: the new replicas own only {owned_now:?} {:?} after the update ended",
+                            over.elapsed()
+                        );
+                        never_owned_twice(&all, Duration::from_millis(100), &what).await;
+                    }
+                    never_owned_twice(&all, new_timings.0 * 2, &what).await;
+                });
+            });
+            let evicted: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains("evicted the member from the roster") || l.contains("joining again"))
+                .filter(|l| {
+                    ["member=d ", "member=e ", "member=f "]
+                        .iter()
+                        .any(|m| l.contains(m))
+                })
+                .collect();
+            assert!(
+                evicted.is_empty(),
+                "{what}: a live new replica was evicted: {evicted:#?}"
+            );
+        }
+    }
+}
+
+/// A rolling update that shortens the timings (old replicas `a` and `b`
+/// with a 12 s lease duration, new `c` and `d` with 4 s), and the two old
+/// replicas die together (a node lost): a shard whose backup died with its
+/// owner is reassigned, once the dead are evicted, to a live new member
+/// that never watched it, which must then see the dead owner's record
+/// unchanged for its lease duration (12 s, the record's) before it may take
+/// it. Its peer, watching over the shard, gave it two of its own lease
+/// durations (8 s) and evicted it, a live member: it joined again, and the
+/// shards moved about once more. Now the peer gives the owner two lease
+/// durations of the record's, if longer than its own: nobody alive is
+/// evicted, and the new members own every shard within two old lease
+/// durations of the crash.
+#[test]
+fn a_live_member_waiting_out_a_dead_old_members_longer_lease_is_not_evicted() {
+    let old = (S(12), S(9), S(2));
+    let new = (S(4), S(3), S(1));
+    let mut took = None;
+    let logs = crate::tests::support::logs_during(tracing::Level::INFO, || {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let (a, a_id) = timed_replica(&fake, "a", old);
+            let (b, b_id) = timed_replica(&fake, "b", old);
+            start(&[&a, &b]);
+            never_owned_twice(&[&a, &b], S(30), "old").await;
+            let (c, _) = timed_replica(&fake, "c", new);
+            let (d, _) = timed_replica(&fake, "d", new);
+            let all = [&a, &b, &c, &d];
+            start(&[&c, &d]);
+            never_owned_twice(&all, S(40), "old and new").await;
+            fake.partition(a_id, true);
+            fake.partition(b_id, true);
+            let cut = tokio::time::Instant::now();
+            while owned(&c).len() + owned(&d).len() < 12 {
+                assert!(
+                    cut.elapsed() <= S(60),
+                    "the new members own {:?} 60 s after the old ones died",
+                    [owned(&c), owned(&d)]
+                );
+                never_owned_twice(&all, Duration::from_millis(100), "after the crash").await;
+            }
+            took = Some(cut.elapsed());
+            never_owned_twice(&all, S(10), "after the takeover").await;
+        });
+    });
+    let evicted: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("evicted the member from the roster") || l.contains("joining again"))
+        .filter(|l| !l.contains("member=a ") && !l.contains("member=b "))
+        .collect();
+    assert!(evicted.is_empty(), "a live member was evicted: {evicted:#?}");
+    let took = took.expect("the test ran");
+    assert!(
+        took <= old.0 * 2,
+        "the new members owned every shard only {took:?} after the old ones died (two old lease durations: {:?})",
+        old.0 * 2
+    );
+}

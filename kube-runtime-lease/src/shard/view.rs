@@ -75,10 +75,14 @@ impl Watched {
 
     /// When it stops being fresh, unless its record changes.
     pub(super) fn expires(&self, fallback: Duration) -> Instant {
-        let d = self
-            .spec()
-            .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback));
-        crate::record::later(self.changed, d)
+        crate::record::later(self.changed, self.duration(fallback))
+    }
+
+    /// The lease duration on its record (`fallback` when it has none, or
+    /// one that is not positive).
+    pub(super) fn duration(&self, fallback: Duration) -> Duration {
+        self.spec()
+            .map_or(fallback, |spec| crate::record::lease_duration(spec, fallback))
     }
 
     /// Whether someone holds it with a record that changed within its lease

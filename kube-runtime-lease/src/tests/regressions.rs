@@ -3233,3 +3233,125 @@ fn after_a_restore_a_leaders_own_last_write_is_still_its_own() {
         assert!(healed.elapsed() <= S(3));
     });
 }
+
+// ---- 21. Candidates configured differently on one Lease (a rolling update) --
+
+/// Timings (lease duration, renew deadline, retry period) of a candidate.
+type Timings = (Duration, Duration, Duration);
+
+/// The pairs of timings a rolling update can put side by side on one Lease
+/// (the leader's, the other candidate's): client-go's defaults next to
+/// longer ones, both ways, and extremes `validate` accepts (a 2 s lease
+/// duration next to a 400 s retry period), both ways.
+fn skewed() -> [(Timings, Timings); 4] {
+    let defaults = (S(15), S(10), S(2));
+    let long = (S(60), S(40), S(5));
+    let shortest = (S(2), MS(1900), MS(1500));
+    let longest = (S(600), S(500), S(400));
+    [
+        (defaults, long),
+        (long, defaults),
+        (shortest, longest),
+        (longest, shortest),
+    ]
+}
+
+fn timed(identity: &str, (lease, renew, retry): Timings) -> LeaseConfig {
+    config(identity)
+        .lease_duration(lease)
+        .renew_deadline(renew)
+        .retry_period(retry)
+}
+
+/// 21: a rolling update that changes the timings runs candidates of both
+/// on one Lease. The leader `a` is cut off: `b`, configured otherwise, takes
+/// the Lease by the duration on the record (`a`'s), not by its own: never
+/// while `a`'s term may still hold (a longer duration of its own would not
+/// matter, a shorter one would be two leaders), and within that duration
+/// of `a`'s last renewal (a longer one of its own, or a retry period far
+/// longer than `a`'s lease duration, would leave the Lease without a
+/// leader). Its first write carries its own duration, which `a`, campaigning
+/// again, then goes by.
+#[test]
+fn a_takeover_between_candidates_with_different_timings_goes_by_the_records_duration() {
+    for (a_timings, b_timings) in skewed() {
+        paused(async move {
+            let fake = free();
+            let (a, a_id) = elector(&fake, timed("a", a_timings));
+            let (b, _) = elector(&fake, timed("b", b_timings));
+            let a_guard = a.acquire().await.unwrap();
+            let mut b_acquire = Box::pin(b.acquire());
+            // Beside a live leader for a while (a renews at its own pace).
+            let beside = a_timings.2.mul_f64(3.5);
+            assert!(
+                timeout(beside, &mut b_acquire).await.is_err(),
+                "{a_timings:?} / {b_timings:?}: b led beside a live a"
+            );
+            assert_eq!(spec(&fake).lease_duration_seconds, Some(secs(a_timings.0)));
+            let cut = Instant::now();
+            let last_renewal = fake
+                .requests()
+                .iter()
+                .filter(|r| r.client == a_id && matches!(r.verb, "update"))
+                .map(|r| r.at)
+                .next_back()
+                .unwrap_or(cut);
+            fake.partition(a_id, true);
+            let b_guard = timeout(a_timings.0 + S(10), &mut b_acquire)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "{a_timings:?} / {b_timings:?}: b did not lead within a's lease duration and 10 s of a's last \
+                         renewal (holder {:?})",
+                        holder(&fake)
+                    )
+                })
+                .unwrap();
+            let took = last_renewal.elapsed();
+            assert!(
+                !a_guard.is_valid() && a_guard.lost().is_some(),
+                "{a_timings:?} / {b_timings:?}: two leaders: b led {took:?} after a's last renewal, a's guard still \
+                 valid ({:?} left)",
+                a_guard.time_left()
+            );
+            assert!(
+                took >= a_timings.0,
+                "{a_timings:?} / {b_timings:?}: b led {took:?} after a's last renewal, before the record's duration"
+            );
+            assert!(
+                took <= a_timings.0 + S(1),
+                "{a_timings:?} / {b_timings:?}: b led only {took:?} after a's last renewal (the record's duration is \
+                 {:?})",
+                a_timings.0
+            );
+            assert_eq!(
+                spec(&fake).lease_duration_seconds,
+                Some(secs(b_timings.0)),
+                "{a_timings:?} / {b_timings:?}: b's record carries b's duration"
+            );
+            drop(a_guard);
+            // a, back, waits for b's record by its duration.
+            fake.partition(a_id, false);
+            let mut a_acquire = Box::pin(a.acquire());
+            assert!(
+                timeout(b_timings.2.mul_f64(3.5), &mut a_acquire).await.is_err(),
+                "{a_timings:?} / {b_timings:?}: a led beside b"
+            );
+            assert!(b_guard.is_valid());
+            // A graceful handover: b's release is taken at once.
+            drop(b_guard);
+            let released = Instant::now();
+            let _a_guard = timeout(S(3), a_acquire)
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("{a_timings:?} / {b_timings:?}: a did not take b's released Lease within 3 s")
+                })
+                .unwrap();
+            assert!(released.elapsed() <= S(3));
+        });
+    }
+}
+
+fn secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs()).unwrap()
+}

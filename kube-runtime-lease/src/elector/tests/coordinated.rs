@@ -373,6 +373,113 @@ fn a_stepped_down_coordinated_leader_whose_preferred_holder_is_gone_leads_again(
     });
 }
 
+/// Which of `a` (`"p2"`) and `b` (`"me"`) leads first within `within`, if any.
+async fn either_leads(
+    a: &mut std::pin::Pin<Box<crate::Acquire>>,
+    b: &mut std::pin::Pin<Box<crate::Acquire>>,
+    within: Duration,
+) -> Option<&'static str> {
+    let first = async {
+        tokio::select! {
+            _ = a => "p2",
+            _ = b => "me",
+        }
+    };
+    tokio::time::timeout(within, first).await.ok()
+}
+
+/// A rolling update that switches Coordinated Leader Election on, then one
+/// that switches it off: plain candidates (the old build, `p1` leading with
+/// its work alive, `p2` campaigning) beside a coordinated one (`me`) on one
+/// Lease. The API server elects `me` and marks the end of `p1`'s term: `p1`
+/// steps down at once and, its work stopped, does not release; `p2` leaves
+/// the marked record to the preferred holder; once the record expired the
+/// API server hands it to `me`, which leads. Never two, and one lease
+/// duration without a leader (the bound of a step-down with work stopped).
+/// The other way, `me`'s release at its shutdown is taken by the plain
+/// `p2` at once, and a mark for another coordinated candidate ends `p2`'s
+/// term in turn: the two kinds hand the Lease back and forth, one term
+/// each, never both at once.
+#[test]
+fn plain_and_coordinated_candidates_on_one_lease_hand_it_over_and_never_both_lead() {
+    paused(async {
+        let fake = crate::tests::support::free().serve_lease_candidates();
+        let (p1, _) = elector(&fake, config("p1"));
+        let (p2, _) = elector(&fake, config("p2"));
+        let (me, _) = elector(&fake, coordinated("me"));
+        let mut p1_guard = p1.acquire().await.unwrap();
+        let mut p2_acquire = Box::pin(p2.acquire());
+        let mut me_acquire = Box::pin(me.acquire());
+        assert!(
+            either_leads(&mut p2_acquire, &mut me_acquire, S(5))
+                .await
+                .is_none(),
+            "a second leader beside p1"
+        );
+        assert!(me.status().coordinated);
+
+        // The API server elects `me` and marks the end of p1's term.
+        prefer(&fake, CANDIDATE);
+        let marked = tokio::time::Instant::now();
+        let lost = tokio::time::timeout(S(1), &mut p1_guard)
+            .await
+            .expect("p1 steps down at once");
+        assert_eq!(
+            lost,
+            Lost::SteppedDown {
+                preferred_holder: CANDIDATE.to_owned()
+            }
+        );
+        drop(p1_guard);
+        assert!(
+            either_leads(&mut p2_acquire, &mut me_acquire, S(15))
+                .await
+                .is_none(),
+            "the marked record was taken before it expired (holder {:?})",
+            holder(&fake)
+        );
+        assert_eq!(
+            holder(&fake).as_deref(),
+            Some("p1"),
+            "p1 released though its work was stopped"
+        );
+        // Expired: the API server hands it to its choice.
+        assign(&fake, CANDIDATE);
+        let me_guard = tokio::time::timeout(S(1), &mut me_acquire)
+            .await
+            .expect("the coordinated candidate leads once the API server assigns it")
+            .unwrap();
+        assert!(marked.elapsed() <= S(16), "{:?}", marked.elapsed());
+        assert!(
+            tokio::time::timeout(S(60), &mut p2_acquire).await.is_err(),
+            "p2 led beside the coordinated leader"
+        );
+        assert!(me_guard.is_valid());
+        assert_eq!(spec(&fake).lease_duration_seconds, Some(15));
+
+        // Switched off: the coordinated leader shuts down (released), and the
+        // plain candidate takes the free Lease at once.
+        drop(me_guard);
+        me.shutdown(S(1)).await.unwrap();
+        let mut p2_guard = tokio::time::timeout(S(1), p2_acquire)
+            .await
+            .expect("p2 takes the released Lease at once")
+            .unwrap();
+        // The API server still elects among the coordinated candidates left:
+        // its mark ends the plain term too.
+        prefer(&fake, "other.lease");
+        let lost = tokio::time::timeout(S(1), &mut p2_guard)
+            .await
+            .expect("p2 steps down at once");
+        assert_eq!(
+            lost,
+            Lost::SteppedDown {
+                preferred_holder: "other.lease".to_owned()
+            }
+        );
+    });
+}
+
 #[test]
 fn the_lease_candidate_is_deleted_when_the_election_ends() {
     paused(async {
