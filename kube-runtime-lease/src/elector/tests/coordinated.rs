@@ -1356,16 +1356,19 @@ fn a_lease_candidate_that_cannot_be_watched_says_so_and_still_answers_pings() {
         paused(async {
             let fake = FakeLeaseApi::default().serve_lease_candidates();
             fake.forbid_lease_candidate_verbs(&["list", "watch"]);
-            let (_e, _acquire) = published(&fake).await;
-            sleep(S(5)).await;
+            let (e, _acquire) = published(&fake).await;
+            // Pinged between two reads (they come every retry period, 2 s).
+            sleep(Duration::from_millis(5_500)).await;
             assert!(fake.ping_lease_candidate(CANDIDATE));
             let ping = lease_candidate_time(&fake, CANDIDATE, "pingTime").unwrap();
-            sleep(S(5)).await;
+            // By the first read after the ping (mutation testing: kills
+            // answering it only at the second read).
+            sleep(e.config().retry_period + Duration::from_millis(100)).await;
             let renew = lease_candidate_time(&fake, CANDIDATE, "renewTime").unwrap();
             assert!(
                 renew > ping,
-                "a ping not answered within the API server's election (5 s), the LeaseCandidate's \
-                 watch forbidden: renewTime {renew}, pingTime {ping}"
+                "a ping not answered by the first read after it (a retry period), the \
+                 LeaseCandidate's watch forbidden: renewTime {renew}, pingTime {ping}"
             );
             // Answered once: no write at every read.
             let updates = |fake: &FakeLeaseApi| {
@@ -1403,6 +1406,35 @@ fn a_lease_candidate_that_cannot_be_watched_says_so_and_still_answers_pings() {
         "{}",
         named[0]
     );
+}
+
+/// A read standing in for the refused watch that fails (a 5xx) is only
+/// logged and tried again at the next: the `LeaseCandidate` is not
+/// published again as if it were gone (mutation testing: kills the 404
+/// test of `read_for_a_ping` inverted).
+#[test]
+fn a_failed_read_in_place_of_the_watch_does_not_publish_the_candidate_again() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        fake.forbid_lease_candidate_verbs(&["list", "watch"]);
+        let (_e, _acquire) = published(&fake).await;
+        fake.set_lease_candidates_refused(Some(500));
+        let since = tokio::time::Instant::now();
+        sleep(S(20)).await;
+        let requests = fake.requests();
+        let sent = |verb: &str| {
+            requests
+                .iter()
+                .filter(|r| r.verb == verb && r.at >= since)
+                .count()
+        };
+        assert!(
+            sent("candidate get") >= 3,
+            "not read every retry period: {} reads",
+            sent("candidate get")
+        );
+        assert_eq!(sent("candidate create"), 0, "published again after a failed read");
+    });
 }
 
 /// A Role on `leasecandidates` without
