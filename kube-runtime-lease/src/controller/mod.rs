@@ -17,7 +17,7 @@ pub(crate) mod warm;
 
 use std::{fmt::Debug, hash::Hash, sync::Arc};
 
-use futures::{Stream, StreamExt, TryFuture, TryFutureExt, future};
+use futures::{Stream, StreamExt, TryFuture, TryFutureExt};
 use kube_client::Resource;
 use kube_runtime::{
     Controller,
@@ -281,8 +281,8 @@ pub(crate) fn skipped<K: Resource>(object: &K, why: &str) {
 /// object again when a term is gained, or lists afresh in the next term).
 pub(crate) fn passed_on<K: Resource, E>(
     item: RunItem<K, Guarded<E>>,
-) -> future::Ready<Option<RunItem<K, E>>> {
-    future::ready(match item {
+) -> std::future::Ready<Option<RunItem<K, E>>> {
+    std::future::ready(match item {
         Ok(done) => Some(Ok(done)),
         Err(ControllerError::ReconcilerFailed(Guarded::Reconciler(e), object)) => {
             Some(Err(ControllerError::ReconcilerFailed(e, object)))
