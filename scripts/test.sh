@@ -105,6 +105,15 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features --lock
 step "rustdoc of the core alone (-D warnings: no link into an extra)"
 RUSTDOCFLAGS="-D warnings" cargo doc -p kube-runtime-lease --no-deps --no-default-features \
   --features k8s-openapi/latest --locked
+step "rustdoc of each extra alone on the core, and of each optional one beside the defaults (-D warnings: no link into an extra it does not enable)"
+for feature in coordinated events lease-metadata metrics warm-standby unstable-shards test-util; do
+  RUSTDOCFLAGS="-D warnings" cargo doc -q -p kube-runtime-lease --no-deps --no-default-features \
+    --features "k8s-openapi/latest,$feature" --locked
+done
+for feature in metrics unstable-shards test-util; do
+  RUSTDOCFLAGS="-D warnings" cargo doc -q -p kube-runtime-lease --no-deps \
+    --features "k8s-openapi/latest,$feature" --locked
+done
 
 step "clippy and the tests of the series' generator (upstream/gen, -D warnings)"
 cargo clippy --manifest-path upstream/gen/Cargo.toml --locked --all-targets -- -D warnings

@@ -43,6 +43,7 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Sile
 /// # }
 /// ```
 #[derive(Debug)]
+#[must_use = "the observer stops following the Lease when it is dropped"]
 pub struct LeaseObserver {
     status: watch::Receiver<LeaderStatus>,
     task: JoinHandle<()>,

@@ -439,6 +439,7 @@
 //! [client-go]: https://pkg.go.dev/k8s.io/client-go/tools/leaderelection
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![warn(missing_debug_implementations)]
 // docs.rs (`--cfg docsrs`, nightly): each extra's items carry a badge naming
 // the feature they need, derived from their `cfg` attributes.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -482,6 +483,29 @@ pub mod test_util;
 /// store run on every replica, leadership gates only reconciliation. Asked
 /// for with
 /// [`LeaderElectionControllerExt::with_leader_election_warm`].
+///
+/// The feature adds that method to the trait, which is sealed so that the
+/// feature is additive: a type of your own implementing the trait (which
+/// would then need this method with the feature, and not without) cannot.
+///
+/// ```compile_fail,E0277
+/// use kube_runtime::Controller;
+/// use kube_runtime_lease::{
+///     ControllerResource, ControllerWithLeaderElection, LeaderElectionControllerExt, LeaderElector,
+///     warm::WarmController,
+/// };
+///
+/// struct MyController<K: ControllerResource>(Controller<K>);
+///
+/// impl<K: ControllerResource> LeaderElectionControllerExt<K> for MyController<K> {
+///     fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K> {
+///         self.0.with_leader_election(elector)
+///     }
+///     fn with_leader_election_warm(self, elector: &LeaderElector) -> WarmController<K> {
+///         self.0.with_leader_election_warm(elector)
+///     }
+/// }
+/// ```
 #[cfg(feature = "warm-standby")]
 pub mod warm {
     pub use crate::controller::warm::WarmController;

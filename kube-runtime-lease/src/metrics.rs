@@ -55,10 +55,10 @@ type LastRenewals = Arc<Mutex<BTreeMap<LeaseLabels, Instant>>>;
 /// | `leader_election_renewals_total{outcome}` | counter | renewal writes by outcome: `success`, `late` (answered after the renew deadline), `conflict`, `not_found`, `error` |
 /// | `leader_election_renew_duration_seconds` | histogram | latency of renewal writes |
 /// | `leader_election_seconds_since_last_renewal` | gauge | while leading: time since the instant before the last successful renewal (or the write that began the term) was sent |
-/// | `leader_election_coordinated` | gauge | 1 while Coordinated Leader Election is in force ([`LeaseConfig::coordinated`](crate::LeaseConfig::coordinated), served by the API server), 0 for the ordinary election |
+/// | `leader_election_coordinated` | gauge | 1 while Coordinated Leader Election is in force (`LeaseConfig::coordinated`, feature `coordinated`, served by the API server), 0 for the ordinary election |
 ///
 /// With the `unstable-shards` feature, a sharded election
-/// ([`ShardedElector::with_metrics`](crate::shard::ShardedElector::with_metrics))
+/// (`shard::ShardedElector::with_metrics`)
 /// adds, labelled by its base name as `lease`:
 ///
 /// | metric | type | meaning |

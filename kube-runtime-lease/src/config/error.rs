@@ -3,7 +3,25 @@
 use std::time::Duration;
 
 /// A setting of [`LeaseConfig`](crate::LeaseConfig), as named in [`ConfigError`].
+///
+/// Non-exhaustive, as [`ConfigError`] is: a setting added later (and checked
+/// by [`ConfigError::NotPositive`] or [`ConfigError::TooLong`]) breaks no
+/// `match`, which needs an arm for the others:
+///
+/// ```compile_fail,E0004
+/// use kube_runtime_lease::Field;
+///
+/// fn flag(field: Field) -> &'static str {
+///     match field {
+///         Field::LeaseDuration => "--lease-duration",
+///         Field::RenewDeadline => "--renew-deadline",
+///         Field::RetryPeriod => "--retry-period",
+///         Field::ReleaseTimeout => "--release-timeout",
+///     }
+/// }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Field {
     /// [`LeaseConfig::lease_duration`](crate::LeaseConfig::lease_duration).
     LeaseDuration,

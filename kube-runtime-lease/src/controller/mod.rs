@@ -59,7 +59,33 @@ impl<K> ControllerResource for K where
 
 /// Adds [`with_leader_election`](Self::with_leader_election) to
 /// [`Controller`](kube_runtime::Controller).
-pub trait LeaderElectionControllerExt<K: ControllerResource> {
+///
+/// Sealed: implemented for [`Controller`](kube_runtime::Controller) only, so
+/// that a method added to it breaks no code. A type of your own cannot
+/// implement it:
+///
+/// ```compile_fail,E0277
+/// use kube_runtime::Controller;
+/// use kube_runtime_lease::{
+///     ControllerResource, ControllerWithLeaderElection, LeaderElectionControllerExt, LeaderElector,
+/// };
+///
+/// struct MyController<K: ControllerResource>(Controller<K>);
+///
+/// impl<K: ControllerResource> LeaderElectionControllerExt<K> for MyController<K> {
+///     fn with_leader_election(self, elector: &LeaderElector) -> ControllerWithLeaderElection<K> {
+///         self.0.with_leader_election(elector)
+///     }
+/// }
+/// ```
+/// <!-- upstream: omit -->
+///
+/// Unsealed, it made the `warm-standby` feature not additive (see the
+/// `warm` module): such an implementation compiled on the core, and
+/// failed once anything in the build turned the feature on, which adds the
+/// required method `with_leader_election_warm`.
+/// <!-- upstream: end -->
+pub trait LeaderElectionControllerExt<K: ControllerResource>: sealed::Sealed {
     /// Runs this controller only while `elector`'s candidate leads.
     ///
     /// Call it last, after every other builder method, then
@@ -158,6 +184,14 @@ pub trait LeaderElectionControllerExt<K: ControllerResource> {
     /// ```
     #[cfg(feature = "warm-standby")]
     fn with_leader_election_warm(self, elector: &LeaderElector) -> warm::WarmController<K>;
+}
+
+mod sealed {
+    /// Implemented for [`Controller`](kube_runtime::Controller) only: see
+    /// [`LeaderElectionControllerExt`](super::LeaderElectionControllerExt).
+    pub trait Sealed {}
+
+    impl<K: super::ControllerResource> Sealed for kube_runtime::Controller<K> {}
 }
 
 impl<K: ControllerResource> LeaderElectionControllerExt<K> for Controller<K> {

@@ -238,6 +238,12 @@ impl LeaderElector {
     /// [`ShutdownError::TaskDidNotEnd`] if the background task did not end in
     /// time. Leadership has ended either way; an unreleased Lease expires
     /// after its lease duration.
+    ///
+    /// # Panics
+    /// Polled outside a Tokio runtime, or within one without timers
+    /// (`enable_time`, or `enable_all`): each of its steps is bounded by a
+    /// Tokio timer. Call it within a runtime with timers (the election's own
+    /// runtime needs them too).
     pub async fn shutdown(&self, grace: Duration) -> Result<(), ShutdownError> {
         let (task, term) = {
             let mut state = self.inner.lock();

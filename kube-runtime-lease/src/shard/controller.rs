@@ -53,6 +53,17 @@ where
     sharded: ShardedElector,
 }
 
+impl<K> std::fmt::Debug for ShardedController<K>
+where
+    K: ControllerResource,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedController")
+            .field("sharded", &self.sharded)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ShardedElector {
     /// `controller`, sharded by this election: see [`ShardedController::run`].
     pub fn controller<K>(&self, controller: Controller<K>) -> ShardedController<K>

@@ -516,11 +516,112 @@ fn controller_adapter_is_send(
     is_send(s);
 }
 
+/// `T` can be given to `tokio::spawn` (as kube-runtime's own Controller
+/// stream can).
+fn spawnable<T: Send + 'static>(t: T) -> T {
+    t
+}
+
+// Compile-time: the rest of the public futures and streams are `Send` where
+// their inputs are (`Send + 'static` too where they own what they use, so
+// that `tokio::spawn` takes them), the handles are `Send + Sync + Unpin`,
+// and the errors are `Send + Sync + 'static` (`anyhow`, `Box<dyn Error +
+// Send + Sync>`). Never run: `the_adapters_are_send` names it.
+#[allow(unused_must_use, clippy::needless_pass_by_value)]
+fn the_public_futures_are_send(
+    e: crate::LeaderElector,
+    guard: crate::LeaseGuard,
+    api: kube_client::Api<k8s_openapi::api::core::v1::ConfigMap>,
+    client: kube_client::Client,
+) {
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    use crate::{
+        AcquireError, ApiError, ConfigError, HealthError, LeaderElectionControllerExt, LeaseObserver,
+        ShutdownError,
+    };
+    fn is_send<T: Send>(t: T) -> T {
+        t
+    }
+    fn handle<T: Send + Sync + Unpin + std::fmt::Debug + 'static>(_: &T) {}
+    fn error<E: std::error::Error + Send + Sync + 'static>() {}
+    fn reconcile<K>(_: Arc<K>, _: Arc<()>) -> futures::future::Ready<Result<Action, std::io::Error>> {
+        futures::future::ok(Action::await_change())
+    }
+    fn policy<K>(_: Arc<K>, _: &std::io::Error, _: Arc<()>) -> Action {
+        Action::await_change()
+    }
+    let controller = || Controller::new(api.clone(), watcher::Config::default());
+
+    handle(&e);
+    handle(&spawnable(e.acquire()));
+    spawnable(e.shutdown_requested());
+    is_send(e.shutdown(Duration::ZERO));
+    is_send(e.with_lease(std::future::ready(())));
+    is_send(e.run_each_term(stream::pending::<()>));
+    is_send(e.run_each_term(|| stream::repeat_with(|| std::rc::Rc::new(()))));
+    is_send(e.with_lease(async { std::rc::Rc::new(()) }));
+    handle(&guard);
+    spawnable(guard.lost_signal());
+    let mut tasks = spawnable(guard.tasks::<()>());
+    is_send(tasks.join_next());
+    is_send(tasks.shutdown());
+    spawnable(guard);
+    handle(&LeaseObserver::new(client.clone(), "default", "lease").unwrap());
+    // As kube-runtime's own, for every resource a Controller runs on:
+    // dynamic objects too.
+    let resource = kube_client::api::ApiResource::erase::<k8s_openapi::api::core::v1::ConfigMap>(&());
+    let dynamic = kube_client::Api::<kube_client::api::DynamicObject>::all_with(client.clone(), &resource);
+    spawnable(
+        Controller::new_with(dynamic, watcher::Config::default(), resource)
+            .with_leader_election(&e)
+            .run(reconcile, policy, Arc::new(())),
+    );
+    #[cfg(feature = "warm-standby")]
+    spawnable(
+        controller()
+            .with_leader_election_warm(&e)
+            .run(reconcile, policy, Arc::new(())),
+    );
+    #[cfg(feature = "unstable-shards")]
+    {
+        let config = crate::shard::ShardConfig::new(config("me"), 2);
+        let sharded = crate::shard::ShardedElector::new(client.clone(), config).unwrap();
+        handle(&sharded);
+        is_send(sharded.run());
+        is_send(sharded.shutdown(Duration::ZERO));
+        let _: &dyn std::fmt::Debug = &spawnable(sharded.controller(controller()));
+        spawnable(
+            sharded
+                .controller(controller())
+                .run(reconcile, policy, Arc::new(())),
+        );
+    }
+    #[cfg(feature = "metrics")]
+    handle(&crate::metrics::LeaseMetrics::register(
+        &mut prometheus_client::registry::Registry::default(),
+    ));
+    handle(&FakeLeaseApi::default());
+    error::<AcquireError>();
+    error::<ShutdownError>();
+    error::<ApiError>();
+    error::<ConfigError>();
+    error::<HealthError>();
+    error::<Lost>();
+    let _ = (controller, client);
+}
+
 #[test]
 fn the_adapters_are_send() {
     let _: fn(crate::LeaderElector, futures::stream::Pending<()>) = adapters_are_send;
     let _: fn(&crate::LeaderElector, kube_client::Api<k8s_openapi::api::core::v1::ConfigMap>) =
         controller_adapter_is_send;
+    let _: fn(
+        crate::LeaderElector,
+        crate::LeaseGuard,
+        kube_client::Api<k8s_openapi::api::core::v1::ConfigMap>,
+        kube_client::Client,
+    ) = the_public_futures_are_send;
 }
 
 /// The election task stops without a shutdown when the runtime it was spawned

@@ -266,6 +266,18 @@ pub struct FakeLeaseApi {
     store: Arc<Mutex<Store>>,
 }
 
+impl std::fmt::Debug for FakeLeaseApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let store = self.lock();
+        f.debug_struct("FakeLeaseApi")
+            .field("leases", &store.leases.len())
+            .field("resource_version", &store.rv)
+            .field("clients", &store.clients.len())
+            .field("requests", &store.received.len())
+            .finish_non_exhaustive()
+    }
+}
+
 impl FakeLeaseApi {
     fn lock(&self) -> MutexGuard<'_, Store> {
         // A test that panicked while holding the lock leaves consistent data.
