@@ -198,6 +198,10 @@ CRATE_ONLY_SEAMS = {
     # The misuse suite (tests/misuse.rs) stays in the crate: it drives the
     # extras (configured annotations, shards) at their extremes.
     "misuse": ["misuse"],
+    # What the logs say with several elections in one process
+    # (tests/log_lines.rs) stays in the crate: it drives the extras
+    # (Events, shards) beside the core.
+    "log_lines": ["log_lines"],
 }
 SEAM_NAMES = sorted({name for names in CRATE_ONLY_SEAMS.values() for name in names})
 

@@ -1,6 +1,6 @@
 //! [`LeaseObserver`]: who holds a Lease, for a process that never campaigns.
 
-use std::time::Duration;
+use std::{future::Future, time::Duration};
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -65,8 +65,9 @@ impl LeaseObserver {
         let (tx, status) = watch::channel(LeaderStatus::default());
         let api: Api<Wire> = Api::namespaced(client, namespace);
         let lease = format!("{namespace}/{name}");
+        let span = span(namespace, name);
         let name = name.to_owned();
-        let task = tokio::spawn(async move {
+        let task = spawn_in(span, async move {
             let open = || {
                 watcher::watch_object(api.clone(), &name)
                     .default_backoff()
@@ -188,6 +189,24 @@ impl LeaseObserver {
     pub fn subscribe(&self) -> watch::Receiver<LeaderStatus> {
         self.status.clone()
     }
+}
+
+/// The span of the observer's lines, naming the Lease: its task is in none
+/// of its spawner's. At ERROR level, as an elector's
+/// (`LeaseConfig::span`), so that a filter at WARN
+/// keeps it.
+fn span(namespace: &str, name: &str) -> tracing::Span {
+    tracing::error_span!(
+        parent: None,
+        "lease_observer",
+        lease.namespace = %namespace,
+        lease.name = %name,
+    )
+}
+
+/// Spawns `task` in `span`.
+fn spawn_in(span: tracing::Span, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
+    tokio::spawn(tracing::Instrument::instrument(task, span))
 }
 
 /// Reads the Lease, within `bound`: kube sets no read timeout, and a read

@@ -92,6 +92,9 @@ pub struct WithLeaderElection<S> {
     lost: Option<Lost>,
     /// The waker the guard was last polled with (it keeps it until the term ends).
     registered: Option<Waker>,
+    /// The Lease, `namespace/name`, named on this stream's own lines: they
+    /// are logged in its consumer's task, not in the election's span.
+    lease: Box<str>,
 }
 
 impl<S> WithLeaderElection<S> {
@@ -101,6 +104,7 @@ impl<S> WithLeaderElection<S> {
             state: State::Acquiring(elector.acquire()),
             lost: None,
             registered: None,
+            lease: format!("{}/{}", elector.config().namespace, elector.config().name).into(),
         }
     }
 
@@ -171,9 +175,9 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
         let mut this = self.project();
         if let State::Acquiring(acquire) = this.state {
             match ready!(Pin::new(acquire).poll(cx)) {
-                Ok(guard) => start_leading(this.state, guard),
+                Ok(guard) => start_leading(this.state, guard, this.lease),
                 Err(e) => {
-                    debug!(error = %e, "no leadership to wait for: dropping the guarded stream");
+                    debug!(lease = %this.lease, error = %e, "no leadership to wait for: dropping the guarded stream");
                     return finish(&mut this, Some(e.lost()));
                 }
             }
@@ -265,8 +269,9 @@ impl AcquireError {
 
 /// Leadership was won: the inner stream starts.
 #[cold]
-fn start_leading(state: &mut State, mut guard: LeaseGuard) {
+fn start_leading(state: &mut State, mut guard: LeaseGuard, lease: &str) {
     debug!(
+        %lease,
         fencing_token = guard.fencing_token(),
         "leading: starting the guarded stream"
     );
@@ -282,11 +287,11 @@ fn start_leading(state: &mut State, mut guard: LeaseGuard) {
 #[cold]
 fn finish<S: Stream>(this: &mut WithLeaderElectionProj<'_, S>, lost: Option<Lost>) -> Poll<Option<S::Item>> {
     if let Some(lost) = lost {
-        debug!(reason = %lost, "leadership ended: dropping the guarded stream");
+        debug!(lease = %this.lease, reason = %lost, "leadership ended: dropping the guarded stream");
         *this.lost = Some(lost);
     } else if let State::Leading(guard) = this.state {
         // The inner stream ended: its work finished.
-        debug!("guarded stream ended: giving up leadership");
+        debug!(lease = %this.lease, "guarded stream ended: giving up leadership");
         guard.unfinished = false;
     }
     this.inner.set(None);

@@ -1,7 +1,9 @@
 //! The crate's page on crates.io and docs.rs: its own README (not the
 //! repository's), whose quick start is the one `readme.rs` builds and runs,
 //! whose links work from crates.io (absolute), and a license file that
-//! matches `license` in Cargo.toml. No control plane needed.
+//! matches `license` in Cargo.toml; and the repository README's
+//! *Troubleshooting*, whose quoted log lines the library writes. No control
+//! plane needed.
 
 use std::path::{Path, PathBuf};
 
@@ -76,5 +78,125 @@ fn the_license_file_matches_the_manifest() -> Result<()> {
             "{path} is not the Apache License 2.0"
         );
     }
+    Ok(())
+}
+
+/// The crate's library source, without its tests and test kit, with Rust's
+/// string continuations (`\` at the end of a line) joined, as the log lines
+/// are written.
+fn library_source() -> Result<String> {
+    fn walk(dir: &Path, out: &mut String) -> Result<()> {
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if path.is_dir() {
+                if name != "tests" && name != "test_util" {
+                    walk(&path, out)?;
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") && name != "tests.rs" {
+                out.push_str(&std::fs::read_to_string(&path)?);
+            }
+        }
+        Ok(())
+    }
+    let mut source = String::new();
+    walk(&root().join("kube-runtime-lease/src"), &mut source)?;
+    let mut joined = String::with_capacity(source.len());
+    let mut lines = source.split('\n');
+    while let Some(line) = lines.next() {
+        joined.push_str(line);
+        let mut continued = line.ends_with('\\');
+        while continued {
+            joined.pop();
+            let Some(next) = lines.next() else { break };
+            joined.push_str(next.trim_start());
+            continued = next.ends_with('\\');
+        }
+        joined.push('\n');
+    }
+    Ok(joined)
+}
+
+/// The README's *Troubleshooting* quotes the crate's log lines as the code
+/// writes them: each quote of a line (not a command, a status or
+/// client-go's line) is in the library's source, `...` standing for what
+/// the line fills in; the few whose quoted words are filled in from values
+/// are checked as the code writes them.
+#[test]
+fn the_troubleshooting_section_quotes_the_log_lines_the_crate_writes() -> Result<()> {
+    const TEMPLATED: &[(&str, &[&str])] = &[
+        (
+            "forbidden to get lease ns/name: RBAC needs ...",
+            &["forbidden to {verb} lease {namespace}/{name}: RBAC needs verbs"],
+        ),
+        (
+            "acquiring the lease failed",
+            &["\"acquiring the lease\"", "\"{what} failed\""],
+        ),
+        (
+            "renewing the lease failed",
+            &["\"renewing the lease\"", "\"{what} failed\""],
+        ),
+        (
+            "lease get request timed out after ...",
+            &["lease {verb} request timed out after"],
+        ),
+        (
+            "forbidden to publish the LeaseCandidate: RBAC needs ...",
+            &[
+                "forbidden to publish the LeaseCandidate: {RBAC_RULE}",
+                "= \"RBAC needs",
+            ],
+        ),
+    ];
+    const NOT_LINES: &[&str] = &["kubectl ", "helm ", "aws ", "410 "];
+    let readme = read("README.md")?;
+    let start = readme
+        .find("## Troubleshooting")
+        .context("no Troubleshooting section")?;
+    let end = readme[start + 3..]
+        .find("\n## ")
+        .map_or(readme.len(), |e| start + 3 + e);
+    let section = readme[start..end]
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let source = library_source()?;
+    let (mut missing, mut checked) = (Vec::new(), 0);
+    let mut rest = section.as_str();
+    while let Some(open) = rest.find('`') {
+        let (before, after) = (&rest[..open], &rest[open + 1..]);
+        let Some(close) = after.find('`') else { break };
+        let quote = &after[..close];
+        rest = &after[close + 1..];
+        if !quote.contains(' ')
+            || before.ends_with("client-go: ")
+            || NOT_LINES.iter().any(|p| quote.starts_with(p))
+        {
+            continue;
+        }
+        checked += 1;
+        let fragments: Vec<&str> = match TEMPLATED.iter().find(|(q, _)| *q == quote) {
+            Some((_, code)) => code.to_vec(),
+            None => quote
+                .split("...")
+                .flat_map(|f| f.split('…'))
+                .map(str::trim)
+                .filter(|f| !f.is_empty())
+                .collect(),
+        };
+        missing.extend(
+            fragments
+                .into_iter()
+                .filter(|f| !source.contains(f))
+                .map(|f| format!("`{quote}`: {f:?}")),
+        );
+    }
+    ensure!(checked >= 20, "only {checked} quotes of log lines found");
+    ensure!(
+        missing.is_empty(),
+        "quoted in the README's Troubleshooting but written by no line of the library:\n{}",
+        missing.join("\n")
+    );
     Ok(())
 }

@@ -261,6 +261,22 @@ impl LeaseConfig {
             .saturating_add(self.retry_period)
     }
 
+    /// The span of every line about this election (`leader_election`, with
+    /// the Lease's namespace and name and this candidate's identity), under
+    /// `parent` (`None`: a root, for a task of its own). At ERROR level so
+    /// that it is enabled whenever one of its lines is: at INFO, a filter
+    /// at WARN (`RUST_LOG=warn`) dropped it, and with it the only names its
+    /// warnings carried.
+    pub(crate) fn span(&self, parent: Option<tracing::Id>) -> tracing::Span {
+        tracing::error_span!(
+            parent: parent,
+            "leader_election",
+            lease.namespace = %self.namespace,
+            lease.name = %self.name,
+            identity = %self.identity,
+        )
+    }
+
     /// Whether the election runs (see [`enabled`](Self::enabled)).
     #[must_use]
     pub fn is_enabled(&self) -> bool {

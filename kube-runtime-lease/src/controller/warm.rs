@@ -113,7 +113,10 @@ async fn hold_each_term(elector: LeaderElector, terms: mpsc::UnboundedSender<()>
             }
             Either::Left((Err(_), _)) | Either::Right(_) => return,
         };
+        // Polled with the consumer's stream, not in the election's span.
         debug!(
+            lease.namespace = %config.namespace,
+            lease.name = %config.name,
             fencing_token = acquired.fencing_token(),
             "leading: reconciling every object in the store"
         );
@@ -121,7 +124,12 @@ async fn hold_each_term(elector: LeaderElector, terms: mpsc::UnboundedSender<()>
         match future::select(acquired, shutdown.clone()).await {
             Either::Left((Lost::Shutdown, _)) | Either::Right(_) => return,
             Either::Left((lost, _)) => {
-                debug!(reason = %lost, "leadership ended: reconciles stop, the caches keep running");
+                debug!(
+                    lease.namespace = %config.namespace,
+                    lease.name = %config.name,
+                    reason = %lost,
+                    "leadership ended: reconciles stop, the caches keep running"
+                );
             }
         }
     }

@@ -121,6 +121,7 @@ impl Inner {
         // The term ends only with `shutdown`, which had not begun above.
         let guard = LeaseGuard::of(&term, self.wake.clone()).ok_or(AcquireError::Shutdown)?;
         if begun {
+            let _span = self.config.span(tracing::Span::current().id()).entered();
             self.update_status(|s| {
                 s.is_leader = true;
                 s.holder = Some(self.config.identity.clone());

@@ -245,6 +245,12 @@ impl LeaderElector {
     /// Tokio timer. Call it within a runtime with timers (the election's own
     /// runtime needs them too).
     pub async fn shutdown(&self, grace: Duration) -> Result<(), ShutdownError> {
+        let span = self.inner.config.span(tracing::Span::current().id());
+        tracing::Instrument::instrument(self.shut_down(grace), span).await
+    }
+
+    /// [`shutdown`](Self::shutdown), in the election's span.
+    async fn shut_down(&self, grace: Duration) -> Result<(), ShutdownError> {
         let (task, term) = {
             let mut state = self.inner.lock();
             state.shutdown = true;
@@ -261,7 +267,7 @@ impl LeaderElector {
         if let Some(tx) = self.inner.shutdown_tx.lock().take() {
             let _ = tx.send(());
         }
-        info!(lease = %self.inner.config.name, "leader election shutting down");
+        info!("leader election shutting down");
         if let Some(term) = &term {
             term.guards_dropped(record::later(Instant::now(), grace)).await;
             term.lose(&Lost::Shutdown);

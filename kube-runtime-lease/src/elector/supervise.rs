@@ -42,14 +42,7 @@ impl Inner {
     /// even if the future is never polled.
     pub(super) fn spawn(self: &Arc<Self>, runtime: &tokio::runtime::Handle, n: u64) {
         let task = Task::new(self.clone());
-        let span = tracing::info_span!(
-            parent: None,
-            "leader_election",
-            lease.namespace = %self.config.namespace,
-            lease.name = %self.config.name,
-            identity = %self.config.identity,
-        );
-        let handle = runtime.spawn(run(task).instrument(span));
+        let handle = runtime.spawn(run(task).instrument(self.config.span(None)));
         #[cfg(test)]
         super::test_hooks::reached(self, super::test_hooks::Point::Spawned);
         let mut state = self.lock();

@@ -116,7 +116,7 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 pub use self::controller::{CurrentShard, ShardedController, current_shard};
 use self::{
@@ -221,6 +221,20 @@ impl ShardConfig {
         self.lease
             .release_timeout
             .saturating_add(self.lease.shutdown_budget(grace))
+    }
+
+    /// The span of the sharded election's own lines (the balancer's, and
+    /// those of the tasks it spawns; each shard's election has its own),
+    /// naming its base name, under the caller's span. At ERROR level, as
+    /// `LeaseConfig::span`.
+    fn span(&self) -> tracing::Span {
+        tracing::error_span!(
+            "sharded_election",
+            lease.namespace = %self.lease.namespace,
+            lease.name = %self.lease.name,
+            identity = %self.lease.identity,
+            shards = self.shards,
+        )
     }
 
     /// The reconcile grace in force (see [`reconcile_grace`](Self::reconcile_grace)).
@@ -706,6 +720,11 @@ impl ShardedElector {
     /// (once no other count's are held: see [`ShardConfig::new`]), hands the
     /// others over, and evicts members whose shards show they are gone.
     pub async fn run(&self) {
+        self.balance().instrument(self.inner.config.span()).await;
+    }
+
+    /// [`run`](Self::run), in the election's span.
+    async fn balance(&self) {
         let inner = &self.inner;
         let cfg = &inner.config.lease;
         let me = cfg.identity.clone();
@@ -1068,7 +1087,7 @@ impl ShardedElector {
                     return false;
                 }
                 let (this, api) = (self.clone(), api.clone());
-                state.joining = Some(tokio::spawn(async move {
+                state.joining = Some(spawn_in_span(async move {
                     let cfg = &this.inner.member;
                     let joined = tokio::time::timeout(cfg.renew_deadline, roster::join(&api, cfg)).await;
                     let _ = tx.send(joined);
@@ -1106,7 +1125,7 @@ impl ShardedElector {
         // finds it and waits for it, so that the write cannot land after
         // the leave's read (leaving behind an entry whose member no longer
         // takes part).
-        state.joining = Some(tokio::spawn(async move {
+        state.joining = Some(spawn_in_span(async move {
             let cfg = &this.inner.member;
             match tokio::time::timeout(cfg.renew_deadline, roster::join(&api, cfg)).await {
                 Ok(Ok(())) => {}
@@ -1190,7 +1209,7 @@ impl ShardedElector {
                 cfg.lease_duration,
             );
             let this = self.clone();
-            tokio::spawn(async move {
+            spawn_in_span(async move {
                 let evict = async {
                     // Confirm: has the shard's record changed since (its owner,
                     // or someone, renewing or taking it)? Then the watch lagged.
@@ -1372,7 +1391,7 @@ impl ShardedElector {
             let (api, entry, timeout) = (api.clone(), seen.lease.clone(), cfg.renew_deadline);
             let this = self.clone();
             let name = name.clone();
-            tokio::spawn(async move {
+            spawn_in_span(async move {
                 match tokio::time::timeout(timeout, roster::delete(&api, &entry)).await {
                     Ok(Ok(roster::Wrote::Done)) => {
                         info!(lease = %name, "deleted a departed member's roster entry");
@@ -1493,7 +1512,7 @@ impl ShardedElector {
                 inner.shards[usize::from(s)].hand_over_record(seen.lease.clone(), seen.changed);
             }
             let this = self.clone();
-            let task = tokio::spawn(async move {
+            let task = spawn_in_span(async move {
                 let Ok(guard) = this.inner.shards[usize::from(s)].acquire().await else {
                     return;
                 };
@@ -1539,7 +1558,7 @@ impl ShardedElector {
                 // (Weakly: the shard's guard lives in `held`, and this task
                 // must not keep the election alive once it is dropped.)
                 let weak = Arc::downgrade(&this.inner);
-                tokio::spawn(async move {
+                spawn_in_span(async move {
                     ended.await;
                     if let Some(inner) = weak.upgrade() {
                         inner.wake.notify_one();
@@ -1640,6 +1659,11 @@ impl ShardedElector {
     /// released once its guards are dropped, within `grace`), so that the
     /// others take them within a watch event and a write each.
     pub async fn shutdown(&self, grace: Duration) {
+        self.shut_down(grace).instrument(self.inner.config.span()).await;
+    }
+
+    /// [`shutdown`](Self::shutdown), in the election's span.
+    async fn shut_down(&self, grace: Duration) {
         self.inner.state.lock().shutdown = true;
         // (Each shard's elector ends the work left at the end of `grace`.)
         self.give_up_all(None);
@@ -1649,6 +1673,16 @@ impl ShardedElector {
         self.leave().await;
         futures::future::join_all(self.inner.shards.iter().map(|s| s.shutdown(grace))).await;
     }
+}
+
+/// Spawns `task` in the current span (the sharded election's): a spawned
+/// task is in none of its spawner's.
+fn spawn_in_span<F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(task.in_current_span())
 }
 
 /// The events of a watch of the Leases `selector` selects.
@@ -1690,11 +1724,14 @@ impl Drop for Leave<'_> {
         self.0
             .give_up_all(Some(crate::record::later(Instant::now(), grace)));
         let this = self.0.clone();
-        runtime.spawn(async move { this.leave().await });
+        runtime.spawn(async move { this.leave().await }.in_current_span());
         let this = self.0.clone();
-        runtime.spawn(async move {
-            tokio::time::sleep(grace).await;
-            this.stop_overdue(Instant::now());
-        });
+        runtime.spawn(
+            async move {
+                tokio::time::sleep(grace).await;
+                this.stop_overdue(Instant::now());
+            }
+            .in_current_span(),
+        );
     }
 }

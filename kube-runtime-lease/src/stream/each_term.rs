@@ -88,7 +88,13 @@ impl LeaderElector {
                 return RunEnded::Shutdown;
             }
             let Some(lost) = lost else {
-                info!("guarded work ended on its own; leaving the election");
+                let config = self.config();
+                info!(
+                    lease.namespace = %config.namespace,
+                    lease.name = %config.name,
+                    identity = %config.identity,
+                    "guarded work ended on its own; leaving the election"
+                );
                 return RunEnded::WorkEnded;
             };
             if rejoined.elapsed() > self.config().lease_duration {
@@ -109,7 +115,17 @@ impl LeaderElector {
         why: &(dyn Display + Sync),
     ) -> bool {
         let delay = backoff.next().unwrap_or(self.config().lease_duration);
-        warn!(reason = %why, ?delay, "rejoining the election after a backoff");
+        // In the caller's task (or warm standby's), not the election's:
+        // named here.
+        let config = self.config();
+        warn!(
+            lease.namespace = %config.namespace,
+            lease.name = %config.name,
+            identity = %config.identity,
+            reason = %why,
+            ?delay,
+            "rejoining the election after a backoff"
+        );
         let wait = std::pin::pin!(tokio::time::sleep(delay));
         let shutdown = std::pin::pin!(self.shutdown_requested());
         matches!(futures::future::select(wait, shutdown).await, Either::Left(_))

@@ -165,7 +165,10 @@ impl Observer for Events {
         let event = self.event(&event, reference);
         let events = Api::<K8sEvent>::namespaced(self.client.clone(), &self.namespace);
         let warned = self.warned.clone();
-        tokio::spawn(async move {
+        // Named on its own lines: the span the task is spawned from (the
+        // election's, or none) is not the spawned task's.
+        let lease = format!("{}/{}", self.namespace, self.name);
+        let publishing = async move {
             let params = PostParams::default();
             let publish = events.create(&params, &event);
             let result = tokio::time::timeout(PUBLISH_TIMEOUT, publish)
@@ -181,20 +184,23 @@ impl Observer for Events {
                 Err(_) => (format!("timed out after {PUBLISH_TIMEOUT:?}"), false),
             };
             if warned.swap(true, Ordering::Relaxed) {
-                debug!(%error, "publishing a leader election event failed");
+                debug!(%lease, %error, "publishing a leader election event failed");
             } else if denied {
                 warn!(
+                    %lease,
                     %error,
                     "publishing a leader election event failed (RBAC: create on `events` in `events.k8s.io`); \
                      further failures are logged at debug level until one is published"
                 );
             } else {
                 warn!(
+                    %lease,
                     %error,
                     "publishing a leader election event failed; further failures are logged at debug level until one is published"
                 );
             }
-        });
+        };
+        tokio::spawn(tracing::Instrument::in_current_span(publishing));
     }
 }
 

@@ -305,6 +305,14 @@ impl Watch {
                 (self.stream, self.sync) = (None, Sync::Listing);
             }
             Some(Err(_)) if self.sync == Sync::Failing => {}
+            // Expired (`410 Gone`: etcd compacted past the watch's
+            // resourceVersion, or an API server restarted): the watcher
+            // lists again, as client-go's reflector does (which says so at
+            // V(4)). Normal, not warned; polled meanwhile as when listing.
+            Some(Err(e)) if crate::error::watch_status(&e) == Some(410) => {
+                debug!(error = %e, "lease watch expired (410 Gone); listing again");
+                self.sync = Sync::Listing;
+            }
             Some(Err(e)) if crate::error::watch_status(&e) == Some(403) => {
                 warn!(
                     error = %e,
