@@ -121,7 +121,7 @@ STEPS = [
             "tests/support.rs",
         ],
         "brings": {
-            "config/mod.rs": ["fn lease_duration_seconds"],
+            "config/mod.rs": ["fn lease_duration_seconds", "fn span"],
             "config/tests.rs": [r"line assert_eq!\(c\.lease_duration_seconds\(\), "],
         },
     },
