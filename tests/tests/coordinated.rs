@@ -275,6 +275,79 @@ async fn rust_and_client_go_candidates_are_elected_alike() -> Result<()> {
     Ok(())
 }
 
+/// Plain Rust candidates (no Coordinated Leader Election) and a coordinated
+/// client-go candidate on one Lease: the API server elects the client-go
+/// candidate, the only one that publishes a `LeaseCandidate`, and marks the
+/// plain leader's term for it (`preferredHolder`); the plain leader steps
+/// down (its work stopped by the step-down, it leaves the Lease to expire
+/// rather than release it), the API server hands the expired Lease to
+/// client-go at its next re-check, and the plain candidates leave it there
+/// (no taking back before the API server writes the new holder, no back
+/// and forth). Once client-go's leader is
+/// killed, a plain candidate takes over after the record's lease duration,
+/// and keeps the Lease (the API server cannot elect a candidate that does
+/// not answer its pings). Never two leaders.
+#[tokio::test]
+async fn plain_rust_candidates_hand_over_to_a_coordinated_client_go_candidate_and_back() -> Result<()> {
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "cle-plain").await?;
+    let t = Timings {
+        lease_duration: Duration::from_secs(4),
+        renew_deadline: Duration::from_secs(3),
+        retry_period: Duration::from_millis(500),
+    };
+    // The plain candidates' own record, once stepped down, is taken back
+    // two of its lease durations after its last change if nobody else took
+    // it: well after the API server's hand-over (its re-check every 5 s).
+    let plain = Timings {
+        lease_duration: Duration::from_secs(6),
+        renew_deadline: Duration::from_secs(4),
+        retry_period: Duration::from_secs(1),
+    };
+    let _r1 = ctx.spawn_rust(&log, &lease, "r1", plain, None)?;
+    leads(&log, "r1", Duration::from_secs(30)).await?;
+    let _r2 = ctx.spawn_rust(&log, &lease, "r2", plain, None)?;
+    let mut g = ctx.spawn_coordinated(Flavor::Go, &log, &lease, "go", t, "1.37.0")?;
+    let go_leads = leads(&log, "go", Duration::from_secs(60)).await?;
+    let stepped = log
+        .find(|e| e.kind == Kind::StoppedLeading && e.process == "r1")
+        .context("r1 did not stop leading before client-go led")?;
+    ensure!(
+        stepped.detail.contains("SteppedDown"),
+        "r1 stopped for {:?}, expected a step-down: {}",
+        stepped.detail,
+        log.dump_events()
+    );
+    // The plain leader's work was stopped by the step-down, so it does not
+    // release: the API server gives client-go the Lease once it expired, at
+    // its next re-check (every 5 s).
+    let gap = go_leads.saturating_sub(stepped.at);
+    let bound = plain.lease_duration + Duration::from_secs(5 + 3);
+    ensure!(
+        gap <= kube_runtime_lease_harness::ns(bound),
+        "client-go led {} ms after r1 stepped down (expected within {bound:?}): {}",
+        gap / 1_000_000,
+        log.dump_events()
+    );
+    stays_with(&log, "go", go_leads).await?;
+    let killed = g.kill().await?;
+    let next = log
+        .next_leader(killed, "go", t.lease_duration + Duration::from_secs(10))
+        .await
+        .with_context(|| log.dump_events())?;
+    ensure!(
+        next.at - killed <= kube_runtime_lease_harness::ns(t.lease_duration + Duration::from_secs(2)),
+        "{} took over {} ms after client-go's leader was killed (lease duration {:?})",
+        next.process,
+        (next.at - killed) / 1_000_000,
+        t.lease_duration
+    );
+    stays_with(&log, &next.process, next.at).await?;
+    check_log(&log).with_context(|| log.dump_events())?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn without_the_feature_gate_the_ordinary_election_runs_after_one_warning() -> Result<()> {
     // The test's runtime is current-thread: every task of the electors logs

@@ -1,5 +1,6 @@
 //! Rust candidates (the `candidate` binary) and client-go candidates
-//! (`goelect`) on one Lease, with the same short timings ([`Timings::FAST`]):
+//! (`goelect`) on one Lease, with the same short timings ([`Timings::FAST`],
+//! except the tests of candidates with different timings):
 //! each takes over from the other after expiry (SIGKILL) and after release
 //! (SIGTERM), and they never both lead (the interval check of every run, see
 //! `kube_runtime_lease_harness::check_log`; goelect stamps its events with the
@@ -533,4 +534,267 @@ async fn eight_rust_and_four_client_go_candidates_take_over_in_bound() -> Result
     let result = mixed_fleet_run(&ctx, &log).await;
     runs.record(0, result, &log);
     runs.finish()
+}
+
+/// client-go's defaults (component-base, controller-runtime).
+const LONG: Timings = Timings {
+    lease_duration: Duration::from_secs(15),
+    renew_deadline: Duration::from_secs(10),
+    retry_period: Duration::from_secs(2),
+};
+/// Short timings, a lease duration under the other side's renew deadline.
+const SHORT: Timings = Timings {
+    lease_duration: Duration::from_secs(4),
+    renew_deadline: Duration::from_secs(3),
+    retry_period: Duration::from_secs(1),
+};
+
+/// A record's `field=value` in the test's own records ([`Kind::Record`]).
+fn record_field(record: &kube_runtime_lease_harness::Entry, name: &str) -> i64 {
+    record
+        .detail
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(-1)
+}
+
+/// Every version of the Lease in `log`, judged against what each writer
+/// must write: its own lease duration (`durations`, by holder) while it
+/// holds, 1 s on a release; `leaseTransitions` one more at each change of
+/// holder (a release followed by a take counts once, at the take) and kept
+/// otherwise.
+fn check_records(log: &EventLog, durations: &[(&str, Timings)]) -> Result<()> {
+    let records = log.filter(|e| e.kind == Kind::Record);
+    let mut problems = Vec::new();
+    let mut holder = String::new();
+    for pair in records.windows(2) {
+        let (prev, r) = (&pair[0], &pair[1]);
+        if !prev.who.is_empty() {
+            holder.clone_from(&prev.who);
+        }
+        let expected = if r.who.is_empty() {
+            Some(1)
+        } else {
+            durations
+                .iter()
+                .find(|(name, _)| *name == r.who)
+                .map(|(_, t)| i64::try_from(t.lease_duration.as_secs()).unwrap_or(i64::MAX))
+        };
+        if expected != Some(record_field(r, "duration")) {
+            problems.push(format!(
+                "holder {:?} wrote duration {} (expected {expected:?}): {}",
+                r.who,
+                record_field(r, "duration"),
+                r.detail
+            ));
+        }
+        let step = record_field(r, "transitions") - record_field(prev, "transitions");
+        let taken = !r.who.is_empty() && r.who != holder;
+        if step != i64::from(taken) {
+            problems.push(format!(
+                "leaseTransitions moved by {step} from {:?} to {:?} (a change of holder: {taken}): {} -> {}",
+                prev.who, r.who, prev.detail, r.detail
+            ));
+        }
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
+/// Kills the leader `victim`, whose lease duration is `leader`'s, and waits
+/// for `taker` to lead: no earlier than that duration after the victim's last
+/// renewal was seen (the test's watch sees a renewal a little after it was
+/// written: 100 ms of slack), and no later than `latest` after the kill.
+async fn kill_and_expect(
+    log: &EventLog,
+    victim: &mut Process,
+    leader: Timings,
+    taker: &str,
+    latest: Duration,
+) -> Result<String> {
+    let killed = victim.kill().await?;
+    let next = log
+        .next_leader(killed, victim.name(), latest + Duration::from_secs(5))
+        .await
+        .with_context(|| log.dump())?;
+    ensure!(
+        next.process == taker,
+        "{} took over from {}, expected {taker}",
+        next.process,
+        victim.name()
+    );
+    let renewed = log.last_write_seen(victim.name(), killed).unwrap_or(killed);
+    let since = next.at.saturating_sub(renewed);
+    ensure!(
+        since >= ns(leader.lease_duration.saturating_sub(Duration::from_millis(100))),
+        "{taker} took over {} after {}'s last renewal was seen: before {}'s lease duration ({:?}) (never two)",
+        fmt_ms(since),
+        victim.name(),
+        victim.name(),
+        leader.lease_duration
+    );
+    let delay = next.at - killed;
+    ensure!(
+        delay <= ns(latest),
+        "{taker} took over only {} after {} was killed (expected within {latest:?}: its lease duration and \
+         the taker's poll; never none)",
+        fmt_ms(delay),
+        victim.name()
+    );
+    Ok(format!(
+        "{} killed -> {taker} {} ({} after the last renewal)",
+        victim.name(),
+        fmt_ms(delay),
+        fmt_ms(since)
+    ))
+}
+
+/// Sends SIGTERM to the leader `victim` (each implementation releases on
+/// it) once `taker` saw it lead, and waits for `taker` to lead within
+/// `within` of the victim's `stopped-leading` (client-go's is printed after
+/// its release: the SIGTERM counts for it), and for the victim's exit.
+async fn release_and_expect(
+    log: &EventLog,
+    victim: &mut Process,
+    taker: &str,
+    within: Duration,
+) -> Result<String> {
+    wait_seen_by(log, &[taker], victim.name(), 0, Duration::from_secs(15)).await?;
+    let termed = victim.signal(Sig::Term)?;
+    let stopped = match log.flavor_of(victim.name()) {
+        Some(Flavor::Go) => termed,
+        _ => {
+            log.stopped_leading(victim.name(), termed, Duration::from_secs(10))
+                .await?
+                .at
+        }
+    };
+    let next = log
+        .next_leader(termed, victim.name(), within + Duration::from_secs(10))
+        .await
+        .with_context(|| log.dump())?;
+    ensure!(
+        next.process == taker,
+        "{} took {}'s release, expected {taker}",
+        next.process,
+        victim.name()
+    );
+    let handover = next.at.saturating_sub(stopped);
+    ensure!(
+        handover <= ns(within),
+        "{taker} took {}'s release {} after it stopped leading (expected within {within:?})",
+        victim.name(),
+        fmt_ms(handover)
+    );
+    let status = victim.wait_exit(Duration::from_secs(10)).await?;
+    ensure!(status.success(), "{} exited with {status}", victim.name());
+    Ok(format!(
+        "{} released -> {taker} {}",
+        victim.name(),
+        fmt_ms(handover)
+    ))
+}
+
+/// Candidates of both implementations whose timings differ, one at a time
+/// next to each other: client-go's defaults (15/10/2 s) next to short ones
+/// (4/3/1 s), a lease duration on one side below the other's renew deadline.
+/// A crashed leader is taken over one of the *leader's* lease durations
+/// after its last renewal (never before: never two; not much after: never
+/// none), whatever the taker's own; a release at once by a Rust follower
+/// (it watches), within its poll by a client-go one:
+///
+/// 1. Rust `r-long` (15 s) killed: client-go `g-short` (4 s) takes over;
+/// 2. `g-short` killed: Rust `r-long2` (15 s) takes over after 4 s;
+/// 3. `r-long2` released (SIGTERM): client-go `g-long` (15 s) takes it;
+/// 4. `g-long` killed: Rust `r-short` (4 s) takes over after 15 s;
+/// 5. `r-short` released: client-go `g-short2` (4 s) takes it;
+/// 6. `g-short2` released: Rust `r-long3` (15 s) takes it.
+///
+/// Each writes its own lease duration (1 s on a release), each change of
+/// holder counts once in `leaseTransitions`, no two lead at once, and the
+/// Rust candidates warn of nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_go_defaults_next_to_short_timings_take_over_by_the_leaders_duration() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "mixed-timings").await?;
+    let mut notes = Vec::new();
+    let poll = |t: Timings| t.retry_period.mul_f64(1.0 + JITTER);
+    let slack = Duration::from_secs(1);
+    // `g…` a client-go candidate, else a Rust one.
+    let spawn = |name: &str, t: Timings| {
+        if name.starts_with('g') {
+            ctx.spawn_go(&log, &lease, name, t)
+        } else {
+            ctx.spawn_rust(&log, &lease, name, t, None)
+        }
+    };
+
+    let mut r_long = spawn("r-long", LONG)?;
+    log.wait_for("r-long to lead", Duration::from_secs(30), |e| {
+        e.kind == Kind::StartedLeading && e.process == "r-long"
+    })
+    .await?;
+    // 1. client-go sees the last renewal at its next poll, and takes the
+    // Lease at the first poll after the record's duration from then.
+    let mut g_short = spawn("g-short", SHORT)?;
+    wait_seen_by(&log, &["g-short"], "r-long", 0, Duration::from_secs(15)).await?;
+    let latest = LONG.lease_duration + poll(SHORT) * 2 + slack;
+    notes.push(kill_and_expect(&log, &mut r_long, LONG, "g-short", latest).await?);
+
+    // 2. A Rust follower watches: the record's duration after the last
+    // renewal it saw, not its own.
+    let mut r_long2 = spawn("r-long2", LONG)?;
+    wait_seen_by(&log, &["r-long2"], "g-short", 0, Duration::from_secs(15)).await?;
+    let latest = SHORT.lease_duration + slack;
+    notes.push(kill_and_expect(&log, &mut g_short, SHORT, "r-long2", latest).await?);
+
+    // 3. Our release (shutdown), taken by a client-go follower within its poll.
+    let mut g_long = spawn("g-long", LONG)?;
+    notes.push(release_and_expect(&log, &mut r_long2, "g-long", poll(LONG) + slack).await?);
+
+    // 4. A client-go leader at 15 s, a Rust follower at 4 s.
+    let mut r_short = spawn("r-short", SHORT)?;
+    wait_seen_by(&log, &["r-short"], "g-long", 0, Duration::from_secs(15)).await?;
+    let latest = LONG.lease_duration + slack;
+    notes.push(kill_and_expect(&log, &mut g_long, LONG, "r-short", latest).await?);
+
+    // 5, 6. Releases both ways.
+    let mut g_short2 = spawn("g-short2", SHORT)?;
+    notes.push(release_and_expect(&log, &mut r_short, "g-short2", poll(SHORT) + slack).await?);
+    let _r_long3 = spawn("r-long3", LONG)?;
+    notes.push(release_and_expect(&log, &mut g_short2, "r-long3", slack).await?);
+    // The new leader's first renewal, so that its own duration is on record.
+    let took = log.note("r-long3 leads");
+    log.wait_for("r-long3's renewal", Duration::from_secs(10), |e| {
+        e.kind == Kind::Record && e.who == "r-long3" && e.at > took
+    })
+    .await?;
+
+    kube_runtime_lease_harness::check_log(&log).with_context(|| log.dump())?;
+    let durations = [
+        ("r-long", LONG),
+        ("g-short", SHORT),
+        ("r-long2", LONG),
+        ("g-long", LONG),
+        ("r-short", SHORT),
+        ("g-short2", SHORT),
+        ("r-long3", LONG),
+    ];
+    check_records(&log, &durations).with_context(|| log.dump_events())?;
+    let rust = ["r-long", "r-long2", "r-short", "r-long3"];
+    let warnings: Vec<String> = log
+        .filter(|e| {
+            e.kind == Kind::Stderr
+                && rust.contains(&e.process.as_str())
+                && (e.detail.contains(" WARN ") || e.detail.contains(" ERROR "))
+        })
+        .into_iter()
+        .map(|e| format!("{}: {}", e.process, e.detail))
+        .collect();
+    ensure!(warnings.is_empty(), "the Rust candidates warned: {warnings:#?}");
+    println!("{}", notes.join(", "));
+    Ok(())
 }
