@@ -15,12 +15,17 @@
 //! two replicas work on one shard, counting for work that was stopped (not
 //! finished) a tail of [`TAIL`] during which its requests may still land.
 //! Once faults heal, every shard has an owner among the live replicas within
-//! [`HEALED_BOUND`]; a minute later every shard has exactly one holder among
+//! [`healed_bound`]; a minute later every shard has exactly one holder among
 //! the live replicas, the shares are within one of each other, and the
 //! roster names exactly the live replicas (the gone evicted by the members
 //! watching over them: the selection of watched shards and the evictions are
 //! what this checks beyond safety) and holds no other entry (departed
 //! members' entries deleted).
+//!
+//! In half of the schedules each replica has timings of its own (drawn from
+//! a generator of their own, so that the other half replays as before):
+//! the single-Lease simulation's [`Timings::ALL`], as a rolling update that
+//! changes them has; [`healed_bound`] is then the slowest's.
 //!
 //! `KRL_SIM_SHARDED_SCHEDULES` sets the number of schedules (default 60);
 //! `KRL_SIM_SEED` replays one (see the single-Lease simulation).
@@ -36,6 +41,7 @@ use tokio::{
     time::{Instant, sleep, timeout},
 };
 
+use super::Timings;
 use crate::{
     LeaseConfig, LeaseGuard,
     shard::{ShardConfig, ShardedElector},
@@ -46,18 +52,22 @@ use crate::{
 const SLOTS: usize = 4;
 const SHARDS: u16 = 6;
 const CHAOS: Duration = Duration::from_secs(60);
-const LEASE: Duration = Duration::from_secs(3);
-const RENEW_DEADLINE: Duration = Duration::from_secs(2);
 /// Once faults heal (the last cut-off replica reconnected), every shard has
 /// an owner among the live replicas within this long: the bound of the
-/// `shard` module docs with this simulation's timings: the roster watch of a
-/// replica cut off for up to 6 s back within kube-runtime's backoff (6.4 s),
-/// two dead members evicted one after the other (2 × (2 LD + RP) = 13.6 s),
-/// and a shard whose work hangs handed over (grace + LD + RP = 5.8 s). The
-/// worst seen over 300 schedules: 15.4 s.
-const HEALED_BOUND: Duration = Duration::from_millis(6400 + 13_600 + 5800);
+/// `shard` module docs with the slowest timings of any replica started:
+/// the roster watch of a replica cut off for up to 6 s back within
+/// kube-runtime's backoff (6.4 s), two dead members evicted one after the
+/// other (2 × (2 LD + RP): 13.6 s at the usual timings), and a shard whose
+/// work hangs handed over (grace + LD + RP: 5.8 s). The worst seen over 300
+/// schedules of the usual timings: 15.4 s.
+fn healed_bound(timings: &[Timings]) -> Duration {
+    let slowest = |t: fn(&Timings) -> Duration| timings.iter().map(t).max().unwrap_or_default();
+    let (lease, retry) = (slowest(|t| t.lease), slowest(|t| t.retry_period));
+    Duration::from_millis(6400) + 2 * (2 * lease + retry) + Duration::from_secs(2) + lease + retry
+}
 /// How long after work was stopped its requests may still land: less than
-/// lease duration − renew deadline (1 s), the margin the protocol leaves.
+/// lease duration − renew deadline of every replica's timings, the margin
+/// the protocol leaves (the single-Lease simulation's `TAIL`).
 const TAIL: Duration = Duration::from_millis(300);
 
 fn ms(rng: &mut fastrand::Rng, max: u64) -> Duration {
@@ -162,6 +172,10 @@ struct Sim {
     /// The clients of crashed replicas: cut off for good (a pause that
     /// began before the crash does not bring them back).
     dead: Arc<Mutex<BTreeSet<usize>>>,
+    /// Draws each replica's timings, when they have their own.
+    timings_rng: Option<fastrand::Rng>,
+    /// The timings of every replica started.
+    timings: Vec<Timings>,
 }
 
 impl Sim {
@@ -170,10 +184,14 @@ impl Sim {
         let latency = ms(&mut self.rng, 20);
         self.fake.set_latency(id, latency);
         self.clients.push((id, latency));
+        let timings = self.timings_rng.as_mut().map_or(Timings::USUAL, |rng| {
+            Timings::ALL[rng.usize(0..Timings::ALL.len())]
+        });
+        self.timings.push(timings);
         let lease = LeaseConfig::new("default", "ctl", identity.clone())
-            .lease_duration(LEASE)
-            .renew_deadline(RENEW_DEADLINE)
-            .retry_period(Duration::from_millis(800))
+            .lease_duration(timings.lease)
+            .renew_deadline(timings.renew_deadline)
+            .retry_period(timings.retry_period)
             .release_timeout(Duration::from_secs(1));
         let elector = ShardedElector::new(client, ShardConfig::new(lease, SHARDS)).unwrap();
         let process = self.processes;
@@ -305,6 +323,11 @@ async fn schedule(seed: u64) -> Vec<Work> {
         processes: 0,
         clients: Vec::new(),
         dead: Arc::default(),
+        timings_rng: {
+            let mut rng = fastrand::Rng::with_seed(seed ^ 0x9e37_79b9_7f4a_7c15);
+            rng.bool().then_some(rng)
+        },
+        timings: Vec::new(),
     };
     let first = rng.usize(1..=SLOTS);
     for slot in 0..first {
@@ -383,9 +406,10 @@ async fn schedule(seed: u64) -> Vec<Work> {
 }
 
 /// Once faults healed: every shard has an owner among the live replicas
-/// within [`HEALED_BOUND`] (each shard's first instant held, sampled every
+/// within [`healed_bound`] (each shard's first instant held, sampled every
 /// 50 ms for a minute).
 async fn owners_within_the_bound(sim: &Sim, seed: u64) {
+    let bound = healed_bound(&sim.timings);
     let healed = Instant::now();
     let mut first_owned: BTreeMap<u16, Instant> = BTreeMap::new();
     while healed.elapsed() < Duration::from_secs(60) {
@@ -399,8 +423,9 @@ async fn owners_within_the_bound(sim: &Sim, seed: u64) {
     for shard in 0..SHARDS {
         let after = first_owned.get(&shard).map(|at| at.duration_since(healed));
         assert!(
-            after.is_some_and(|a| a <= HEALED_BOUND),
-            "seed {seed}: shard {shard} has no owner within {HEALED_BOUND:?} of the faults healing: first held after {after:?}"
+            after.is_some_and(|a| a <= bound),
+            "seed {seed}: shard {shard} has no owner within {bound:?} of the faults healing: first held after {after:?} (timings {:?})",
+            sim.timings
         );
     }
 }
