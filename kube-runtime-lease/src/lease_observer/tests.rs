@@ -105,35 +105,7 @@ fn an_observer_of_an_invalid_name_is_an_error() {
 /// missed is reported within about two of the record's lease durations.
 #[test]
 fn an_observer_whose_watch_stalls_still_reports_the_takeover() {
-    paused(async {
-        let fake = FakeLeaseApi::default();
-        let (a, _) = elector(&fake, config("a"));
-        let _guard = a.acquire().await.unwrap();
-        let (client, id) = fake.client();
-        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
-        let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
-        fake.stall_watches(id);
-        sleep(S(3)).await;
-        fake.take_over("c");
-        let duration = fake
-            .lease()
-            .and_then(|l| l.spec?.lease_duration_seconds)
-            .expect("a duration");
-        let bound = S(2 * u64::try_from(duration).unwrap());
-        timeout(bound, status.wait_for(|s| s.holder.as_deref() == Some("c")))
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "the observer still reports {:?} {bound:?} after c took the Lease over (its watch stalled)",
-                    observer.status().holder
-                )
-            })
-            .unwrap();
-    });
+    paused(takeover_behind_a_stalled_watch(false, 2));
 }
 
 /// A stalled watch and a dead kept-alive connection go together (a load
@@ -144,37 +116,44 @@ fn an_observer_whose_watch_stalls_still_reports_the_takeover() {
 /// the dead connection lasts (TCP's retransmissions: about 15 minutes).
 #[test]
 fn an_observer_whose_checking_read_hangs_still_reports_the_takeover() {
-    paused(async {
-        let fake = FakeLeaseApi::default();
-        let (a, _) = elector(&fake, config("a"));
-        let _guard = a.acquire().await.unwrap();
-        let (client, id) = fake.client();
-        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
-        let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
-        fake.stall_watches(id);
+    paused(takeover_behind_a_stalled_watch(true, 3));
+}
+
+/// `c` takes the Lease over from `a` while the observer's watch is stalled
+/// (and its first checking read never answered, if `read_hangs`): the
+/// observer reports `c` within `durations` of the record's lease duration.
+async fn takeover_behind_a_stalled_watch(read_hangs: bool, durations: u64) {
+    let fake = FakeLeaseApi::default();
+    let (a, _) = elector(&fake, config("a"));
+    let _guard = a.acquire().await.unwrap();
+    let (client, id) = fake.client();
+    let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+    let mut status = observer.subscribe();
+    timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+        .await
+        .expect("sees a")
+        .unwrap();
+    fake.stall_watches(id);
+    if read_hangs {
         fake.fault(id, Some("get"), crate::test_util::Fault::DelayRequest(S(3600)));
-        sleep(S(3)).await;
-        fake.take_over("c");
-        let duration = fake
-            .lease()
-            .and_then(|l| l.spec?.lease_duration_seconds)
-            .expect("a duration");
-        let bound = S(3 * u64::try_from(duration).unwrap());
-        timeout(bound, status.wait_for(|s| s.holder.as_deref() == Some("c")))
-            .await
-            .unwrap_or_else(|_| {
-                panic!(
-                    "the observer still reports {:?} {bound:?} after c took the Lease over (its watch stalled, \
-                     its first checking read never answered)",
-                    observer.status().holder
-                )
-            })
-            .unwrap();
-    });
+    }
+    sleep(S(3)).await;
+    fake.take_over("c");
+    let duration = fake
+        .lease()
+        .and_then(|l| l.spec?.lease_duration_seconds)
+        .expect("a duration");
+    let bound = S(durations * u64::try_from(duration).unwrap());
+    timeout(bound, status.wait_for(|s| s.holder.as_deref() == Some("c")))
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "the observer still reports {:?} {bound:?} after c took the Lease over (its watch stalled, \
+                 its first checking read hanging: {read_hangs})",
+                observer.status().holder
+            )
+        })
+        .unwrap();
 }
 
 /// The double's lagging watch (`set_watch_latency`): an observer behind
