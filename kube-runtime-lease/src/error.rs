@@ -84,13 +84,17 @@ pub(crate) fn status_of(e: &kube_client::Error) -> Option<u16> {
 /// `NamespaceTerminating`; a webhook or an admission policy "denied the
 /// request"; a `ResourceQuota` says "exceeded quota" or "status unknown for
 /// quota", with no cause); and a 401 refuses the client's credentials: no
-/// RBAC rule lets those through.
+/// RBAC rule lets those through. Nor is a refused impersonation (`User "<user>"
+/// cannot impersonate resource "users"`, or with constrained impersonation
+/// `cannot impersonate-on:user-info:get resource "leases"`): the
+/// client's own identity may not act as the one its stack names
+/// (`Impersonate-User`), and no verb of this request is missing.
 pub(crate) fn refused_by_rbac(e: &kube_client::Error) -> bool {
     matches!(e, kube_client::Error::Api(s) if s.code == 403
         && s.details.as_ref().is_none_or(|d| d.causes.is_empty())
         && s.message
             .split_once(" is forbidden: User \"")
-            .is_some_and(|(_, rest)| rest.contains("\" cannot ")))
+            .is_some_and(|(_, rest)| rest.contains("\" cannot ") && !rest.contains("\" cannot impersonate")))
 }
 
 /// The HTTP status a watch failed with, if the API answered (its list, its
@@ -101,6 +105,17 @@ pub(crate) fn watch_status(e: &kube_runtime::watcher::Error) -> Option<u16> {
         E::InitialListFailed(e) | E::WatchStartFailed(e) | E::WatchFailed(e) => status_of(e),
         E::WatchError(s) => Some(s.code),
         E::NoResourceVersion => None,
+    }
+}
+
+/// Whether a watch failed as authorization refuses it (its list, its start,
+/// or an error event; see [`refused_by_rbac`]).
+pub(crate) fn watch_refused_by_rbac(e: &kube_runtime::watcher::Error) -> bool {
+    use kube_runtime::watcher::Error as E;
+    match e {
+        E::InitialListFailed(e) | E::WatchStartFailed(e) | E::WatchFailed(e) => refused_by_rbac(e),
+        E::WatchError(s) => refused_by_rbac(&kube_client::Error::Api(s.clone())),
+        E::NoResourceVersion => false,
     }
 }
 
@@ -259,5 +274,37 @@ mod tests {
         }
         let list = r#"leases.coordination.k8s.io is forbidden: User "system:serviceaccount:ns:sa" cannot list resource "leases" in API group "coordination.k8s.io" in the namespace "ns""#;
         assert!(refused_by_rbac(&forbidden(list)));
+    }
+
+    /// A Client that impersonates (`Impersonate-User` from the kubeconfig's
+    /// `as:`, `Config::headers` or a layer of the user's) while its own
+    /// identity may not: the API server refuses every request with
+    /// authorization's 403 about `impersonate` on `users`, `groups` or
+    /// `serviceaccounts` (or, with constrained impersonation, an
+    /// `impersonate:<mode>` verb), not about the Lease: no verb on `leases`
+    /// is missing, and the line must not send the user to grant one.
+    #[test]
+    fn a_refused_impersonation_is_not_taken_for_a_missing_lease_verb() {
+        let forbidden = |message: &str| {
+            let status = kube_client::core::Status::failure(message, "Forbidden").with_code(403);
+            kube_client::Error::Api(Box::new(status))
+        };
+        for message in [
+            r#"users "someone" is forbidden: User "system:serviceaccount:ns:sa" cannot impersonate resource "users" in API group "" at the cluster scope"#,
+            r#"groups "g" is forbidden: User "me" cannot impersonate resource "groups" in API group "" at the cluster scope"#,
+            r#"serviceaccounts "sa" is forbidden: User "me" cannot impersonate resource "serviceaccounts" in API group "" in the namespace "ns""#,
+            r#"users "someone" is forbidden: User "me" cannot impersonate:user-info resource "users" in API group "" at the cluster scope"#,
+            // Kubernetes 1.37 (constrained impersonation), as the real API
+            // server answers (`tests/tests/api.rs`): the Lease named, the
+            // verb impersonation's.
+            r#"leases.coordination.k8s.io "lease" is forbidden: User "system:serviceaccount:ns:elector" cannot impersonate-on:user-info:get resource "leases" in API group "coordination.k8s.io" in the namespace "ns""#,
+        ] {
+            assert!(!refused_by_rbac(&forbidden(message)), "{message}");
+            assert_eq!(
+                ApiError::Replace(forbidden(message)).forbidden_verb(),
+                None,
+                "{message}"
+            );
+        }
     }
 }

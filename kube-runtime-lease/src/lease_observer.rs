@@ -98,7 +98,7 @@ impl LeaseObserver {
                         seen.map(|Wire(l)| l)
                     }
                     Ok(Some(Err(e))) => {
-                        if crate::error::watch_status(&e) == Some(403)
+                        if crate::error::watch_refused_by_rbac(&e)
                             && !std::mem::replace(&mut watch_refused, true)
                         {
                             warn!(

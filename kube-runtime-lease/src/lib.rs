@@ -161,6 +161,26 @@
 //! <!-- upstream: end -->
 //! Safety does not depend on it.
 //!
+//! ## The client's stack
+//! Every Lease request goes through the layers of the client the elector is
+//! given, and is bounded by the time its caller has left (a renewal: the
+//! renew deadline less the time since the last one was sent), retries and
+//! queueing in the stack included. kube's default client can be shared with
+//! the controllers: it has no limit, its watches hold no connection a request
+//! waits for, and its retry layer (`Config::default_retry`: 429, 503 and 504,
+//! up to 15 times) may resend a write the API server applied and answered
+//! 504: the 409 that follows is recognised as this candidate's own write. A
+//! limit shared with the controllers' requests (tower's
+//! `ConcurrencyLimitLayer` or `RateLimitLayer`) queues the
+//! renewals behind them, and a healthy leader loses its term under its own
+//! load (`lease update request timed out`): give the elector a client of its
+//! own (`Client::try_from(config.clone())`), as client-go's leader election
+//! has its own client and rate limiter. A watch takes no slot of a
+//! concurrency limit (the permit goes with the response's head). The Lease's
+//! namespace is the [`LeaseConfig`]'s, never the client's default namespace;
+//! a client that impersonates (`Impersonate-User`: a kubeconfig's `as:`)
+//! campaigns as the identity it impersonates, which needs the Role.
+//!
 //! # Choices the election makes (where client-go is silent or unsafe)
 //! The one promise is "exactly one leader, never none": where client-go's
 //! protocol leaves a schedule open, the election closes it, at the cost noted.

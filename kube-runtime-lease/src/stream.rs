@@ -7,13 +7,14 @@ mod tests;
 
 use std::{
     future::Future,
+    panic::AssertUnwindSafe,
     pin::Pin,
     task::{Context, Poll, Waker, ready},
 };
 
 use futures::{Stream, stream::FusedStream};
 use pin_project::pin_project;
-use tracing::debug;
+use tracing::{debug, warn};
 
 pub use self::each_term::RunEnded;
 use crate::{Acquire, AcquireError, LeaderElector, LeaseGuard, Lost};
@@ -49,6 +50,10 @@ enum State {
 ///   expire instead of released. For a handover within milliseconds, let the
 ///   inner stream end ([`LeaderElector::shutdown`] with
 ///   [`Controller::graceful_shutdown_on`](kube_runtime::Controller::graceful_shutdown_on)).
+/// - When the inner stream panics, it is stopped as if dropped: the guard
+///   and the inner stream are dropped (the Lease is left to expire), and the
+///   panic goes on to the consumer. A consumer that catches it and polls
+///   again gets `None`.
 ///
 /// # Fairness
 /// Every poll checks whether the term is over (an atomic load and a clock
@@ -206,7 +211,20 @@ impl<S: Stream> Stream for WithLeaderElection<S> {
         // budget is spent, so that the election task renews meanwhile on a
         // current-thread runtime. (Outside a runtime there is no budget.)
         ready!(poll_budget(cx));
-        match inner.poll_next(cx) {
+        let polled = match std::panic::catch_unwind(AssertUnwindSafe(|| inner.poll_next(cx))) {
+            Ok(polled) => polled,
+            // A panic in the inner stream stops its work as a drop does: the
+            // guard goes (unfinished: the Lease is left to expire), then the
+            // inner stream, before the panic goes on to the consumer. One
+            // that catches it and keeps this stream keeps no leadership.
+            Err(panic) => {
+                warn!(lease = %this.lease, "the guarded stream panicked: giving up leadership; the lease will expire");
+                *this.state = State::Done;
+                this.inner.set(None);
+                std::panic::resume_unwind(panic)
+            }
+        };
+        match polled {
             // The clock read again per item: an item made once the deadline
             // had passed is not handed out (a pause, or the inner stream's
             // own long step, while it made it).

@@ -769,6 +769,45 @@ async fn rejected_credentials_are_not_reported_as_a_missing_rbac_verb() -> Resul
     Ok(())
 }
 
+/// A Client that impersonates another user (`Impersonate-User`: the
+/// kubeconfig's `as:`, kube's `AuthInfo::impersonate`, `Config::headers` or
+/// a layer of the user's stack) while its own identity, here the service
+/// account `elector` granted every verb on `leases`, may not impersonate.
+/// The API server refuses every request with authorization's 403 about
+/// `impersonate` on `users`: the log must quote that refusal, not send the
+/// operator to grant a verb on `leases` that is there.
+#[tokio::test]
+async fn a_refused_impersonation_is_not_reported_as_a_missing_lease_verb() -> Result<()> {
+    let (logs, _default) = LogBuf::capture(tracing::Level::INFO);
+    let fx = fixture("impersonate").await?;
+    let token = service_account_token(&fx).await?;
+    let client = client_with_auth(
+        &fx,
+        kube::config::AuthInfo {
+            token: Some(token.into()),
+            impersonate: Some("someone".to_owned()),
+            ..kube::config::AuthInfo::default()
+        },
+    )
+    .await?;
+    let a = LeaderElector::new(client, fx.config("a"))?;
+    let mut acquiring = std::pin::pin!(a.acquire());
+    tokio::select! {
+        guard = &mut acquiring => bail!("led through a refused impersonation: {guard:?}"),
+        lines = logs.wait_lines("cannot impersonate", 2, Duration::from_secs(10)) => {
+            let lines = lines?;
+            for line in &lines {
+                ensure!(
+                    !line.contains("RBAC needs") && !line.contains("is missing") && !line.contains("grant "),
+                    "a refused impersonation is reported as a missing verb on leases:\n{line}"
+                );
+            }
+        }
+    }
+    ensure!(!a.is_leader());
+    Ok(())
+}
+
 /// Creates the service account `elector` (again, if it was deleted),
 /// grants it the Lease's verbs, and returns a token of it for an hour.
 async fn service_account_token(fx: &Fx) -> Result<String> {

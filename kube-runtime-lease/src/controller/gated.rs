@@ -4,7 +4,7 @@
 //! the gate is the election's term) and elected shards (the gate is the
 //! object's shard's term).
 
-use std::sync::Arc;
+use std::{panic::AssertUnwindSafe, sync::Arc, task::Poll};
 
 use futures::{Stream, StreamExt, TryFuture, TryFutureExt, channel::mpsc, future, stream};
 use kube_runtime::{Controller, controller::Action};
@@ -91,5 +91,18 @@ where
     };
     let controller = controller.run(reconcile, policy, context).filter_map(passed_on);
     let background = stream::once(background).filter_map(|()| future::ready(None));
-    stream::select(controller, background)
+    // A panic (a reconciler's, which kube-runtime resumes in the stream)
+    // stops the work as a drop does: the Controller and what hands out the
+    // terms go, with the guards they hold, before the panic goes on to the
+    // consumer. One that catches it and keeps the stream keeps no term.
+    let mut run = Some(Box::pin(stream::select(controller, background)));
+    stream::poll_fn(move |cx| {
+        let Some(polled) = run.as_mut() else {
+            return Poll::Ready(None);
+        };
+        std::panic::catch_unwind(AssertUnwindSafe(|| polled.as_mut().poll_next(cx))).unwrap_or_else(|panic| {
+            run = None;
+            std::panic::resume_unwind(panic)
+        })
+    })
 }

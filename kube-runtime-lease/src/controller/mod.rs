@@ -121,6 +121,10 @@ pub trait LeaderElectionControllerExt<K: ControllerResource>: sealed::Sealed {
     ///   in flight are aborted as on a loss, and the Lease is left to expire.
     ///   Each reconcile holds a guard of its term, marked unfinished until it
     ///   completes, so aborted work is never taken for finished work.
+    /// - **When a reconciler panics** (kube-runtime resumes the panic in the
+    ///   Controller's stream): the stream is stopped as if dropped, its
+    ///   reconciles aborted and its guard dropped, so the Lease is left to
+    ///   expire, and the panic goes on to the consumer.
     ///
     /// ```no_run
     /// use std::{sync::Arc, time::Duration};

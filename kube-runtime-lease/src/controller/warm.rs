@@ -48,7 +48,11 @@ where
     ///   and the replica campaigns again by itself, its caches still running
     ///   (no [`run_each_term`](LeaderElector::run_each_term) needed);
     /// - on [`LeaderElector::shutdown`] the Controller shuts down gracefully
-    ///   (reconciles in flight finish within the grace), and the stream ends.
+    ///   (reconciles in flight finish within the grace), and the stream ends;
+    /// - when a reconciler panics (kube-runtime resumes the panic in the
+    ///   stream), the Controller and the campaign are dropped with their
+    ///   guards before the panic goes on to the consumer: the Lease is given
+    ///   up, and a consumer that catches the panic and polls again gets `None`.
     ///
     /// ## Warning
     /// A new term reconciles from the store as it is when the term begins,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use tokio::task::JoinHandle;
-use tracing::{Instrument, debug, error};
+use tracing::{Instrument, debug, error, warn};
 
 use super::{
     Inner,
@@ -121,18 +121,26 @@ impl Drop for Task {
         }
         // Aborted, panicked, or its runtime shut down: end the term so that no
         // guard outlives its renewals, fail the waiters, and let the next
-        // `acquire` start a task.
+        // `acquire` start a task. Said in the election's span (a panic's own
+        // message goes to the panic hook, and names no Lease).
+        if std::thread::panicking() {
+            error!("the leader election task panicked: the next `acquire` starts a new one");
+        }
         let mut state = self.inner.lock();
         state.running = false;
-        if let Some(term) = state.term.take() {
+        let term = state.term.take();
+        if let Some(term) = &term {
             term.lose(&Lost::ElectorStopped);
             // Work alive now was stopped: its margin holds for the next task.
-            self.memory.term_ended(&term, &self.inner.config);
+            self.memory.term_ended(term, &self.inner.config);
         }
         state.memory = std::mem::take(&mut self.memory);
         state.waiters.clear();
         drop(state);
         self.inner.not_leading();
+        if term.is_some() {
+            warn!(reason = %Lost::ElectorStopped, "leadership lost");
+        }
         self.inner.task_ended.notify_waiters();
     }
 }

@@ -3355,3 +3355,238 @@ fn a_takeover_between_candidates_with_different_timings_goes_by_the_records_dura
 fn secs(d: Duration) -> i32 {
     i32::try_from(d.as_secs()).unwrap()
 }
+
+// ---- 22. Panics in guarded work and in the election task --------------------
+
+/// The election task panics (a bug: an overflow, an `unwrap` on a record)
+/// while this candidate leads. Its drop ends the term as `ElectorStopped`
+/// (the guards resolve, the waiters fail, the next `acquire` starts a new
+/// task), and the log says so as it says every other loss: `leadership
+/// lost` at WARN, in the election's span (which names the Lease), after an
+/// ERROR that names the panic as the cause. The panic's own message goes to
+/// the panic hook (stderr), not to the operator's log, and names no Lease.
+#[test]
+fn an_election_task_that_panics_while_leading_logs_the_loss() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = free();
+            let (e, _) = elector(&fake, config("me"));
+            let guard = e.acquire().await.unwrap();
+            sleep(S(3)).await;
+            e.interleave_for_test(Point::Recount, || panic!("injected: the election task panics"));
+            let lost = timeout(S(3), guard).await.expect("the term ends with its task");
+            assert_eq!(lost, Lost::ElectorStopped);
+            // And the next `acquire` leads again (our own record, taken back).
+            let again = timeout(S(3), e.acquire()).await;
+            assert!(matches!(again, Ok(Ok(_))), "{again:?}");
+        });
+    });
+    let lines: Vec<&str> = logs.lines().collect();
+    let panicked = lines
+        .iter()
+        .position(|l| l.contains("ERROR") && l.contains("panicked") && l.contains("lease.name=lease"));
+    let lost = lines.iter().position(|l| {
+        l.contains("WARN")
+            && l.contains("leadership lost")
+            && l.contains("elector task stopped")
+            && l.contains("lease.name=lease")
+    });
+    assert!(
+        matches!((panicked, lost), (Some(p), Some(l)) if p < l),
+        "the election task panicked while leading: no ERROR line naming the panic ({panicked:?}) before a \
+         WARN `leadership lost` ({lost:?}); logs at WARN and above:\n{logs}"
+    );
+}
+
+/// A guarded stream whose inner stream panics, the panic caught by its
+/// consumer (`StreamExt::catch_unwind`, or a `catch_unwind` around each
+/// `next()`), which then goes on with something else (waits for a signal)
+/// and keeps the stream. The work is gone, but the guard, a field of the
+/// stream, is not: the replica renewed the Lease for ever with nothing
+/// running under it, and no other candidate could lead (never none). A
+/// panic in the inner stream ends its work as a drop does: stopped, not
+/// finished, so the Lease is left to expire, and another candidate leads
+/// one lease duration after the last renewal.
+#[test]
+fn a_guarded_stream_whose_panic_its_consumer_caught_does_not_keep_the_lease() {
+    paused(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let work = stream::iter(0..).then(|i| async move {
+            sleep(S(1)).await;
+            assert!(i < 3, "injected: the guarded work panics");
+            i
+        });
+        let mut caught = pin!(std::panic::AssertUnwindSafe(work.with_leader_election(&a)).catch_unwind());
+        while let Some(item) = caught.next().await {
+            if item.is_err() {
+                break;
+            }
+        }
+        let panicked = Instant::now();
+        assert!(holder(&fake).as_deref() == Some("a"));
+        // The consumer keeps the stream; b campaigns.
+        let took = timeout(S(30), b.acquire()).await;
+        let after = panicked.elapsed();
+        assert!(
+            matches!(took, Ok(Ok(_))),
+            "b did not lead within 30 s of the panic in a's guarded work (lease duration 15 s): a still leads \
+             ({}), holder {:?}, renewed with nothing running under it",
+            a.is_leader(),
+            holder(&fake)
+        );
+        // Stopped, not finished: left to expire, not released.
+        assert!(
+            after >= S(13),
+            "b led {after:?} after the panic: the Lease was released"
+        );
+        // (`caught` is kept until here.)
+        assert!(caught.next().await.is_none());
+    });
+}
+
+/// A guarded Controller whose reconciler panics: kube-runtime runs each
+/// reconcile as a task and resumes its panic in the Controller's stream, so
+/// the panic reaches the consumer, which catches it (`StreamExt::catch_unwind`)
+/// and keeps the stream. Cold (`with_leader_election`: the guarded stream
+/// above) and warm (`with_leader_election_warm`: the guard of the term is
+/// held by warm standby's campaign, polled with the stream) alike, the
+/// replica must not go on renewing a Lease with no Controller running under
+/// it: another candidate leads once the Lease expires.
+#[test]
+fn a_guarded_controller_whose_reconciler_panicked_does_not_keep_the_lease() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::ResourceExt;
+    use kube_runtime::{Controller, controller::Action, watcher};
+    let mut kept = Vec::new();
+    for warm in [false, true] {
+        if warm && !cfg!(feature = "warm-standby") {
+            continue;
+        }
+        let outcome = Arc::new(parking_lot::Mutex::new(None));
+        let out = outcome.clone();
+        paused(async move {
+            let fake = free();
+            let (a, _) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let (client, _) = fake.client();
+            let reconcile = |lease: Arc<Lease>, _: Arc<()>| async move {
+                assert!(lease.name_any().is_empty(), "injected: the reconciler panics");
+                Ok::<_, kube_client::Error>(Action::await_change())
+            };
+            let policy = |_: Arc<Lease>, _: &kube_client::Error, _: Arc<()>| Action::await_change();
+            let controller = Controller::new(
+                kube_client::Api::<Lease>::namespaced(client, "default"),
+                watcher::Config::default(),
+            );
+            let stream = if warm {
+                #[cfg(feature = "warm-standby")]
+                {
+                    use crate::LeaderElectionControllerExt;
+                    controller
+                        .with_leader_election_warm(&a)
+                        .run(reconcile, policy, Arc::new(()))
+                        .boxed()
+                }
+                #[cfg(not(feature = "warm-standby"))]
+                unreachable!()
+            } else {
+                use crate::LeaderElectionControllerExt;
+                controller
+                    .with_leader_election(&a)
+                    .run(reconcile, policy, Arc::new(()))
+                    .boxed()
+            };
+            let mut caught = pin!(std::panic::AssertUnwindSafe(stream).catch_unwind());
+            let caught_panic = timeout(S(60), async {
+                while let Some(item) = caught.next().await {
+                    if item.is_err() {
+                        return;
+                    }
+                }
+                panic!("the Controller's stream ended without the reconciler's panic");
+            })
+            .await;
+            assert!(caught_panic.is_ok(), "the reconciler never ran");
+            let panicked = Instant::now();
+            let took = timeout(S(30), b.acquire()).await;
+            *out.lock() = Some((
+                matches!(took, Ok(Ok(_))),
+                panicked.elapsed(),
+                a.is_leader(),
+                holder(&fake),
+            ));
+        });
+        let (took, after, a_leads, holder) = outcome.lock().take().unwrap();
+        if took {
+            assert!(
+                after >= S(13),
+                "b led {after:?} after the panic: the Lease was released"
+            );
+        } else {
+            kept.push(format!(
+                "{}: b did not lead within {after:?} of the panic in a's reconciler (lease duration 15 s): \
+                 a still leads ({a_leads}), holder {holder:?}",
+                if warm { "warm" } else { "cold" }
+            ));
+        }
+    }
+    assert!(kept.is_empty(), "{}", kept.join("\n"));
+}
+
+/// What holds around a panic: work under `with_lease` that panics, the
+/// panic caught around the call (`FutureExt::catch_unwind`) and the future
+/// kept, drops its guard while unwinding (an `async fn`'s locals go with the
+/// panic), as stopped work: the Lease is not released but expires, and
+/// another candidate leads then; a task of a `TermTasks` that panics ends
+/// as `JoinError::Panic` while the term goes on; a guard polled on a runtime
+/// that is then dropped is dropped outside any runtime without a panic.
+#[test]
+fn panics_in_guarded_work_leave_the_lease_to_expire_and_the_term_defined() {
+    let guard = paused_runtime().block_on(async {
+        let fake = free();
+        let (a, _) = elector(&fake, config("a"));
+        let (b, _) = elector(&fake, config("b"));
+        let guard = a.acquire().await.unwrap();
+        let mut tasks = guard.tasks::<()>();
+        tasks
+            .spawn(async { panic!("injected: a task of the term panics") })
+            .unwrap();
+        let joined = timeout(S(1), tasks.join_next()).await.unwrap().unwrap();
+        assert!(joined.is_err_and(|e| e.is_panic()));
+        assert!(guard.is_valid() && a.is_leader(), "the term goes on");
+        drop(guard);
+        // The stopped task's margin (5 s) passes; then a panic under `with_lease`.
+        sleep(S(6)).await;
+        let mut caught = pin!(
+            std::panic::AssertUnwindSafe(a.with_lease(async {
+                sleep(S(1)).await;
+                panic!("injected: the work under the Lease panics")
+            }))
+            .catch_unwind()
+        );
+        assert!(timeout(S(20), &mut caught).await.unwrap().is_err());
+        let panicked = Instant::now();
+        let took = timeout(S(30), b.acquire()).await;
+        assert!(
+            matches!(took, Ok(Ok(_))),
+            "b never led after the panic under a's with_lease"
+        );
+        let after = panicked.elapsed();
+        assert!(
+            after >= S(13),
+            "b led {after:?} after the panic: the Lease was released"
+        );
+        assert!(!a.is_leader());
+        // A guard polled (its timer made) on this runtime, kept past it.
+        let (c, _) = elector(&FakeLeaseApi::default(), config("c"));
+        let mut guard = c.acquire().await.unwrap();
+        assert!(poll!(&mut guard).is_pending());
+        Some(guard)
+    });
+    let guard = guard.unwrap();
+    // Its runtime dropped the election task with it: the term ended.
+    assert_eq!(guard.lost(), Some(Lost::ElectorStopped));
+    drop(guard);
+}

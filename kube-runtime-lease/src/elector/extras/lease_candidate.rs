@@ -519,7 +519,7 @@ impl LeaseCandidate {
                         self.publish_again(&mut renewed).await
                     }
                     Some(Ok(_)) => true,
-                    Some(Err(e)) if crate::error::watch_status(&e) == Some(403) => {
+                    Some(Err(e)) if crate::error::watch_refused_by_rbac(&e) => {
                         refused_watch(&e, &mut poll, inner.config.retry_period);
                         true
                     }

@@ -313,7 +313,7 @@ impl Watch {
                 debug!(error = %e, "lease watch expired (410 Gone); listing again");
                 self.sync = Sync::Listing;
             }
-            Some(Err(e)) if crate::error::watch_status(&e) == Some(403) => {
+            Some(Err(e)) if crate::error::watch_refused_by_rbac(&e) => {
                 warn!(
                     error = %e,
                     "cannot watch leases: grant `list` and `watch` on `leases` in `coordination.k8s.io`; \

@@ -21,7 +21,9 @@ fn open(sync: Sync) -> Watch {
 }
 
 fn refused(code: u16) -> watcher::Error {
-    let status = Status::failure("refused by the test", "Forbidden").with_code(code);
+    // Authorization's words (`error::refused_by_rbac`).
+    let message = r#"leases.coordination.k8s.io is forbidden: User "u" cannot list resource "leases""#;
+    let status = Status::failure(message, "Forbidden").with_code(code);
     watcher::Error::InitialListFailed(kube_client::Error::Api(Box::new(status)))
 }
 
