@@ -23,8 +23,8 @@ pub enum Lost {
     /// instant before the last successful renewal was sent).
     #[error("leadership lost: the lease was not renewed within the renew deadline")]
     RenewDeadlineExceeded,
-    /// Another candidate holds the Lease.
-    #[error("leadership lost: the lease was taken over by {holder:?}")]
+    /// Another candidate holds the Lease, or someone else wrote it free.
+    #[error("leadership lost: {}", taken_over(.holder))]
     TakenOver {
         /// The new holder (`""` when the Lease was released by someone else).
         holder: String,
@@ -61,6 +61,16 @@ pub enum Lost {
     /// runtime shut down or it panicked.
     #[error("leadership lost: the elector task stopped")]
     ElectorStopped,
+}
+
+/// What [`Lost::TakenOver`] says: the new holder, or that the Lease was
+/// written free (an empty holder would read as if someone named `""` led).
+fn taken_over(holder: &str) -> String {
+    if holder.is_empty() {
+        "the lease was written free by someone else".to_owned()
+    } else {
+        format!("the lease was taken over by {holder:?}")
+    }
 }
 
 /// One term of leadership, shared by every guard of the term and the elector task.

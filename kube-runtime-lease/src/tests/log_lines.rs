@@ -9,7 +9,7 @@ use futures::stream;
 use tokio::time::{sleep, timeout};
 
 use crate::{
-    LeaseConfig, LeaseObserver,
+    LeaseConfig, LeaseObserver, Lost,
     test_util::FakeLeaseApi,
     tests::support::{config, elector, logs_during, paused},
 };
@@ -213,6 +213,52 @@ fn a_healthy_elections_normal_events_log_no_warning() {
         crashed.get(),
         warned.join("\n")
     );
+}
+
+/// A Lease written free by someone else while we lead: the release of
+/// kube-lease-manager and kubert removes `holderIdentity`, the duration and
+/// the times (kube-lease-manager's standby also does it to a record it
+/// judges expired by `renewTime` against its own clock), and an admin or an
+/// Argo CD sync may write `holderIdentity: ""`. The term ends on the watch
+/// event, and its reason, logged and handed to the guard, says the Lease was
+/// written free. (Before: "the lease was taken over by \"\"", an empty
+/// holder named as the new leader, once a second beside a skewed
+/// kube-lease-manager standby.)
+#[test]
+fn a_lease_written_free_by_someone_else_is_not_logged_as_taken_over_by_an_empty_holder() {
+    let logs = logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let (e, _) = elector(&fake, config("me"));
+            let guard = e.acquire().await.unwrap();
+            sleep(S(1)).await;
+            let mut vacated = fake.lease().unwrap();
+            let spec = vacated.spec.as_mut().unwrap();
+            spec.holder_identity = None;
+            spec.lease_duration_seconds = None;
+            spec.acquire_time = None;
+            spec.renew_time = None;
+            fake.put(vacated);
+            let lost = timeout(S(5), guard)
+                .await
+                .expect("the term did not end on the free record");
+            assert_eq!(
+                lost,
+                Lost::TakenOver {
+                    holder: String::new()
+                }
+            );
+            assert_eq!(
+                lost.to_string(),
+                "leadership lost: the lease was written free by someone else"
+            );
+        });
+    });
+    assert!(
+        logs.contains("leadership lost: the lease was written free by someone else"),
+        "{logs}"
+    );
+    assert!(!logs.contains("taken over by \"\""), "{logs}");
 }
 
 /// Elected shards through a rolling update (a replica joins, then one
