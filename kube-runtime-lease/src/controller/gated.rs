@@ -4,7 +4,11 @@
 //! the gate is the election's term) and elected shards (the gate is the
 //! object's shard's term).
 
-use std::{panic::AssertUnwindSafe, sync::Arc, task::Poll};
+use std::{
+    panic::AssertUnwindSafe,
+    sync::Arc,
+    task::{Poll, ready},
+};
 
 use futures::{Stream, StreamExt, TryFuture, TryFutureExt, channel::mpsc, future, stream};
 use kube_runtime::{Controller, controller::Action};
@@ -40,7 +44,9 @@ impl Scope for () {
 /// - `background(gained)` (what hands out the terms: a campaign, a
 ///   balancer) is polled with the stream, for as long as the stream is; it
 ///   sends on `gained` when a term is gained, and every object in the store
-///   is reconciled then (with no new LIST).
+///   is reconciled then (with no new LIST);
+/// - the stream ends when the Controller's does, and the background is
+///   dropped then.
 pub(crate) fn run<K, ReconcilerFut, Ctx, S, B>(
     controller: Controller<K>,
     background: impl FnOnce(mpsc::UnboundedSender<()>) -> B,
@@ -89,7 +95,11 @@ where
         // Reconciled again when a term is gained.
         Guarded::Skipped => Action::await_change(),
     };
+    // The stream ends with the Controller's (a graceful shutdown of its own,
+    // `shutdown_on_signal`), and the background is dropped then, not when the
+    // stream is: it stops campaigning and gives its terms up.
     let controller = controller.run(reconcile, policy, context).filter_map(passed_on);
+    let controller = controller.map(Some).chain(stream::iter([None]));
     let background = stream::once(background).filter_map(|()| future::ready(None));
     // A panic (a reconciler's, which kube-runtime resumes in the stream)
     // stops the work as a drop does: the Controller and what hands out the
@@ -100,9 +110,15 @@ where
         let Some(polled) = run.as_mut() else {
             return Poll::Ready(None);
         };
-        std::panic::catch_unwind(AssertUnwindSafe(|| polled.as_mut().poll_next(cx))).unwrap_or_else(|panic| {
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| polled.as_mut().poll_next(cx)));
+        let item = ready!(polled.unwrap_or_else(|panic| {
             run = None;
             std::panic::resume_unwind(panic)
-        })
+        }))
+        .flatten();
+        if item.is_none() {
+            run = None;
+        }
+        Poll::Ready(item)
     })
 }

@@ -17,12 +17,12 @@ pub(crate) mod warm;
 
 use std::{fmt::Debug, hash::Hash, sync::Arc};
 
-use futures::{Stream, StreamExt, TryFuture, TryFutureExt};
+use futures::{FutureExt, Stream, StreamExt, TryFuture, TryFutureExt};
 use kube_client::Resource;
 use kube_runtime::{
     Controller,
     controller::{Action, Error as ControllerError},
-    reflector::ObjectRef,
+    reflector::{ObjectRef, Store},
     watcher,
 };
 use serde::de::DeserializeOwned;
@@ -125,6 +125,30 @@ pub trait LeaderElectionControllerExt<K: ControllerResource>: sealed::Sealed {
     ///   Controller's stream): the stream is stopped as if dropped, its
     ///   reconciles aborted and its guard dropped, so the Lease is left to
     ///   expire, and the panic goes on to the consumer.
+    ///
+    /// Shut the process down with [`LeaderElector::shutdown`], not with the
+    /// Controller's own [`Controller::graceful_shutdown_on`] or
+    /// [`Controller::shutdown_on_signal`] alone. Those are seen only while
+    /// the Controller runs: a standby's is not polled, so it campaigns on.
+    /// And kube-runtime 5.0's Controller shut down before its store's first
+    /// LIST completed never ends its stream (its graceful shutdown stops the
+    /// LIST, and it waits for the store to be filled before it ends): such
+    /// a standby, once it wins, holds the Lease without reconciling for as
+    /// long as the process lives. (`shutdown` itself ends a Controller
+    /// whose first LIST is still in flight at once.) With
+    /// [`run_each_term`](LeaderElector::run_each_term), `shutdown_on_signal`
+    /// also leaves SIGTERM ignored once a term's Controller ran (kube-runtime
+    /// says so), also while the process stands by for a later term.
+    ///
+    /// A Controller built with kube-runtime's `for_shared_stream` from a
+    /// reflector that other parts of the process read holds a subscriber of
+    /// it, not polled while this replica stands by: that reflector stops
+    /// once its buffer is full (kube-runtime holds each event until every
+    /// subscriber has read it), and the store the other parts read goes
+    /// stale. Give the guarded Controller a watch of its own.
+    /// <!-- upstream: omit -->
+    /// Or run it in warm standby, whose Controller runs on every replica.
+    /// <!-- upstream: end -->
     ///
     /// ```no_run
     /// use std::{sync::Arc, time::Duration};
@@ -282,13 +306,33 @@ impl<K: ControllerResource> ControllerWithLeaderElection<K> {
                 Guarded::Reconciler(e) => error_policy(object, e, ctx),
                 Guarded::Skipped => Action::await_change(),
             };
+        let store = self.controller.store();
         let stream = self
             .controller
             .graceful_shutdown_on(self.elector.shutdown_requested())
             .run(reconciler, error_policy, context)
             .filter_map(passed_on);
+        let stream = ended_if_unstarted(stream, store, self.elector.clone());
         WithLeaderElection::new(stream, &self.elector)
     }
+}
+
+/// `stream`, a Controller's run wired to `elector`'s shutdown by
+/// `graceful_shutdown_on`, ended at once when the shutdown comes before
+/// `store` is ready: kube-runtime starts no reconcile before its store's
+/// first LIST, and its graceful shutdown stops that LIST, so the stream
+/// would never end. No reconcile ran: it ends as finished work does.
+pub(crate) fn ended_if_unstarted<S: Stream, K: ControllerResource>(
+    stream: S,
+    store: Store<K>,
+    elector: LeaderElector,
+) -> impl Stream<Item = S::Item> {
+    stream.take_until(async move {
+        elector.shutdown_requested().await;
+        if let Some(Ok(())) = store.wait_until_ready().now_or_never() {
+            std::future::pending::<()>().await;
+        }
+    })
 }
 
 /// A guarded reconcile that did not call the user's reconciler (no guard of

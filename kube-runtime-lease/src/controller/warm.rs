@@ -52,7 +52,12 @@ where
     /// - when a reconciler panics (kube-runtime resumes the panic in the
     ///   stream), the Controller and the campaign are dropped with their
     ///   guards before the panic goes on to the consumer: the Lease is given
-    ///   up, and a consumer that catches the panic and polls again gets `None`.
+    ///   up, and a consumer that catches the panic and polls again gets `None`;
+    /// - when the Controller's stream ends on its own (its own
+    ///   [`Controller::graceful_shutdown_on`] or
+    ///   [`Controller::shutdown_on_signal`]), the stream ends and the replica
+    ///   leaves the election: a leader releases the Lease once its reconciles
+    ///   finished, a follower campaigns no more.
     ///
     /// ## Warning
     /// A new term reconciles from the store as it is when the term begins,
@@ -77,8 +82,10 @@ where
     {
         let elector = self.elector;
         let gate = elector.clone();
+        let store = self.controller.store();
+        let unstarted = elector.clone();
         let controller = self.controller.graceful_shutdown_on(elector.shutdown_requested());
-        crate::controller::gated::run(
+        let stream = crate::controller::gated::run(
             controller,
             // Campaigns for as long as the stream is polled, polled with it.
             |terms| hold_each_term(elector, terms),
@@ -88,7 +95,8 @@ where
             reconciler,
             error_policy,
             context,
-        )
+        );
+        crate::controller::ended_if_unstarted(stream, store, unstarted)
     }
 }
 
@@ -152,14 +160,26 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::{
+        sync::{
+            Arc,
+            atomic::{AtomicBool, Ordering},
+        },
+        time::Duration,
+    };
 
-    use futures::{StreamExt, channel::mpsc};
+    use futures::{
+        FutureExt, StreamExt,
+        channel::{mpsc, oneshot},
+    };
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_runtime::{Controller, controller::Action, watcher};
 
     use crate::{
+        LeaderElectionControllerExt,
         elector::test_hooks::Point,
         test_util::FakeLeaseApi,
-        tests::support::{config, elector, held_by, paused},
+        tests::support::{config, elector, free, held_by, holder, paused},
     };
 
     /// Warm standby campaigns for as long as its stream is polled: an
@@ -185,6 +205,124 @@ mod tests {
                 hold.is_finished()
             );
             assert!(e.is_leader());
+        });
+    }
+
+    /// A warm-standby Controller that kube-runtime ends gracefully on its own
+    /// trigger (the user's `graceful_shutdown_on`, or the first SIGTERM of
+    /// `shutdown_on_signal`), not through `LeaderElector::shutdown`, ends its
+    /// stream as a plain or cold guarded Controller does, and its candidate
+    /// stops campaigning: a leader releases the Lease, a follower never takes
+    /// it. The campaign ran beside the Controller until the elector's own
+    /// shutdown, so the stream never ended (the process did not exit) and
+    /// the Lease stayed with a replica whose Controller had stopped.
+    #[test]
+    fn a_warm_controller_ended_by_its_own_graceful_shutdown_ends_and_leaves_the_election() {
+        paused(async {
+            let fake = free();
+            let mut runs = Vec::new();
+            let mut stops = Vec::new();
+            for identity in ["a", "b"] {
+                let (e, _) = elector(&fake, config(identity));
+                let (client, _) = fake.client();
+                let (stop, stopped) = oneshot::channel::<()>();
+                let controller = Controller::new(
+                    kube_client::Api::<Lease>::namespaced(client, "default"),
+                    watcher::Config::default(),
+                );
+                let store = controller.store();
+                let controller = controller
+                    .graceful_shutdown_on(stopped.map(drop))
+                    .with_leader_election_warm(&e)
+                    .run(
+                        |_, _: Arc<()>| async { Ok::<_, kube_client::Error>(Action::await_change()) },
+                        |_, _, _| Action::await_change(),
+                        Arc::new(()),
+                    );
+                // The consumer keeps the stream once it ended (`lost()`
+                // read after the loop, as the README does).
+                let ended = Arc::new(AtomicBool::new(false));
+                tokio::spawn({
+                    let ended = ended.clone();
+                    async move {
+                        let mut controller = std::pin::pin!(controller);
+                        while controller.next().await.is_some() {}
+                        ended.store(true, Ordering::SeqCst);
+                        futures::future::pending::<()>().await;
+                    }
+                });
+                runs.push((e.clone(), ended));
+                stops.push(stop);
+                // `a` leads before `b` campaigns; each store is filled (a
+                // graceful shutdown before that never ends: kube-runtime's).
+                let led = tokio::time::timeout(Duration::from_secs(30), async {
+                    while holder(&fake).as_deref() != Some("a") {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    store.wait_until_ready().await
+                })
+                .await;
+                assert!(
+                    matches!(led, Ok(Ok(()))),
+                    "a never led, or {identity}'s store was never filled: {led:?}, the Lease is held by {:?}",
+                    holder(&fake)
+                );
+            }
+            // The follower's Controller first, then the leader's.
+            for stop in stops.into_iter().rev() {
+                stop.send(()).unwrap();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            let ended: Vec<_> = runs
+                .iter()
+                .map(|(_, ended)| ended.load(Ordering::SeqCst))
+                .collect();
+            let leading: Vec<_> = runs.iter().map(|(e, _)| e.is_leader()).collect();
+            assert!(
+                ended == [true, true] && holder(&fake).as_deref() == Some(""),
+                "30 s after their own graceful shutdown, the warm Controllers' streams ended: \
+                 {ended:?} (a, b), they lead: {leading:?}, the Lease is held by {:?}",
+                holder(&fake)
+            );
+            for (e, _) in runs {
+                e.shutdown(Duration::ZERO).await.ok();
+            }
+        });
+    }
+
+    /// A warm-standby Controller whose elector is shut down before its store
+    /// was first filled (a pod stopped soon after it started, its LIST
+    /// still in flight) ends its stream: kube-runtime's graceful shutdown
+    /// stops that LIST and then waits for the store for ever, so the stream
+    /// never ended and the process did not exit.
+    #[test]
+    fn a_warm_controller_shut_down_before_its_store_was_filled_ends() {
+        paused(async {
+            let fake = free();
+            let (e, _) = elector(&fake, config("a"));
+            let (client, listing) = fake.client();
+            fake.set_latency(listing, Duration::from_secs(30));
+            let controller = Controller::new(
+                kube_client::Api::<Lease>::namespaced(client, "default"),
+                watcher::Config::default(),
+            )
+            .with_leader_election_warm(&e)
+            .run(
+                |_, _: Arc<()>| async { Ok::<_, kube_client::Error>(Action::await_change()) },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            );
+            let run = tokio::spawn(controller.count());
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let shutdown = e.shutdown(Duration::from_secs(20)).await;
+            let ended = tokio::time::timeout(Duration::from_secs(60), run).await;
+            assert!(
+                matches!(ended, Ok(Ok(0))) && holder(&fake).as_deref() == Some(""),
+                "shut down during its first LIST ({shutdown:?}), the warm Controller's stream \
+                 ended: {ended:?}, the Lease is held by {:?}",
+                holder(&fake)
+            );
         });
     }
 }

@@ -95,7 +95,13 @@ where
     ///   and the shard is released as they end; those still running at its
     ///   end are dropped, and the shard's Lease expires for its new owner;
     /// - inside a reconcile, [`current_shard`] tells its shard and fencing
-    ///   token.
+    ///   token;
+    /// - when the Controller's stream ends on its own (its own
+    ///   [`Controller::graceful_shutdown_on`] or
+    ///   [`Controller::shutdown_on_signal`]), the stream ends and the
+    ///   balancer with it: every shard is given up, as when the stream is
+    ///   dropped. [`ShardedElector::shutdown`] does not end the stream: wait
+    ///   for it beside the stream (`select!`), as `examples/sharded.rs` does.
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,

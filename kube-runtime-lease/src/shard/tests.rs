@@ -2496,3 +2496,73 @@ fn a_live_member_waiting_out_a_dead_old_members_longer_lease_is_not_evicted() {
         old.0 * 2
     );
 }
+
+/// A sharded Controller whose Controller kube-runtime ends on its own
+/// trigger (its own `graceful_shutdown_on`, `shutdown_on_signal`) ends its
+/// stream, and the balancer with it: its shards are given up. The balancer
+/// ran on beside the ended Controller, so the stream never ended (a
+/// `for_each` on it never returned) and the replica kept its shards,
+/// reconciling none.
+#[test]
+fn a_sharded_controller_ended_by_its_own_graceful_shutdown_ends_and_gives_its_shards_up() {
+    use std::sync::Arc;
+
+    use futures::{FutureExt, StreamExt, channel::oneshot};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let a = replica(&fake, "a");
+        let (client, _) = fake.client();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let controller = Controller::new(
+            kube_client::Api::<Lease>::namespaced(client, "default"),
+            watcher::Config::default(),
+        );
+        let store = controller.store();
+        let run = a
+            .controller(controller.graceful_shutdown_on(stopped.map(drop)))
+            .run(
+                |_, _: Arc<()>| async { Ok::<_, kube_client::Error>(Action::await_change()) },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            );
+        // The consumer keeps the stream once it ended.
+        let (ended_tx, ended_rx) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let mut run = std::pin::pin!(run);
+            while run.next().await.is_some() {}
+            let _ = ended_tx.send(());
+            futures::future::pending::<()>().await;
+        });
+        let ready = tokio::time::timeout(S(60), async {
+            while a.held().borrow().len() < 12 {
+                sleep(Duration::from_millis(100)).await;
+            }
+            store.wait_until_ready().await
+        })
+        .await;
+        assert!(
+            matches!(ready, Ok(Ok(()))),
+            "a never held every shard: {:?}",
+            held(&[&a])
+        );
+        stop.send(()).unwrap();
+        let ended = tokio::time::timeout(S(30), ended_rx).await;
+        sleep(S(10)).await;
+        let holders: BTreeSet<_> = fake
+            .leases()
+            .into_iter()
+            .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-")))
+            .filter_map(|l| l.spec?.holder_identity)
+            .collect();
+        assert!(
+            ended.is_ok() && holders.iter().all(String::is_empty),
+            "ended by its own graceful shutdown, the sharded Controller's stream ended: {}; a holds \
+             {:?}, the shard Leases' holders: {holders:?}",
+            ended.is_ok(),
+            held(&[&a])
+        );
+    });
+}

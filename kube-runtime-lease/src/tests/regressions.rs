@@ -2168,6 +2168,72 @@ fn a_guarded_controller_is_released_at_shutdown_only_if_its_reconciles_finished_
     }
 }
 
+/// A guarded Controller shut down (`shutdown(20 s)`) while its first LIST
+/// of the term is in flight (a large collection, a slow API server: a
+/// takeover followed at once by the next step of a rolling update) has no
+/// reconcile in flight: kube-runtime's Runner starts none before its store
+/// is ready. But its graceful shutdown stops that LIST, so the store never
+/// becomes ready, and the Runner waited for it for ever: the stream did not
+/// end, `shutdown` waited its whole grace, and the Lease was left to expire
+/// as if work had been aborted. It ends at once now, and the Lease is
+/// released.
+#[test]
+fn a_guarded_controller_shut_down_during_its_first_list_ends_at_once_and_is_released() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    use crate::LeaderElectionControllerExt;
+
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let (client, listing) = fake.client();
+        // The Controller's LIST takes 30 s.
+        fake.set_latency(listing, S(30));
+        let reconciled = Arc::new(AtomicUsize::new(0));
+        let controller = Controller::new(
+            kube_client::Api::<Lease>::namespaced(client, "default"),
+            watcher::Config::default(),
+        )
+        .with_leader_election(&e)
+        .run(
+            {
+                let reconciled = reconciled.clone();
+                move |_, _: Arc<()>| {
+                    reconciled.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<_, kube_client::Error>(Action::await_change()) }
+                }
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        );
+        let consumer = tokio::spawn(async move {
+            let mut controller = pin!(controller);
+            while controller.next().await.is_some() {}
+            controller.lost()
+        });
+        timeout(S(30), async {
+            while !e.is_leader() {
+                sleep(MS(10)).await;
+            }
+        })
+        .await
+        .expect("never led");
+        sleep(S(1)).await;
+        let began = Instant::now();
+        let result = e.shutdown(S(20)).await;
+        let took = began.elapsed();
+        let ended = timeout(S(60), consumer).await;
+        assert!(
+            took < S(1) && holder(&fake).as_deref() == Some("") && matches!(ended, Ok(Ok(None))),
+            "shut down during the Controller's first LIST ({} reconciles): shutdown(20 s) returned \
+             {result:?} after {took:?}, the Lease is held by {:?}, the Controller ended with {ended:?}",
+            reconciled.load(Ordering::SeqCst),
+            holder(&fake)
+        );
+    });
+}
+
 /// A guarded Controller polled (on another worker thread) while `shutdown`
 /// begins, after it stopped handing out guards and before its signal
 /// reached the Controller (`shutdown_requested`): kube-runtime still starts
