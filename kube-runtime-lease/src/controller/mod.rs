@@ -126,6 +126,13 @@ pub trait LeaderElectionControllerExt<K: ControllerResource>: sealed::Sealed {
     ///   reconciles aborted and its guard dropped, so the Lease is left to
     ///   expire, and the panic goes on to the consumer.
     ///
+    /// A term begins with every object of the first LIST reconciled, all
+    /// started at once under kube-runtime's default `concurrency` (no limit): on a
+    /// current-thread runtime the election's renewals wait behind them, and
+    /// a large store whose reconciles' synchronous steps add up to more than
+    /// the renew deadline loses the term in the middle of that storm. Set a
+    /// limit ([`Controller::with_config`]) or use the multi-thread runtime.
+    ///
     /// Shut the process down with [`LeaderElector::shutdown`], not with the
     /// Controller's own [`Controller::graceful_shutdown_on`] or
     /// [`Controller::shutdown_on_signal`] alone. Those are seen only while

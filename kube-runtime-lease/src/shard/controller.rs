@@ -86,7 +86,10 @@ where
     /// - a reconcile of an object whose shard this replica does not hold is
     ///   skipped without calling `reconciler` (and without an item);
     /// - when a shard is gained, every object in the store is reconciled (the
-    ///   ones of other shards are skipped): no LIST;
+    ///   ones of other shards are skipped): no LIST; those of the shards held
+    ///   already are reconciled again too (kube-runtime's stable API triggers
+    ///   all objects or none), so a replica that gains 2 shards beside the 4
+    ///   it holds reconciles 6 shards' objects;
     /// - when a shard is lost, that shard's reconciles in flight are dropped
     ///   at their next `.await`; the other shards' continue;
     /// - when a shard is handed over to another replica, its reconciles in

@@ -6,6 +6,7 @@
 //! And the deterministic simulation (one Lease; elected shards).
 //! <!-- upstream: end -->
 
+mod bigstore;
 mod client_stack;
 mod log_lines;
 mod misuse;
