@@ -101,11 +101,18 @@ where
     let controller = controller.run(reconcile, policy, context).filter_map(passed_on);
     let controller = controller.map(Some).chain(stream::iter([None]));
     let background = stream::once(background).filter_map(|()| future::ready(None));
-    // A panic (a reconciler's, which kube-runtime resumes in the stream)
-    // stops the work as a drop does: the Controller and what hands out the
-    // terms go, with the guards they hold, before the panic goes on to the
-    // consumer. One that catches it and keeps the stream keeps no term.
-    let mut run = Some(Box::pin(stream::select(controller, background)));
+    let run = stream::select(controller, background).scan((), |(), item| future::ready(item));
+    dropped_at_end(run)
+}
+
+/// `stream`, dropped as soon as it ends, not when the consumer drops the
+/// ended stream (the campaign or balancer in it holds guards). A panic (a
+/// reconciler's, which kube-runtime resumes in the stream) stops the work as
+/// a drop does: the Controller and what hands out the terms go, with the
+/// guards they hold, before the panic goes on to the consumer. One that
+/// catches it and keeps the stream keeps no term.
+pub(crate) fn dropped_at_end<S: Stream>(stream: S) -> impl Stream<Item = S::Item> {
+    let mut run = Some(Box::pin(stream));
     stream::poll_fn(move |cx| {
         let Some(polled) = run.as_mut() else {
             return Poll::Ready(None);
@@ -114,8 +121,7 @@ where
         let item = ready!(polled.unwrap_or_else(|panic| {
             run = None;
             std::panic::resume_unwind(panic)
-        }))
-        .flatten();
+        }));
         if item.is_none() {
             run = None;
         }

@@ -96,7 +96,10 @@ where
             error_policy,
             context,
         );
-        crate::controller::ended_if_unstarted(stream, store, unstarted)
+        // Dropped as it ends: `take_until` keeps the campaign, and its guard.
+        crate::controller::gated::dropped_at_end(crate::controller::ended_if_unstarted(
+            stream, store, unstarted,
+        ))
     }
 }
 
@@ -321,6 +324,52 @@ mod tests {
                 matches!(ended, Ok(Ok(0))) && holder(&fake).as_deref() == Some(""),
                 "shut down during its first LIST ({shutdown:?}), the warm Controller's stream \
                  ended: {ended:?}, the Lease is held by {:?}",
+                holder(&fake)
+            );
+        });
+    }
+
+    /// The same with a consumer that keeps the ended stream (it reads
+    /// `lost()` after its loop, or the stream lives in `main`'s frame while
+    /// another task shuts the elector down): the campaign and its guard go
+    /// when the stream ends, so a leader shut down during its first LIST is
+    /// released at once, not after the grace and a lease duration.
+    #[test]
+    fn a_warm_leader_shut_down_before_its_store_was_filled_is_released_with_the_stream_kept() {
+        paused(async {
+            let fake = free();
+            let (e, _) = elector(&fake, config("a"));
+            let (client, listing) = fake.client();
+            fake.set_latency(listing, Duration::from_secs(30));
+            let controller = Controller::new(
+                kube_client::Api::<Lease>::namespaced(client, "default"),
+                watcher::Config::default(),
+            )
+            .with_leader_election_warm(&e)
+            .run(
+                |_, _: Arc<()>| async { Ok::<_, kube_client::Error>(Action::await_change()) },
+                |_, _, _| Action::await_change(),
+                Arc::new(()),
+            );
+            let (ended, end) = oneshot::channel::<()>();
+            tokio::spawn(async move {
+                let mut controller = std::pin::pin!(controller);
+                while controller.next().await.is_some() {}
+                ended.send(()).ok();
+                futures::future::pending::<()>().await;
+            });
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            assert_eq!(holder(&fake).as_deref(), Some("a"));
+            let started = tokio::time::Instant::now();
+            let shutdown = e.shutdown(Duration::from_secs(20)).await;
+            let took = started.elapsed();
+            let ended = tokio::time::timeout(Duration::from_secs(60), end).await;
+            assert!(
+                took < Duration::from_secs(1)
+                    && matches!(ended, Ok(Ok(())))
+                    && holder(&fake).as_deref() == Some(""),
+                "a warm leader shut down during its first LIST, its ended stream kept: shutdown returned \
+                 {shutdown:?} after {took:?}, the stream ended: {ended:?}, the Lease is held by {:?}",
                 holder(&fake)
             );
         });

@@ -41,8 +41,18 @@ impl Inner {
     /// task's state is built here, not in the future, so that its drop runs
     /// even if the future is never polled.
     pub(super) fn spawn(self: &Arc<Self>, runtime: &tokio::runtime::Handle, n: u64) {
-        let task = Task::new(self.clone());
-        let handle = runtime.spawn(run(task).instrument(self.config.span(None)));
+        let mut task = Task::new(self.clone());
+        // A panic of the task's own is said in the election's span (its
+        // message goes to the panic hook, and names no Lease) before its
+        // drop ends the term; not a panic elsewhere that drops its runtime.
+        let task = async move {
+            let ran = std::panic::AssertUnwindSafe(run(&mut task)).catch_unwind().await;
+            ran.unwrap_or_else(|panic| {
+                error!("the leader election task panicked: the next `acquire` starts a new one");
+                std::panic::resume_unwind(panic)
+            })
+        };
+        let handle = runtime.spawn(task.instrument(self.config.span(None)));
         #[cfg(test)]
         super::test_hooks::reached(self, super::test_hooks::Point::Spawned);
         let mut state = self.lock();
@@ -66,7 +76,7 @@ impl Inner {
 
 /// The election task: campaigns and leads while leadership is wanted, and
 /// ends once nobody wants it (or at shutdown), after its release.
-async fn run(mut task: Task) -> Result<()> {
+async fn run(task: &mut Task) -> Result<()> {
     let inner = task.inner.clone();
     // A task that starts once nobody wants leadership (the `acquire` that
     // spawned it dropped before it ran, or `shutdown` began) has nothing to
@@ -121,11 +131,7 @@ impl Drop for Task {
         }
         // Aborted, panicked, or its runtime shut down: end the term so that no
         // guard outlives its renewals, fail the waiters, and let the next
-        // `acquire` start a task. Said in the election's span (a panic's own
-        // message goes to the panic hook, and names no Lease).
-        if std::thread::panicking() {
-            error!("the leader election task panicked: the next `acquire` starts a new one");
-        }
+        // `acquire` start a task.
         let mut state = self.inner.lock();
         state.running = false;
         let term = state.term.take();

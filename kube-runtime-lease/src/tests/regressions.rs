@@ -3464,6 +3464,33 @@ fn an_election_task_that_panics_while_leading_logs_the_loss() {
     );
 }
 
+/// A panic that is not the election task's, on the thread that drops it: a
+/// `#[tokio::main(flavor = "current_thread")]` (or a `#[tokio::test]`) whose
+/// body panics while leading drops its runtime, and the election task with
+/// it, while that panic unwinds. The task did not panic: the term ends with
+/// its runtime (`leadership lost`, as on any runtime shutdown), and the log
+/// must not blame the election task (it said `the leader election task
+/// panicked` at ERROR, read from `std::thread::panicking()`).
+#[test]
+fn a_panic_that_drops_the_runtime_is_not_logged_as_the_election_tasks() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        let main = std::panic::catch_unwind(|| {
+            paused(async {
+                let fake = free();
+                let (e, _) = elector(&fake, config("me"));
+                let _guard = e.acquire().await.unwrap();
+                panic!("injected: the application's main panics while leading");
+            });
+        });
+        assert!(main.is_err());
+    });
+    assert!(
+        !logs.contains("election task panicked") && logs.contains("leadership lost"),
+        "the runtime was dropped by the application's own panic: the log blames the election task, or says \
+         nothing of the loss; logs at WARN and above:\n{logs}"
+    );
+}
+
 /// A guarded stream whose inner stream panics, the panic caught by its
 /// consumer (`StreamExt::catch_unwind`, or a `catch_unwind` around each
 /// `next()`), which then goes on with something else (waits for a signal)
