@@ -4,17 +4,18 @@
 
 use std::{sync::Arc, time::Duration};
 
-use crate::{
-    LeaderElectionControllerExt,
-    test_util::FakeLeaseApi,
-    tests::support::{busy, config, elector, free, paused},
-};
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_runtime::{
     Controller,
     controller::{Action, Config},
     watcher,
+};
+
+use crate::{
+    LeaderElectionControllerExt,
+    test_util::FakeLeaseApi,
+    tests::support::{busy, config, elector, free, paused},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
