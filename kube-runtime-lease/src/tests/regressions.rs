@@ -3543,8 +3543,8 @@ fn a_guarded_stream_whose_panic_its_consumer_caught_does_not_keep_the_lease() {
 /// reconcile as a task and resumes its panic in the Controller's stream, so
 /// the panic reaches the consumer, which catches it (`StreamExt::catch_unwind`)
 /// and keeps the stream. Cold (`with_leader_election`: the guarded stream
-/// above) and warm (`with_leader_election_warm`: the guard of the term is
-/// held by warm standby's campaign, polled with the stream) alike, the
+/// above) and, where it is built, warm (`with_leader_election_warm`: the
+/// guard of the term is held by a campaign polled with the stream) alike, the
 /// replica must not go on renewing a Lease with no Controller running under
 /// it: another candidate leads once the Lease expires.
 #[test]
