@@ -3554,7 +3554,8 @@ fn a_guarded_controller_whose_reconciler_panicked_does_not_keep_the_lease() {
     use kube_runtime::{Controller, controller::Action, watcher};
     let mut kept = Vec::new();
     for warm in [false, true] {
-        if warm && !cfg!(feature = "warm-standby") {
+        #[cfg(not(feature = "warm-standby"))]
+        if warm {
             continue;
         }
         let outcome = Arc::new(parking_lot::Mutex::new(None));
