@@ -126,6 +126,9 @@ step "each extra alone on the core (cargo check per feature: no extra may need a
 for feature in coordinated events lease-metadata metrics warm-standby unstable-shards test-util; do
   cargo check -q -p kube-runtime-lease --no-default-features --features "k8s-openapi/latest,$feature" --locked
 done
+step "the library with every extra on the earliest Kubernetes version kube supports (k8s-openapi/earliest: the library picks none)"
+cargo check -q -p kube-runtime-lease --lib --locked \
+  --features "k8s-openapi/earliest,coordinated,events,lease-metadata,metrics,warm-standby,unstable-shards,test-util"
 
 step "the core alone: its unit tests with the extras off (--no-default-features)"
 cargo test -p kube-runtime-lease --no-default-features --lib --locked
