@@ -798,3 +798,75 @@ async fn client_go_defaults_next_to_short_timings_take_over_by_the_leaders_durat
     println!("{}", notes.join(", "));
     Ok(())
 }
+
+/// A record's `acquire=` or `renew=` time, as the test's watch printed it.
+fn record_time<'a>(record: &'a kube_runtime_lease_harness::Entry, name: &str) -> &'a str {
+    record
+        .detail
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))
+        .unwrap_or("")
+}
+
+/// The times of every version of the Lease in `log`, as PROTOCOL.md's
+/// record says each write sets them, whichever implementation wrote it: a
+/// takeover and a release `acquireTime = renewTime = now` (no earlier than
+/// the version before), a renewal keeps `acquireTime` and moves `renewTime`
+/// forward.
+fn check_times(log: &EventLog) -> Result<()> {
+    let records = log.filter(|e| e.kind == Kind::Record);
+    let mut problems = Vec::new();
+    for pair in records.windows(2) {
+        let (prev, r) = (&pair[0], &pair[1]);
+        let (acquire, renew) = (record_time(r, "acquire"), record_time(r, "renew"));
+        let parse = |t: &str| t.parse::<k8s_openapi::jiff::Timestamp>().ok();
+        let renewal = !r.who.is_empty() && r.who == prev.who;
+        let fine = if renewal {
+            acquire == record_time(prev, "acquire") && parse(renew) > parse(record_time(prev, "renew"))
+        } else {
+            acquire == renew && parse(acquire) >= parse(record_time(prev, "renew"))
+        };
+        if !fine {
+            let what = if renewal { "renewal" } else { "takeover or release" };
+            problems.push(format!("{what} by {:?}: {} -> {}", r.who, prev.detail, r.detail));
+        }
+    }
+    ensure!(problems.is_empty(), "{}", problems.join("\n"));
+    Ok(())
+}
+
+/// The record each write leaves, field by field, when the two
+/// implementations release to each other: a Rust leader releases
+/// (SIGTERM) to a client-go follower, which releases to a Rust follower.
+/// Both releases write the same record (holder `""`, 1 s, `acquireTime =
+/// renewTime = now`, transitions kept), each takeover `acquireTime =
+/// renewTime = now` with transitions one more and the taker's duration, and
+/// each renewal keeps `acquireTime` and the transitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_and_takeovers_write_the_same_record_in_both_implementations() -> Result<()> {
+    let _serial = serial().await;
+    let ctx = Fixture::new().await?;
+    let log = EventLog::new();
+    let lease = ctx.lease(&log, "release-records").await?;
+    let slack = Duration::from_secs(1);
+    let mut r1 = ctx.spawn_rust(&log, &lease, "r1", T, None)?;
+    log.wait_for("r1 to lead", Duration::from_secs(30), |e| {
+        e.kind == Kind::StartedLeading && e.process == "r1"
+    })
+    .await?;
+    let mut g1 = ctx.spawn_go(&log, &lease, "g1", T)?;
+    release_and_expect(&log, &mut r1, "g1", go_poll() + slack).await?;
+    let _r2 = ctx.spawn_rust(&log, &lease, "r2", T, None)?;
+    release_and_expect(&log, &mut g1, "r2", slack).await?;
+    // Three renewals of r2's.
+    log.wait_until("three renewals by r2", T.retry_period * 8, |all| {
+        let r2 = all.iter().filter(|e| e.kind == Kind::Record && e.who == "r2");
+        (r2.count() >= 4).then_some(())
+    })
+    .await?;
+    // The free Lease the test created, and a release by each.
+    let free = log.filter(|e| e.kind == Kind::Record && e.who.is_empty());
+    ensure!(free.len() == 3, "the free Lease and two releases: {}", log.dump());
+    check_records(&log, &[("r1", T), ("g1", T), ("r2", T)])?;
+    check_times(&log).with_context(|| log.dump())
+}

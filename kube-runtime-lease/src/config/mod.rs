@@ -315,7 +315,15 @@ impl LeaseConfig {
         if self.lease_duration <= self.renew_deadline {
             return Err(ConfigError::LeaseDurationNotGreaterThanRenewDeadline);
         }
-        if self.renew_deadline.as_secs_f64() <= JITTER_FACTOR * self.retry_period.as_secs_f64() {
+        // client-go's arithmetic, `time.Duration(JitterFactor * float64(RetryPeriod))`:
+        // whole nanoseconds (in seconds as `f64`, 1.2 × 3 s fell below 3.6 s).
+        #[allow(
+            clippy::cast_precision_loss,
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss
+        )]
+        let jittered = (JITTER_FACTOR * self.retry_period.as_nanos() as f64) as u128;
+        if self.renew_deadline.as_nanos() <= jittered {
             return Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod);
         }
         // Every duration but the lease duration: a zero one broke the first

@@ -166,3 +166,36 @@ fn a_zero_lease_duration_or_renew_deadline_breaks_the_first_rules() {
         Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod)
     );
 }
+
+/// client-go's second rule is `RenewDeadline <= time.Duration(JitterFactor *
+/// float64(RetryPeriod))`: the jittered retry period in whole nanoseconds.
+/// In seconds as `f64`, 1.2 × 3 s came out below 3.6 s, so a 3.6 s renew
+/// deadline at a 3 s retry period, which client-go refuses
+/// ([`ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod`]), was
+/// accepted; the chart refuses it too.
+#[test]
+fn the_jittered_retry_period_rule_is_client_gos_to_the_nanosecond() {
+    let ms = Duration::from_millis;
+    for (retry, renew) in [(3_000, 3_600), (6_000, 7_200), (9_000, 10_800), (95, 114)] {
+        let c = cfg()
+            .lease_duration(Duration::from_secs(60))
+            .retry_period(ms(retry));
+        assert_eq!(
+            c.clone().renew_deadline(ms(renew)).validate(),
+            Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod),
+            "renew deadline {renew} ms, retry period {retry} ms"
+        );
+        let above = ms(renew) + Duration::from_nanos(1);
+        assert_eq!(
+            c.renew_deadline(above).validate(),
+            Ok(()),
+            "{above:?} at {retry} ms"
+        );
+    }
+    // The product does not overflow.
+    let c = cfg().lease_duration(Duration::MAX).retry_period(Duration::MAX);
+    assert_eq!(
+        c.renew_deadline(Duration::from_secs(1)).validate(),
+        Err(ConfigError::RenewDeadlineNotGreaterThanJitteredRetryPeriod)
+    );
+}

@@ -702,6 +702,32 @@ fn dropping_the_last_guard_releases_the_lease() {
     });
 }
 
+/// A re-acquisition by the holder that released is a change of holder
+/// (`""` to it), as client-go counts it: transitions one more, a new
+/// `acquireTime = renewTime`, and a larger fencing token.
+#[test]
+fn a_holder_that_released_and_takes_the_lease_again_counts_a_transition() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let first = e.acquire().await.unwrap();
+        let (token, held) = (first.fencing_token(), spec(&fake));
+        sleep(S(3)).await;
+        drop(first);
+        sleep(Duration::from_millis(1)).await;
+        let released = spec(&fake);
+        assert_eq!(released.holder_identity.as_deref(), Some(""));
+        assert_eq!(released.lease_transitions, held.lease_transitions);
+        let again = e.acquire().await.unwrap();
+        let s = spec(&fake);
+        assert_eq!(s.holder_identity.as_deref(), Some("me"));
+        assert_eq!(s.lease_transitions, held.lease_transitions.map(|t| t + 1));
+        assert_eq!(s.acquire_time, s.renew_time);
+        assert!(s.acquire_time >= released.renew_time);
+        assert!(again.fencing_token() > token);
+    });
+}
+
 #[test]
 fn release_off_lets_the_lease_expire() {
     paused(async {
