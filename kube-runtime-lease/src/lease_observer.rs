@@ -2,12 +2,12 @@
 
 use std::{future::Future, time::Duration};
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, Client};
 use kube_runtime::{WatchStreamExt, watcher};
 use tokio::{sync::watch, task::JoinHandle};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Silence, record::Wire};
 
@@ -17,8 +17,8 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Sile
 /// It publishes the same [`LeaderStatus`] an elector does (its `holder` and
 /// `transitions`; `is_leader` is always `false`), from a watch of that one
 /// Lease, and makes no write: RBAC needs only `get`, `list` and `watch` on
-/// `leases` (a refusal names the missing verb, warned once until it is
-/// allowed). The watch is kube-runtime's `watch_object`, with its default
+/// `leases` (a refusal is warned once until it is allowed, naming the
+/// missing verb when RBAC's). The watch is kube-runtime's `watch_object`, with its default
 /// backoff. `holder` is the holder the record names, as an elector shows
 /// it: a holder that has stopped renewing is still named until someone
 /// takes the Lease over. A watch silent (or failing: refused without
@@ -28,7 +28,8 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Sile
 /// in a row (a stalled watch: open, neither ending nor failing) it is
 /// warned, once until the watch delivers again, and the watch is started
 /// again. The watch runs in a task of its own, stopped when the observer is
-/// dropped.
+/// dropped; a task that panics (logged at ERROR) leaves a status naming no
+/// holder, and ends its subscribers' `changed()`.
 ///
 /// ```no_run
 /// use kube_runtime_lease::LeaseObserver;
@@ -67,7 +68,7 @@ impl LeaseObserver {
         let lease = format!("{namespace}/{name}");
         let span = span(namespace, name);
         let name = name.to_owned();
-        let task = spawn_in(span, async move {
+        let task = spawn_in(span, tx.clone(), async move {
             let open = || {
                 watcher::watch_object(api.clone(), &name)
                     .default_backoff()
@@ -82,7 +83,7 @@ impl LeaseObserver {
             // watch that fails (retried with backoff) delivers nothing, so
             // its errors do not put the checking read off.
             let mut heard = tokio::time::Instant::now();
-            // Whether a refusal of RBAC was warned, until the request is
+            // Whether a refusal (401, 403) was warned, until the request is
             // allowed again: the watch's, the read's.
             let (mut watch_refused, mut get_refused) = (false, false);
             loop {
@@ -98,9 +99,12 @@ impl LeaseObserver {
                         seen.map(|Wire(l)| l)
                     }
                     Ok(Some(Err(e))) => {
-                        if crate::error::watch_refused_by_rbac(&e)
-                            && !std::mem::replace(&mut watch_refused, true)
-                        {
+                        // A refusal is warned once until allowed: RBAC's
+                        // naming the verbs, any other (a refused
+                        // impersonation, bad credentials) with its message.
+                        if !warn_once(crate::error::watch_status(&e), &mut watch_refused) {
+                            debug!(error = %crate::error::Chain(&e), "lease observer: watch failed; retrying");
+                        } else if crate::error::watch_refused_by_rbac(&e) {
                             warn!(
                                 error = %crate::error::Chain(&e),
                                 "lease observer: forbidden to watch lease {lease}: RBAC needs verbs get, list, watch \
@@ -108,7 +112,7 @@ impl LeaseObserver {
                                  missing: reading the Lease every {silence:?} instead until the watch is allowed"
                             );
                         } else {
-                            debug!(error = %crate::error::Chain(&e), "lease observer: watch failed; retrying");
+                            warn!(error = %crate::error::Chain(&e), "lease observer: watching lease {lease} refused; retrying");
                         }
                         continue;
                     }
@@ -129,9 +133,9 @@ impl LeaseObserver {
                                 read.map(|Wire(l)| l)
                             }
                             Err(e) => {
-                                if crate::error::refused_by_rbac(&e)
-                                    && !std::mem::replace(&mut get_refused, true)
-                                {
+                                if !warn_once(crate::error::status_of(&e), &mut get_refused) {
+                                    debug!(error = %crate::error::Chain(&e), "lease observer: reading the Lease failed");
+                                } else if crate::error::refused_by_rbac(&e) {
                                     warn!(
                                         error = %crate::error::Chain(&e),
                                         "lease observer: forbidden to get lease {lease}: RBAC needs verbs get, list, \
@@ -139,7 +143,7 @@ impl LeaseObserver {
                                          missing"
                                     );
                                 } else {
-                                    debug!(error = %crate::error::Chain(&e), "lease observer: reading the Lease failed");
+                                    warn!(error = %crate::error::Chain(&e), "lease observer: reading lease {lease} refused");
                                 }
                                 continue;
                             }
@@ -204,9 +208,27 @@ fn span(namespace: &str, name: &str) -> tracing::Span {
     )
 }
 
-/// Spawns `task` in `span`.
-fn spawn_in(span: tracing::Span, task: impl Future<Output = ()> + Send + 'static) -> JoinHandle<()> {
+/// Spawns `follow` in `span`. A panic (in a request's future, which runs
+/// there: a layer of the Client's stack, kube's own) ends the following:
+/// `status` then names no holder, rather than the last one as if current.
+fn spawn_in(
+    span: tracing::Span,
+    status: watch::Sender<LeaderStatus>,
+    follow: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let task = async move {
+        if std::panic::AssertUnwindSafe(follow).catch_unwind().await.is_err() {
+            error!("lease observer: its task panicked: it follows the Lease no more, and names no holder");
+            status.send_replace(LeaderStatus::default());
+        }
+    };
     tokio::spawn(tracing::Instrument::instrument(task, span))
+}
+
+/// Whether a failure answered `status` is warned: a refusal (401, 403),
+/// once until the request is allowed again (`warned`).
+fn warn_once(status: Option<u16>, warned: &mut bool) -> bool {
+    matches!(status, Some(401 | 403)) && !std::mem::replace(warned, true)
 }
 
 /// Reads the Lease, within `bound`: kube sets no read timeout, and a read

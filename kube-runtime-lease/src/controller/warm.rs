@@ -179,7 +179,7 @@ mod tests {
     use kube_runtime::{Controller, controller::Action, watcher};
 
     use crate::{
-        LeaderElectionControllerExt,
+        LeaderElectionControllerExt, LeaderElector,
         elector::test_hooks::Point,
         test_util::FakeLeaseApi,
         tests::support::{config, elector, free, held_by, holder, paused},
@@ -294,6 +294,23 @@ mod tests {
         });
     }
 
+    /// A warm-standby Controller of `e` over Leases, on a client of `fake`
+    /// whose answers take 30 s: its first LIST is in flight for that long.
+    fn slow_listing(fake: &FakeLeaseApi, e: &LeaderElector) -> impl futures::Stream + Send + use<> {
+        let (client, listing) = fake.client();
+        fake.set_latency(listing, Duration::from_secs(30));
+        Controller::new(
+            kube_client::Api::<Lease>::namespaced(client, "default"),
+            watcher::Config::default(),
+        )
+        .with_leader_election_warm(e)
+        .run(
+            |_, _: Arc<()>| async { Ok::<_, kube_client::Error>(Action::await_change()) },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        )
+    }
+
     /// A warm-standby Controller whose elector is shut down before its store
     /// was first filled (a pod stopped soon after it started, its LIST
     /// still in flight) ends its stream: kube-runtime's graceful shutdown
@@ -304,18 +321,7 @@ mod tests {
         paused(async {
             let fake = free();
             let (e, _) = elector(&fake, config("a"));
-            let (client, listing) = fake.client();
-            fake.set_latency(listing, Duration::from_secs(30));
-            let controller = Controller::new(
-                kube_client::Api::<Lease>::namespaced(client, "default"),
-                watcher::Config::default(),
-            )
-            .with_leader_election_warm(&e)
-            .run(
-                |_, _: Arc<()>| async { Ok::<_, kube_client::Error>(Action::await_change()) },
-                |_, _, _| Action::await_change(),
-                Arc::new(()),
-            );
+            let controller = slow_listing(&fake, &e);
             let run = tokio::spawn(controller.count());
             tokio::time::sleep(Duration::from_secs(1)).await;
             let shutdown = e.shutdown(Duration::from_secs(20)).await;
@@ -339,25 +345,8 @@ mod tests {
         paused(async {
             let fake = free();
             let (e, _) = elector(&fake, config("a"));
-            let (client, listing) = fake.client();
-            fake.set_latency(listing, Duration::from_secs(30));
-            let controller = Controller::new(
-                kube_client::Api::<Lease>::namespaced(client, "default"),
-                watcher::Config::default(),
-            )
-            .with_leader_election_warm(&e)
-            .run(
-                |_, _: Arc<()>| async { Ok::<_, kube_client::Error>(Action::await_change()) },
-                |_, _, _| Action::await_change(),
-                Arc::new(()),
-            );
-            let (ended, end) = oneshot::channel::<()>();
-            tokio::spawn(async move {
-                let mut controller = std::pin::pin!(controller);
-                while controller.next().await.is_some() {}
-                ended.send(()).ok();
-                futures::future::pending::<()>().await;
-            });
+            let controller = slow_listing(&fake, &e);
+            let end = crate::tests::support::kept_once_ended(controller);
             tokio::time::sleep(Duration::from_secs(1)).await;
             assert_eq!(holder(&fake).as_deref(), Some("a"));
             let started = tokio::time::Instant::now();

@@ -1,14 +1,7 @@
 //! All of the election's Lease API I/O, in one small type: `get`, `create`,
 //! `replace` (each bounded by the time its caller has left) and the watch.
 
-use std::{
-    future::Future,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
-};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -29,9 +22,10 @@ pub(super) struct LeaseApi {
     pub(super) api: Api<Wire>,
     pub(super) name: String,
     pub(super) contact: Arc<Contact>,
-    /// Whether a read that outlived its bound still runs (see
-    /// [`get`](Self::get)).
-    pub(super) detached: Arc<AtomicBool>,
+    /// Held (cloned) by a read that outlived its bound for as long as it
+    /// runs (see [`get`](Self::get)): dropped with it however it ends,
+    /// also by a panic or its runtime's shutdown.
+    pub(super) detached: Arc<()>,
 }
 
 /// How long a read that outlived its bound may still run in the background
@@ -104,11 +98,11 @@ impl LeaseApi {
         let (api, name) = (self.api.clone(), self.name.clone());
         let mut fut = Box::pin(async move { api.get(&name).await });
         let read = self.request("get", bound, &mut fut, ApiError::Get).await;
-        if matches!(read, Err(ApiError::Timeout { .. })) && !self.detached.swap(true, Ordering::AcqRel) {
+        if matches!(read, Err(ApiError::Timeout { .. })) && Arc::strong_count(&self.detached) == 1 {
             let detached = self.detached.clone();
             tokio::spawn(async move {
                 let _ = tokio::time::timeout(DETACHED_READ, fut).await;
-                detached.store(false, Ordering::Release);
+                drop(detached); // (Held however the task ends.)
             });
         }
         match read {

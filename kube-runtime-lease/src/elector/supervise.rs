@@ -49,6 +49,7 @@ impl Inner {
             let ran = std::panic::AssertUnwindSafe(run(&mut task)).catch_unwind().await;
             ran.unwrap_or_else(|panic| {
                 error!("the leader election task panicked: the next `acquire` starts a new one");
+                drop(task); // Its term ended (and told) before the unwinding resumes.
                 std::panic::resume_unwind(panic)
             })
         };
@@ -146,6 +147,17 @@ impl Drop for Task {
         self.inner.not_leading();
         if term.is_some() {
             warn!(reason = %Lost::ElectorStopped, "leadership lost");
+            // And told (the Events'), unless unwinding: an observer may spawn.
+            if !std::thread::panicking() {
+                let uid = match &self.view {
+                    super::task::LeaseView::Known { object, .. } => object.metadata.uid.as_deref(),
+                    _ => None,
+                };
+                let reason = &Lost::ElectorStopped;
+                self.inner
+                    .observers
+                    .tell(super::Transition::TermEnded { reason, uid });
+            }
         }
         self.inner.task_ended.notify_waiters();
     }

@@ -294,3 +294,90 @@ fn an_observer_refused_by_rbac_names_the_missing_verb_once() {
     assert_eq!(get.len(), 1, "one warning naming the rule; logs:\n{logs}");
     assert!(get[0].contains("`get`"), "{}", get[0]);
 }
+
+/// An observer whose Client impersonates (a kubeconfig's `as:`) while its
+/// own identity may not: every request is refused with authorization's
+/// 403 about `impersonate`, no verb on `leases` missing. It must say so at
+/// WARN, once per outage, with the API server's message (as the election
+/// does), not retry silently at debug, nor name verbs the Role has.
+#[test]
+fn an_observer_refused_impersonation_warns_with_the_api_servers_message() {
+    const REFUSED: &str = r#"users "someone" is forbidden: User "system:serviceaccount:ns:sa" cannot impersonate resource "users" in API group "" at the cluster scope"#;
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let service = tower::service_fn(|_: http::Request<kube_client::client::Body>| async {
+                let status = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": REFUSED, "reason": "Forbidden",
+                    "details": {"name": "someone", "kind": "users"}, "code": 403,
+                });
+                http::Response::builder()
+                    .status(403)
+                    .header("content-type", "application/json")
+                    .body(kube_client::client::Body::from(status.to_string().into_bytes()))
+            });
+            let client = kube_client::Client::new(service, "default");
+            let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+            sleep(S(120)).await;
+            assert_eq!(observer.status().holder, None);
+        });
+    });
+    let lines: Vec<_> = logs.lines().filter(|l| l.contains("lease observer")).collect();
+    assert!(
+        lines.len() == 2
+            && lines
+                .iter()
+                .all(|l| l.contains("WARN") && l.contains("cannot impersonate") && !l.contains("RBAC needs"))
+            && lines.iter().any(|l| l.contains("watch"))
+            && lines.iter().any(|l| l.contains("read") || l.contains("get")),
+        "a refused impersonation: expected one WARN for the watch and one for the read, with the API server's \
+         message and no missing verb named; lease observer lines at WARN and above:\n{}",
+        lines.join("\n")
+    );
+}
+
+/// An observer whose task panicked (a panic in a request's future, which
+/// runs in the observer's task: a layer of the user's Client stack, or
+/// kube's own) follows the Lease no more: its subscribers' `changed()`
+/// ends, and its status must not go on naming the last holder as if it
+/// were current (a dashboard or a webhook would trust a leader long gone).
+#[test]
+fn an_observer_whose_task_panicked_names_no_holder() {
+    use std::sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    };
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let (a, _) = elector(&fake, config("a"));
+        let _guard = a.acquire().await.unwrap();
+        let (inner, _) = fake.client();
+        let panics = Arc::new(AtomicBool::new(false));
+        let p = panics.clone();
+        let service = tower::service_fn(move |req: http::Request<kube_client::client::Body>| {
+            let (inner, panics) = (inner.clone(), p.load(Ordering::SeqCst));
+            async move {
+                assert!(!panics, "injected: a request of the observer's panics");
+                inner.send(req).await
+            }
+        });
+        let observer =
+            LeaseObserver::new(kube_client::Client::new(service, "default"), "default", "lease").unwrap();
+        let mut status = observer.subscribe();
+        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+            .await
+            .expect("sees a")
+            .unwrap();
+        panics.store(true, Ordering::SeqCst);
+        // The watch expires: the watcher lists again, and that request panics.
+        fake.expire_watches();
+        let ended = timeout(S(30), async { while status.changed().await.is_ok() {} }).await;
+        assert!(
+            ended.is_ok() && observer.status().holder.is_none(),
+            "the observer's task panicked (its subscribers' changed() ended: {}); its status still names {:?} \
+             as the holder",
+            ended.is_ok(),
+            observer.status().holder
+        );
+    });
+}

@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeSet, fmt::Debug, sync::Arc};
 
-use futures::{Stream, TryFuture, channel::mpsc};
+use futures::{Stream, StreamExt, TryFuture, channel::mpsc, stream};
 use kube_runtime::{Controller, controller::Action};
 
 use super::ShardedElector;
@@ -103,8 +103,11 @@ where
     ///   [`Controller::graceful_shutdown_on`] or
     ///   [`Controller::shutdown_on_signal`]), the stream ends and the
     ///   balancer with it: every shard is given up, as when the stream is
-    ///   dropped. [`ShardedElector::shutdown`] does not end the stream: wait
-    ///   for it beside the stream (`select!`), as `examples/sharded.rs` does.
+    ///   dropped;
+    /// - on [`ShardedElector::shutdown`] the Controller shuts down gracefully
+    ///   (reconciles in flight finish within the grace), and the stream ends
+    ///   once the shutdown returned: every shard released and the roster
+    ///   left.
     pub fn run<ReconcilerFut, Ctx>(
         self,
         reconciler: impl FnMut(Arc<K>, Arc<Ctx>) -> ReconcilerFut,
@@ -116,9 +119,12 @@ where
         ReconcilerFut::Error: std::error::Error + Send + 'static,
     {
         let sharded = self.sharded;
-        let gate = sharded.clone();
-        crate::controller::gated::run(
-            self.controller,
+        let (gate, done, first) = (sharded.clone(), sharded.clone(), sharded.inner.shards[0].clone());
+        let store = self.controller.store();
+        // `shutdown` shuts every shard's elector down at once, after leaving the roster.
+        let controller = self.controller.graceful_shutdown_on(first.shutdown_requested());
+        let stream = crate::controller::gated::run(
+            controller,
             // The balancer runs, and gains are signalled, while the stream is polled.
             |gained| async move {
                 futures::join!(sharded.run(), signal_gains(sharded.clone(), gained));
@@ -138,6 +144,15 @@ where
             reconciler,
             error_policy,
             context,
+        );
+        // Dropped as it ends (`take_until` keeps the balancer), and ended by
+        // `shutdown` only once that returned: its releases written.
+        let stream = crate::controller::gated::dropped_at_end(crate::controller::ended_if_unstarted(
+            stream, store, first,
+        ));
+        stream.chain(
+            stream::once(async move { done.shut_down_finished().await })
+                .filter_map(|()| std::future::ready(None)),
         )
     }
 }

@@ -355,6 +355,8 @@ struct Inner {
     member: LeaseConfig,
     state: Mutex<State>,
     held_tx: watch::Sender<BTreeSet<u16>>,
+    /// Whether a [`ShardedElector::shutdown`] returned (its releases written).
+    shut_down: watch::Sender<bool>,
     wake: Notify,
     /// Shards handed over to balance.
     rebalances: std::sync::atomic::AtomicU64,
@@ -620,6 +622,7 @@ impl ShardedElector {
                 member,
                 state: Mutex::new(State::default()),
                 held_tx: watch::Sender::new(BTreeSet::new()),
+                shut_down: watch::Sender::new(false),
                 wake: Notify::new(),
                 rebalances: std::sync::atomic::AtomicU64::new(0),
                 delete_forbidden: std::sync::atomic::AtomicBool::new(false),
@@ -1657,7 +1660,8 @@ impl ShardedElector {
     /// Leaves the election: stops the balancer, leaves the roster (the
     /// others' shares grow at once), and gives every shard up (each
     /// released once its guards are dropped, within `grace`), so that the
-    /// others take them within a watch event and a write each.
+    /// others take them within a watch event and a write each. A sharded
+    /// Controller's stream ends once this returned.
     pub async fn shutdown(&self, grace: Duration) {
         self.shut_down(grace).instrument(self.inner.config.span()).await;
     }
@@ -1672,6 +1676,15 @@ impl ShardedElector {
         // campaign for these shards while they are being released.
         self.leave().await;
         futures::future::join_all(self.inner.shards.iter().map(|s| s.shutdown(grace))).await;
+        self.inner.shut_down.send_replace(true);
+    }
+
+    /// Once a [`shutdown`](Self::shutdown) begun returned (at once if none began).
+    async fn shut_down_finished(&self) {
+        let mut finished = self.inner.shut_down.subscribe();
+        if self.inner.state.lock().shutdown {
+            let _ = finished.wait_for(|f| *f).await;
+        }
     }
 }
 

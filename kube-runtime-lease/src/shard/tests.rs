@@ -2507,7 +2507,7 @@ fn a_live_member_waiting_out_a_dead_old_members_longer_lease_is_not_evicted() {
 fn a_sharded_controller_ended_by_its_own_graceful_shutdown_ends_and_gives_its_shards_up() {
     use std::sync::Arc;
 
-    use futures::{FutureExt, StreamExt, channel::oneshot};
+    use futures::{FutureExt, channel::oneshot};
     use k8s_openapi::api::coordination::v1::Lease;
     use kube_runtime::{Controller, controller::Action, watcher};
 
@@ -2528,14 +2528,7 @@ fn a_sharded_controller_ended_by_its_own_graceful_shutdown_ends_and_gives_its_sh
                 |_, _, _| Action::await_change(),
                 Arc::new(()),
             );
-        // The consumer keeps the stream once it ended.
-        let (ended_tx, ended_rx) = oneshot::channel::<()>();
-        tokio::spawn(async move {
-            let mut run = std::pin::pin!(run);
-            while run.next().await.is_some() {}
-            let _ = ended_tx.send(());
-            futures::future::pending::<()>().await;
-        });
+        let ended_rx = crate::tests::support::kept_once_ended(run);
         let ready = tokio::time::timeout(S(60), async {
             while a.held().borrow().len() < 12 {
                 sleep(Duration::from_millis(100)).await;
@@ -2563,6 +2556,81 @@ fn a_sharded_controller_ended_by_its_own_graceful_shutdown_ends_and_gives_its_sh
              {:?}, the shard Leases' holders: {holders:?}",
             ended.is_ok(),
             held(&[&a])
+        );
+    });
+}
+
+/// `ShardedElector::shutdown` ends the sharded Controller's stream, as
+/// `LeaderElector::shutdown` ends a guarded or warm one (a reconcile in
+/// flight finishing within the grace), and not before every shard Lease
+/// is released and the roster left: a `select!` of the stream and the
+/// shutdown, as `examples/sharded.rs` has, returns from `main` when either
+/// ends, and a release still in flight then is cut by the runtime's
+/// shutdown (the shards expire for the others). The stream did not end: a
+/// consumer awaiting it before its handover (as the other examples do)
+/// waited for ever.
+#[test]
+fn a_sharded_controller_ends_at_shutdown_once_its_shards_are_released() {
+    use std::sync::Arc;
+
+    use futures::{StreamExt, channel::oneshot};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let a = replica(&fake, "a");
+        let (client, _) = fake.client();
+        let controller = Controller::new(
+            kube_client::Api::<Lease>::namespaced(client, "default"),
+            watcher::Config::default(),
+        );
+        let store = controller.store();
+        let run = a.controller(controller).run(
+            |_, _: Arc<()>| async {
+                sleep(S(2)).await;
+                Ok::<_, kube_client::Error>(Action::requeue(S(1)))
+            },
+            |_, _, _| Action::await_change(),
+            Arc::new(()),
+        );
+        // What the shard Leases and the roster say as the stream ends.
+        let (ended_tx, ended_rx) = oneshot::channel();
+        let f = fake.clone();
+        tokio::spawn(async move {
+            let mut run = std::pin::pin!(run);
+            while run.next().await.is_some() {}
+            let holders: BTreeSet<_> = f
+                .leases()
+                .into_iter()
+                .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-")))
+                .filter_map(|l| l.spec?.holder_identity)
+                .collect();
+            let _ = ended_tx.send((holders, roster_members(&f)));
+            futures::future::pending::<()>().await;
+        });
+        let ready = tokio::time::timeout(S(60), async {
+            while a.held().borrow().len() < 12 {
+                sleep(Duration::from_millis(100)).await;
+            }
+            store.wait_until_ready().await
+        })
+        .await;
+        assert!(
+            matches!(ready, Ok(Ok(()))),
+            "a never held every shard: {:?}",
+            held(&[&a])
+        );
+        let shutdown = tokio::spawn({
+            let a = a.clone();
+            async move { a.shutdown(S(10)).await }
+        });
+        let ended = tokio::time::timeout(S(30), ended_rx).await;
+        assert!(
+            matches!(&ended, Ok(Ok((holders, members))) if holders.iter().all(String::is_empty) && members.is_empty()),
+            "shut down, the sharded Controller's stream ended (and the shard Leases' holders, the roster's \
+             members then): {ended:?}; the shutdown finished: {}",
+            shutdown.is_finished()
         );
     });
 }

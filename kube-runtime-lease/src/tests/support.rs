@@ -170,3 +170,21 @@ fn exact_interest() {
     static NOBODY: std::sync::OnceLock<[tracing::Dispatch; 2]> = std::sync::OnceLock::new();
     NOBODY.get_or_init(|| [tracing::Dispatch::new(Nobody), tracing::Dispatch::new(Nobody)]);
 }
+
+/// Consumes `stream` in a task that keeps it once it ended (as a stream
+/// pinned in `main` while another task shuts the elector down, or a loop
+/// that reads `lost()` after it): resolves as it ends.
+#[cfg(any(feature = "warm-standby", feature = "unstable-shards"))]
+pub(crate) fn kept_once_ended(
+    stream: impl futures::Stream + Send + 'static,
+) -> futures::channel::oneshot::Receiver<()> {
+    use futures::StreamExt;
+    let (ended, end) = futures::channel::oneshot::channel();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while stream.next().await.is_some() {}
+        let _ = ended.send(());
+        std::future::pending::<()>().await;
+    });
+    end
+}

@@ -200,7 +200,10 @@ impl Observer for Events {
                 );
             }
         };
-        tokio::spawn(tracing::Instrument::in_current_span(publishing));
+        // (No runtime, or one shutting down, with the task that ran under it.)
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(tracing::Instrument::in_current_span(publishing));
+        }
     }
 }
 

@@ -50,6 +50,7 @@ fn each_kind_of_end_is_published_with_its_own_action() {
             "SteppedDown",
             "GivenUp",
             "Shutdown",
+            "ElectorStopped",
         ] {
             let fake = free();
             let (e, id, guard) = leader(&fake).await;
@@ -65,10 +66,23 @@ fn each_kind_of_end_is_published_with_its_own_action() {
                     fake.put(lease);
                 }
                 "GivenUp" => drop(guard),
+                // The election task panics: its own, caught and resumed.
+                "ElectorStopped" => e.interleave_for_test(crate::elector::test_hooks::Point::Recount, || {
+                    panic!("injected: the election task panics")
+                }),
                 _ => e.shutdown(S(5)).await.expect("shuts down"),
             }
             sleep(S(20)).await;
-            let expected = if matches!(case, "TakenOver" | "Deleted" | "RenewDeadlineExceeded") {
+            if case == "ElectorStopped" {
+                // About the Lease object, as `kubectl describe lease` finds it (by uid).
+                let uid = fake.lease().and_then(|l| l.metadata.uid);
+                let last = fake.events().last().map(|e| e["regarding"]["uid"].clone());
+                assert_eq!(last, Some(serde_json::json!(uid)), "{:?}", fake.events());
+            }
+            let expected = if matches!(
+                case,
+                "TakenOver" | "Deleted" | "RenewDeadlineExceeded" | "ElectorStopped"
+            ) {
                 "Warning"
             } else {
                 "Normal"

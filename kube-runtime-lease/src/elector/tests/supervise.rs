@@ -175,3 +175,49 @@ fn acquire_and_drop_many_times_returns_to_a_baseline() {
         );
     });
 }
+
+/// A read that outlives its bound is left to finish in the background, one
+/// at a time (`LeaseApi::get`: a slow credential plugin's refresh is kept
+/// only by a request still awaited). One such read that panics (a layer of
+/// the user's Client stack, a body that panics: its future runs in the
+/// detached task) must not stop the next from being detached: the
+/// one-at-a-time flag was cleared only when the detached task completed,
+/// so every later timed-out read was dropped.
+#[test]
+fn a_detached_read_that_panics_does_not_stop_the_next_from_being_detached() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    paused(async {
+        let (calls, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (c, a) = (calls.clone(), answered.clone());
+        // Every request is answered 5 s late; the first one panics instead.
+        let service = tower::service_fn(move |_: http::Request<kube_client::client::Body>| {
+            let (n, answered) = (c.fetch_add(1, Ordering::SeqCst), a.clone());
+            async move {
+                sleep(S(5)).await;
+                assert_ne!(n, 0, "injected: the first read panics in its detached task");
+                answered.fetch_add(1, Ordering::SeqCst);
+                Err::<http::Response<kube_client::client::Body>, _>(std::io::Error::other("answered"))
+            }
+        });
+        let api = crate::elector::api::LeaseApi {
+            api: kube_client::Api::namespaced(kube_client::Client::new(service, "default"), "default"),
+            name: "lease".into(),
+            contact: Arc::default(),
+            detached: Arc::default(),
+        };
+        for read in 0..2 {
+            let got = api.get(S(1)).await;
+            assert!(
+                matches!(got, Err(crate::ApiError::Timeout { .. })),
+                "read {read}: {got:?}"
+            );
+            sleep(S(10)).await;
+        }
+        assert_eq!(
+            (calls.load(Ordering::SeqCst), answered.load(Ordering::SeqCst)),
+            (2, 1),
+            "(reads sent, reads answered): the second read, timed out after the first panicked in its \
+             detached task, was dropped instead of left to finish"
+        );
+    });
+}
