@@ -113,6 +113,22 @@ pub fn env_seconds(var: &str, default: f64) -> anyhow::Result<Duration> {
     }
 }
 
+/// The count (1 to 65535, as a shard count) in the environment variable
+/// `var`, or `default` when it is not set.
+///
+/// # Errors
+/// When the variable holds anything else: a typo or a count past the range
+/// must not become the default without a word.
+pub fn env_count(var: &str, default: u16) -> anyhow::Result<u16> {
+    match std::env::var(var) {
+        Ok(v) => v
+            .parse::<std::num::NonZeroU16>()
+            .map(std::num::NonZeroU16::get)
+            .with_context(|| format!("{var}={v:?} is not a count from 1 to 65535")),
+        Err(_) => Ok(default),
+    }
+}
+
 /// The boolean in the environment variable `var` (`true`, `false`, `1`, `0`,
 /// `yes`, `no`, `on`, `off`, in any case), or `default` when it is not set
 /// or empty.
@@ -319,6 +335,38 @@ mod tests {
                 .unwrap();
             let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
             assert!(child.status.success(), "{VAR}={bad}:\n{out}");
+        }
+    }
+
+    /// `SHARDS` (the sharded example's shard count) that is no count of 1 to
+    /// 65535 (past `u16`, negative, a typo) is an error at start: it fell
+    /// back to 12 shards without a word, and a replica of that count beside
+    /// replicas of the count meant made a rollout of two counts (section 28
+    /// of the regressions) that nobody asked for. Read in a child process of
+    /// this test, as above.
+    #[test]
+    fn a_shard_count_that_is_no_count_is_refused_not_replaced_by_the_default() {
+        const VAR: &str = "KRL_REVIEW_ARITH_SHARDS";
+        if let Ok(value) = std::env::var(VAR) {
+            let shards = super::env_count(VAR, 12);
+            match value.as_str() {
+                "24" => assert_eq!(shards.unwrap(), 24),
+                _ => assert!(shards.is_err(), "{VAR}={value:?} accepted: {shards:?}"),
+            }
+            return;
+        }
+        for value in ["24", "70000", "-1", "0", "twelve"] {
+            let child = std::process::Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "tests::a_shard_count_that_is_no_count_is_refused_not_replaced_by_the_default",
+                    "--exact",
+                    "--nocapture",
+                ])
+                .env(VAR, value)
+                .output()
+                .unwrap();
+            let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
+            assert!(child.status.success(), "{VAR}={value}:\n{out}");
         }
     }
 }

@@ -85,7 +85,12 @@ pub async fn append(
     {
         return Ok(Appended::Fenced { newer });
     }
-    let n = data.get("count").and_then(|c| c.parse::<u64>().ok()).unwrap_or(0) + 1;
+    // Saturating: a count edited to `u64::MAX` is no panic.
+    let n = data
+        .get("count")
+        .and_then(|c| c.parse::<u64>().ok())
+        .unwrap_or(0)
+        .saturating_add(1);
     let old = data.remove("ledger").unwrap_or_default();
     let mut lines: Vec<&str> = old.lines().collect();
     let line = format!("{n} {token} {entry}");

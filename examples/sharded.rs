@@ -23,7 +23,7 @@ use kube::{
 };
 use kube_runtime_lease::shard::{ShardConfig, ShardedElector, current_shard};
 use kube_runtime_lease_examples::{
-    SHUTDOWN_GRACE, client, error_policy, init_tracing, lease_config, shutdown_signal,
+    SHUTDOWN_GRACE, client, env_count, error_policy, init_tracing, lease_config, shutdown_signal,
 };
 use tracing::info;
 
@@ -44,10 +44,7 @@ async fn reconcile(cm: Arc<ConfigMap>, _ctx: Arc<()>) -> Result<Action, kube::Er
 async fn main() -> anyhow::Result<()> {
     init_tracing();
     let client = client().await?;
-    let shards = std::env::var("SHARDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(12);
+    let shards = env_count("SHARDS", 12)?;
     let config = ShardConfig::new(lease_config("sharded-controller")?, shards);
     let sharded = ShardedElector::new(client.clone(), config)?;
 

@@ -93,3 +93,42 @@ async fn a_fenced_write_lands_only_for_a_term_that_holds_and_is_the_newest() -> 
     b.shutdown(Duration::from_secs(5)).await?;
     Ok(())
 }
+
+/// A ledger whose `count` was edited to the largest `u64` (by hand, or by
+/// another writer) is appended to without a panic: `n + 1` overflowed, a
+/// panic in the example's reconcile in a debug build (a wrap to 0 in a
+/// release build), where every other input the ledger reads (a `token` that
+/// is no number, a missing key) is handled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_count_at_the_top_of_its_range_is_appended_to_without_a_panic() -> Result<()> {
+    let env = shared_env().await?;
+    let client = env.client().await?;
+    let ns = env.new_namespace("fencing-count").await?;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let full = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(LEDGER.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some([("count".to_owned(), u64::MAX.to_string())].into()),
+        ..ConfigMap::default()
+    };
+    cms.create(&PostParams::default(), &full).await?;
+    let a = LeaderElector::new(client.clone(), fast_config(&ns, "a"))?;
+    let guard = timeout(Duration::from_secs(20), a.acquire())
+        .await
+        .context("a did not lead within 20 s")??;
+    let appended = tokio::spawn({
+        let cms = cms.clone();
+        async move { append(&cms, LEDGER, &guard, "a 1").await }
+    })
+    .await;
+    let appended = appended.map_err(|e| anyhow::anyhow!("the append panicked: {e}"))??;
+    ensure!(
+        appended == Appended::Written { n: u64::MAX },
+        "appended {appended:?} to a ledger counted at u64::MAX"
+    );
+    ensure!(data(&cms, "count").await? == Some(u64::MAX.to_string()));
+    a.shutdown(Duration::from_secs(5)).await?;
+    Ok(())
+}

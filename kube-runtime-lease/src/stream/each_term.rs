@@ -114,7 +114,9 @@ impl LeaderElector {
         backoff: &mut ExponentialBackoff,
         why: &(dyn Display + Sync),
     ) -> bool {
-        let delay = backoff.next().unwrap_or(self.config().lease_duration);
+        // Capped, as documented: backon's jitter adds up to 100 %.
+        let longest = self.config().lease_duration;
+        let delay = backoff.next().map_or(longest, |d| d.min(longest));
         // In the caller's task (or warm standby's), not the election's:
         // named here.
         let config = self.config();
@@ -136,8 +138,10 @@ impl LeaseConfig {
     /// The backoff before campaigning again after a loss
     /// ([`run_each_term`](crate::LeaderElector::run_each_term), warm
     /// standby, a `LeaseCandidate`'s publication): exponential with jitter
-    /// from the retry period up to the lease duration, never giving up. (The
-    /// election's own attempts retry every jittered retry period instead.)
+    /// from the retry period up to the lease duration, never giving up (the
+    /// jitter adds up to 100 % to each delay: `wait_to_rejoin` caps it at the
+    /// lease duration). (The election's own attempts retry every jittered
+    /// retry period instead.)
     pub(crate) fn retry_backoff(&self) -> backon::ExponentialBuilder {
         backon::ExponentialBuilder::new()
             .with_min_delay(self.retry_period)

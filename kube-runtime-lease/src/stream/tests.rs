@@ -401,6 +401,31 @@ fn run_each_term_waits_its_backoff_before_rejoining() {
     });
 }
 
+/// The rejoin's backoff keeps its documented bound: no wait longer than the
+/// lease duration. backon's jitter adds up to 100 % to each delay, so once
+/// the delays reached their cap (the lease duration) they were drawn from
+/// one to two lease durations: a single replica that lost a few terms in a
+/// row left the Lease without a leader up to twice as long as documented.
+#[test]
+fn the_rejoin_backoff_waits_at_most_the_lease_duration() {
+    paused(async {
+        let fake = free();
+        let (e, _) = elector(&fake, config("me"));
+        let lease_duration = e.config().lease_duration;
+        let mut backoff = backon::BackoffBuilder::build(e.config().retry_backoff());
+        // The first delays grow from the retry period; the rest are capped.
+        for draw in 0..20 {
+            let start = Instant::now();
+            assert!(e.wait_to_rejoin(&mut backoff, &"a loss").await, "no shutdown");
+            let waited = start.elapsed();
+            assert!(
+                waited <= lease_duration,
+                "delay {draw} of the rejoin backoff was {waited:?}, longer than the lease duration {lease_duration:?}"
+            );
+        }
+    });
+}
+
 /// A shutdown while `run_each_term` waits to rejoin after a loss ends the
 /// wait: it returns at once, not after the backoff.
 #[test]
