@@ -215,6 +215,37 @@ fn a_healthy_elections_normal_events_log_no_warning() {
     );
 }
 
+/// A follower whose runtime shuts down (a `#[tokio::main]` returning, a
+/// test's runtime dropped) while it waits for the Lease never led: its
+/// election task is dropped unfinished, and that drop says `leadership
+/// lost` only when it ended a term. A follower saying it lost a
+/// leadership it never had sends an operator after a failover that did
+/// not happen.
+#[test]
+fn a_follower_whose_runtime_shuts_down_logs_no_loss() {
+    let logs = logs_during(tracing::Level::WARN, || {
+        let runtime = crate::tests::runtime::paused_runtime();
+        let elector = runtime.block_on(async {
+            let fake = FakeLeaseApi::default();
+            fake.put(crate::tests::support::held_by("other", 3600));
+            let (e, _) = elector(&fake, config("follower"));
+            let waiting = tokio::spawn({
+                let e = e.clone();
+                async move { e.acquire().await.map(drop) }
+            });
+            sleep(S(30)).await;
+            assert!(!waiting.is_finished() && !e.is_leader(), "the follower waits");
+            e
+        });
+        drop(runtime);
+        drop(elector);
+    });
+    assert!(
+        !logs.contains("leadership lost"),
+        "a follower that never led, its runtime shut down, logs a loss:\n{logs}"
+    );
+}
+
 /// A Lease written free by someone else while we lead: the release of
 /// kube-lease-manager and kubert removes `holderIdentity`, the duration and
 /// the times (kube-lease-manager's standby also does it to a record it

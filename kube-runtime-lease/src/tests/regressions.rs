@@ -3629,6 +3629,97 @@ fn a_guarded_controller_whose_reconciler_panicked_does_not_keep_the_lease() {
     assert!(kept.is_empty(), "{}", kept.join("\n"));
 }
 
+/// A guarded Controller whose reconciler panics while another reconcile is
+/// in flight. kube-runtime runs each reconcile as a task of its own, aborted
+/// only when the Controller's stream is dropped, and that reconcile holds a
+/// guard of the term: the panic must drop the Controller itself, not only
+/// the stream's own guard, or the reconcile runs on after the panic and its
+/// guard keeps the replica renewing the Lease until it ends (a cold guarded
+/// stream that kept its inner stream at a panic: the other candidate did not
+/// lead within 60 s, and the reconcile finished at 121 s).
+#[test]
+fn a_reconcile_in_flight_when_another_panics_is_aborted_and_keeps_no_term() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_client::ResourceExt;
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    use crate::LeaderElectionControllerExt;
+    for warm in [false, true] {
+        #[cfg(not(feature = "warm-standby"))]
+        if warm {
+            continue;
+        }
+        paused(async move {
+            let fake = free();
+            let mut other = held_by("", 1);
+            other.metadata.name = Some("slow".into());
+            fake.put(other);
+            let (a, _) = elector(&fake, config("a"));
+            let (b, _) = elector(&fake, config("b"));
+            let (client, _) = fake.client();
+            let finished = Arc::new(AtomicBool::new(false));
+            let reconcile = {
+                let finished = finished.clone();
+                move |lease: Arc<Lease>, _: Arc<()>| {
+                    let finished = finished.clone();
+                    async move {
+                        if lease.name_any() == "slow" {
+                            sleep(S(120)).await;
+                            finished.store(true, Ordering::SeqCst);
+                        } else {
+                            sleep(S(1)).await;
+                            panic!("injected: the reconciler panics");
+                        }
+                        Ok::<_, kube_client::Error>(Action::await_change())
+                    }
+                }
+            };
+            let policy = |_: Arc<Lease>, _: &kube_client::Error, _: Arc<()>| Action::await_change();
+            let controller = Controller::new(
+                kube_client::Api::<Lease>::namespaced(client, "default"),
+                watcher::Config::default(),
+            );
+            let stream = if warm {
+                #[cfg(feature = "warm-standby")]
+                {
+                    controller
+                        .with_leader_election_warm(&a)
+                        .run(reconcile, policy, Arc::new(()))
+                        .boxed()
+                }
+                #[cfg(not(feature = "warm-standby"))]
+                unreachable!()
+            } else {
+                controller
+                    .with_leader_election(&a)
+                    .run(reconcile, policy, Arc::new(()))
+                    .boxed()
+            };
+            let mut caught = pin!(std::panic::AssertUnwindSafe(stream).catch_unwind());
+            let panicked = timeout(S(60), async {
+                while let Some(item) = caught.next().await {
+                    if item.is_err() {
+                        return;
+                    }
+                }
+            })
+            .await;
+            assert!(panicked.is_ok(), "warm: {warm}: the reconciler never panicked");
+            // The consumer keeps the stream; b campaigns.
+            let took = timeout(S(60), b.acquire()).await;
+            let led = matches!(took, Ok(Ok(_)));
+            sleep(S(120)).await;
+            assert!(
+                led && !finished.load(Ordering::SeqCst),
+                "warm: {warm}: after the panic, b led within 60 s: {led} (a leads: {}), the reconcile in \
+                 flight finished: {}",
+                a.is_leader(),
+                finished.load(Ordering::SeqCst)
+            );
+        });
+    }
+}
+
 /// What holds around a panic: work under `with_lease` that panics, the
 /// panic caught around the call (`FutureExt::catch_unwind`) and the future
 /// kept, drops its guard while unwinding (an `async fn`'s locals go with the
