@@ -3539,6 +3539,47 @@ fn a_guarded_stream_whose_panic_its_consumer_caught_does_not_keep_the_lease() {
     });
 }
 
+/// A Controller of the Leases in `default` guarded by `elector`, cold or
+/// `warm` (where it is built), run with `reconcile` (errors await a change).
+fn guarded_controller<F>(
+    client: kube_client::Client,
+    elector: &LeaderElector,
+    warm: bool,
+    reconcile: impl FnMut(Arc<k8s_openapi::api::coordination::v1::Lease>, Arc<()>) -> F + Send + 'static,
+) -> std::panic::AssertUnwindSafe<futures::stream::BoxStream<'static, impl Send>>
+where
+    F: std::future::Future<Output = Result<kube_runtime::controller::Action, kube_client::Error>>
+        + Send
+        + 'static,
+{
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube_runtime::{Controller, controller::Action, watcher};
+
+    use crate::LeaderElectionControllerExt;
+    let policy = |_: Arc<Lease>, _: &kube_client::Error, _: Arc<()>| Action::await_change();
+    let controller = Controller::new(
+        kube_client::Api::<Lease>::namespaced(client, "default"),
+        watcher::Config::default(),
+    );
+    let stream = if warm {
+        #[cfg(feature = "warm-standby")]
+        {
+            controller
+                .with_leader_election_warm(elector)
+                .run(reconcile, policy, Arc::new(()))
+                .boxed()
+        }
+        #[cfg(not(feature = "warm-standby"))]
+        unreachable!()
+    } else {
+        controller
+            .with_leader_election(elector)
+            .run(reconcile, policy, Arc::new(()))
+            .boxed()
+    };
+    std::panic::AssertUnwindSafe(stream)
+}
+
 /// A guarded Controller whose reconciler panics: kube-runtime runs each
 /// reconcile as a task and resumes its panic in the Controller's stream, so
 /// the panic reaches the consumer, which catches it (`StreamExt::catch_unwind`)
@@ -3551,7 +3592,7 @@ fn a_guarded_stream_whose_panic_its_consumer_caught_does_not_keep_the_lease() {
 fn a_guarded_controller_whose_reconciler_panicked_does_not_keep_the_lease() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube_client::ResourceExt;
-    use kube_runtime::{Controller, controller::Action, watcher};
+    use kube_runtime::controller::Action;
     let mut kept = Vec::new();
     for warm in [false, true] {
         #[cfg(not(feature = "warm-standby"))]
@@ -3569,30 +3610,7 @@ fn a_guarded_controller_whose_reconciler_panicked_does_not_keep_the_lease() {
                 assert!(lease.name_any().is_empty(), "injected: the reconciler panics");
                 Ok::<_, kube_client::Error>(Action::await_change())
             };
-            let policy = |_: Arc<Lease>, _: &kube_client::Error, _: Arc<()>| Action::await_change();
-            let controller = Controller::new(
-                kube_client::Api::<Lease>::namespaced(client, "default"),
-                watcher::Config::default(),
-            );
-            let stream = if warm {
-                #[cfg(feature = "warm-standby")]
-                {
-                    use crate::LeaderElectionControllerExt;
-                    controller
-                        .with_leader_election_warm(&a)
-                        .run(reconcile, policy, Arc::new(()))
-                        .boxed()
-                }
-                #[cfg(not(feature = "warm-standby"))]
-                unreachable!()
-            } else {
-                use crate::LeaderElectionControllerExt;
-                controller
-                    .with_leader_election(&a)
-                    .run(reconcile, policy, Arc::new(()))
-                    .boxed()
-            };
-            let mut caught = pin!(std::panic::AssertUnwindSafe(stream).catch_unwind());
+            let mut caught = pin!(guarded_controller(client, &a, warm, reconcile).catch_unwind());
             let caught_panic = timeout(S(60), async {
                 while let Some(item) = caught.next().await {
                     if item.is_err() {
@@ -3641,9 +3659,7 @@ fn a_guarded_controller_whose_reconciler_panicked_does_not_keep_the_lease() {
 fn a_reconcile_in_flight_when_another_panics_is_aborted_and_keeps_no_term() {
     use k8s_openapi::api::coordination::v1::Lease;
     use kube_client::ResourceExt;
-    use kube_runtime::{Controller, controller::Action, watcher};
-
-    use crate::LeaderElectionControllerExt;
+    use kube_runtime::controller::Action;
     for warm in [false, true] {
         #[cfg(not(feature = "warm-standby"))]
         if warm {
@@ -3674,28 +3690,7 @@ fn a_reconcile_in_flight_when_another_panics_is_aborted_and_keeps_no_term() {
                     }
                 }
             };
-            let policy = |_: Arc<Lease>, _: &kube_client::Error, _: Arc<()>| Action::await_change();
-            let controller = Controller::new(
-                kube_client::Api::<Lease>::namespaced(client, "default"),
-                watcher::Config::default(),
-            );
-            let stream = if warm {
-                #[cfg(feature = "warm-standby")]
-                {
-                    controller
-                        .with_leader_election_warm(&a)
-                        .run(reconcile, policy, Arc::new(()))
-                        .boxed()
-                }
-                #[cfg(not(feature = "warm-standby"))]
-                unreachable!()
-            } else {
-                controller
-                    .with_leader_election(&a)
-                    .run(reconcile, policy, Arc::new(()))
-                    .boxed()
-            };
-            let mut caught = pin!(std::panic::AssertUnwindSafe(stream).catch_unwind());
+            let mut caught = pin!(guarded_controller(client, &a, warm, reconcile).catch_unwind());
             let panicked = timeout(S(60), async {
                 while let Some(item) = caught.next().await {
                     if item.is_err() {
