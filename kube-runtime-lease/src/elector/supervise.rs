@@ -149,14 +149,13 @@ impl Drop for Task {
             warn!(reason = %Lost::ElectorStopped, "leadership lost");
             // And told (the Events'), unless unwinding: an observer may spawn.
             if !std::thread::panicking() {
-                let uid = match &self.view {
-                    super::task::LeaseView::Known { object, .. } => object.metadata.uid.as_deref(),
-                    _ => None,
-                };
-                let reason = &Lost::ElectorStopped;
-                self.inner
-                    .observers
-                    .tell(super::Transition::TermEnded { reason, uid });
+                self.inner.observers.tell(super::Transition::TermEnded {
+                    reason: &Lost::ElectorStopped,
+                    uid: match &self.view {
+                        super::task::LeaseView::Known { object, .. } => object.metadata.uid.as_deref(),
+                        _ => None,
+                    },
+                });
             }
         }
         self.inner.task_ended.notify_waiters();
