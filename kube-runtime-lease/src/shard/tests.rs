@@ -2497,6 +2497,26 @@ fn a_live_member_waiting_out_a_dead_old_members_longer_lease_is_not_evicted() {
     );
 }
 
+/// Waits (at most 60 s) until `a` holds every shard and its Controller's
+/// `store` was first filled.
+async fn holds_every_shard_with_its_store(
+    a: &ShardedElector,
+    store: &kube_runtime::reflector::Store<k8s_openapi::api::coordination::v1::Lease>,
+) {
+    let ready = tokio::time::timeout(S(60), async {
+        while a.held().borrow().len() < 12 {
+            sleep(Duration::from_millis(100)).await;
+        }
+        store.wait_until_ready().await
+    })
+    .await;
+    assert!(
+        matches!(ready, Ok(Ok(()))),
+        "a never held every shard: {:?}",
+        held(&[a])
+    );
+}
+
 /// A sharded Controller whose Controller kube-runtime ends on its own
 /// trigger (its own `graceful_shutdown_on`, `shutdown_on_signal`) ends its
 /// stream, and the balancer with it: its shards are given up. The balancer
@@ -2529,29 +2549,13 @@ fn a_sharded_controller_ended_by_its_own_graceful_shutdown_ends_and_gives_its_sh
                 Arc::new(()),
             );
         let ended_rx = crate::tests::support::kept_once_ended(run);
-        let ready = tokio::time::timeout(S(60), async {
-            while a.held().borrow().len() < 12 {
-                sleep(Duration::from_millis(100)).await;
-            }
-            store.wait_until_ready().await
-        })
-        .await;
-        assert!(
-            matches!(ready, Ok(Ok(()))),
-            "a never held every shard: {:?}",
-            held(&[&a])
-        );
+        holds_every_shard_with_its_store(&a, &store).await;
         stop.send(()).unwrap();
         let ended = tokio::time::timeout(S(30), ended_rx).await;
         sleep(S(10)).await;
-        let holders: BTreeSet<_> = fake
-            .leases()
-            .into_iter()
-            .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-")))
-            .filter_map(|l| l.spec?.holder_identity)
-            .collect();
+        let holders = shard_holders(&fake);
         assert!(
-            ended.is_ok() && holders.iter().all(String::is_empty),
+            ended.is_ok() && holders.is_empty(),
             "ended by its own graceful shutdown, the sharded Controller's stream ended: {}; a holds \
              {:?}, the shard Leases' holders: {holders:?}",
             ended.is_ok(),
@@ -2600,34 +2604,17 @@ fn a_sharded_controller_ends_at_shutdown_once_its_shards_are_released() {
         tokio::spawn(async move {
             let mut run = std::pin::pin!(run);
             while run.next().await.is_some() {}
-            let holders: BTreeSet<_> = f
-                .leases()
-                .into_iter()
-                .filter(|l| l.metadata.name.as_deref().is_some_and(|n| n.contains("-shard-")))
-                .filter_map(|l| l.spec?.holder_identity)
-                .collect();
-            let _ = ended_tx.send((holders, roster_members(&f)));
+            let _ = ended_tx.send((shard_holders(&f), roster_members(&f)));
             futures::future::pending::<()>().await;
         });
-        let ready = tokio::time::timeout(S(60), async {
-            while a.held().borrow().len() < 12 {
-                sleep(Duration::from_millis(100)).await;
-            }
-            store.wait_until_ready().await
-        })
-        .await;
-        assert!(
-            matches!(ready, Ok(Ok(()))),
-            "a never held every shard: {:?}",
-            held(&[&a])
-        );
+        holds_every_shard_with_its_store(&a, &store).await;
         let shutdown = tokio::spawn({
             let a = a.clone();
             async move { a.shutdown(S(10)).await }
         });
         let ended = tokio::time::timeout(S(30), ended_rx).await;
         assert!(
-            matches!(&ended, Ok(Ok((holders, members))) if holders.iter().all(String::is_empty) && members.is_empty()),
+            matches!(&ended, Ok(Ok((holders, members))) if holders.is_empty() && members.is_empty()),
             "shut down, the sharded Controller's stream ended (and the shard Leases' holders, the roster's \
              members then): {ended:?}; the shutdown finished: {}",
             shutdown.is_finished()
