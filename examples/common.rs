@@ -274,7 +274,20 @@ pub fn error_policy<K>(
 
 #[cfg(test)]
 mod tests {
-    /// Review (first hour): `LEADER_ELECT=0` (or `False`, `no`), meant to
+    /// Runs this binary's test `name` again in a child process with `env`
+    /// set (setting the environment in process needs `unsafe`); fails, with
+    /// the child's output, if the child's test failed.
+    fn in_child(name: &str, env: &[(&str, &str)]) {
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture"])
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
+        assert!(child.status.success(), "{env:?}:\n{out}");
+    }
+
+    /// `LEADER_ELECT=0` (or `False`, `no`), meant to
     /// switch the election off for a single replica without Lease RBAC, must
     /// switch it off, and a value that is no boolean must be an error at
     /// start, not an election left on without a word (the replica then
@@ -283,7 +296,7 @@ mod tests {
     #[test]
     fn leader_elect_off_in_any_spelling_switches_the_election_off_and_nonsense_is_refused() {
         const VAR: &str = "LEADER_ELECT";
-        const MARK: &str = "KRL_REVIEW_OPS_LEADER_ELECT";
+        const MARK: &str = "KRL_TEST_LEADER_ELECT_EXPECTED";
         if let Ok(expected) = std::env::var(MARK) {
             let config = super::lease_config("x");
             match expected.as_str() {
@@ -297,18 +310,10 @@ mod tests {
             return;
         }
         for (value, expected) in [("0", "off"), ("False", "off"), ("no", "off"), ("flase", "error")] {
-            let child = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "tests::leader_elect_off_in_any_spelling_switches_the_election_off_and_nonsense_is_refused",
-                    "--exact",
-                    "--nocapture",
-                ])
-                .env(VAR, value)
-                .env(MARK, expected)
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
-            assert!(child.status.success(), "{VAR}={value}:\n{out}");
+            in_child(
+                "tests::leader_elect_off_in_any_spelling_switches_the_election_off_and_nonsense_is_refused",
+                &[(VAR, value), (MARK, expected)],
+            );
         }
     }
 
@@ -318,23 +323,16 @@ mod tests {
     /// environment in process needs `unsafe`).
     #[test]
     fn env_seconds_refuses_what_is_no_duration_without_panicking() {
-        const VAR: &str = "KRL_REVIEW_B_SECONDS";
+        const VAR: &str = "KRL_TEST_SECONDS";
         if let Ok(bad) = std::env::var(VAR) {
             assert!(super::env_seconds(VAR, 1.0).is_err(), "{VAR}={bad} accepted");
             return;
         }
         for bad in ["-1", "NaN", "inf", "1e300"] {
-            let child = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "tests::env_seconds_refuses_what_is_no_duration_without_panicking",
-                    "--exact",
-                    "--nocapture",
-                ])
-                .env(VAR, bad)
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
-            assert!(child.status.success(), "{VAR}={bad}:\n{out}");
+            in_child(
+                "tests::env_seconds_refuses_what_is_no_duration_without_panicking",
+                &[(VAR, bad)],
+            );
         }
     }
 
@@ -346,7 +344,7 @@ mod tests {
     /// this test, as above.
     #[test]
     fn a_shard_count_that_is_no_count_is_refused_not_replaced_by_the_default() {
-        const VAR: &str = "KRL_REVIEW_ARITH_SHARDS";
+        const VAR: &str = "KRL_TEST_SHARDS";
         if let Ok(value) = std::env::var(VAR) {
             let shards = super::env_count(VAR, 12);
             match value.as_str() {
@@ -356,17 +354,10 @@ mod tests {
             return;
         }
         for value in ["24", "70000", "-1", "0", "twelve"] {
-            let child = std::process::Command::new(std::env::current_exe().unwrap())
-                .args([
-                    "tests::a_shard_count_that_is_no_count_is_refused_not_replaced_by_the_default",
-                    "--exact",
-                    "--nocapture",
-                ])
-                .env(VAR, value)
-                .output()
-                .unwrap();
-            let out = String::from_utf8_lossy(&child.stdout) + String::from_utf8_lossy(&child.stderr);
-            assert!(child.status.success(), "{VAR}={value}:\n{out}");
+            in_child(
+                "tests::a_shard_count_that_is_no_count_is_refused_not_replaced_by_the_default",
+                &[(VAR, value)],
+            );
         }
     }
 }
