@@ -20,7 +20,7 @@ paths are rewritten (`crate::` becomes `crate::lease::`, `kube_runtime::` become
 `kube::runtime::lease`), names take kube-runtime's idiom (RENAMES: `LeaseConfig` is
 `lease::Config`, as `watcher::Config` is), `mod` lines of files a step does not carry yet are
 dropped, lines between `<!-- upstream: omit -->` and `<!-- upstream: end -->`
-in docs are dropped, and rustfmt formats the result with kube-rs's options.
+in docs are dropped, and nightly rustfmt formats the result with kube-rs's rustfmt.toml (`NIGHTLY`).
 
 Each commit is authored and signed off (`Signed-off-by:`) by this
 repository's `git config user.name` and `user.email`; `check` regenerates
@@ -536,20 +536,44 @@ def apply_manifest_changes(tree, step):
         )
 
 
-def stable_rustfmt(tree):
-    """The options of kube-rs's rustfmt.toml that stable rustfmt reads (the
-    others, unstable, are listed in docs/upstream-proposal.md as unchecked)."""
-    stable = ["style_edition", "newline_style", "max_width"]
-    lines = [l for l in (tree / "rustfmt.toml").read_text().split("\n") if l.split("=")[0].strip() in stable]
-    return "\n".join(lines) + "\n"
+# kube-rs formats with nightly rustfmt (`cargo +nightly fmt`: its rustfmt.toml
+# sets unstable options), so the series is formatted and checked with one
+# pinned nightly's: another nightly may format differently, and the committed
+# patches would then be stale on one machine and not on another.
+NIGHTLY = "nightly-2026-05-20"
+NIGHTLY_RUSTFMT = "1.9.0-nightly (e50aa6fba4 2026-05-19)"
+
+
+@cache
+def nightly():
+    """The pinned nightly toolchain's name: itself, or a plain `nightly` that is that one;
+    otherwise installed with rustup (rustfmt and clippy)."""
+    for toolchain in (NIGHTLY, "nightly"):
+        found = subprocess.run(["rustup", "run", toolchain, "rustfmt", "--version"], text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
+        # With clippy too: the pinned nightly was first installed with rustfmt alone (the
+        # install below adds what is missing).
+        clippy = subprocess.run(["rustup", "run", toolchain, "cargo-clippy", "--version"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        if found.returncode == 0 and NIGHTLY_RUSTFMT in found.stdout and clippy.returncode == 0:
+            return toolchain
+    print(f"upstream: installing {NIGHTLY} (kube-rs formats with nightly rustfmt and lints with nightly clippy)",
+          flush=True)
+    run("rustup", "toolchain", "install", NIGHTLY, "--profile", "minimal", "--component", "rustfmt,clippy")
+    return NIGHTLY
+
+
+def nightly_rustfmt():
+    """The pinned nightly's rustfmt, as a command."""
+    return ["rustup", "run", nightly(), "rustfmt"]
 
 
 def rustfmt(tree, paths, *flags):
-    """rustfmt with kube-rs's stable options on `paths`; its exit status."""
-    cfg = tree / "rustfmt-stable.toml"
-    cfg.write_text(stable_rustfmt(tree))
-    result = run("rustfmt", *flags, "--edition", "2024", "--config-path", str(cfg), *map(str, paths), check=False)
-    cfg.unlink()
+    """rustfmt as kube-rs runs it (the pinned nightly, its whole rustfmt.toml) on `paths`;
+    its exit status."""
+    config = tree / "rustfmt.toml"
+    result = run(*nightly_rustfmt(), *flags, "--edition", "2024", "--config-path", str(config), *map(str, paths),
+                 check=False)
     return result.returncode
 
 
@@ -602,11 +626,12 @@ def generate(dest=PATCHES):
 # The check.
 
 
-def cargo(tree, *args, target):
+def cargo(tree, *args, target, toolchain=None):
     env = dict(os.environ, CARGO_TARGET_DIR=str(target), RUSTDOCFLAGS="-D warnings")
     env.pop("RUSTFLAGS", None)
-    print("upstream check: cargo " + " ".join(args), flush=True)
-    run("cargo", *args, cwd=tree, env=env)
+    on = ["rustup", "run", toolchain] if toolchain else []
+    print("upstream check: " + (f"({toolchain}) " if toolchain else "") + "cargo " + " ".join(args), flush=True)
+    run(*on, "cargo", *args, cwd=tree, env=env)
 
 
 def committed_author():
@@ -659,7 +684,11 @@ def check():
         rustdoc(tree, target)
         lease = sorted((tree / "kube-runtime" / "src" / "lease").rglob("*.rs"))
         fmt_check(tree, lease)
-        print(f"upstream check: {len(patches)} patches apply, build, test, lint, document and format")
+        # kube-rs lints with nightly clippy too (`cargo +nightly clippy`): its newer lints, on the series.
+        cargo(tree, "clippy", *on, "--all-targets", "--", "-D", "warnings", target=CACHE / "nightly-target",
+              toolchain=nightly())
+        print(f"upstream check: {len(patches)} patches apply, build, test, lint (stable and nightly clippy), "
+              "document and format")
 
 
 def check_conventions():
@@ -707,7 +736,7 @@ def rustdoc(tree, target):
 
 
 def fmt_check(tree, paths):
-    print("upstream check: rustfmt --check (kube-rs's stable options)", flush=True)
+    print("upstream check: rustfmt --check (kube-rs's rustfmt.toml, nightly)", flush=True)
     if rustfmt(tree, paths, "--check") != 0:
         sys.exit("upstream check: the lease module is not formatted as kube-rs's rustfmt.toml asks")
 

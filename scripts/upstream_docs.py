@@ -13,8 +13,9 @@
 - upstream/kube-examples/: `lease_controller.rs`, a program for kube-rs's
   `examples/`, and `Cargo.toml.snippet`, what kube's manifests need for it.
   The check counts its lines (every line, blank ones included, as `wc -l`
-  does; 150 to 250), checks its formatting with kube-rs's rustfmt options
-  (the ones stable rustfmt reads), then builds it and runs clippy with
+  does; 150 to 250), checks its formatting with kube-rs's rustfmt.toml
+  (nightly rustfmt, as kube-rs runs it: scripts/upstream.py's pinned one),
+  then builds it and runs clippy with
   `-D warnings` and kube-rs's clippy.toml in a scratch cargo project: kube
   5.0.0 from the registry with the features kube's examples enable by
   default, `k8s-openapi/latest` (in the scratch project only), and this
@@ -51,8 +52,6 @@ EXAMPLE_LINES = (150, 250)
 KUBE_VERSION = "5.0.0"
 # kube's examples/Cargo.toml: its default features `rustls-tls` and `runtime`.
 KUBE_FEATURES = ["client", "rustls-tls", "ring", "unstable-client", "runtime", "unstable-runtime"]
-# The options of kube-rs's rustfmt.toml that stable rustfmt reads.
-STABLE_RUSTFMT = {"style_edition", "newline_style", "max_width"}
 
 
 def fail(msg):
@@ -130,17 +129,15 @@ def count_lines(path):
 
 
 def check_format(example):
-    options = [
-        l for l in (KUBE_RS / "rustfmt.toml").read_text().splitlines()
-        if l.split("=")[0].strip() in STABLE_RUSTFMT
-    ]
-    with tempfile.TemporaryDirectory(prefix="upstream-docs-fmt-") as d:
-        cfg = Path(d) / "rustfmt.toml"
-        cfg.write_text("\n".join(options) + "\n")
-        result = run("rustfmt", "--check", "--edition", "2024", "--config-path", str(cfg), str(example), check=False)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import upstream
+
+    config = KUBE_RS / "rustfmt.toml"
+    result = run(*upstream.nightly_rustfmt(), "--check", "--edition", "2024", "--config-path", str(config),
+                 str(example), check=False)
     if result.returncode != 0:
         print(result.stdout, end="")
-        fail(f"{example.name} is not formatted with kube-rs's rustfmt options ({', '.join(options)})")
+        fail(f"{example.name} is not formatted as kube-rs's rustfmt.toml asks (nightly rustfmt)")
 
 
 def scratch_manifest():

@@ -22,14 +22,14 @@ use crate::{ConfigError, LeaderStatus, config::names::check_lease, elector::Sile
 /// backoff. `holder` is the holder the record names, as an elector shows
 /// it: a holder that has stopped renewing is still named until someone
 /// takes the Lease over. A watch silent (or failing: refused without
-/// `list`/`watch`, say) for the held record's lease duration (15 s when
-/// the Lease is free or missing) is checked with a read: one that shows a
-/// record the watch did not deliver is reported; at the second such read
-/// in a row (a stalled watch: open, neither ending nor failing) it is
-/// warned, once until the watch delivers again, and the watch is started
-/// again. The watch runs in a task of its own, stopped when the observer is
-/// dropped; a task that panics (logged at ERROR) leaves a status naming no
-/// holder, and ends its subscribers' `changed()`.
+/// `list`/`watch`, say) for the held record's lease duration (at most a
+/// minute; 15 s when the Lease is free or missing) is checked with a read:
+/// one that shows a record the watch did not deliver is reported; at the
+/// second such read in a row (a stalled watch: open, neither ending nor
+/// failing) it is warned, once until the watch delivers again, and the
+/// watch is started again. The watch runs in a task of its own, stopped
+/// when the observer is dropped; a task that panics (logged at ERROR)
+/// leaves a status naming no holder, and ends its subscribers' `changed()`.
 ///
 /// ```no_run
 /// use kube_runtime_lease::LeaseObserver;
@@ -243,15 +243,16 @@ async fn read(api: &Api<Wire>, name: &str, bound: Duration) -> kube_client::Resu
 }
 
 /// How long a watch may be silent before a read checks it: a held record's
-/// lease duration (its holder renews well within it); otherwise (free,
-/// missing, or no duration) the default lease duration, 15 s: a free
-/// Lease changes only when taken, so a read every 15 s at most.
+/// lease duration (its holder renews well within it), at most a minute (a
+/// holder renews every retry period however long its duration: an hour's
+/// silence is a stall); otherwise (free, missing, or no duration) the
+/// default lease duration, 15 s: a free Lease changes only when taken, so
+/// a read every 15 s at most.
 fn silence(last: Option<&Lease>) -> Duration {
     const DEFAULT: Duration = Duration::from_secs(15);
     match last.and_then(|l| l.spec.as_ref()) {
-        Some(spec) if crate::record::holder(spec).is_some() => {
-            crate::record::lease_duration(spec, DEFAULT).max(Duration::from_secs(1))
-        }
+        Some(spec) if crate::record::holder(spec).is_some() => crate::record::lease_duration(spec, DEFAULT)
+            .clamp(Duration::from_secs(1), Duration::from_secs(60)),
         _ => DEFAULT,
     }
 }

@@ -322,10 +322,11 @@
 //!   follower last saw the record change (it judges by its own clock, never
 //!   by `renewTime`; a re-list served by a watch cache behind, which shows
 //!   an older record before the last one again, does not restart that
-//!   clock), and at most 2.2 *RP* more when it polls. A watching
-//!   follower whose watch has been silent for two *RP* (a dead holder, or a
-//!   watch that stalled) reads the Lease every jittered *RP*, as a polling
-//!   one does, so that a stalled watch costs no more than polling.
+//!   clock; nor does a campaign begun again by a later `acquire`, on a Lease
+//!   not written since), and at most 2.2 *RP* more when it polls. A
+//!   watching follower whose watch has been silent for two *RP* (a dead
+//!   holder, or a watch that stalled) reads the Lease every jittered *RP*,
+//!   as a polling one does, so that a stalled watch costs no more than polling.
 //! - **After the Lease was deleted**: the creation hold, one *LD* after the
 //!   new object was created (or the lease duration of the deleted record, if
 //!   longer: the longest seen since its holder last wrote it, so that a

@@ -10,6 +10,7 @@ use k8s_openapi::{
 };
 use tokio::time::Instant;
 
+use super::task::LeaseView;
 use crate::{
     config::LeaseConfig,
     record::{self, TermId},
@@ -64,6 +65,10 @@ pub(super) struct Memory {
     /// Lease before then: that would let a standby lead at once, inside the
     /// margin.
     pub(super) stopped_until: Option<Instant>,
+    /// The last task's view of the Lease, the next task's first: a record
+    /// read again unchanged keeps the clock of its first sight, as
+    /// client-go's `observedTime` while the record it reads is the same.
+    pub(super) view: Option<LeaseView>,
 }
 
 /// What [`Memory`] saw of the Lease object last seen (see [`Memory::seen`]).

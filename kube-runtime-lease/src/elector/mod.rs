@@ -180,7 +180,14 @@ impl LeaderElector {
     ///
     /// # Cancellation safety
     /// Dropping the future withdraws the request; if it was the only one, the
-    /// elector stops campaigning.
+    /// elector stops campaigning. What it saw of the Lease is kept (also when
+    /// the runtime its task ran on shut down): an `acquire` called again later
+    /// takes a record that has not changed since once it has been unchanged
+    /// for its lease duration, counted from when it was first seen (as
+    /// client-go), not from the new campaign's read, provided the Lease was
+    /// not written at all meanwhile (the same resourceVersion): a record
+    /// written again exactly (a pinning manifest applied again) is judged
+    /// from that read.
     ///
     /// # Panics
     /// The future panics if first polled outside a Tokio runtime: the elector

@@ -141,6 +141,8 @@ impl Drop for Task {
             // Work alive now was stopped: its margin holds for the next task.
             self.memory.term_ended(term, &self.inner.config);
         }
+        // Its view, as `end` keeps it: the next task reads before acting.
+        self.memory.view = Some(self.view.clone());
         state.memory = std::mem::take(&mut self.memory);
         state.waiters.clear();
         drop(state);
@@ -227,6 +229,7 @@ impl Task {
             return false;
         }
         state.running = false;
+        self.memory.view = Some(std::mem::replace(&mut self.view, super::task::LeaseView::Unknown));
         state.memory = std::mem::take(&mut self.memory);
         drop(state);
         self.ended = true;

@@ -105,7 +105,7 @@ fn an_observer_of_an_invalid_name_is_an_error() {
 /// missed is reported within about two of the record's lease durations.
 #[test]
 fn an_observer_whose_watch_stalls_still_reports_the_takeover() {
-    paused(takeover_behind_a_stalled_watch(false, 2));
+    paused(takeover_behind_a_stalled_watch(false, config("a"), 2));
 }
 
 /// A stalled watch and a dead kept-alive connection go together (a load
@@ -116,15 +116,40 @@ fn an_observer_whose_watch_stalls_still_reports_the_takeover() {
 /// the dead connection lasts (TCP's retransmissions: about 15 minutes).
 #[test]
 fn an_observer_whose_checking_read_hangs_still_reports_the_takeover() {
-    paused(takeover_behind_a_stalled_watch(true, 3));
+    paused(takeover_behind_a_stalled_watch(true, config("a"), 3));
 }
 
-/// `c` takes the Lease over from `a` while the observer's watch is stalled
-/// (and its first checking read never answered, if `read_hangs`): the
-/// observer reports `c` within `durations` of the record's lease duration.
-async fn takeover_behind_a_stalled_watch(read_hangs: bool, durations: u64) {
-    let fake = FakeLeaseApi::default();
-    let (a, _) = elector(&fake, config("a"));
+/// A Lease held with a long lease duration (an hour) is renewed every retry
+/// period all the same: a watch silent for a minute is checked with a read,
+/// however long the record's duration (its silence was once trusted for the
+/// whole duration, so a stalled watch hid a takeover for an hour). Within
+/// the minute (mutation testing: kills a cap of two minutes).
+#[test]
+fn an_observer_of_a_long_held_lease_checks_a_stalled_watch_within_a_minute() {
+    let hour = config("a").lease_duration(S(3600)).renew_deadline(S(3000));
+    paused(takeover_behind_a_stalled_watch(false, hour, 1));
+}
+
+/// And a Lease held with a short lease duration (6 s) is checked after its
+/// duration, not the 15 s of a free Lease (mutation testing: kills
+/// `silence`'s holder guard as `false`).
+#[test]
+fn an_observer_of_a_short_held_lease_checks_a_stalled_watch_within_its_duration() {
+    let short = config("a")
+        .lease_duration(S(6))
+        .renew_deadline(S(4))
+        .retry_period(S(1));
+    paused(takeover_behind_a_stalled_watch(false, short, 2));
+}
+
+/// `c` takes the Lease over from the candidate of `a` while the observer's
+/// watch is stalled (and its first checking read never answered, if
+/// `read_hangs`): the observer reports `c` within `durations` of the
+/// record's lease duration, or of a minute if that is shorter.
+async fn takeover_behind_a_stalled_watch(read_hangs: bool, a: crate::LeaseConfig, durations: u64) {
+    // Free (no creation hold to wait out).
+    let fake = crate::tests::support::free();
+    let (a, _) = elector(&fake, a);
     let _guard = a.acquire().await.unwrap();
     let (client, id) = fake.client();
     let observer = LeaseObserver::new(client, "default", "lease").unwrap();
@@ -143,7 +168,7 @@ async fn takeover_behind_a_stalled_watch(read_hangs: bool, durations: u64) {
         .lease()
         .and_then(|l| l.spec?.lease_duration_seconds)
         .expect("a duration");
-    let bound = S(durations * u64::try_from(duration).unwrap());
+    let bound = S(durations * u64::try_from(duration).unwrap().min(60));
     timeout(bound, status.wait_for(|s| s.holder.as_deref() == Some("c")))
         .await
         .unwrap_or_else(|_| {
@@ -378,6 +403,49 @@ fn an_observer_whose_task_panicked_names_no_holder() {
              as the holder",
             ended.is_ok(),
             observer.status().holder
+        );
+    });
+}
+
+/// A watch silent for less than the record's lease duration is no stall:
+/// an observer of a released Lease (client-go's released record: no holder,
+/// a duration of 1 s) reads it at most once every 15 s, and of a Lease held
+/// and renewed every retry period not at all (mutation testing: kills
+/// `silence`'s holder guard as `true`, a read every second of a released
+/// Lease, and a clamp of 1 s, a read between renewals).
+#[test]
+fn an_observer_reads_a_released_lease_every_15_s_and_a_renewed_one_never() {
+    paused(async {
+        let fake = crate::tests::support::free();
+        let (client, id) = fake.client();
+        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+        let mut status = observer.subscribe();
+        let reads = || {
+            fake.requests()
+                .iter()
+                .filter(|r| r.client == id && r.verb == "get")
+                .count()
+        };
+        sleep(S(1)).await;
+        let before = reads();
+        sleep(S(60)).await;
+        let free = reads() - before;
+        assert!(
+            free <= 4,
+            "{free} reads of a released Lease in 60 s: one every 15 s at most"
+        );
+        let (a, _) = elector(&fake, config("a"));
+        let _guard = a.acquire().await.unwrap();
+        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+            .await
+            .expect("sees a")
+            .unwrap();
+        let before = reads();
+        sleep(S(60)).await;
+        assert_eq!(
+            reads() - before,
+            0,
+            "reads of a Lease renewed every retry period, in 60 s"
         );
     });
 }

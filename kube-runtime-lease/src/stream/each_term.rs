@@ -114,9 +114,7 @@ impl LeaderElector {
         backoff: &mut ExponentialBackoff,
         why: &(dyn Display + Sync),
     ) -> bool {
-        // Capped, as documented: backon's jitter adds up to 100 %.
-        let longest = self.config().lease_duration;
-        let delay = backoff.next().map_or(longest, |d| d.min(longest));
+        let delay = self.config().next_retry(backoff);
         // In the caller's task (or warm standby's), not the election's:
         // named here.
         let config = self.config();
@@ -139,14 +137,23 @@ impl LeaseConfig {
     /// ([`run_each_term`](crate::LeaderElector::run_each_term), warm
     /// standby, a `LeaseCandidate`'s publication): exponential with jitter
     /// from the retry period up to the lease duration, never giving up (the
-    /// jitter adds up to 100 % to each delay: `wait_to_rejoin` caps it at the
-    /// lease duration). (The election's own attempts retry every jittered
-    /// retry period instead.)
+    /// jitter adds up to 100 % to each delay: [`next_retry`](Self::next_retry)
+    /// caps it at the lease duration). (The election's own attempts retry
+    /// every jittered retry period instead.)
     pub(crate) fn retry_backoff(&self) -> backon::ExponentialBuilder {
         backon::ExponentialBuilder::new()
             .with_min_delay(self.retry_period)
             .with_max_delay(self.lease_duration)
             .with_jitter()
             .without_max_times()
+    }
+
+    /// The next delay of `backoff` (one of [`retry_backoff`](Self::retry_backoff)'s),
+    /// at most the lease duration, as documented: backon adds its jitter
+    /// after its own cap.
+    pub(crate) fn next_retry(&self, backoff: &mut ExponentialBackoff) -> std::time::Duration {
+        backoff
+            .next()
+            .map_or(self.lease_duration, |d| d.min(self.lease_duration))
     }
 }

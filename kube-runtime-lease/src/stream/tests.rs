@@ -414,15 +414,21 @@ fn the_rejoin_backoff_waits_at_most_the_lease_duration() {
         let lease_duration = e.config().lease_duration;
         let mut backoff = backon::BackoffBuilder::build(e.config().retry_backoff());
         // The first delays grow from the retry period; the rest are capped.
+        let mut waited = Duration::ZERO;
         for draw in 0..20 {
             let start = Instant::now();
             assert!(e.wait_to_rejoin(&mut backoff, &"a loss").await, "no shutdown");
-            let waited = start.elapsed();
+            waited = start.elapsed();
             assert!(
                 waited <= lease_duration,
                 "delay {draw} of the rejoin backoff was {waited:?}, longer than the lease duration {lease_duration:?}"
             );
         }
+        // And they reach it (mutation testing: kills a cap at the retry period).
+        assert!(
+            waited >= lease_duration,
+            "the last delay of the rejoin backoff was {waited:?}, short of the lease duration {lease_duration:?}"
+        );
     });
 }
 

@@ -1207,6 +1207,35 @@ fn the_fencing_token_grows_across_a_re_creation() {
     });
 }
 
+/// 8: another holder's term stored a token far above `leaseTransitions`
+/// (past `i32::MAX`, or after the count was edited down); the Lease is
+/// deleted and this elector, which never led on it, creates it. Its term's
+/// token must still be larger than the one it saw (`Memory::token_for`'s
+/// `max_token`): the new object starts with no annotation and low
+/// transitions, and nothing else remembers the old token.
+#[test]
+fn a_token_seen_before_a_re_creation_is_exceeded_by_the_creators_first_term() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        let mut lease = held_by("other", 15);
+        crate::record::set_token(&mut lease, 1_000_000);
+        fake.put(lease);
+        let (e, _) = elector(&fake, config("me"));
+        let mut leads = Box::pin(e.acquire());
+        assert!(timeout(S(2), &mut leads).await.is_err(), "led on a held Lease");
+        fake.delete();
+        let guard = timeout(S(60), leads)
+            .await
+            .expect("leads on the re-created Lease")
+            .unwrap();
+        assert!(
+            guard.fencing_token() > 1_000_000,
+            "the term on the re-created Lease got token {} after token 1000000 was seen on the name",
+            guard.fencing_token()
+        );
+    });
+}
+
 /// 8: `leaseTransitions` saturates at `i32::MAX`; the token keeps growing.
 #[test]
 fn the_fencing_token_grows_past_i32_max() {
@@ -3518,7 +3547,7 @@ fn a_guarded_stream_whose_panic_its_consumer_caught_does_not_keep_the_lease() {
             }
         }
         let panicked = Instant::now();
-        assert!(holder(&fake).as_deref() == Some("a"));
+        assert_eq!(holder(&fake).as_deref(), Some("a"));
         // The consumer keeps the stream; b campaigns.
         let took = timeout(S(30), b.acquire()).await;
         let after = panicked.elapsed();

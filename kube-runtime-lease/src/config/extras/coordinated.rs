@@ -160,7 +160,11 @@ impl Coordinated {
     /// The strategy offered: `OldestEmulationVersion` (the default, and the
     /// only one the API server implements), or a third-party strategy, a
     /// qualified name such as `example.com/my-strategy`. (`v1beta1` carries
-    /// one strategy per candidate; `v1alpha1`'s list is gone.)
+    /// one strategy per candidate; `v1alpha1`'s list is gone.) Give every
+    /// candidate of a Lease the same strategy, across a rollout too: the API
+    /// server picks the strategy of the candidates with the newest binary
+    /// version, and when those disagree it elects nobody (its log says
+    /// why; a candidate cannot see it without listing the others).
     #[must_use]
     pub fn strategy(mut self, strategy: impl Into<String>) -> Self {
         self.strategy = strategy.into();

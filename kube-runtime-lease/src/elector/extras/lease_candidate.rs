@@ -432,10 +432,8 @@ impl LeaseCandidate {
                     });
                 }
                 Err(e) => {
-                    let delay = backoff
-                        .get_or_insert_with(|| inner.config.retry_backoff().build())
-                        .next()
-                        .unwrap_or(inner.config.lease_duration);
+                    let delay = (inner.config)
+                        .next_retry(backoff.get_or_insert_with(|| inner.config.retry_backoff().build()));
                     if matches!(&e, CallError::Api(e) if crate::error::refused_by_rbac(e)) {
                         warn!(
                             error = %e,
@@ -559,10 +557,8 @@ impl LeaseCandidate {
             }
             match renewed {
                 Some(false) => {
-                    let delay = backoff
-                        .get_or_insert_with(|| inner.config.retry_backoff().build())
-                        .next()
-                        .unwrap_or(inner.config.lease_duration);
+                    let delay = (inner.config)
+                        .next_retry(backoff.get_or_insert_with(|| inner.config.retry_backoff().build()));
                     debug!(retry_in = ?delay, "coordinated leader election: renewing the LeaseCandidate again soon");
                     refresh.reset_after(delay);
                 }

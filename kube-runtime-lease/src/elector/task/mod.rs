@@ -116,6 +116,9 @@ pub(in crate::elector) struct Task {
     /// The observation may be outdated (after a conflict, or carried over
     /// from an earlier task): read before acting on it.
     pub(in crate::elector) needs_read: bool,
+    /// The view is the last task's (or handed over), not seen since: its
+    /// clock holds only for the object untouched (same resourceVersion).
+    pub(in crate::elector) carried: bool,
     pub(in crate::elector) watch: Watch,
     /// What the elector remembers of the Lease across terms and tasks: the
     /// running task owns it, and hands it back when it ends (or is dropped).
@@ -127,8 +130,8 @@ pub(in crate::elector) struct Task {
 impl Task {
     pub(in crate::elector) fn new(inner: Arc<Inner>) -> Self {
         let mut state = inner.lock();
-        let memory = std::mem::take(&mut state.memory);
-        let view = LeaseView::Unknown;
+        let mut memory = std::mem::take(&mut state.memory);
+        let view = memory.view.take().unwrap_or(LeaseView::Unknown);
         // A record seen elsewhere in this process (elected shards). (A
         // binding of its own, with this comment: the upstream generator
         // drops both.)
@@ -142,6 +145,7 @@ impl Task {
             inner,
             view,
             needs_read: true,
+            carried: true,
             memory,
             ended: false,
         }

@@ -346,15 +346,21 @@ impl Task {
     pub(in crate::elector) fn see(&mut self, lease: Option<Lease>, at: Instant) -> bool {
         self.memory
             .saw(lease.as_ref(), self.inner.config.lease_duration, Instant::now());
+        let carried = std::mem::take(&mut self.carried);
         let Some(lease) = lease else {
             self.inner.observe(None);
             let before = std::mem::replace(&mut self.view, LeaseView::Missing);
             return !matches!(before, LeaseView::Missing);
         };
         let spec = lease.spec.clone().unwrap_or_default();
-        // The record seen before on the same object, if any.
+        // The record seen before on the same object, if any (across tasks,
+        // only if untouched since: the same record may have been written
+        // again meanwhile, over another holder's).
         let previous = match std::mem::replace(&mut self.view, LeaseView::Unknown) {
-            LeaseView::Known { observed, object } if object.metadata.uid == lease.metadata.uid => {
+            LeaseView::Known { observed, object }
+                if object.metadata.uid == lease.metadata.uid
+                    && (!carried || object.metadata.resource_version == lease.metadata.resource_version) =>
+            {
                 Some(*observed)
             }
             _ => None,

@@ -537,3 +537,123 @@ fn another_holders_renewal_delivered_by_the_watch_is_judged_at_once() {
         );
     });
 }
+
+/// A candidate that tries to lead for 5 s each minute (an `acquire` under a
+/// timeout, as a periodic job would), four times at most, with `pause`
+/// (given the attempt) after each attempt that did not lead: the attempt
+/// that led.
+async fn attempt_each_minute(e: &crate::LeaderElector, mut pause: impl AsyncFnMut(usize)) -> Option<usize> {
+    for attempt in 0..4 {
+        if let Ok(guard) = timeout(S(5), e.acquire()).await {
+            assert!(guard.expect("leads").is_valid());
+            return Some(attempt);
+        }
+        pause(attempt).await;
+    }
+    None
+}
+
+/// client-go's `TestTryAcquireOrRenew`, "acquire from led, unacked object":
+/// a candidate that has seen a record unchanged for its lease duration takes
+/// it, however many attempts that took (`observedTime` is kept while the
+/// record read is the same). Here a candidate that tries to lead for 5 s
+/// each minute (an `acquire` under a timeout, as a periodic job would) keeps
+/// what its last campaign saw: a dead holder's record, unchanged since, is
+/// taken at the next attempt; a record that changed meanwhile is judged
+/// from the read that shows the change, and taken at the attempt after.
+#[test]
+fn an_acquire_called_again_later_keeps_the_clock_of_a_record_unchanged_since() {
+    paused(async {
+        for (watch, renewed_in_the_pause) in [(true, false), (false, false), (true, true), (false, true)] {
+            let fake = FakeLeaseApi::default();
+            fake.put(held_by("dead", 15));
+            let (e, _) = elector(&fake, config("me").watch(watch));
+            let led = attempt_each_minute(&e, async |attempt| {
+                sleep(S(25)).await;
+                if renewed_in_the_pause && attempt == 0 {
+                    let mut lease = fake.lease().expect("the lease");
+                    lease.spec.as_mut().expect("a record").renew_time =
+                        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+                            k8s_openapi::jiff::Timestamp::now(),
+                        ));
+                    fake.put(lease);
+                }
+                sleep(S(30)).await;
+            })
+            .await;
+            let expected = if renewed_in_the_pause { 2 } else { 1 };
+            assert_eq!(
+                led,
+                Some(expected),
+                "watch {watch}, renewed in the pause {renewed_in_the_pause}: the attempt (5 s each minute) that \
+                 took the dead holder's record (lease duration 15 s; holder {:?})",
+                holder(&fake)
+            );
+        }
+    });
+}
+
+/// The same periodic candidate, each attempt's election task dropped as
+/// its runtime shuts down (a runtime per run of the job, the elector kept
+/// across runs): the next task starts from what the dropped one saw, as
+/// after a task that ended, so a dead holder's record unchanged since is
+/// taken at the next attempt (`Drop for Task` handed the memory back
+/// without the view: every attempt judged the record from its own read,
+/// and nobody led).
+#[test]
+fn an_acquire_after_its_last_task_was_dropped_keeps_the_clock_of_a_record_unchanged_since() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("dead", 15));
+        let (e, _) = elector(&fake, config("me"));
+        let led = attempt_each_minute(&e, async |_| {
+            // The runtime shuts down while the task lingers.
+            e.abort_task_for_test();
+            sleep(MS(1)).await;
+            assert!(!e.tasks_for_test().0, "the task was dropped");
+            sleep(S(55)).await;
+        })
+        .await;
+        assert_eq!(
+            led,
+            Some(1),
+            "the attempt (5 s each minute, each task dropped) that took the dead holder's record (lease \
+             duration 15 s; holder {:?})",
+            holder(&fake)
+        );
+    });
+}
+
+/// Rule 0 across election tasks: a record another candidate's last task saw
+/// is written again exactly while no task of it runs (a manifest that pins
+/// the election applied again, a backup restored onto the object: the same
+/// object, a new resourceVersion) over a leader's term. The next `acquire`
+/// judges it from that read, not from the first sight of its twin: taking
+/// it at once would lead beside the leader, which learns of the write only
+/// at its next renewal. (Within a task, an unchanged record under a new
+/// resourceVersion is a metadata edit and keeps its clock; across the gap
+/// only the object untouched since does.)
+#[test]
+fn a_record_written_again_exactly_while_no_task_ran_is_waited_out() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(held_by("pinned", 15));
+        let pinned = fake.lease().expect("the lease").spec;
+        let (me, _) = elector(&fake, config("me"));
+        assert!(timeout(S(5), me.acquire()).await.is_err(), "led on a held record");
+        sleep(S(30)).await;
+        let (b, _) = elector(&fake, config("b").watch(false));
+        let b_guard = timeout(S(30), b.acquire()).await.expect("b leads").unwrap();
+        sleep(S(5)).await;
+        let mut lease = fake.lease().expect("the lease");
+        lease.spec.clone_from(&pinned);
+        fake.put(lease);
+        let led = timeout(S(5), me.acquire()).await;
+        assert!(
+            led.is_err(),
+            "me took at once a record just written again (lease duration 15 s), its twin seen first 55 s \
+             before; b's guard still valid: {}",
+            b_guard.is_valid()
+        );
+    });
+}

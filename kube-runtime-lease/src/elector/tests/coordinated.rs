@@ -609,6 +609,63 @@ fn a_candidate_forbidden_to_publish_never_leads_and_says_why() {
     );
 }
 
+/// The longest time between two of the requests `counts` picks (more than
+/// ten of them, in the 600 s the callers wait).
+fn longest_gap(fake: &FakeLeaseApi, counts: impl Fn(&crate::test_util::Received) -> bool) -> Duration {
+    let tries: Vec<_> = fake
+        .requests()
+        .iter()
+        .filter(|s| counts(s))
+        .map(|s| s.at)
+        .collect();
+    assert!(tries.len() > 10, "{} tries in 600 s", tries.len());
+    tries.windows(2).map(|w| w[1] - w[0]).max().unwrap()
+}
+
+/// A `LeaseCandidate` whose publication fails (an API server answering 500)
+/// is published again at most one lease duration apart, as documented for
+/// every retry backoff: backon adds its jitter (up to 100 %) after its own
+/// cap, and the publication once waited up to two lease durations (30 s),
+/// with no candidate the API server could elect meanwhile.
+#[test]
+fn a_failing_lease_candidate_publication_is_retried_within_a_lease_duration() {
+    paused(async {
+        let fake = FakeLeaseApi::default().refuse_lease_candidates(500);
+        let (e, _) = elector(&fake, coordinated("me"));
+        let mut acquire = Box::pin(e.acquire());
+        assert!(tokio::time::timeout(S(600), &mut acquire).await.is_err());
+        let longest = longest_gap(&fake, |s| s.verb.starts_with("candidate"));
+        assert!(
+            longest <= e.config().lease_duration,
+            "published again {longest:?} after a failure: more than a lease duration"
+        );
+    });
+}
+
+/// A `LeaseCandidate` whose renewal keeps failing (an API server answering
+/// 500 from a ping on) is renewed again at most one lease duration apart,
+/// as its publication is: backon adds its jitter after its own cap
+/// (mutation testing: kills the renewal's retry not going through
+/// `LeaseConfig::next_retry`, which waited up to two lease durations).
+#[test]
+fn a_failing_lease_candidate_renewal_is_retried_within_a_lease_duration() {
+    paused(async {
+        let fake = FakeLeaseApi::default().serve_lease_candidates();
+        let (e, _acquire) = published(&fake).await;
+        fake.set_lease_candidates_refused(Some(500));
+        assert!(fake.ping_lease_candidate(CANDIDATE));
+        let pinged = tokio::time::Instant::now();
+        sleep(S(600)).await;
+        let longest = longest_gap(&fake, |s| {
+            matches!(s.verb, "candidate get" | "candidate update") && s.at >= pinged
+        });
+        assert!(
+            longest <= e.config().lease_duration,
+            "renewed again {longest:?} after a failure: more than a lease duration"
+        );
+    });
+}
+
 /// A task that ends in coordinated mode deletes its `LeaseCandidate` after it
 /// gave the term up, still running: an `acquire` meanwhile (wanted again)
 /// finds it running and waits; the task counts it once the deletion is done

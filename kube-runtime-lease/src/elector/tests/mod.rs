@@ -1108,6 +1108,33 @@ fn a_renewal_answered_at_the_renew_deadline_does_not_revive_the_term() {
     });
 }
 
+/// A renewal answered only at the renew deadline gives the term up in its
+/// own words (and as a `late` renewal to the observers), not merely as a
+/// term whose deadline passed with nothing said of the write that came too
+/// late. Kills the late branch skipped (the loop then ends the term at its
+/// next turn, silently).
+#[test]
+fn a_renewal_answered_at_the_renew_deadline_says_so() {
+    let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+        paused(async {
+            let fake = free();
+            let (e, id) = elector(&fake, config("me").watch(false));
+            let guard = e.acquire().await.unwrap();
+            // The renewal at +2 s is answered at +10 s (the guard, not
+            // polled, sets no timer of its own).
+            fake.fault(id, Some("update"), Fault::DelayResponse(S(8)));
+            sleep(S(11)).await;
+            assert_eq!(guard.lost(), Some(Lost::RenewDeadlineExceeded));
+            drop(guard);
+            e.shutdown(S(1)).await.unwrap();
+        });
+    });
+    assert!(
+        logs.contains("the renewal succeeded only after the renew deadline; giving the term up"),
+        "logs at WARN and above:\n{logs}"
+    );
+}
+
 /// `shutdown` while a renewal is in flight: the renewal's answer, arriving
 /// after the term was ended for the shutdown, is not mistaken for a late
 /// renewal, and the Lease is still released.

@@ -90,5 +90,4 @@ impl Error {
     }
 }
 
-#[cfg(test)]
-mod tests;
+#[cfg(test)] mod tests;

@@ -120,5 +120,4 @@ impl Observed {
     }
 }
 
-#[cfg(test)]
-mod tests;
+#[cfg(test)] mod tests;
