@@ -1,7 +1,9 @@
 //! Every long-running example's SIGTERM path, against a real kube-apiserver
 //! and etcd: the example leads, is sent SIGTERM, exits successfully within
 //! its shutdown budget, and has released the Lease by the time it exits (it
-//! awaits its handover instead of exiting while the release is in flight).
+//! awaits its handover instead of exiting while the release is in flight);
+//! and, standing by while another holds the Lease, exits at once on SIGTERM
+//! without writing it (a rolling update's old standbys).
 //!
 //! The examples run one at a time, each in a namespace of its own, with short
 //! timings (2 s lease duration); each waits one lease duration after creating
@@ -61,24 +63,22 @@ impl Leading {
     }
 }
 
-/// Builds and starts `example` with short timings in the namespace `ns`,
-/// and waits until it leads (one lease duration after creating the Lease:
-/// the creation hold).
-async fn start_leading(example: &str, ns: &str) -> Result<Leading> {
+/// Builds and starts `example` with short timings, campaigning for the
+/// Lease `ex` in the existing namespace `ns`.
+async fn spawn(example: &str, ns: &str) -> Result<Leading> {
     let env = shared_env().await?;
     let bin = tokio::task::spawn_blocking({
         let example = example.to_owned();
         move || build("kube-runtime-lease-examples", Target::Example(&example), false)
     })
     .await??;
-    let ns = env.new_namespace(ns).await?;
-    let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
+    let leases: Api<Lease> = Api::namespaced(env.client().await?, ns);
     let dir = tempfile::tempdir()?;
     let log_path = dir.path().join("example.log");
     let log = std::fs::File::create(&log_path)?;
     let child = Command::new(&bin)
         .env("KUBECONFIG", env.kubeconfig_path())
-        .env("LEASE_NAMESPACE", &ns)
+        .env("LEASE_NAMESPACE", ns)
         .env("LEASE_NAME", "ex")
         .env("IDENTITY", example)
         .env("POD_NAME", example)
@@ -97,12 +97,19 @@ async fn start_leading(example: &str, ns: &str) -> Result<Leading> {
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
-    let mut running = Leading {
+    Ok(Leading {
         child,
         leases,
         log_path,
         _dir: dir,
-    };
+    })
+}
+
+/// Starts `example` in a new namespace `ns` and waits until it leads (one
+/// lease duration after creating the Lease: the creation hold).
+async fn start_leading(example: &str, ns: &str) -> Result<Leading> {
+    let ns = shared_env().await?.new_namespace(ns).await?;
+    let mut running = spawn(example, &ns).await?;
     let started = Instant::now();
     loop {
         if let Some(status) = running.child.try_wait()? {
@@ -224,5 +231,99 @@ async fn sigterm_handover_does_not_stay_up_out_of_the_election_after_a_loss() ->
         "{example} exited successfully after a loss:\n{}",
         running.output()
     );
+    Ok(())
+}
+
+/// A rolling update sends SIGTERM to every old replica, most of them
+/// standbys: each example, standing by while another holds the Lease, must
+/// exit successfully and at once on SIGTERM (its `shutdown` has no work to
+/// wait for and nothing to release), without writing the Lease. A standby
+/// that waits for work it never had, exits with an error, or writes the
+/// Lease on its way out turns every rollout into a pod killed at its
+/// `terminationGracePeriodSeconds`, a failed pod, or a disturbed leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_example_standing_by_exits_at_once_on_sigterm_without_writing_the_lease() -> Result<()> {
+    use k8s_openapi::{apimachinery::pkg::apis::meta::v1::MicroTime, jiff::Timestamp};
+    use kube::api::{ObjectMeta, PostParams};
+
+    let env = shared_env().await?;
+    let ns = env.new_namespace("ex-standby").await?;
+    let leases: Api<Lease> = Api::namespaced(env.client().await?, &ns);
+    // Held by a leader elsewhere for an hour: every example stands by.
+    let now = MicroTime(Timestamp::now());
+    let held = leases
+        .create(
+            &PostParams::default(),
+            &Lease {
+                metadata: ObjectMeta {
+                    name: Some("ex".to_owned()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                    holder_identity: Some("elsewhere".to_owned()),
+                    lease_duration_seconds: Some(3600),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            },
+        )
+        .await?;
+    let version = held.metadata.resource_version;
+    let mut failed = Vec::new();
+    let mut took = Vec::new();
+    for example in EXAMPLES {
+        let mut running = spawn(example, &ns).await?;
+        let started = Instant::now();
+        // Its election task has read the Lease (and its SIGTERM handler,
+        // set up before the campaign, is installed).
+        while !running.output().contains("new leader observed") {
+            if let Some(status) = running.child.try_wait()? {
+                bail!(
+                    "{example} exited while standing by ({status}):\n{}",
+                    running.output()
+                );
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(30),
+                "{example} did not see the leader within 30 s:\n{}",
+                running.output()
+            );
+            sleep(Duration::from_millis(50)).await;
+        }
+        send_signal(running.child.id().context("no pid")?, Sig::Term)?;
+        let signalled = Instant::now();
+        let Ok(status) = timeout(Duration::from_secs(10), running.child.wait()).await else {
+            failed.push(format!(
+                "{example}: still running 10 s after SIGTERM as a standby:\n{}",
+                running.output()
+            ));
+            continue;
+        };
+        let status = status?;
+        let exited = signalled.elapsed();
+        took.push(format!("{example} {exited:?}"));
+        let lease = leases.get("ex").await?;
+        if !status.success() {
+            failed.push(format!(
+                "{example}: exited with {status} after SIGTERM as a standby:\n{}",
+                running.output()
+            ));
+        } else if exited > Duration::from_secs(5) {
+            failed.push(format!(
+                "{example}: took {exited:?} to exit as a standby:\n{}",
+                running.output()
+            ));
+        } else if lease.metadata.resource_version != version {
+            failed.push(format!(
+                "{example}: wrote the Lease as a standby ({:?}):\n{}",
+                lease.spec,
+                running.output()
+            ));
+        }
+    }
+    ensure!(failed.is_empty(), "{}", failed.join("\n\n"));
+    eprintln!("standbys exited after SIGTERM: {}", took.join(", "));
     Ok(())
 }
