@@ -97,6 +97,14 @@ pub(crate) fn refused_by_rbac(e: &kube_client::Error) -> bool {
             .is_some_and(|(_, rest)| rest.contains("\" cannot ") && !rest.contains("\" cannot impersonate")))
 }
 
+/// Whether the API server answered that the Lease `name` does not exist: a
+/// `Status` with reason `NotFound` whose details name that Lease (see
+/// `LeaseApi::get`); not any 404, as kube's `get_opt` takes it.
+pub(crate) fn lease_gone(e: &kube_client::Error, name: &str) -> bool {
+    matches!(e, kube_client::Error::Api(status) if status.reason == "NotFound"
+        && matches!(&status.details, Some(d) if d.name == name && d.kind == "leases"))
+}
+
 /// The HTTP status a watch failed with, if the API answered (its list, its
 /// start, or an error event).
 pub(crate) fn watch_status(e: &kube_runtime::watcher::Error) -> Option<u16> {
@@ -145,11 +153,7 @@ impl ApiError {
     /// details naming that Lease (the API server always fills them in for an
     /// object it looked up).
     pub(crate) fn is_gone(&self, name: &str) -> bool {
-        let Some((_, kube_client::Error::Api(status))) = self.client_error() else {
-            return false;
-        };
-        status.reason == "NotFound"
-            && matches!(&status.details, Some(d) if d.name == name && d.kind == "leases")
+        self.client_error().is_some_and(|(_, e)| lease_gone(e, name))
     }
 
     /// Whether someone else wrote first: a `replace` whose resourceVersion was

@@ -236,8 +236,10 @@ fn warn_once(status: Option<u16>, warned: &mut bool) -> bool {
 /// often go together) would stop the observer for as long as TCP takes to
 /// notice (about 15 minutes). A timeout is a `Service` error.
 async fn read(api: &Api<Wire>, name: &str, bound: Duration) -> kube_client::Result<Option<Wire>> {
-    match tokio::time::timeout(bound, api.get_opt(name)).await {
-        Ok(read) => read,
+    match tokio::time::timeout(bound, api.get(name)).await {
+        Ok(Ok(read)) => read.answer_for(name).map(Some),
+        Ok(Err(e)) if crate::error::lease_gone(&e, name) => Ok(None),
+        Ok(Err(e)) => Err(e),
         Err(elapsed) => Err(kube_client::Error::Service(Box::new(elapsed))),
     }
 }

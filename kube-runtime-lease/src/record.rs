@@ -39,6 +39,21 @@ impl<'de> Deserialize<'de> for Wire {
     }
 }
 
+impl Wire {
+    /// The Lease, if it is the Lease `name` as the API server writes it (a
+    /// name and a resourceVersion): a `2xx` of something in front of the
+    /// API server (`{}`, another object) is an error, not the Lease.
+    pub(crate) fn answer_for(self, name: &str) -> kube_client::Result<Wire> {
+        let meta = &self.0.metadata;
+        if meta.name.as_deref() == Some(name) && meta.resource_version.is_some() {
+            return Ok(self);
+        }
+        let (named, version) = (&meta.name, &meta.resource_version);
+        let why = format!("the answer is not lease {name:?} (name {named:?}, resourceVersion {version:?})");
+        Err(kube_client::Error::SerdeError(serde::de::Error::custom(why)))
+    }
+}
+
 impl k8s_openapi::Resource for Wire {
     const API_VERSION: &'static str = Lease::API_VERSION;
     const GROUP: &'static str = Lease::GROUP;

@@ -60,7 +60,9 @@ impl LeaseApi {
     /// once `bound` passed, and with `wrap(e)` when it fails), and notes an
     /// answer of the API server's own: an object, or a `Status` below 500 (a
     /// 5xx may come from a proxy in front of it, and a timeout or a
-    /// connection error is no answer).
+    /// connection error is no answer). A `2xx` that is not this Lease
+    /// fails too ([`Wire::answer_for`]): kept as the term's object, it made
+    /// every later renewal invalid.
     async fn request(
         &self,
         verb: &'static str,
@@ -69,6 +71,7 @@ impl LeaseApi {
         wrap: fn(kube_client::Error) -> ApiError,
     ) -> Result<Lease> {
         let result = bounded(bound, fut, wrap, || ApiError::Timeout { verb, after: bound }).await;
+        let result = result.and_then(|wire| wire.answer_for(&self.name).map_err(wrap));
         match &result {
             Err(e) if e.status().is_none_or(|s| s >= 500) => {}
             _ => self.contact.reset(),

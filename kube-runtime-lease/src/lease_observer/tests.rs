@@ -449,3 +449,42 @@ fn an_observer_reads_a_released_lease_every_15_s_and_a_renewed_one_never() {
         );
     });
 }
+
+/// An observer's checking read answered with something that does not say the
+/// Lease is gone: a 404 whose `Status` names no Lease (an API server that
+/// does not serve the group yet), or a `200` whose body is not the Lease
+/// (`{}`: something in front of the API server). The observer took both
+/// for "no holder" (kube's `get_opt` takes any `NotFound` for a missing
+/// object, and `{}` decoded as a Lease with no record), while `a` held the
+/// Lease all along. Each is a failed read: the holder read last stands.
+#[test]
+fn an_observer_does_not_take_an_odd_answer_for_a_lease_gone() {
+    for fault in [
+        crate::test_util::Fault::NoSuchResource,
+        crate::test_util::Fault::Body(200, "{}"),
+    ] {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            fake.put(crate::tests::support::held_by("a", 15));
+            let (client, id) = fake.client();
+            let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+            let mut status = observer.subscribe();
+            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+                .await
+                .expect("sees a")
+                .unwrap();
+            // Nobody renews: every 15 s of silence, a checking read.
+            for _ in 0..10 {
+                fake.fault(id, Some("get"), fault);
+            }
+            sleep(S(100)).await;
+            let reads = crate::tests::support::count(&fake, id, "get", tokio::time::Instant::now() - S(100));
+            assert!(reads >= 5, "{reads} checking reads in 100 s");
+            assert_eq!(
+                observer.status().holder.as_deref(),
+                Some("a"),
+                "the observer reports no holder after reads answered {fault:?}, while a holds the Lease"
+            );
+        });
+    }
+}

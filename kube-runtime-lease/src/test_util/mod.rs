@@ -143,6 +143,11 @@ pub enum Fault {
     /// (`exceeded quota`, with no cause), any other request as a validating
     /// admission policy does (`denied request`). No RBAC rule is missing.
     Admission,
+    /// Answer with this HTTP status and this body, as JSON (no effect on the
+    /// Lease): a `2xx` whose body is not the Lease asked for (`{}`, another
+    /// object, a truncated one), as something in front of the API server
+    /// may answer.
+    Body(u16, &'static str),
     /// Answer with this HTTP status and a plain-text body, not a `Status`
     /// (no effect on the Lease): what a proxy or load balancer in front of
     /// the API server answers, such as `404 page not found`.

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::{
     FakeLeaseApi, Fault, Received, check_budget,
     leases::{Filter, LeaseRequest},
-    wire::{ResBody, Target, created, cut_off, forbidden, idle_watch, ok, plain_text, status},
+    wire::{ResBody, Target, created, cut_off, forbidden, idle_watch, ok, plain_text, raw, status},
 };
 
 /// A request's body, whole.
@@ -122,6 +122,7 @@ impl FakeLeaseApi {
             Some(Fault::Status(code)) => return Ok(injected(code, verb, r.name.as_deref())),
             Some(Fault::Admission) => return Ok(injected_admission(verb, r.name.as_deref())),
             Some(Fault::PlainText(code)) => return Ok(plain_text(code)),
+            Some(Fault::Body(code, body)) => return Ok(raw(code, body)),
             Some(Fault::NoSuchResource) => {
                 return Ok(status(
                     404,

@@ -160,6 +160,16 @@ pub(super) fn plain_text(code: u16) -> Response<ResBody> {
         .unwrap()
 }
 
+/// An answer with `code` and `body`, as JSON, whatever it holds.
+pub(super) fn raw(code: u16, body: &'static str) -> Response<ResBody> {
+    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    Response::builder()
+        .status(code)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())).boxed_unsync())
+        .unwrap()
+}
+
 pub(super) fn ok(v: &serde_json::Value) -> Response<ResBody> {
     full(200, v)
 }

@@ -3799,3 +3799,45 @@ fn panics_in_guarded_work_leave_the_lease_to_expire_and_the_term_defined() {
     assert_eq!(guard.lost(), Some(Lost::ElectorStopped));
     drop(guard);
 }
+
+// ---- 23. Answers that are not what they say ---------------------------------
+
+/// 23: a renewal answered `200` with a body that is not the Lease (`{}`,
+/// another object, one with no resourceVersion: something in front of the
+/// API server, or a Status that is no object) was taken for the written
+/// Lease: the term's cached object lost its name or resourceVersion, every
+/// later renewal was refused (400, 422), and the term ended at its renew
+/// deadline after one odd answer. Such an answer is a failed renewal, said
+/// so: the next one writes on top of the object last written, or reads it.
+#[test]
+fn a_renewal_answered_with_something_that_is_not_the_lease_costs_no_term() {
+    for body in [
+        "{}",
+        r#"{"metadata":{"name":"lease"}}"#,
+        r#"{"metadata":{"name":"other","resourceVersion":"1"}}"#,
+        r#"{"kind":"Status","apiVersion":"v1","status":"Success","code":200}"#,
+    ] {
+        let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+            paused(async {
+                let fake = free();
+                let (a, id) = elector(&fake, config("a"));
+                let guard = a.acquire().await.unwrap();
+                sleep(S(3)).await;
+                fake.fault(id, Some("update"), Fault::Body(200, body));
+                let odd = Instant::now();
+                let ended = timeout(S(30), guard).await;
+                assert!(
+                    ended.is_err(),
+                    "a's term ended {:?} after one renewal answered 200 {body} ({:?})",
+                    odd.elapsed(),
+                    ended.unwrap()
+                );
+                assert_eq!(holder(&fake).as_deref(), Some("a"), "{body}");
+            });
+        });
+        assert!(
+            logs.contains("renewing the lease failed") && logs.contains("failed to update lease"),
+            "no line naming the failed update for 200 {body}:\n{logs}"
+        );
+    }
+}
