@@ -5,7 +5,6 @@
 
 use std::{pin::pin, sync::Arc};
 
-use backon::BackoffBuilder;
 use futures::{
     FutureExt, Stream, TryFuture,
     channel::mpsc,
@@ -113,11 +112,11 @@ where
 async fn hold_each_term(elector: LeaderElector, terms: mpsc::UnboundedSender<()>) {
     let shutdown = elector.shutdown_requested().shared();
     let config = elector.config();
-    let mut backoff = config.retry_backoff().build();
+    let mut backoff = config.retry_backoff();
     loop {
         let acquired = match future::select(pin!(elector.acquire()), shutdown.clone()).await {
             Either::Left((Ok(guard), _)) => {
-                backoff = config.retry_backoff().build();
+                backoff = config.retry_backoff();
                 guard
             }
             Either::Left((Err(e @ AcquireError::ElectorStopped), _)) => {

@@ -38,6 +38,9 @@ pub(super) struct Memory {
     /// takes a record naming its identity), not waited out for a lease
     /// duration with nobody renewing it.
     pub(super) sent_takeover: Option<LeaseSpec>,
+    /// The fencing token of the last term we sent a write to begin: the
+    /// term's, whether or not its record could store it.
+    pub(super) sent_token: i64,
     /// A term on this Lease object must not begin before this instant (the
     /// creation hold), whichever task campaigns.
     pub(super) hold: Option<(Option<String>, Instant)>,

@@ -187,7 +187,8 @@ impl LeaderElector {
     /// client-go), not from the new campaign's read, provided the Lease was
     /// not written at all meanwhile (the same resourceVersion): a record
     /// written again exactly (a pinning manifest applied again) is judged
-    /// from that read.
+    /// from that read. (etcd restored from a snapshot to exactly that
+    /// resourceVersion reads as not written, as for client-go's elector.)
     ///
     /// # Panics
     /// The future panics if first polled outside a Tokio runtime: the elector

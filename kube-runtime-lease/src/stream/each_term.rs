@@ -75,8 +75,7 @@ impl LeaderElector {
     /// # }
     /// ```
     pub async fn run_each_term<F: FnMut() -> S, S: Stream>(&self, mut make: F) -> RunEnded {
-        let builder = self.config().retry_backoff();
-        let mut backoff = builder.build();
+        let mut backoff = self.config().retry_backoff();
         loop {
             let rejoined = Instant::now();
             let mut guarded = std::pin::pin!(make().with_leader_election(self));
@@ -98,7 +97,7 @@ impl LeaderElector {
                 return RunEnded::WorkEnded;
             };
             if rejoined.elapsed() > self.config().lease_duration {
-                backoff = builder.build();
+                backoff = self.config().retry_backoff();
             }
             if !self.wait_to_rejoin(&mut backoff, &lost).await {
                 return RunEnded::Shutdown;
@@ -111,10 +110,10 @@ impl LeaderElector {
     /// (`false`: the shutdown began meanwhile, and nothing is left to rejoin).
     pub(crate) async fn wait_to_rejoin(
         &self,
-        backoff: &mut ExponentialBackoff,
+        backoff: &mut RetryBackoff,
         why: &(dyn Display + Sync),
     ) -> bool {
-        let delay = self.config().next_retry(backoff);
+        let delay = backoff.next();
         // In the caller's task (or warm standby's), not the election's:
         // named here.
         let config = self.config();
@@ -136,24 +135,25 @@ impl LeaseConfig {
     /// The backoff before campaigning again after a loss
     /// ([`run_each_term`](crate::LeaderElector::run_each_term), warm
     /// standby, a `LeaseCandidate`'s publication): exponential with jitter
-    /// from the retry period up to the lease duration, never giving up (the
-    /// jitter adds up to 100 % to each delay: [`next_retry`](Self::next_retry)
-    /// caps it at the lease duration). (The election's own attempts retry
-    /// every jittered retry period instead.)
-    pub(crate) fn retry_backoff(&self) -> backon::ExponentialBuilder {
-        backon::ExponentialBuilder::new()
+    /// from the retry period up to the lease duration, never giving up. (The
+    /// election's own attempts retry every jittered retry period instead.)
+    pub(crate) fn retry_backoff(&self) -> RetryBackoff {
+        let backoff = backon::ExponentialBuilder::new()
             .with_min_delay(self.retry_period)
             .with_max_delay(self.lease_duration)
             .with_jitter()
-            .without_max_times()
+            .without_max_times();
+        RetryBackoff(backoff.build(), self.lease_duration)
     }
+}
 
-    /// The next delay of `backoff` (one of [`retry_backoff`](Self::retry_backoff)'s),
-    /// at most the lease duration, as documented: backon adds its jitter
-    /// after its own cap.
-    pub(crate) fn next_retry(&self, backoff: &mut ExponentialBackoff) -> std::time::Duration {
-        backoff
-            .next()
-            .map_or(self.lease_duration, |d| d.min(self.lease_duration))
+/// [`LeaseConfig::retry_backoff`]'s delays.
+pub(crate) struct RetryBackoff(ExponentialBackoff, std::time::Duration);
+
+impl RetryBackoff {
+    /// The next delay, at most the lease duration: backon adds its jitter
+    /// (up to 100 %) after its own cap.
+    pub(crate) fn next(&mut self) -> std::time::Duration {
+        self.0.next().map_or(self.1, |d| d.min(self.1))
     }
 }

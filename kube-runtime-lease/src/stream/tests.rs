@@ -412,7 +412,7 @@ fn the_rejoin_backoff_waits_at_most_the_lease_duration() {
         let fake = free();
         let (e, _) = elector(&fake, config("me"));
         let lease_duration = e.config().lease_duration;
-        let mut backoff = backon::BackoffBuilder::build(e.config().retry_backoff());
+        let mut backoff = e.config().retry_backoff();
         // The first delays grow from the retry period; the rest are capped.
         let mut waited = Duration::ZERO;
         for draw in 0..20 {

@@ -1358,6 +1358,72 @@ fn configured_annotations_that_do_not_fit_beside_the_token_do_not_make_tokens_re
     });
 }
 
+/// 8: a Lease whose annotations (someone else's) leave room for the token
+/// of the term before it but not for one digit more: every term is taken
+/// without its token stored (warned: tokens may repeat across processes).
+/// Still, this elector saw the token 99, and its term's token must be larger
+/// (`Memory::token_for`), not read back from the record it wrote, which
+/// carries the old one. (Before: 99, the previous term's.)
+#[test]
+fn a_term_whose_token_does_not_fit_on_the_lease_still_gets_a_larger_one() {
+    paused(async {
+        let fake = free();
+        let mut lease = fake.lease().unwrap();
+        let annotations = lease.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(crate::record::TOKEN_ANNOTATION.to_owned(), "99".to_owned());
+        let used = crate::record::annotations_size(Some(annotations));
+        let filler = crate::record::MAX_ANNOTATIONS_SIZE - used - "example.com/big".len();
+        annotations.insert("example.com/big".to_owned(), "x".repeat(filler));
+        fake.put(lease);
+        let (e, _) = elector(&fake, config("me"));
+        let guard = timeout(S(10), e.acquire()).await.expect("leads").unwrap();
+        assert!(
+            guard.fencing_token() > 99,
+            "the term that took a Lease carrying token 99 (no room for a longer one) got token {}",
+            guard.fencing_token()
+        );
+    });
+}
+
+/// 8, with the `lease-metadata` extra: the configured annotations, written
+/// by the term before (the same configuration on every replica), fill the
+/// Lease's annotations up to the API server's limit beside its token, 99.
+/// The next term's token, 100, is one byte longer: the configured
+/// annotations already there must give way to it, as they do when they are
+/// not there yet (section 49). (Before: they stayed, the write kept the old
+/// token, and b's term got a's token, 99: `[(99, 99), (99, 99), (100, 99)]`.)
+#[cfg(feature = "lease-metadata")]
+#[test]
+fn configured_annotations_already_on_the_lease_give_way_to_a_longer_token() {
+    paused(async {
+        let fake = free();
+        let mut lease = fake.lease().unwrap();
+        let annotations = lease.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(crate::record::TOKEN_ANNOTATION.to_owned(), "98".to_owned());
+        let note = "y".repeat(4096);
+        let used = crate::record::annotations_size(Some(annotations)) + "example.com/note".len() + note.len();
+        let filler = crate::record::MAX_ANNOTATIONS_SIZE - used - "example.com/big".len();
+        annotations.insert("example.com/big".to_owned(), "x".repeat(filler));
+        fake.put(lease);
+        let (a, _) = elector(&fake, config("a").annotation("example.com/note", note.clone()));
+        let (b, _) = elector(&fake, config("b").annotation("example.com/note", note));
+        // a, b, then a again, each term released to the next.
+        let mut tokens = Vec::new();
+        for candidate in [&a, &b, &a] {
+            let guard = timeout(S(10), candidate.acquire()).await.expect("leads").unwrap();
+            let stored = crate::record::token_of(&fake.lease().unwrap());
+            tokens.push((guard.fencing_token(), stored));
+        }
+        assert!(
+            tokens.iter().all(|(token, stored)| token == stored)
+                && 98 < tokens[0].0
+                && tokens.windows(2).all(|w| w[0].0 < w[1].0),
+            "(token, token stored on the Lease) of a's, b's and a's terms, in turn, after a term with token 98: \
+             {tokens:?}"
+        );
+    });
+}
+
 // ---- 9. is_leader after shutdown began --------------------------------------
 
 /// 9: `is_leader()` is a readiness gate: false as soon as `shutdown` began,

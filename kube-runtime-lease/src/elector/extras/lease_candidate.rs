@@ -432,8 +432,7 @@ impl LeaseCandidate {
                     });
                 }
                 Err(e) => {
-                    let delay = (inner.config)
-                        .next_retry(backoff.get_or_insert_with(|| inner.config.retry_backoff().build()));
+                    let delay = backoff.get_or_insert_with(|| inner.config.retry_backoff()).next();
                     if matches!(&e, CallError::Api(e) if crate::error::refused_by_rbac(e)) {
                         warn!(
                             error = %e,
@@ -473,7 +472,7 @@ impl LeaseCandidate {
         let mut due_check = tokio::time::interval(inner.config.retry_period);
         let mut rewatch = Rewatch::default();
         let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + REFRESH, REFRESH);
-        let mut backoff: Option<ExponentialBackoff> = None;
+        let mut backoff = None;
         // The last ping answered.
         let mut answered: Option<Timestamp> = None;
         // Whether the watch's current (re-)list showed the object: one that
@@ -557,8 +556,7 @@ impl LeaseCandidate {
             }
             match renewed {
                 Some(false) => {
-                    let delay = (inner.config)
-                        .next_retry(backoff.get_or_insert_with(|| inner.config.retry_backoff().build()));
+                    let delay = backoff.get_or_insert_with(|| inner.config.retry_backoff()).next();
                     debug!(retry_in = ?delay, "coordinated leader election: renewing the LeaseCandidate again soon");
                     refresh.reset_after(delay);
                 }

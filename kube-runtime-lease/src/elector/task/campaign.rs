@@ -119,7 +119,8 @@ impl Task {
                 (lease, Some(&**object))
             }
         };
-        let lease = self.acquisition(lease, prev);
+        let (lease, token) = self.acquisition(lease, prev);
+        self.memory.sent_token = token;
         let created = prev.is_none();
         self.write_to_acquire(lease, created).await
     }
@@ -128,7 +129,7 @@ impl Task {
     /// creating the Lease): a new acquisition of its record (`lease.spec`),
     /// with transitions above any seen on the name, a fencing token above
     /// any seen or handed out, stored on the Lease, and the configured Lease
-    /// metadata.
+    /// metadata; returned with that token.
     ///
     /// Kept within the API server's limit on the annotations' total size
     /// (256 KiB): a Lease whose annotations (someone else's) leave room for
@@ -140,7 +141,7 @@ impl Task {
     /// with 422 at every attempt, which would leave it without a leader for
     /// ever. The term's fencing token is then not stored (warned): another
     /// process may hand out the same one.
-    fn acquisition(&self, mut lease: Lease, prev: Option<&Lease>) -> Lease {
+    fn acquisition(&self, mut lease: Lease, prev: Option<&Lease>) -> (Lease, i64) {
         // During a hold, the duration covers its rest, as every write of the
         // hold does.
         let hold = self.hold_for(prev.and_then(|p| p.metadata.uid.as_ref()), prev.is_none());
@@ -168,7 +169,7 @@ impl Task {
             );
             lease.metadata.annotations = before;
         }
-        lease
+        (lease, token)
     }
 
     /// Sends the write that acquires: `create` for a missing Lease, else

@@ -99,7 +99,7 @@ impl Task {
         };
         self.memory.last_term = Some(id.clone());
         self.memory.confirmed(&lease);
-        let token = self.memory.next_token(record::token_of(&lease));
+        let token = self.memory.next_token(self.memory.sent_token);
         let term = Arc::new(Term::new(token, sent, self.config().renew_deadline));
         self.see(Some((*lease).clone()), sent);
         let tolerated = lease.spec.as_ref().and_then(record::preferred_holder);

@@ -646,7 +646,7 @@ fn a_failing_lease_candidate_publication_is_retried_within_a_lease_duration() {
 /// 500 from a ping on) is renewed again at most one lease duration apart,
 /// as its publication is: backon adds its jitter after its own cap
 /// (mutation testing: kills the renewal's retry not going through
-/// `LeaseConfig::next_retry`, which waited up to two lease durations).
+/// the capped `RetryBackoff`, which waited up to two lease durations).
 #[test]
 fn a_failing_lease_candidate_renewal_is_retried_within_a_lease_duration() {
     paused(async {
