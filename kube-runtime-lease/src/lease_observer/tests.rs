@@ -459,9 +459,18 @@ fn an_observer_reads_a_released_lease_every_15_s_and_a_renewed_one_never() {
 /// Lease all along. Each is a failed read: the holder read last stands.
 #[test]
 fn an_observer_does_not_take_an_odd_answer_for_a_lease_gone() {
+    const NOT_FOUND_OTHER: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"details":{"name":"other","kind":"leases"}}"#;
+    const NOT_FOUND_KIND: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"NotFound","code":404,"details":{"name":"lease","kind":"configmaps"}}"#;
+    const FORBIDDEN: &str = r#"{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Forbidden","code":403,"details":{"name":"lease","kind":"leases"}}"#;
     for fault in [
         crate::test_util::Fault::NoSuchResource,
         crate::test_util::Fault::Body(200, "{}"),
+        // A `Status` naming another Lease, or another kind of object, or
+        // the Lease but saying something else (mutation testing: each
+        // comparison of `error::lease_gone`).
+        crate::test_util::Fault::Body(404, NOT_FOUND_OTHER),
+        crate::test_util::Fault::Body(404, NOT_FOUND_KIND),
+        crate::test_util::Fault::Body(403, FORBIDDEN),
     ] {
         paused(async {
             let fake = FakeLeaseApi::default();
@@ -487,4 +496,35 @@ fn an_observer_does_not_take_an_odd_answer_for_a_lease_gone() {
             );
         });
     }
+}
+
+/// An observer whose watch stalled reads the Lease when it stays silent, and
+/// a read answered with the API server's `NotFound` naming the Lease is the
+/// Lease gone: no holder (mutation testing: kills `read`'s `lease_gone`
+/// guard as `false`, which reported the deleted Lease's holder for as long
+/// as the watch stalled).
+#[test]
+fn an_observer_whose_watch_stalled_reads_a_deleted_lease_as_gone() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(crate::tests::support::held_by("a", 15));
+        let (client, id) = fake.client();
+        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+        let mut status = observer.subscribe();
+        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+            .await
+            .expect("sees a")
+            .unwrap();
+        fake.stall_watches(id);
+        fake.delete();
+        timeout(S(30), status.wait_for(|s| s.holder.is_none()))
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "the observer still reports {:?} 30s after the Lease was deleted (its watch stalled)",
+                    observer.status().holder
+                )
+            })
+            .unwrap();
+    });
 }

@@ -1424,6 +1424,42 @@ fn configured_annotations_already_on_the_lease_give_way_to_a_longer_token() {
     });
 }
 
+/// 8, the same with a configured annotation whose value is each replica's
+/// own (the pod's node, `LeaseConfig::annotation`'s own example), of the same
+/// length: the one on the Lease is a's when b's term needs its room. It must
+/// give way to b's longer token as a's own value does to a's. (Before: a's
+/// stayed, b's token 100 was not stored, and a's next term got 100 too:
+/// `[(99, 99), (100, 99), (100, 100)]`.)
+#[cfg(feature = "lease-metadata")]
+#[test]
+fn configured_annotations_another_replica_left_give_way_to_a_longer_token() {
+    paused(async {
+        let fake = free();
+        let mut lease = fake.lease().unwrap();
+        let annotations = lease.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(crate::record::TOKEN_ANNOTATION.to_owned(), "98".to_owned());
+        let used =
+            crate::record::annotations_size(Some(annotations)) + "example.com/node".len() + "node-a".len();
+        let filler = crate::record::MAX_ANNOTATIONS_SIZE - used - "example.com/big".len();
+        annotations.insert("example.com/big".to_owned(), "x".repeat(filler));
+        fake.put(lease);
+        let (a, _) = elector(&fake, config("a").annotation("example.com/node", "node-a"));
+        let (b, _) = elector(&fake, config("b").annotation("example.com/node", "node-b"));
+        let mut tokens = Vec::new();
+        for candidate in [&a, &b, &a] {
+            let guard = timeout(S(10), candidate.acquire()).await.expect("leads").unwrap();
+            let stored = crate::record::token_of(&fake.lease().unwrap());
+            tokens.push((guard.fencing_token(), stored));
+        }
+        assert!(
+            tokens.iter().all(|(token, stored)| token == stored)
+                && tokens.windows(2).all(|w| w[0].0 < w[1].0),
+            "(token, token stored on the Lease) of a's, b's and a's terms, in turn, each configured with its own \
+             node annotation, after a term with token 98: {tokens:?}"
+        );
+    });
+}
+
 // ---- 9. is_leader after shutdown began --------------------------------------
 
 /// 9: `is_leader()` is a readiness gate: false as soon as `shutdown` began,

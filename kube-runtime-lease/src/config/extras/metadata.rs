@@ -103,9 +103,10 @@ impl LeaseConfig {
 impl LeaseMetadata {
     /// Sets the configured keys on `meta`, keeping everything else; an owner
     /// reference already there (same `uid`) is not added twice. The
-    /// configured annotations are left out (warned), and removed where an
-    /// earlier write left them, when, beside the ones `meta` has (someone
-    /// else's, and the fencing token), they would pass the API server's
+    /// configured annotations are left out (warned), and their keys removed
+    /// where an earlier write left them (any value: each replica may write
+    /// its own), when, beside the ones `meta` has (someone else's, and the
+    /// fencing token), they would pass the API server's
     /// limit on the annotations' total size: the write would be refused
     /// with 422 at every attempt (or, by `Task::acquisition`, taken without
     /// the token).
@@ -126,9 +127,10 @@ impl LeaseMetadata {
                 "the lease's annotations leave no room for the configured annotations (the API server's limit is \
                  256 KiB): writing it without them"
             );
-            // Those an earlier write left (the same values) give way too.
+            // Those an earlier write left (ours, or another replica's value)
+            // give way too.
             if let Some(annotations) = meta.annotations.as_mut() {
-                annotations.retain(|k, v| self.annotations.get(k) != Some(v));
+                annotations.retain(|k, _| !self.annotations.contains_key(k));
             }
         } else if !self.annotations.is_empty() {
             let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
