@@ -2,7 +2,7 @@
 
 use std::{future::Future, time::Duration};
 
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, Client};
 use kube_runtime::{WatchStreamExt, watcher};
@@ -69,11 +69,7 @@ impl LeaseObserver {
         let span = span(namespace, name);
         let name = name.to_owned();
         let task = spawn_in(span, tx.clone(), async move {
-            let open = || {
-                watcher::watch_object(api.clone(), &name)
-                    .default_backoff()
-                    .boxed()
-            };
+            let open = || watch(api.clone(), &name).boxed();
             let mut events = open();
             // The last record delivered or read (`None`: none, or gone), and
             // what reads after a silence showed since the watch delivered.
@@ -234,14 +230,67 @@ fn warn_once(status: Option<u16>, warned: &mut bool) -> bool {
 /// Reads the Lease, within `bound`: kube sets no read timeout, and a read
 /// on a dead kept-alive connection (the watch's silence and such a read
 /// often go together) would stop the observer for as long as TCP takes to
-/// notice (about 15 minutes). A timeout is a `Service` error.
-async fn read(api: &Api<Wire>, name: &str, bound: Duration) -> kube_client::Result<Option<Wire>> {
+/// notice (about 15 minutes). A timeout is a `Service` error. `None` only
+/// for the API server's `NotFound` naming the Lease (`error::lease_gone`),
+/// not any 404, as kube's `get_opt` takes it; a `2xx` that is not the Lease
+/// is an error (`Wire::answer_for`). The sharded election's confirming
+/// reads use it too.
+pub(crate) async fn read(api: &Api<Wire>, name: &str, bound: Duration) -> kube_client::Result<Option<Wire>> {
     match tokio::time::timeout(bound, api.get(name)).await {
         Ok(Ok(read)) => read.answer_for(name).map(Some),
         Ok(Err(e)) if crate::error::lease_gone(&e, name) => Ok(None),
         Ok(Err(e)) => Err(e),
         Err(elapsed) => Err(kube_client::Error::Service(Box::new(elapsed))),
     }
+}
+
+/// kube-runtime's `watch_object` on the Lease `name`, with its default
+/// backoff, taking in only the Lease's own events as news: one of another
+/// object (from something in front of the API server that ignores the
+/// field selector), which `watch_object` hands on as the Lease (taken over)
+/// or its deletion, and one older than an event delivered before (a watch
+/// resumed from an old BOOKMARK's resourceVersion replays the history
+/// since: the last holder's records) are dropped; a list is taken as it is
+/// (etcd restored from a snapshot), and what follows it judged against it. The election's watch and
+/// [`LeaseObserver`]'s.
+pub(crate) fn watch(api: Api<Wire>, name: &str) -> impl Stream<Item = watcher::Result<Option<Wire>>> + use<> {
+    use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+    let name = name.to_owned();
+    let fields = format!("metadata.name={name}");
+    // Whether the list under way showed the Lease (none: gone), and the
+    // newest resourceVersion delivered.
+    watcher(api, watcher::Config::default().fields(&fields))
+        .scan((false, None), move |(seen, newest), event| {
+            let version = |l: &Wire| crate::record::version_of(&l.0);
+            let item = match event {
+                Ok(Apply(l) | InitApply(l) | Delete(l)) if l.0.metadata.name.as_ref() != Some(&name) => {
+                    debug!(other = ?l.0.metadata.name, "the lease watch delivered another object's event: ignored");
+                    None
+                }
+                Ok(Apply(l) | Delete(l)) if version(&l).zip(*newest).is_some_and(|(v, n)| v < n) => {
+                    debug!(version = ?version(&l), ?newest, "the lease watch delivered an older version: ignored");
+                    None
+                }
+                Ok(Init) => {
+                    (*seen, *newest) = (false, None);
+                    None
+                }
+                Ok(InitApply(l)) => {
+                    (*seen, *newest) = (true, version(&l));
+                    Some(Ok(Some(l)))
+                }
+                Ok(Apply(l)) => {
+                    *newest = version(&l).max(*newest);
+                    Some(Ok(Some(l)))
+                }
+                Ok(Delete(_)) => Some(Ok(None)),
+                Ok(InitDone) => (!*seen).then_some(Ok(None)),
+                Err(e) => Some(Err(e)),
+            };
+            std::future::ready(Some(item))
+        })
+        .filter_map(std::future::ready)
+        .default_backoff()
 }
 
 /// How long a watch may be silent before a read checks it: a held record's

@@ -6,7 +6,6 @@ use std::{future::Future, sync::Arc, time::Duration};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube_client::{Api, api::PostParams};
-use kube_runtime::{WatchStreamExt, watcher};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -133,8 +132,7 @@ impl LeaseApi {
     /// Watches the Lease (lazy: no request before it is first polled).
     pub(super) fn watch(&self) -> WatchStream {
         let contact = self.contact.clone();
-        watcher::watch_object(self.api.clone(), &self.name)
-            .default_backoff()
+        crate::lease_observer::watch(self.api.clone(), &self.name)
             .inspect_ok(move |_| contact.reset())
             .map_ok(|seen| seen.map(|w| w.0))
             .boxed()

@@ -528,3 +528,32 @@ fn an_observer_whose_watch_stalled_reads_a_deleted_lease_as_gone() {
             .unwrap();
     });
 }
+
+/// An observer's watch delivering events for another Lease than its own (see
+/// `tests::regressions::a_watch_event_for_another_lease_costs_no_term`): it
+/// reported the other Lease's holder, or no holder for its deletion, while
+/// `a` held the Lease all along. Such an event is dropped.
+#[test]
+fn an_observer_does_not_take_another_leases_watch_event_for_its_own() {
+    for event in crate::tests::support::OTHER_LEASE_EVENTS {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            fake.put(crate::tests::support::held_by("a", 15));
+            let (client, id) = fake.client();
+            let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+            let mut status = observer.subscribe();
+            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+                .await
+                .expect("sees a")
+                .unwrap();
+            fake.fault(id, Some("watch"), crate::test_util::Fault::Body(200, event));
+            fake.expire_watches();
+            let other = timeout(S(10), status.wait_for(|s| s.holder.as_deref() != Some("a"))).await;
+            assert!(
+                other.is_err(),
+                "the observer reports holder {:?} after its watch delivered {event}, while a holds the Lease",
+                observer.status().holder
+            );
+        });
+    }
+}

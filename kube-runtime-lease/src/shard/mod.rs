@@ -878,14 +878,13 @@ impl ShardedElector {
             if view.confirmed.get(&name) == Some(&version) {
                 continue;
             }
-            let read = match tokio::time::timeout_at(deadline, wire.get_opt(&name)).await {
-                Ok(Ok(read)) => read.map(|Wire(l)| l),
-                Ok(Err(e)) => {
+            // (Not kube's `get_opt`: a 404 that names no Lease, or a `200`
+            // that is not the Lease, made the old count's Lease gone.)
+            let left = deadline.saturating_duration_since(Instant::now());
+            let read = match crate::lease_observer::read(wire, &name, left).await {
+                Ok(read) => read.map(|Wire(l)| l),
+                Err(e) => {
                     debug!(lease = %name, error = %Chain(&e), "reading a shard Lease of another shard count failed");
-                    return false;
-                }
-                Err(_) => {
-                    debug!(lease = %name, "reading a shard Lease of another shard count timed out");
                     return false;
                 }
             };
@@ -1204,6 +1203,7 @@ impl ShardedElector {
             };
             let shard_name = self.inner.shards[usize::from(shard)].config().name.clone();
             let seen_version = seen.and_then(|w| w.lease.metadata.resource_version.clone());
+            let namespace = cfg.namespace.clone();
             let (api, entry, owner, timeout, fallback) = (
                 api.clone(),
                 entry.lease.clone(),
@@ -1216,7 +1216,11 @@ impl ShardedElector {
                 let evict = async {
                     // Confirm: has the shard's record changed since (its owner,
                     // or someone, renewing or taking it)? Then the watch lagged.
-                    let current = api.get_opt(&shard_name).await?;
+                    // (Not kube's `get_opt`: a 404 that names no Lease, or a
+                    // `200` that is not the Lease, evicted a live owner.)
+                    let wire = Api::<Wire>::namespaced(api.clone().into_client(), &namespace);
+                    let current = crate::lease_observer::read(&wire, &shard_name, timeout).await?;
+                    let current = current.map(|Wire(l)| l);
                     let held = current
                         .as_ref()
                         .and_then(|l| l.spec.as_ref())

@@ -2621,3 +2621,104 @@ fn a_sharded_controller_ends_at_shutdown_once_its_shards_are_released() {
         );
     });
 }
+
+/// As [`a_new_count_whose_watch_of_the_old_count_stalls_does_not_take_its_shards`],
+/// with the reads that confirm the old count's records (lapsed on the
+/// stalled watch) answered oddly: a 404 that names no Lease (an API server
+/// that does not serve the group: kube's `get_opt` takes any `NotFound` for
+/// a missing object), or a `200` whose body is not the Lease (its record
+/// then stayed lapsed). Neither says the old count's Lease is gone or
+/// unchanged: a failed read, and the new count waits. It wrote its own
+/// shard Leases (and got guards for them, until the restarted watch showed
+/// the old count again) while the old count held all of its own.
+#[test]
+fn a_new_count_does_not_take_an_odd_answer_for_the_old_counts_lease_gone() {
+    for fault in [
+        crate::test_util::Fault::NoSuchResource,
+        crate::test_util::Fault::Body(200, "{}"),
+    ] {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            let (a, _) = replica_of(&fake, "a", 15);
+            start(&[&a]);
+            never_shared(&[&a], S(20)).await;
+            let (b, b_id) = replica_of(&fake, "b", 12);
+            start(&[&b]);
+            never_two_counts(&[&a], &[&b], S(10)).await;
+            assert!(held(&[&b])[0].is_empty(), "{:?}", held(&[&b]));
+            // b's watches stall; its next 15 reads (those of the old
+            // count's 15 Leases, once lapsed) are answered oddly.
+            fake.stall_watches(b_id);
+            for _ in 0..15 {
+                fake.fault(b_id, Some("get"), fault);
+            }
+            let stalled = tokio::time::Instant::now();
+            never_two_counts(&[&a], &[&b], S(30)).await;
+            let writes = fake
+                .requests()
+                .into_iter()
+                .filter(|r| r.client == b_id && r.at >= stalled)
+                .filter(|r| {
+                    r.verb == "create" || r.name.as_deref().is_some_and(|n| n.starts_with("ctl-s12-shard"))
+                })
+                .filter(|r| r.verb != "get")
+                .count();
+            assert_eq!(
+                writes, 0,
+                "b wrote its count's shard Leases {writes} times while a held all of its 15, after b's reads of a's \
+                 Leases were answered {fault:?}"
+            );
+            assert_eq!(
+                held(&[&a])[0].len(),
+                15,
+                "a still holds its 15 shards ({fault:?})"
+            );
+        });
+    }
+}
+
+/// A live member's backup whose watches stall (open, silent) sees its
+/// shards' records stop changing, and confirms with a read before evicting
+/// it (the read shows the renewals the watch missed). That read answered
+/// oddly (a 404 that names no Lease, which kube's `get_opt` takes for a
+/// missing object; a `200` whose body is not the Lease, which read as a
+/// free record) evicted the live member, logged as "its shard's record has
+/// not changed for a lease duration". Neither is the shard free: a failed
+/// read, no eviction, said so.
+#[test]
+fn a_live_member_is_not_evicted_on_an_odd_answer_to_the_confirming_read() {
+    for fault in [
+        crate::test_util::Fault::NoSuchResource,
+        crate::test_util::Fault::Body(200, "{}"),
+    ] {
+        let logs = crate::tests::support::logs_during(tracing::Level::WARN, || {
+            paused(async {
+                let fake = FakeLeaseApi::default();
+                let (a, _) = replica_of(&fake, "a", 12);
+                let (b, b_id) = replica_of(&fake, "b", 12);
+                start(&[&a, &b]);
+                never_shared(&[&a, &b], S(30)).await;
+                assert_eq!(sizes(&held(&[&a, &b])), [6, 6]);
+                fake.stall_watches(b_id);
+                fake.fault(b_id, Some("get"), fault);
+                let stalled = tokio::time::Instant::now();
+                never_shared(&[&a, &b], S(20)).await;
+                let evictions: Vec<_> = fake
+                    .requests()
+                    .into_iter()
+                    .filter(|r| r.client == b_id && r.at >= stalled && r.verb == "update")
+                    .filter_map(|r| r.name.filter(|n| n.contains("-member-")))
+                    .collect();
+                assert!(
+                    evictions.is_empty(),
+                    "b evicted a live member ({evictions:?}) after its confirming read was answered {fault:?}"
+                );
+                assert_eq!(sizes(&held(&[&a, &b])), [6, 6], "{fault:?}");
+            });
+        });
+        assert!(
+            logs.contains("could not evict the member"),
+            "no line naming the failed read ({fault:?}):\n{logs}"
+        );
+    }
+}

@@ -3943,3 +3943,78 @@ fn a_renewal_answered_with_something_that_is_not_the_lease_costs_no_term() {
         );
     }
 }
+
+/// Watch events for another object than the Lease watched, as something in
+/// front of the API server that ignores the watch's field selector
+/// (`metadata.name=lease`) delivers them: the other Lease changed, or
+/// deleted. kube-runtime's `watch_object` hands either on as the Lease
+/// itself (`Some(other)`, or `None` for any deletion), and the leader,
+/// caught up with its own last write, took the first for a takeover and
+/// the second for the Lease deleted: its term ended at once, on a Lease
+/// nobody else wrote. Such an event is not the Lease's: dropped.
+#[test]
+fn a_watch_event_for_another_lease_costs_no_term() {
+    for event in crate::tests::support::OTHER_LEASE_EVENTS {
+        paused(async {
+            let fake = free();
+            let (a, id) = elector(&fake, config("a"));
+            let guard = a.acquire().await.unwrap();
+            sleep(S(3)).await;
+            // a's watch re-lists (410), then watches: its watch answered
+            // with the other Lease's event.
+            fake.fault(id, Some("watch"), Fault::Body(200, event));
+            fake.expire_watches();
+            let odd = Instant::now();
+            let ended = timeout(S(30), guard).await;
+            assert!(
+                ended.is_err(),
+                "a's term ended {:?} after its watch delivered {event} ({:?})",
+                odd.elapsed(),
+                ended.unwrap()
+            );
+            assert_eq!(holder(&fake).as_deref(), Some("a"), "{event}");
+        });
+    }
+}
+
+/// A watch's BOOKMARK whose resourceVersion goes backwards (something in
+/// front of the API server, or a cache, answering with an old one): the
+/// watcher resumes from it when the watch ends, and the API server replays
+/// the Lease's history since: the records before this term, the last
+/// holder's among them, as events. The leader, caught up with its own
+/// last write, took its predecessor's replayed record for a takeover.
+/// An event older than one the watch delivered is no news: dropped.
+#[test]
+fn a_watch_resumed_from_an_old_bookmark_does_not_replay_a_takeover() {
+    paused(async {
+        let fake = free();
+        let (b, _) = elector(&fake, config("b"));
+        drop(b.acquire().await.unwrap());
+        b.shutdown(S(1)).await.unwrap();
+        let (a, id) = elector(&fake, config("a"));
+        let guard = a.acquire().await.unwrap();
+        sleep(S(3)).await;
+        fake.fault(
+            id,
+            Some("watch"),
+            Fault::Body(
+                200,
+                concat!(
+                    r#"{"type":"BOOKMARK","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","#,
+                    r#""metadata":{"resourceVersion":"1"}}}"#,
+                    "\n"
+                ),
+            ),
+        );
+        fake.expire_watches();
+        let odd = Instant::now();
+        let ended = timeout(S(30), guard).await;
+        assert!(
+            ended.is_err(),
+            "a's term ended {:?} after its watch resumed from an old bookmark ({:?})",
+            odd.elapsed(),
+            ended.unwrap()
+        );
+        assert_eq!(holder(&fake).as_deref(), Some("a"));
+    });
+}

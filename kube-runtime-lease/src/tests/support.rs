@@ -188,3 +188,19 @@ pub(crate) fn kept_once_ended(
     });
     end
 }
+
+/// Watch events (each a line of a watch's body) for the Lease `other`, not
+/// `lease`: it changed (held by `z`), and it was deleted.
+pub(crate) const OTHER_LEASE_EVENTS: [&str; 2] = [
+    concat!(
+        r#"{"type":"MODIFIED","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":"#,
+        r#"{"name":"other","namespace":"default","uid":"other-uid","resourceVersion":"900"},"#,
+        r#""spec":{"holderIdentity":"z","leaseDurationSeconds":15}}}"#,
+        "\n"
+    ),
+    concat!(
+        r#"{"type":"DELETED","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","metadata":"#,
+        r#"{"name":"other","namespace":"default","uid":"other-uid","resourceVersion":"901"}}}"#,
+        "\n"
+    ),
+];

@@ -17,7 +17,8 @@ use crate::{
 };
 
 /// What the watch yields: the Lease as it is now, or `None` once it is gone
-/// (kube-runtime's `watch_object`).
+/// (kube-runtime's `watch_object`, of the Lease's own events:
+/// `lease_observer::watch`).
 pub(in crate::elector) type WatchItem = watcher::Result<Option<Lease>>;
 pub(in crate::elector) type WatchStream = BoxStream<'static, WatchItem>;
 
