@@ -233,8 +233,7 @@ fn warn_once(status: Option<u16>, warned: &mut bool) -> bool {
 /// notice (about 15 minutes). A timeout is a `Service` error. `None` only
 /// for the API server's `NotFound` naming the Lease (`error::lease_gone`),
 /// not any 404, as kube's `get_opt` takes it; a `2xx` that is not the Lease
-/// is an error (`Wire::answer_for`). The sharded election's confirming
-/// reads use it too.
+/// is an error (`Wire::answer_for`).
 pub(crate) async fn read(api: &Api<Wire>, name: &str, bound: Duration) -> kube_client::Result<Option<Wire>> {
     match tokio::time::timeout(bound, api.get(name)).await {
         Ok(Ok(read)) => read.answer_for(name).map(Some),
