@@ -282,7 +282,10 @@ pub(crate) fn watch(api: Api<Wire>, name: &str) -> impl Stream<Item = watcher::R
                     *newest = version(&l).max(*newest);
                     Some(Ok(Some(l)))
                 }
-                Ok(Delete(_)) => Some(Ok(None)),
+                Ok(Delete(l)) => {
+                    *newest = version(&l).max(*newest);
+                    Some(Ok(None))
+                }
                 Ok(InitDone) => (!*seen).then_some(Ok(None)),
                 Err(e) => Some(Err(e)),
             };

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use tokio::time::{sleep, timeout};
+use tokio::time::{Instant, sleep, timeout};
 
 use super::LeaseObserver;
 use crate::{
@@ -553,6 +553,180 @@ fn an_observer_does_not_take_another_leases_watch_event_for_its_own() {
                 other.is_err(),
                 "the observer reports holder {:?} after its watch delivered {event}, while a holds the Lease",
                 observer.status().holder
+            );
+        });
+    }
+}
+
+/// A watch resumed from an old BOOKMARK after it delivered the Lease's
+/// deletion (no list between) replays the Lease's history since: the
+/// last record before the deletion was not older than the newest version
+/// delivered (a deletion did not raise it), and the observer reported its
+/// holder again, for a Lease gone. A deletion is the newest version too.
+#[test]
+fn an_observer_does_not_bring_a_deleted_lease_back_from_an_old_bookmark() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(crate::tests::support::held_by("b", 15));
+        fake.take_over("a");
+        let (client, id) = fake.client();
+        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+        let mut status = observer.subscribe();
+        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
+            .await
+            .expect("sees a")
+            .unwrap();
+        fake.delete();
+        timeout(S(5), status.wait_for(|s| s.holder.is_none()))
+            .await
+            .expect("sees the deletion")
+            .unwrap();
+        resume_from_an_old_bookmark(&fake, id);
+        status.mark_unchanged();
+        let odd = Instant::now();
+        let back = timeout(S(30), status.changed()).await;
+        assert!(
+            back.is_err(),
+            "the observer's status changed {:?} after its watch resumed from an old bookmark, for a Lease \
+             deleted and seen deleted (a holder reported again; now {:?})",
+            Instant::now() - odd,
+            status.borrow().holder
+        );
+        assert!(fake.lease().is_none());
+    });
+}
+
+/// The same, for a Lease deleted and created again: the replay brings the
+/// deletion back, older than the record created since, which the observer
+/// reported as the Lease gone while `c` held it. An event older than one
+/// delivered is dropped, a deletion as a record.
+#[test]
+fn an_observer_does_not_replay_an_old_deletion_from_an_old_bookmark() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(crate::tests::support::held_by("a", 15));
+        fake.delete();
+        fake.put(crate::tests::support::held_by("c", 15));
+        let (client, id) = fake.client();
+        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+        let mut status = observer.subscribe();
+        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("c")))
+            .await
+            .expect("sees c")
+            .unwrap();
+        resume_from_an_old_bookmark(&fake, id);
+        status.mark_unchanged();
+        let odd = Instant::now();
+        let gone = timeout(S(30), status.changed()).await;
+        assert!(
+            gone.is_err(),
+            "the observer's status changed {:?} after its watch resumed from an old bookmark, while c held the \
+             Lease all along (no holder reported; now {:?})",
+            Instant::now() - odd,
+            status.borrow().holder
+        );
+    });
+}
+
+/// Ends `client`'s Lease watch (its connection cut), and answers the watch
+/// resumed from where it was with a BOOKMARK at resourceVersion 1 and its
+/// end: the watch is resumed from there, and the double replays the
+/// Leases' history since.
+fn resume_from_an_old_bookmark(fake: &FakeLeaseApi, client: usize) {
+    fake.fault(
+        client,
+        Some("watch"),
+        crate::test_util::Fault::Body(
+            200,
+            concat!(
+                r#"{"type":"BOOKMARK","object":{"apiVersion":"coordination.k8s.io/v1","kind":"Lease","#,
+                r#""metadata":{"resourceVersion":"1"}}}"#,
+                "\n"
+            ),
+        ),
+    );
+    fake.partition(client, true);
+    fake.partition(client, false);
+}
+
+/// The same, for records the watch delivered after its list: the replay
+/// brings back `b`'s record, older than `a`'s since but newer than the
+/// list's. Every record delivered counts as the newest, not the list's
+/// alone.
+#[test]
+fn an_observer_does_not_replay_a_takeover_delivered_after_its_list_from_an_old_bookmark() {
+    paused(async {
+        let fake = FakeLeaseApi::default();
+        fake.put(crate::tests::support::held_by("a", 15));
+        let (client, id) = fake.client();
+        let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+        let mut status = observer.subscribe();
+        for holder in ["a", "b", "a"] {
+            if observer.status().holder.is_some() {
+                fake.take_over(holder);
+            }
+            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some(holder)))
+                .await
+                .expect("sees each holder")
+                .unwrap();
+        }
+        resume_from_an_old_bookmark(&fake, id);
+        status.mark_unchanged();
+        let odd = Instant::now();
+        let changed = timeout(S(30), status.changed()).await;
+        assert!(
+            changed.is_err(),
+            "the observer's status changed {:?} after its watch resumed from an old bookmark, while a held the \
+             Lease all along (b reported again; now {:?})",
+            Instant::now() - odd,
+            status.borrow().holder
+        );
+    });
+}
+
+/// etcd restored from a snapshot (without `--bump-revision`), to an older
+/// record and to before the Lease's creation: the revision moves back, and
+/// the writes after the restore reuse versions the watch delivered before.
+/// The list after the restore is taken as it is, and what follows it is
+/// judged against it alone: the observer reports the next holder as its
+/// watch delivers it, not at its next checking read (15 s).
+#[test]
+fn an_observer_follows_the_writes_after_an_etcd_restore_at_once() {
+    for (rv, listed) in [(1, Some("a")), (0, None)] {
+        paused(async {
+            let fake = FakeLeaseApi::default();
+            fake.put(crate::tests::support::held_by("a", 15));
+            fake.take_over("b");
+            fake.take_over("c");
+            let (client, _) = fake.client();
+            let observer = LeaseObserver::new(client, "default", "lease").unwrap();
+            let mut status = observer.subscribe();
+            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("c")))
+                .await
+                .expect("sees c")
+                .unwrap();
+            fake.restore(rv);
+            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == listed))
+                .await
+                .expect("sees the Lease as restored")
+                .unwrap();
+            match listed {
+                Some(_) => fake.take_over("d"),
+                None => fake.put(crate::tests::support::held_by("d", 15)),
+            }
+            let at = Instant::now();
+            let d = timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("d")))
+                .await
+                .is_ok();
+            assert!(
+                d,
+                "the observer reports holder {:?} 5 s after d took the Lease restored to resourceVersion {rv} \
+                 (reports d {:?} after)",
+                observer.status().holder,
+                {
+                    let _ = timeout(S(60), status.wait_for(|s| s.holder.as_deref() == Some("d"))).await;
+                    Instant::now() - at
+                }
             );
         });
     }
