@@ -4,12 +4,20 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::LeaseObserver;
 use crate::{
-    ConfigError,
+    ConfigError, LeaderStatus,
     test_util::FakeLeaseApi,
     tests::support::{config, elector, paused},
 };
 
 const S: fn(u64) -> Duration = Duration::from_secs;
+
+/// Waits (5 s at most) until `status` names `holder`.
+async fn sees(status: &mut tokio::sync::watch::Receiver<LeaderStatus>, holder: &str) {
+    timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some(holder)))
+        .await
+        .unwrap_or_else(|_| panic!("the observer did not report {holder} within 5 s"))
+        .unwrap();
+}
 
 /// An observer follows the holder through a creation, a takeover, a release
 /// and a deletion, and never writes to the Lease.
@@ -24,16 +32,10 @@ fn an_observer_follows_the_holder_and_never_writes() {
         assert_eq!(observer.status().holder, None, "no Lease yet");
         let (a, _) = elector(&fake, config("a"));
         let guard = a.acquire().await.unwrap();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
+        sees(&mut status, "a").await;
         assert!(!observer.status().is_leader);
         fake.take_over("b");
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("b")))
-            .await
-            .expect("sees the takeover")
-            .unwrap();
+        sees(&mut status, "b").await;
         drop(guard);
         let transitions = observer.status().transitions;
         assert!(transitions.is_some());
@@ -64,10 +66,7 @@ fn an_observer_catches_up_after_its_watch_fails() {
         let (client, id) = fake.client();
         let observer = LeaseObserver::new(client, "default", "lease").unwrap();
         let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
+        sees(&mut status, "a").await;
         fake.partition(id, true);
         fake.take_over("c");
         sleep(S(5)).await;
@@ -154,10 +153,7 @@ async fn takeover_behind_a_stalled_watch(read_hangs: bool, a: crate::LeaseConfig
     let (client, id) = fake.client();
     let observer = LeaseObserver::new(client, "default", "lease").unwrap();
     let mut status = observer.subscribe();
-    timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-        .await
-        .expect("sees a")
-        .unwrap();
+    sees(&mut status, "a").await;
     fake.stall_watches(id);
     if read_hangs {
         fake.fault(id, Some("get"), crate::test_util::Fault::DelayRequest(S(3600)));
@@ -194,16 +190,10 @@ fn an_observer_behind_a_lagging_watch_reports_as_late_as_it_delivers() {
         fake.set_watch_latency(id, S(3));
         let observer = LeaseObserver::new(client, "default", "lease").unwrap();
         let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
+        sees(&mut status, "a").await;
         fake.take_over("c");
         let taken = tokio::time::Instant::now();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("c")))
-            .await
-            .expect("sees c")
-            .unwrap();
+        sees(&mut status, "c").await;
         let after = taken.elapsed();
         assert!(
             after >= S(3) && after < S(4),
@@ -389,10 +379,7 @@ fn an_observer_whose_task_panicked_names_no_holder() {
         let observer =
             LeaseObserver::new(kube_client::Client::new(service, "default"), "default", "lease").unwrap();
         let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
+        sees(&mut status, "a").await;
         panics.store(true, Ordering::SeqCst);
         // The watch expires: the watcher lists again, and that request panics.
         fake.expire_watches();
@@ -436,10 +423,7 @@ fn an_observer_reads_a_released_lease_every_15_s_and_a_renewed_one_never() {
         );
         let (a, _) = elector(&fake, config("a"));
         let _guard = a.acquire().await.unwrap();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
+        sees(&mut status, "a").await;
         let before = reads();
         sleep(S(60)).await;
         assert_eq!(
@@ -478,10 +462,7 @@ fn an_observer_does_not_take_an_odd_answer_for_a_lease_gone() {
             let (client, id) = fake.client();
             let observer = LeaseObserver::new(client, "default", "lease").unwrap();
             let mut status = observer.subscribe();
-            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-                .await
-                .expect("sees a")
-                .unwrap();
+            sees(&mut status, "a").await;
             // Nobody renews: every 15 s of silence, a checking read.
             for _ in 0..10 {
                 fake.fault(id, Some("get"), fault);
@@ -511,10 +492,7 @@ fn an_observer_whose_watch_stalled_reads_a_deleted_lease_as_gone() {
         let (client, id) = fake.client();
         let observer = LeaseObserver::new(client, "default", "lease").unwrap();
         let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
+        sees(&mut status, "a").await;
         fake.stall_watches(id);
         fake.delete();
         timeout(S(30), status.wait_for(|s| s.holder.is_none()))
@@ -542,10 +520,7 @@ fn an_observer_does_not_take_another_leases_watch_event_for_its_own() {
             let (client, id) = fake.client();
             let observer = LeaseObserver::new(client, "default", "lease").unwrap();
             let mut status = observer.subscribe();
-            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-                .await
-                .expect("sees a")
-                .unwrap();
+            sees(&mut status, "a").await;
             fake.fault(id, Some("watch"), crate::test_util::Fault::Body(200, event));
             fake.expire_watches();
             let other = timeout(S(10), status.wait_for(|s| s.holder.as_deref() != Some("a"))).await;
@@ -572,10 +547,7 @@ fn an_observer_does_not_bring_a_deleted_lease_back_from_an_old_bookmark() {
         let (client, id) = fake.client();
         let observer = LeaseObserver::new(client, "default", "lease").unwrap();
         let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("a")))
-            .await
-            .expect("sees a")
-            .unwrap();
+        sees(&mut status, "a").await;
         fake.delete();
         timeout(S(5), status.wait_for(|s| s.holder.is_none()))
             .await
@@ -610,10 +582,7 @@ fn an_observer_does_not_replay_an_old_deletion_from_an_old_bookmark() {
         let (client, id) = fake.client();
         let observer = LeaseObserver::new(client, "default", "lease").unwrap();
         let mut status = observer.subscribe();
-        timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("c")))
-            .await
-            .expect("sees c")
-            .unwrap();
+        sees(&mut status, "c").await;
         resume_from_an_old_bookmark(&fake, id);
         status.mark_unchanged();
         let odd = Instant::now();
@@ -665,10 +634,7 @@ fn an_observer_does_not_replay_a_takeover_delivered_after_its_list_from_an_old_b
             if observer.status().holder.is_some() {
                 fake.take_over(holder);
             }
-            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some(holder)))
-                .await
-                .expect("sees each holder")
-                .unwrap();
+            sees(&mut status, holder).await;
         }
         resume_from_an_old_bookmark(&fake, id);
         status.mark_unchanged();
@@ -701,10 +667,7 @@ fn an_observer_follows_the_writes_after_an_etcd_restore_at_once() {
             let (client, _) = fake.client();
             let observer = LeaseObserver::new(client, "default", "lease").unwrap();
             let mut status = observer.subscribe();
-            timeout(S(5), status.wait_for(|s| s.holder.as_deref() == Some("c")))
-                .await
-                .expect("sees c")
-                .unwrap();
+            sees(&mut status, "c").await;
             fake.restore(rv);
             timeout(S(5), status.wait_for(|s| s.holder.as_deref() == listed))
                 .await
